@@ -1,0 +1,71 @@
+"""The exceptions that `launch` raises. Every one of them subclasses `LaunchError`."""
+
+from __future__ import annotations
+
+
+class LaunchError(RuntimeError):
+    """Base class: something went wrong launching or running a distributed job."""
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython shows this instead of the launcher's own stack, which would only hide the
+        # worker's root cause under frames of ddp_helpers.
+        return [f"{type(self).__name__}: {self}"]
+
+
+class InvalidLaunchArguments(LaunchError, ValueError):
+    """The arguments were refused before any process was started."""
+
+
+class WorkerFailed(LaunchError):
+    """A worker process exited with an error.
+
+    The first line of the message names the rank and the exception, for example
+    ``rank 1 failed: ZeroDivisionError: division by zero``. The root-cause traceback
+    follows (from torchelastic's error file when the worker used ``@record``,
+    otherwise from the rank's stderr).
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        exitcode: int,
+        error: str,
+        traceback: str,
+        *,
+        hint: str = "",
+        run_dir: str | None = None,
+        logs: dict[int, list[str]] | None = None,
+    ) -> None:
+        self.rank = rank
+        self.exitcode = exitcode
+        self.error = error
+        self.traceback = traceback
+        self.hint = hint
+        self.run_dir = run_dir
+        self.logs = logs or {}
+        lines = [f"rank {rank} failed: {error}", f"exit code {exitcode}"]
+        if hint:
+            lines.append(f"hint: {hint}")
+        if traceback:
+            lines += ["", "root-cause traceback:", traceback.rstrip()]
+        if run_dir:
+            lines += ["", f"all logs are under {run_dir}/logs"]
+        super().__init__("\n".join(lines))
+
+
+class LaunchTimeout(LaunchError):
+    """The run made no progress (no output line, no metrics line) within the timeout and was killed."""
+
+    def __init__(self, message: str, *, silent_ranks: list[int], run_dir: str | None = None) -> None:
+        self.silent_ranks = silent_ranks
+        self.run_dir = run_dir
+        super().__init__(message)
+
+
+class LaunchFailed(LaunchError):
+    """torchrun itself failed, with no worker to blame (e.g. the rendezvous never completed)."""
+
+    def __init__(self, message: str, *, returncode: int, output: str = "") -> None:
+        self.returncode = returncode
+        self.output = output
+        super().__init__(message)

@@ -1,0 +1,120 @@
+"""Work out which rank failed and why, after torchrun exits with an error.
+
+Sources, best first:
+1. torchrun's own report ("Root Cause (first observed failure)") for the rank and exit code;
+2. the rank's torchelastic error file, written by ``@record``, for the exception and traceback;
+3. the rank's stderr log, for scripts written without ``@record``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from dataclasses import dataclass
+
+from .log_tail import RankLogTail
+
+_ROOT_CAUSE = re.compile(
+    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*\d+\)"
+    r".*?exitcode\s*:\s*(?P<exitcode>-?\d+)",
+    re.DOTALL,
+)
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*)(?:Error|Exception|Interrupt|Exit|Failure|Warning)?\b.*")
+
+
+@dataclass
+class Diagnosis:
+    rank: int
+    exitcode: int
+    error: str
+    traceback: str
+    hint: str = ""
+
+
+def _last_traceback(stderr_text: str) -> tuple[str, str]:
+    """The last Python traceback in a stderr log, and its final "Type: message" line."""
+    start = stderr_text.rfind("Traceback (most recent call last):")
+    if start < 0:
+        return "", ""
+    block = stderr_text[start:]
+    lines = block.splitlines()
+    # The traceback ends at the first unindented line after the header: that is the exception.
+    for i, line in enumerate(lines[1:], start=1):
+        if line and not line.startswith((" ", "\t")):
+            # Chained or multi-line messages: keep going until a blank line or torch's own logging.
+            end = i + 1
+            while end < len(lines) and lines[end].strip() and not lines[end].startswith(("[", "W", "E")):
+                end += 1
+            return "\n".join(lines[:end]), line.strip()
+    return block, lines[-1].strip()
+
+
+def _from_error_file(tail: RankLogTail, rank: int, attempt: int | None) -> tuple[str, str]:
+    path = tail.rank_file(rank, "error.json", attempt)
+    if path is None:
+        return "", ""
+    try:
+        data = json.loads(path.read_text())
+        message = data["message"]
+        if isinstance(message, str):
+            return message, ""
+        return message.get("message", ""), message.get("extraInfo", {}).get("py_callstack", "")
+    except (OSError, ValueError, KeyError, AttributeError):
+        return "", ""
+
+
+def _signal_text(exitcode: int) -> str:
+    try:
+        return f"killed by signal {signal.Signals(-exitcode).name}"
+    except ValueError:
+        return f"killed by signal {-exitcode}"
+
+
+def _hint(error: str, exitcode: int, cuda_available: bool) -> str:
+    lowered = error.lower()
+    if not cuda_available and any(k in lowered for k in ("cuda", "nvidia", "nccl")):
+        return (
+            "this script asks for CUDA or NCCL, but this machine has no usable GPU. "
+            "Pick the device from the environment instead of hard-coding it: "
+            "backend = 'nccl' if torch.cuda.is_available() else 'gloo'."
+        )
+    if exitcode == -signal.SIGKILL:
+        return "SIGKILL with no traceback is most often the kernel's out-of-memory killer (see `dmesg`)."
+    if "address already in use" in lowered:
+        return "the rendezvous port is taken; launch() picks a free one unless rdzv_endpoint pins it."
+    return ""
+
+
+def diagnose(agent_output: str, tail: RankLogTail, nranks: int, cuda_available: bool) -> Diagnosis | None:
+    """Find the failing rank. Returns None when no worker can be blamed."""
+    rank: int | None = None
+    exitcode = 1
+    match = _ROOT_CAUSE.search(agent_output)
+    if match:
+        rank, exitcode = int(match["rank"]), int(match["exitcode"])
+    else:
+        # No report (e.g. torchrun was killed): blame the first rank that left a traceback.
+        for candidate in range(tail.rank_offset, tail.rank_offset + nranks):
+            if _from_error_file(tail, candidate, None)[0] or _stderr_traceback(tail, candidate)[0]:
+                rank = candidate
+                break
+    if rank is None:
+        return None
+
+    attempt = None  # the latest attempt is the one that made torchrun give up
+    error, traceback = _from_error_file(tail, rank, attempt)
+    if not traceback:
+        traceback, last_line = _stderr_traceback(tail, rank)
+        error = error or last_line
+    if exitcode < 0 and not error:
+        error = _signal_text(exitcode)
+    error = error or f"exited with code {exitcode} and left no traceback"
+    return Diagnosis(rank, exitcode, error, traceback, _hint(error, exitcode, cuda_available))
+
+
+def _stderr_traceback(tail: RankLogTail, rank: int) -> tuple[str, str]:
+    path = tail.rank_file(rank, "stderr.log")
+    if path is None:
+        return "", ""
+    return _last_traceback(path.read_text(errors="replace"))

@@ -1,0 +1,80 @@
+"""The progress bar a launch shows: a widget in JupyterLab, plain text under papermill and in a terminal."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from tqdm import tqdm as text_tqdm
+
+PROGRESS_ENV = "DDP_HELPERS_PROGRESS"  # "widget", "text" or "off"; papermill runs set "text"
+PROGRESS_CHOICES = ("auto", "widget", "text", "off")
+
+
+def _in_notebook_kernel() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
+
+
+def resolve_progress(progress: str) -> str:
+    """Turn "auto" into what this process can show."""
+    if progress != "auto":
+        return progress
+    chosen = os.environ.get(PROGRESS_ENV, "").strip().lower()
+    if chosen in ("widget", "text", "off"):
+        return chosen
+    if _in_notebook_kernel():
+        try:
+            import ipywidgets  # noqa: F401
+        except ImportError:
+            return "text"
+        return "widget"
+    return "text"
+
+
+class StepProgress:
+    """A step counter that appears with the first metrics line and follows rank 0's step."""
+
+    def __init__(self, kind: str, description: str) -> None:
+        self.kind = kind
+        self.description = description
+        self.bar: Any = None
+
+    def _make(self, total: int | None) -> Any:
+        if self.kind == "widget":
+            from tqdm.notebook import tqdm as widget_tqdm
+
+            return widget_tqdm(total=total, desc=self.description, unit="step")
+        return text_tqdm(total=total, desc=self.description, unit="step", file=sys.stderr, mininterval=1.0)
+
+    def update(self, step: int, total: int | None, **postfix: Any) -> None:
+        if self.kind == "off":
+            return
+        if self.bar is None:
+            self.bar = self._make(total)
+        if total is not None and self.bar.total != total:
+            self.bar.total = total
+        if step > self.bar.n:
+            self.bar.update(step - self.bar.n)
+        if postfix:
+            self.bar.set_postfix(postfix, refresh=False)
+
+    def close(self, success: bool) -> None:
+        if self.bar is None:
+            return
+        if self.kind == "widget" and not success:
+            self.bar.colour = "#d9534f"  # the widget turns red, like tqdm's own on error
+        self.bar.close()
+
+    def write(self, text: str, stderr: bool = False) -> None:
+        """Print a log line without tearing the text bar."""
+        stream = sys.stderr if stderr else sys.stdout
+        if self.bar is not None and self.kind == "text":
+            text_tqdm.write(text, file=stream)
+        else:
+            print(text, file=stream, flush=True)
