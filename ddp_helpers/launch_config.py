@@ -81,6 +81,7 @@ class LaunchConfig:
             PYTHONFAULTHANDLER="1",  # a segfault still leaves a Python stack in stderr
             DDP_BACKEND=self.backend,
             DDP_DEVICE=self.device,
+            DDP_RUN_DIR=str(self.run_dir),  # where workers write metrics/ and summary.json
         )
         env.update(self.extra_env)
         return env

@@ -1,0 +1,261 @@
+"""Train an image classifier on one device, with DataParallel, or with DDP.
+
+    python train.py --mode single --steps 50
+    python train.py --mode dp --steps 50                 # one process, all visible GPUs
+    torchrun --nproc-per-node 2 train.py --steps 50      # DDP, one process per GPU (or 2 on the CPU)
+
+Each rank appends one JSON line per logged step to <run-dir>/metrics/rank{R}.jsonl, and
+rank 0 writes <run-dir>/summary.json at the end. The notebooks read those files.
+"""
+
+import argparse
+import os
+import resource
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+from ddp_helpers.data import DATASETS, build_dataset
+from ddp_helpers.metrics import MetricsWriter
+
+# -----------------------------------------------------------------------------
+# config
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    under_torchrun = int(os.environ.get("RANK", -1)) != -1
+    p.add_argument("--mode", choices=["single", "dp", "ddp"], default="ddp" if under_torchrun else "single")
+    p.add_argument("--model", choices=["mlp", "resnet18", "resnet50"], default="mlp")
+    p.add_argument("--hidden", type=int, default=256, help="width of the MLP's hidden layers")
+    p.add_argument("--dataset", choices=DATASETS, default="synthetic")
+    p.add_argument("--num-samples", type=int, default=2048, help="synthetic dataset size")
+    p.add_argument("--image-size", type=int, default=32, help="synthetic image side, in pixels")
+    p.add_argument("--batch-size", type=int, default=32, help="per rank: the global batch is this x world size")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps to run (default: --epochs)")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--deterministic", action="store_true", help="deterministic kernels: bitwise-repeatable runs")
+    p.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes per rank")
+    p.add_argument("--log-every", type=int, default=10, help="log (and synchronise for timing) every N steps")
+    p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the throughput figure")
+    p.add_argument("--amp", choices=["off", "bf16", "fp16"], default="off")
+    p.add_argument("--save-final", default=None, help="write the plain (non-DDP) model state_dict here")
+    p.add_argument("--fail-at-step", type=int, default=None, help="fault injection: raise at this step...")
+    p.add_argument("--fail-rank", type=int, default=0, help="...on this rank (first attempt only)")
+    p.add_argument("--run-dir", default=os.environ.get("DDP_RUN_DIR", "runs/train"))
+    args = p.parse_args(argv)
+    if args.mode in ("single", "dp") and int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        p.error(f"--mode {args.mode} is one process; start it with python, not torchrun --nproc-per-node > 1")
+    if args.mode == "ddp" and not under_torchrun:
+        p.error("--mode ddp needs torchrun (it sets RANK, WORLD_SIZE, MASTER_ADDR): torchrun --nproc-per-node 2 train.py")
+    for name in ("batch_size", "epochs", "log_every"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    return args
+
+
+# -----------------------------------------------------------------------------
+# helpers
+
+
+def build_model(name, shape, num_classes, hidden):
+    if name == "mlp":
+        c, h, w = shape
+        return nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(c * h * w, hidden), nn.ReLU(),
+            nn.Linear(hidden, hidden), nn.ReLU(),
+            nn.Linear(hidden, num_classes),
+        )  # fmt: skip
+    import torchvision  # here, not at the top: it takes seconds to import and the MLP needs none of it
+
+    model = getattr(torchvision.models, name)(weights=None, num_classes=num_classes)  # no download: offline
+    if shape[0] != 3:
+        model.conv1 = nn.Conv2d(shape[0], 64, kernel_size=7, stride=2, padding=3, bias=False)
+    return model
+
+
+def synchronize(device):
+    # CUDA kernels run asynchronously: without this a timer measures the launch, not the work
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_memory(device):
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device), "cuda_max_memory_allocated"
+    # ru_maxrss is in KiB on Linux: the whole process's peak resident set, not just tensors
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "cpu_peak_rss"
+
+
+# -----------------------------------------------------------------------------
+# main
+
+
+@record  # on failure torchelastic writes this rank's traceback to its error file
+def main():
+    args = parse_args()
+    t_start = time.time()
+
+    # ---- process group: one process per device under torchrun
+    ddp = args.mode == "ddp"
+    if ddp:
+        # nccl for GPUs, gloo for CPUs; the launcher says which through DDP_BACKEND
+        backend = os.environ.get("DDP_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
+        rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+        if backend == "nccl":
+            device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(device)  # before init: NCCL binds this process to its GPU
+        else:
+            device = torch.device("cpu")
+        dist.init_process_group(backend=backend, device_id=device if backend == "nccl" else None)
+    else:
+        backend, rank, local_rank, world_size = "none", 0, 0, 1
+        use_cuda = torch.cuda.is_available() and os.environ.get("DDP_DEVICE", "cuda") != "cpu"
+        device = torch.device("cuda" if use_cuda else "cpu")
+    master_process = rank == 0  # prints, plans and summaries come from rank 0 only
+
+    try:
+        run(args, ddp, backend, rank, local_rank, world_size, device, master_process, t_start)
+    finally:
+        if ddp:
+            dist.destroy_process_group()  # also after an error, so no rank waits on a dead group
+
+
+def run(args, ddp, backend, rank, local_rank, world_size, device, master_process, t_start):
+    # same seed on every rank: identical initial weights (DDP broadcasts rank 0's anyway)
+    torch.manual_seed(args.seed)
+    if args.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+    else:
+        torch.backends.cudnn.benchmark = device.type == "cuda"
+    if args.amp == "fp16" and device.type != "cuda":
+        raise SystemExit("--amp fp16 needs a CUDA GPU: on the CPU use --amp bf16 (no loss scaling needed)")
+
+    # ---- data: every mode goes through a DistributedSampler (num_replicas=1 without DDP), so
+    # N ranks at batch B see exactly the samples one process sees at batch N*B
+    channels = 3 if args.model.startswith("resnet") else 1 if args.dataset == "digits" else 3
+    info = build_dataset(args.dataset, num_samples=args.num_samples, image_size=args.image_size,
+                         channels=channels, seed=args.seed)  # fmt: skip
+    sampler = DistributedSampler(info.dataset, num_replicas=world_size, rank=rank, shuffle=True,
+                                 seed=args.seed, drop_last=True)  # fmt: skip
+    loader = DataLoader(
+        info.dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True,
+        num_workers=args.num_workers, persistent_workers=args.num_workers > 0,
+        pin_memory=device.type == "cuda",  # page-locked host memory makes non_blocking copies real
+    )  # fmt: skip
+    steps_per_epoch = len(loader)
+    if steps_per_epoch == 0:
+        raise SystemExit(f"{len(info.dataset)} samples are too few for batch {args.batch_size} x {world_size} ranks")
+    total_steps = args.steps or args.epochs * steps_per_epoch
+
+    # ---- model
+    model = build_model(args.model, info.shape, info.num_classes, args.hidden).to(device)
+    memory_format = torch.channels_last if device.type == "cuda" and args.model != "mlp" else torch.contiguous_format
+    model = model.to(memory_format=memory_format)
+    if ddp:
+        # gradient_as_bucket_view: grads live inside DDP's all-reduce buckets, saving a copy
+        model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None, gradient_as_bucket_view=True)
+    elif args.mode == "dp":
+        if master_process and torch.cuda.device_count() < 2:
+            print(f"DataParallel sees {torch.cuda.device_count()} GPU(s): it runs the module on one device, unsplit")
+        model = nn.DataParallel(model)
+    raw_model = model.module if isinstance(model, DDP | nn.DataParallel) else model
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp)
+    # fp16 has a narrow range: scale the loss so small gradients do not flush to zero
+    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
+
+    writer = MetricsWriter(args.run_dir, rank)
+    writer.write_plan(total_steps, mode=args.mode, world_size=world_size)
+    if master_process:
+        print(f"{args.mode}: world_size={world_size} backend={backend} device={device} model={args.model} "
+              f"dataset={info.name} batch={args.batch_size}/rank steps={total_steps}")  # fmt: skip
+
+    # ---- training loop
+    restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    step, epoch, skipped_steps = 0, 0, 0
+    window_start, window_step, step_times = None, 0, []
+    loss = torch.zeros((), device=device)
+    model.train()
+    while step < total_steps:
+        sampler.set_epoch(epoch)  # a new shuffle each epoch, the same one on every rank
+        for x, y in loader:
+            x = x.to(device, non_blocking=True, memory_format=memory_format)
+            y = y.to(device, non_blocking=True)
+            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()  # DDP all-reduces gradient buckets during backward
+            scale_before = scaler.get_scale() if scaler.is_enabled() else None
+            scaler.step(optimizer)
+            scaler.update()
+            if scale_before is not None and scaler.get_scale() < scale_before:
+                skipped_steps += 1  # the scale drops only when inf/NaN gradients skipped the step
+            step += 1
+
+            if args.fail_at_step == step and rank == args.fail_rank and restart_count == 0:
+                raise RuntimeError(f"injected fault on rank {rank} at step {step}")
+
+            if step == args.warmup_steps or (window_start is None and step > args.warmup_steps):
+                synchronize(device)
+                window_start, window_step = time.perf_counter(), step
+            if step % args.log_every == 0 or step == total_steps:
+                synchronize(device)  # the one sync per log window: timing needs it
+                now = time.perf_counter()
+                step_time = None
+                if window_start is not None and step > window_step:
+                    step_time = (now - window_start) / (step - window_step)
+                    step_times.extend([step_time] * (step - window_step))
+                    window_start, window_step = now, step
+                writer.log(step=step, epoch=epoch, loss=loss.item(), samples=step * args.batch_size,
+                           step_time_s=step_time, lr=optimizer.param_groups[0]["lr"])  # fmt: skip
+            if step >= total_steps:
+                break
+        epoch += 1
+
+    # ---- results
+    final_loss = loss.detach().float().clone()
+    if ddp:
+        dist.all_reduce(final_loss, op=dist.ReduceOp.AVG if backend == "nccl" else dist.ReduceOp.SUM)
+        if backend != "nccl":
+            final_loss /= world_size  # gloo has no AVG
+    peak_bytes, peak_kind = peak_memory(device)
+    median_step = statistics.median(step_times) if step_times else None
+    global_batch = args.batch_size * world_size
+    if master_process:
+        if args.save_final:
+            torch.save(raw_model.state_dict(), args.save_final)  # no "module." prefix: loads into a plain model
+        writer.write_summary({
+            "mode": args.mode, "world_size": world_size, "backend": backend, "device": str(device),
+            "amp": args.amp, "model": args.model, "dataset": info.name,
+            "batch_size": args.batch_size, "global_batch_size": global_batch, "steps": step, "epochs": epoch,
+            "lr": args.lr, "seed": args.seed, "deterministic": args.deterministic,
+            "samples_per_s": global_batch / median_step if median_step else None,
+            "samples_per_s_per_rank": args.batch_size / median_step if median_step else None,
+            "step_time_median_s": median_step, "timed_steps": len(step_times),
+            "peak_mem_bytes": peak_bytes, "peak_mem_kind": peak_kind,
+            "final_loss": final_loss.item(), "grad_scale": scaler.get_scale() if scaler.is_enabled() else None,
+            "skipped_steps": skipped_steps, "num_threads": torch.get_num_threads(),
+            "torch_version": torch.__version__, "wall_s": time.time() - t_start,
+        })  # fmt: skip
+        print(f"done: {step} steps, final loss {final_loss.item():.4f}")
+    writer.close()
+    if ddp:
+        dist.barrier()  # nobody tears the group down while rank 0 still writes
+
+
+if __name__ == "__main__":
+    main()
