@@ -9,6 +9,14 @@ The public API:
 from .errors import InvalidLaunchArguments, LaunchError, LaunchFailed, LaunchTimeout, WorkerFailed
 from .launch import LaunchInterrupted, LaunchResult, launch
 from .metrics import read_metrics, read_summary
+from .worker_files import write_worker
+
+
+def load_ipython_extension(ipython):  # %load_ext ddp_helpers
+    from .magics import load_ipython_extension as load
+
+    load(ipython)
+
 
 __all__ = [
     "InvalidLaunchArguments",
@@ -21,4 +29,5 @@ __all__ = [
     "launch",
     "read_metrics",
     "read_summary",
+    "write_worker",
 ]

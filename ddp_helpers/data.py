@@ -41,7 +41,9 @@ def synthetic_images(
     labels = torch.randint(0, num_classes, (num_samples,), generator=gen)
     noise = torch.randn(num_samples, channels, image_size, image_size, generator=gen)
     images = 0.1 * patterns[labels] + noise  # faint patterns: learnable, not instant
-    return DatasetInfo(TensorDataset(images, labels), (channels, image_size, image_size), num_classes, "synthetic")
+    return DatasetInfo(
+        TensorDataset(images, labels), (channels, image_size, image_size), num_classes, "synthetic"
+    )
 
 
 def digits(channels: int = 1) -> DatasetInfo:

@@ -128,7 +128,9 @@ class _Run:
             self.on_metrics(records)
         attempts = self.tail.attempts()
         if attempts > max(self.attempts_seen, 1):
-            self.progress.write(f"[torchrun] restart {attempts - 1} of {self.config.max_restarts}: workers restarted")
+            self.progress.write(
+                f"[torchrun] restart {attempts - 1} of {self.config.max_restarts}: workers restarted"
+            )
         self.attempts_seen = max(self.attempts_seen, attempts)
 
     # ---------------------------------------------------------------- reports
@@ -137,7 +139,11 @@ class _Run:
         alive_ranks = _alive_worker_ranks(tree)
         rows, silent = [], []
         for rank, state in sorted(self.ranks.items()):
-            heard = "never heard from" if state.last_heard is None else f"last heard {now - state.last_heard:.1f}s ago"
+            heard = (
+                "never heard from"
+                if state.last_heard is None
+                else f"last heard {now - state.last_heard:.1f}s ago"
+            )
             status = "running" if rank in alive_ranks else "exited"
             step = f", last step {state.last_step}" if state.last_step is not None else ""
             line = f", last line: {state.last_line[:120]!r}" if state.last_line else ""
@@ -152,7 +158,10 @@ class _Run:
         message = (
             f"the run hung: no output and no metrics for {self.config.timeout:g}s, so every process was stopped "
             f"(SIGTERM, then SIGKILL after {self.config.grace_s:g}s).\n"
-            f"silent ranks: {', '.join(map(str, silent)) or 'none'}\n" + "\n".join(rows) + "\n" + "\n".join(advice)
+            f"silent ranks: {', '.join(map(str, silent)) or 'none'}\n"
+            + "\n".join(rows)
+            + "\n"
+            + "\n".join(advice)
         )
         return LaunchTimeout(message, silent_ranks=silent, run_dir=str(self.config.run_dir))
 
@@ -235,7 +244,9 @@ def launch(
         LaunchInterrupted: the cell was interrupted (a KeyboardInterrupt); all processes were stopped.
     """
     if progress not in PROGRESS_CHOICES:
-        raise InvalidLaunchArguments(f"progress must be one of {', '.join(PROGRESS_CHOICES)}, got {progress!r}")
+        raise InvalidLaunchArguments(
+            f"progress must be one of {', '.join(PROGRESS_CHOICES)}, got {progress!r}"
+        )
     config = make_config(
         script, script_args, nproc=nproc, backend=backend, timeout=timeout, run_dir=run_dir, env=env,
         max_restarts=max_restarts, show_ranks=show_ranks, grace_s=grace_s, nnodes=nnodes,

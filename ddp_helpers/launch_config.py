@@ -118,7 +118,9 @@ def _check_show_ranks(show_ranks: object) -> set[int] | None:
         ranks = list(show_ranks)
         if all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
             return set(ranks)
-    raise InvalidLaunchArguments(f"show_ranks must be 'all', 'none', a rank or a list of ranks, got {show_ranks!r}")
+    raise InvalidLaunchArguments(
+        f"show_ranks must be 'all', 'none', a rank or a list of ranks, got {show_ranks!r}"
+    )
 
 
 def _resolve_backend(backend: str, nproc: int | None, gpus: int) -> tuple[str, str, int]:
@@ -131,7 +133,9 @@ def _resolve_backend(backend: str, nproc: int | None, gpus: int) -> tuple[str, s
     nproc = _check_int("nproc", nproc, 1)
     if backend == "nccl":
         if gpus == 0:
-            raise InvalidLaunchArguments("backend 'nccl' needs CUDA GPUs and none are visible; use 'gloo' on the CPU")
+            raise InvalidLaunchArguments(
+                "backend 'nccl' needs CUDA GPUs and none are visible; use 'gloo' on the CPU"
+            )
         if nproc > gpus:
             raise InvalidLaunchArguments(
                 f"nproc={nproc} but only {gpus} GPU(s) are visible: NCCL needs one GPU per process. "
@@ -140,10 +144,11 @@ def _resolve_backend(backend: str, nproc: int | None, gpus: int) -> tuple[str, s
     return backend, ("cuda" if backend == "nccl" else "cpu"), nproc
 
 
-def _default_run_dir(script: Path) -> Path:
+def default_run_dir(stem: str) -> Path:
+    """A new, unique ``runs/<time>-<stem>-<id>`` (under $DDP_HELPERS_RUNS_DIR if set)."""
     base = Path(os.environ.get(RUNS_DIR_ENV, "runs"))
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return (base / f"{stamp}-{script.stem}-{secrets.token_hex(3)}").resolve()
+    return (base / f"{stamp}-{stem}-{secrets.token_hex(3)}").resolve()
 
 
 def make_config(
@@ -168,7 +173,9 @@ def make_config(
         raise InvalidLaunchArguments(f"script not found: {script_path} (cwd is {Path.cwd()})")
     gpus = visible_gpus()
     backend, device, nproc = _resolve_backend(backend, nproc, gpus)
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0):
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
+    ):
         raise InvalidLaunchArguments(f"timeout must be a positive number of seconds or None, got {timeout!r}")
     if not isinstance(grace_s, int | float) or grace_s < 0:
         raise InvalidLaunchArguments(f"grace_s must be >= 0, got {grace_s!r}")
@@ -181,14 +188,18 @@ def make_config(
     if node_rank >= nnodes:
         raise InvalidLaunchArguments(f"node_rank must be < nnodes ({nnodes}), got {node_rank}")
     if nnodes > 1 and not (isinstance(rdzv_endpoint, str) and re.fullmatch(r"[^\s:]+:\d+", rdzv_endpoint)):
-        raise InvalidLaunchArguments(f"nnodes={nnodes} needs rdzv_endpoint='host:port', got {rdzv_endpoint!r}")
+        raise InvalidLaunchArguments(
+            f"nnodes={nnodes} needs rdzv_endpoint='host:port', got {rdzv_endpoint!r}"
+        )
     return LaunchConfig(
         script=script_path.resolve(),
         script_args=_check_script_args(script_args),
         nproc=nproc,
         backend=backend,
         device=device,
-        run_dir=Path(run_dir).expanduser().resolve() if run_dir is not None else _default_run_dir(script_path),
+        run_dir=Path(run_dir).expanduser().resolve()
+        if run_dir is not None
+        else default_run_dir(script_path.stem),
         timeout=float(timeout) if timeout is not None else None,
         max_restarts=_check_int("max_restarts", max_restarts, 0),
         show_ranks=_check_show_ranks(show_ranks),

@@ -39,12 +39,16 @@ def parse_args(argv=None):
     p.add_argument("--dataset", choices=DATASETS, default="synthetic")
     p.add_argument("--num-samples", type=int, default=2048, help="synthetic dataset size")
     p.add_argument("--image-size", type=int, default=32, help="synthetic image side, in pixels")
-    p.add_argument("--batch-size", type=int, default=32, help="per rank: the global batch is this x world size")
+    p.add_argument(
+        "--batch-size", type=int, default=32, help="per rank: the global batch is this x world size"
+    )
     p.add_argument("--steps", type=int, default=None, help="optimizer steps to run (default: --epochs)")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--deterministic", action="store_true", help="deterministic kernels: bitwise-repeatable runs")
+    p.add_argument(
+        "--deterministic", action="store_true", help="deterministic kernels: bitwise-repeatable runs"
+    )
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes per rank")
     p.add_argument("--log-every", type=int, default=10, help="log (and synchronise for timing) every N steps")
     p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the throughput figure")
@@ -57,7 +61,9 @@ def parse_args(argv=None):
     if args.mode in ("single", "dp") and int(os.environ.get("WORLD_SIZE", 1)) > 1:
         p.error(f"--mode {args.mode} is one process; start it with python, not torchrun --nproc-per-node > 1")
     if args.mode == "ddp" and not under_torchrun:
-        p.error("--mode ddp needs torchrun (it sets RANK, WORLD_SIZE, MASTER_ADDR): torchrun --nproc-per-node 2 train.py")
+        p.error(
+            "--mode ddp needs torchrun (it sets RANK, WORLD_SIZE, MASTER_ADDR): torchrun --nproc-per-node 2 train.py"
+        )
     for name in ("batch_size", "epochs", "log_every"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -112,7 +118,11 @@ def main():
     if ddp:
         # nccl for GPUs, gloo for CPUs; the launcher says which through DDP_BACKEND
         backend = os.environ.get("DDP_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
-        rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+        rank, local_rank, world_size = (
+            int(os.environ["RANK"]),
+            int(os.environ["LOCAL_RANK"]),
+            int(os.environ["WORLD_SIZE"]),
+        )
         if backend == "nccl":
             device = torch.device("cuda", local_rank)
             torch.cuda.set_device(device)  # before init: NCCL binds this process to its GPU
@@ -158,19 +168,27 @@ def run(args, ddp, backend, rank, local_rank, world_size, device, master_process
     )  # fmt: skip
     steps_per_epoch = len(loader)
     if steps_per_epoch == 0:
-        raise SystemExit(f"{len(info.dataset)} samples are too few for batch {args.batch_size} x {world_size} ranks")
+        raise SystemExit(
+            f"{len(info.dataset)} samples are too few for batch {args.batch_size} x {world_size} ranks"
+        )
     total_steps = args.steps or args.epochs * steps_per_epoch
 
     # ---- model
     model = build_model(args.model, info.shape, info.num_classes, args.hidden).to(device)
-    memory_format = torch.channels_last if device.type == "cuda" and args.model != "mlp" else torch.contiguous_format
+    memory_format = (
+        torch.channels_last if device.type == "cuda" and args.model != "mlp" else torch.contiguous_format
+    )
     model = model.to(memory_format=memory_format)
     if ddp:
         # gradient_as_bucket_view: grads live inside DDP's all-reduce buckets, saving a copy
-        model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None, gradient_as_bucket_view=True)
+        model = DDP(
+            model, device_ids=[local_rank] if device.type == "cuda" else None, gradient_as_bucket_view=True
+        )
     elif args.mode == "dp":
         if master_process and torch.cuda.device_count() < 2:
-            print(f"DataParallel sees {torch.cuda.device_count()} GPU(s): it runs the module on one device, unsplit")
+            print(
+                f"DataParallel sees {torch.cuda.device_count()} GPU(s): it runs the module on one device, unsplit"
+            )
         model = nn.DataParallel(model)
     raw_model = model.module if isinstance(model, DDP | nn.DataParallel) else model
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
@@ -237,7 +255,9 @@ def run(args, ddp, backend, rank, local_rank, world_size, device, master_process
     global_batch = args.batch_size * world_size
     if master_process:
         if args.save_final:
-            torch.save(raw_model.state_dict(), args.save_final)  # no "module." prefix: loads into a plain model
+            torch.save(
+                raw_model.state_dict(), args.save_final
+            )  # no "module." prefix: loads into a plain model
         writer.write_summary({
             "mode": args.mode, "world_size": world_size, "backend": backend, "device": str(device),
             "amp": args.amp, "model": args.model, "dataset": info.name,

@@ -1,0 +1,70 @@
+"""Command line: ``python -m ddp_helpers doctor`` and ``python -m ddp_helpers launch SCRIPT [ARGS...]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from .environment import collect_facts, exit_code, format_checks, live_allreduce, run_checks
+
+    facts = collect_facts()
+    checks = run_checks(facts)
+    summary = {}
+    if not args.no_live:
+        print("running a live all_reduce check through torchrun...", file=sys.stderr)
+        live, summary = live_allreduce(nproc=args.nproc, max_bytes=args.max_bytes, progress="off")
+        checks += live
+    if args.json:
+        from dataclasses import asdict
+
+        print(
+            json.dumps(
+                {"facts": facts, "checks": [asdict(c) for c in checks], "allreduce": summary}, indent=2
+            )
+        )
+    else:
+        print(format_checks(checks))
+    return exit_code(checks)
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from .errors import LaunchError
+    from .launch import launch
+
+    try:
+        result = launch(args.script, *args.script_args, nproc=args.nproc, backend=args.backend,
+                        timeout=args.timeout, run_dir=args.run_dir, max_restarts=args.max_restarts)  # fmt: skip
+    except LaunchError as err:
+        print(f"{type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    print(f"finished in {result.wall_s:.1f}s; run dir {result.run_dir}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ddp_helpers")
+    sub = parser.add_subparsers(dest="command", required=True)
+    doctor = sub.add_parser("doctor", help="check this machine for DDP (exit 1 only when a check FAILs)")
+    doctor.add_argument("--no-live", action="store_true", help="skip the multi-process all_reduce check")
+    doctor.add_argument("--nproc", type=int, default=None)
+    doctor.add_argument("--max-bytes", type=int, default=1 << 24)
+    doctor.add_argument("--json", action="store_true", help="print facts and checks as JSON")
+    doctor.set_defaults(func=_doctor)
+    run = sub.add_parser("launch", help="run a script under torchrun with live per-rank output")
+    run.add_argument("script")
+    run.add_argument("script_args", nargs=argparse.REMAINDER)
+    run.add_argument("--nproc", type=int, default=None)
+    run.add_argument("--backend", default="auto")
+    run.add_argument("--timeout", type=float, default=None)
+    run.add_argument("--run-dir", default=None)
+    run.add_argument("--max-restarts", type=int, default=0)
+    run.set_defaults(func=_launch)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""Put a worker script where a run can use it, and show the learner the exact file that runs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from .workers import worker_path
+
+
+def _display_code(path: Path, highlight: tuple[int, int] | None) -> None:
+    try:
+        from IPython import get_ipython
+        from IPython.display import Code, display
+    except ImportError:
+        return
+    if get_ipython() is None:
+        return
+    text = path.read_text()
+    if highlight:
+        first, last = highlight
+        text = "\n".join(text.splitlines()[first - 1 : last])
+    display(Code(text, language="python"))
+
+
+def write_worker(
+    worker: str | os.PathLike[str],
+    directory: str | os.PathLike[str] = "runs/workers",
+    *,
+    source: str | None = None,
+    show: bool = True,
+    lines: tuple[int, int] | None = None,
+) -> Path:
+    """Copy a worker into `directory` and show it with syntax highlighting.
+
+    Args:
+        worker: a bundled worker's name ("train", "allreduce_bench"), a path to a script,
+            or, with `source`, the file name to write.
+        directory: where the file goes (created if missing).
+        source: the script's text, to write a worker made in the notebook.
+        show: display the file in the notebook (only inside IPython).
+        lines: (first, last), 1-based, to show only part of the file; the whole file is written.
+
+    Returns:
+        The path of the written file: pass it to `launch`.
+    """
+    target_dir = Path(directory)
+    target_dir.mkdir(parents=True, exist_ok=True)
+    if source is not None:
+        name = Path(worker).name
+        target = target_dir / (name if name.endswith(".py") else f"{name}.py")
+        target.write_text(source if source.endswith("\n") else source + "\n")
+    else:
+        candidate = Path(worker)
+        origin = candidate if candidate.suffix == ".py" and candidate.is_file() else worker_path(str(worker))
+        target = target_dir / origin.name
+        if origin.resolve() != target.resolve():
+            shutil.copyfile(origin, target)
+    if show:
+        _display_code(target, lines)
+    return target.resolve()

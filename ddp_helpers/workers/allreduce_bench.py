@@ -1,0 +1,104 @@
+"""Check all_reduce on every rank and measure its bandwidth over a range of message sizes.
+
+    torchrun --nproc-per-node 2 allreduce_bench.py --min-bytes 1024 --max-bytes 67108864
+
+Bandwidths follow nccl-tests (PERFORMANCE.md there):
+    algbw = bytes / time
+    busbw = algbw * 2(n-1)/n   (what each link carries in a ring; comparable across world sizes)
+Rank 0 writes them to <run-dir>/summary.json; every rank logs one metrics line per size.
+"""
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from ddp_helpers.metrics import MetricsWriter
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--min-bytes", type=int, default=1 << 10)
+    p.add_argument("--max-bytes", type=int, default=1 << 24)
+    p.add_argument("--iters", type=int, default=10, help="timed all_reduces per size")
+    p.add_argument("--warmup", type=int, default=3, help="untimed all_reduces per size")
+    p.add_argument("--run-dir", default=os.environ.get("DDP_RUN_DIR", "runs/allreduce"))
+    args = p.parse_args()
+    if not 4 <= args.min_bytes <= args.max_bytes:
+        p.error("need 4 <= --min-bytes <= --max-bytes")
+    if args.iters < 1 or args.warmup < 0:
+        p.error("need --iters >= 1 and --warmup >= 0")
+    return args
+
+
+def sizes(min_bytes, max_bytes):
+    size = min_bytes
+    while size <= max_bytes:
+        yield size
+        size *= 4
+
+
+@record
+def main():
+    args = parse_args()
+    backend = os.environ.get("DDP_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend=backend)
+    try:
+        world_size = dist.get_world_size()
+        writer = MetricsWriter(args.run_dir, rank)
+        plan = list(sizes(args.min_bytes, args.max_bytes))
+        writer.write_plan(len(plan))
+        results = []
+        for step, nbytes in enumerate(plan, start=1):
+            numel = nbytes // 4  # float32
+            # rank r contributes r+1 everywhere, so the sum is n(n+1)/2 in every element
+            tensor = torch.full((numel,), float(rank + 1), device=device)
+            expected = world_size * (world_size + 1) / 2
+            dist.all_reduce(tensor)
+            correct = bool(torch.all(tensor == expected).item())
+            times = []
+            for i in range(args.warmup + args.iters):
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                dist.barrier()  # start together, or we time the stragglers' arrival
+                t0 = time.perf_counter()
+                dist.all_reduce(tensor)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                if i >= args.warmup:
+                    times.append(time.perf_counter() - t0)
+            # the slowest rank decides when the collective is done
+            t = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            ok = torch.tensor([int(correct)], device=device)
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+            seconds = t.item()
+            algbw = numel * 4 / seconds
+            busbw = algbw * 2 * (world_size - 1) / world_size
+            results.append({"bytes": numel * 4, "time_s": seconds, "algbw_gbps": algbw / 1e9,
+                            "busbw_gbps": busbw / 1e9, "correct_all_ranks": bool(ok.item())})  # fmt: skip
+            writer.log(step=step, bytes=numel * 4, time_s=seconds, correct=correct)
+            if rank == 0:
+                print(f"{numel * 4:>12,d} B  {seconds * 1e6:10.1f} us  algbw {algbw / 1e9:7.3f} GB/s  "
+                      f"busbw {busbw / 1e9:7.3f} GB/s  {'ok' if ok.item() else 'WRONG SUM'}")  # fmt: skip
+        writer.write_summary({
+            "world_size": world_size, "backend": backend, "device": device.type,
+            "torch_version": torch.__version__, "all_correct": all(r["correct_all_ranks"] for r in results),
+            "results": results,
+        })  # fmt: skip
+        writer.close()
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
