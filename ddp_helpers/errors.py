@@ -9,7 +9,7 @@ class LaunchError(RuntimeError):
     def _render_traceback_(self) -> list[str]:
         # IPython shows this instead of the launcher's own stack, which would only hide the
         # worker's root cause under frames of ddp_helpers.
-        return [f"{type(self).__name__}: {self}"]
+        return f"{type(self).__name__}: {self}".splitlines()
 
 
 class InvalidLaunchArguments(LaunchError, ValueError):

@@ -150,7 +150,13 @@ class _Run:
             rows.append(f"  rank {rank}: {status}, {heard}{step}{line}")
             if state.last_heard is None or now - state.last_heard >= (self.config.timeout or 0):
                 silent.append(rank)
-        advice = [
+        advice = []
+        if all(state.last_heard is None for state in self.ranks.values()):
+            advice.append(
+                "No rank printed anything: if start-up (importing torch, the rendezvous) is slow here, "
+                "a longer timeout may be all that is needed."
+            )
+        advice += [
             "To find the collective that does not match, rerun with env={'TORCH_DISTRIBUTED_DEBUG': 'DETAIL'}"
             + (" and 'NCCL_DEBUG': 'INFO'." if self.config.backend == "nccl" else "."),
             "A rank that exited while others still run usually means uneven inputs or a skipped collective.",

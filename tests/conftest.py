@@ -1,0 +1,71 @@
+"""Shared fixtures: tiny worker scripts, and the check that a run left no process behind."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+SCRIPTS = Path(__file__).parent / "scripts"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; this machine has none")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def _quiet_progress(monkeypatch, tmp_path):
+    # Tests read stdout; a progress bar there would only get in the way.
+    monkeypatch.setenv("DDP_HELPERS_PROGRESS", "off")
+    monkeypatch.setenv("DDP_HELPERS_RUNS_DIR", str(tmp_path / "runs"))
+
+
+def processes_matching(marker: str) -> list[psutil.Process]:
+    """Live (non-zombie) processes whose command line mentions `marker`, other than this one."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if proc.pid == os.getpid() or proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if marker in " ".join(proc.info["cmdline"] or []):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def assert_no_processes_left(marker: str, wait_s: float = 3.0) -> None:
+    deadline = time.monotonic() + wait_s
+    while processes_matching(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [(p.pid, " ".join(p.cmdline())) for p in processes_matching(marker)]
+    assert not left, f"processes of the run are still alive: {left}"
+
+
+@pytest.fixture
+def script(tmp_path):
+    """Copy a test script into this test's own folder, so its path marks this test's processes."""
+
+    def copy(name: str) -> Path:
+        target = tmp_path / name
+        target.write_text((SCRIPTS / name).read_text())
+        return target
+
+    yield copy
+    assert_no_processes_left(str(tmp_path))
+
+
+@pytest.fixture
+def python() -> str:
+    return sys.executable
