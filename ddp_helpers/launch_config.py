@@ -98,12 +98,12 @@ def _check_int(name: str, value: object, minimum: int) -> int:
 def _check_script_args(args: Iterable[object]) -> list[str]:
     checked = []
     for arg in args:
-        if isinstance(arg, bool) or not isinstance(arg, str | int | float):
+        if isinstance(arg, bool) or not isinstance(arg, str | int | float | os.PathLike):
             raise InvalidLaunchArguments(
-                f"script argument {arg!r} is a {type(arg).__name__}; pass strings or numbers "
+                f"script argument {arg!r} is a {type(arg).__name__}; pass strings, numbers or paths "
                 "(for a flag, pass its name, e.g. '--deterministic')"
             )
-        checked.append(str(arg))
+        checked.append(os.fspath(arg) if isinstance(arg, os.PathLike) else str(arg))
     return checked
 
 

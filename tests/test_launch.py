@@ -173,9 +173,9 @@ def test_missing_script_and_bad_script_args_are_refused(tmp_path):
     with pytest.raises(InvalidLaunchArguments, match="script not found"):
         launch(tmp_path / "nope.py")
     (tmp_path / "s.py").write_text("print(1)\n")
-    with pytest.raises(InvalidLaunchArguments, match="pass strings or numbers"):
+    with pytest.raises(InvalidLaunchArguments, match="pass strings, numbers or paths"):
         launch(tmp_path / "s.py", ["--steps", 3])
-    with pytest.raises(InvalidLaunchArguments, match="pass strings or numbers"):
+    with pytest.raises(InvalidLaunchArguments, match="pass strings, numbers or paths"):
         launch(tmp_path / "s.py", True)
 
 

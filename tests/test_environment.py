@@ -1,0 +1,66 @@
+"""ddp_helpers.environment and `python -m ddp_helpers doctor`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ddp_helpers import environment as env
+from ddp_helpers.metrics import bus_bandwidth, scaling_efficiency
+
+
+def test_shm_below_one_gib_warns_with_the_docker_fix():
+    check = env.check_shm(64 * 2**20)
+    assert check.status == env.WARN
+    assert "--ipc=host" in check.advice and "--shm-size" in check.advice
+    assert env.check_shm(8 * 2**30).status == env.PASS
+    assert env.check_shm(None).status == env.INFO
+
+
+def test_old_torch_fails_and_mismatched_torchvision_warns():
+    assert env.check_torch("2.6.0", "0.21.0")[0].status == env.FAIL
+    assert [c.status for c in env.check_torch("2.7.1+cu128", "0.22.1")] == [env.PASS, env.PASS]
+    torchvision = env.check_torch("2.14.1", "0.22.1")[1]
+    assert torchvision.status == env.WARN and "0.29" in torchvision.advice
+
+
+def test_this_machine_has_no_failing_check_and_cuda_is_info_without_gpus():
+    facts = env.collect_facts()
+    checks = env.run_checks(facts)
+    assert not [c for c in checks if c.status == env.FAIL]
+    cuda = next(c for c in checks if c.name == "CUDA")
+    assert cuda.status == (env.PASS if facts["cuda_available"] else env.INFO)
+    assert env.exit_code(checks) == 0
+    assert env.exit_code([*checks, env.Check("x", env.FAIL, "broken")]) == 1
+
+
+def test_busbw_follows_nccl_tests():
+    assert bus_bandwidth(10.0, 1) == 0.0
+    assert bus_bandwidth(10.0, 2) == pytest.approx(10.0)
+    assert bus_bandwidth(10.0, 8) == pytest.approx(17.5)
+    assert scaling_efficiency(380.0, 100.0, 4) == pytest.approx(0.95)
+
+
+def test_live_allreduce_checks_the_sum_and_measures_bandwidth(tmp_path):
+    checks, summary = env.live_allreduce(nproc=2, max_bytes=1 << 14, iters=3, run_dir=tmp_path, progress="off")
+    assert [c.status for c in checks] == [env.PASS, env.INFO]
+    assert summary["all_correct"] and summary["world_size"] == 2
+    assert [r["bytes"] for r in summary["results"]] == [1024, 4096, 16384]
+    for row in summary["results"]:
+        assert row["algbw_gbps"] == pytest.approx(row["bytes"] / row["time_s"] / 1e9)
+        assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * 2 * (2 - 1) / 2)
+
+
+def test_doctor_cli_prints_the_table_and_exits_zero():
+    proc = subprocess.run([sys.executable, "-m", "ddp_helpers", "doctor", "--max-bytes", "4096"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "PASS  all_reduce sum (live)" in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "ddp_helpers", "doctor", "--no-live", "--json"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    report = json.loads(proc.stdout)
+    assert {"python", "torch", "shm_bytes", "backends"} <= report["facts"].keys()
+    assert report["allreduce"] == {}

@@ -1,0 +1,120 @@
+"""workers/train.py, run as the learner runs it: plain python, and torchrun through launch()."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ddp_helpers import WorkerFailed, launch
+from ddp_helpers.workers import worker_path
+
+TRAIN = str(worker_path("train"))
+TINY = ["--num-samples", "256", "--hidden", "32", "--log-every", "1"]
+SUMMARY_KEYS = {"mode", "world_size", "backend", "device", "amp", "samples_per_s", "peak_mem_bytes",
+                "final_loss", "torch_version"}  # fmt: skip
+METRIC_KEYS = {"rank", "step", "epoch", "loss", "samples", "step_time_s", "time"}
+
+
+def run_plain(*args, run_dir):
+    return subprocess.run([sys.executable, TRAIN, *map(str, args), "--run-dir", str(run_dir)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def test_single_process_writes_metrics_and_summary(tmp_path):
+    proc = run_plain(*TINY, "--steps", 6, run_dir=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert SUMMARY_KEYS <= summary.keys()
+    assert (summary["mode"], summary["world_size"], summary["steps"]) == ("single", 1, 6)
+    assert summary["samples_per_s"] > 0 and summary["peak_mem_kind"] == "cpu_peak_rss"
+    lines = [json.loads(line) for line in (tmp_path / "metrics" / "rank0.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == list(range(1, 7))
+    assert all(METRIC_KEYS <= r.keys() for r in lines)
+
+
+def test_ddp_two_ranks_through_launch(tmp_path):
+    result = launch(TRAIN, *TINY, "--steps", 6, nproc=2, run_dir=tmp_path)
+    assert (result.summary["mode"], result.summary["world_size"], result.summary["backend"]) == ("ddp", 2, "gloo")
+    assert result.summary["global_batch_size"] == 64
+    assert sorted(result.metrics["rank"].unique()) == [0, 1]
+    assert math.isfinite(result.summary["final_loss"])
+
+
+def test_ddp_at_batch_b_equals_one_process_at_batch_n_times_b(tmp_path):
+    """The property notebook 01 shows: DDP is a bigger batch, up to float rounding."""
+    common = [*TINY, "--steps", 8, "--deterministic", "--lr", 0.1]
+    launch(TRAIN, *common, "--batch-size", 16, "--save-final", tmp_path / "ddp.pt", nproc=2, run_dir=tmp_path / "d")
+    proc = run_plain(*common, "--batch-size", 32, "--save-final", tmp_path / "one.pt", run_dir=tmp_path / "s")
+    assert proc.returncode == 0, proc.stderr
+    ddp, one = torch.load(tmp_path / "ddp.pt"), torch.load(tmp_path / "one.pt")
+    assert ddp.keys() == one.keys() and not any(k.startswith("module.") for k in ddp)
+    diff = max((ddp[k] - one[k]).abs().max().item() for k in ddp)
+    assert diff < 1e-5
+    # ...and the runs really trained: the weights moved from their initial values
+    proc = run_plain(*common, "--batch-size", 32, "--steps", 1, "--save-final", tmp_path / "early.pt",
+                     run_dir=tmp_path / "e")  # fmt: skip
+    early = torch.load(tmp_path / "early.pt")
+    assert max((early[k] - one[k]).abs().max().item() for k in one) > 1e-3
+
+
+def test_injected_fault_names_the_rank(tmp_path):
+    with pytest.raises(WorkerFailed) as info:
+        launch(TRAIN, *TINY, "--steps", 6, "--fail-at-step", 3, "--fail-rank", 1, nproc=2, run_dir=tmp_path)
+    assert str(info.value).splitlines()[0] == "rank 1 failed: RuntimeError: injected fault on rank 1 at step 3"
+    assert "raise RuntimeError" in info.value.traceback
+
+
+def test_dataparallel_on_cpu_says_it_runs_unsplit(tmp_path):
+    proc = run_plain(*TINY, "--mode", "dp", "--steps", 3, run_dir=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    if not torch.cuda.is_available():
+        assert "runs the module on one device" in proc.stdout
+    assert json.loads((tmp_path / "summary.json").read_text())["mode"] == "dp"
+
+
+def test_bf16_on_cpu_gives_finite_losses(tmp_path):
+    proc = run_plain(*TINY, "--amp", "bf16", "--steps", 4, run_dir=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["amp"] == "bf16" and math.isfinite(summary["final_loss"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
+def test_fp16_on_cpu_fails_fast_and_clearly(tmp_path):
+    proc = run_plain(*TINY, "--amp", "fp16", "--steps", 4, run_dir=tmp_path)
+    assert proc.returncode != 0
+    assert "--amp fp16 needs a CUDA GPU" in proc.stderr
+
+
+def test_digits_dataset_and_resnet18(tmp_path):
+    proc = run_plain("--model", "resnet18", "--dataset", "digits", "--batch-size", 16, "--steps", 2,
+                     run_dir=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["model"], summary["dataset"]) == ("resnet18", "digits")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--mode", "ddp"], "needs torchrun"),
+        (["--batch-size", "0"], "--batch-size must be >= 1"),
+        (["--model", "vgg"], "invalid choice"),
+    ],
+)
+def test_bad_flags_are_refused(tmp_path, args, message):
+    proc = run_plain(*args, run_dir=tmp_path)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+
+
+@pytest.mark.gpu
+def test_fp16_with_grad_scaler_on_gpu(tmp_path):
+    result = launch(TRAIN, *TINY, "--amp", "fp16", "--steps", 6, nproc=1, run_dir=tmp_path)
+    assert result.summary["grad_scale"] is not None
+    assert math.isfinite(result.summary["final_loss"])
