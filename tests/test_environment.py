@@ -45,7 +45,9 @@ def test_busbw_follows_nccl_tests():
 
 
 def test_live_allreduce_checks_the_sum_and_measures_bandwidth(tmp_path):
-    checks, summary = env.live_allreduce(nproc=2, max_bytes=1 << 14, iters=3, run_dir=tmp_path, progress="off")
+    checks, summary = env.live_allreduce(
+        nproc=2, max_bytes=1 << 14, iters=3, run_dir=tmp_path, progress="off"
+    )
     assert [c.status for c in checks] == [env.PASS, env.INFO]
     assert summary["all_correct"] and summary["world_size"] == 2
     assert [r["bytes"] for r in summary["results"]] == [1024, 4096, 16384]

@@ -15,8 +15,14 @@ import pytest
 from conftest import assert_no_processes_left
 
 import ddp_helpers
-from ddp_helpers import InvalidLaunchArguments, LaunchError, LaunchTimeout, WorkerFailed, launch
-from ddp_helpers import launch_config
+from ddp_helpers import (
+    InvalidLaunchArguments,
+    LaunchError,
+    LaunchTimeout,
+    WorkerFailed,
+    launch,
+    launch_config,
+)
 
 LINE = re.compile(r"^rank (\d) line (\d+) x{300}$")
 
@@ -116,7 +122,9 @@ def test_interrupt_stops_every_process(script, tmp_path):
         from ddp_helpers import launch
         launch({str(tick)!r}, nproc=2, run_dir={str(tmp_path / "run")!r}, progress="off", grace_s=2)
     """)
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     seen = []
     for line in child.stdout:
         seen.append(line)

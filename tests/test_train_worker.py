@@ -39,7 +39,11 @@ def test_single_process_writes_metrics_and_summary(tmp_path):
 
 def test_ddp_two_ranks_through_launch(tmp_path):
     result = launch(TRAIN, *TINY, "--steps", 6, nproc=2, run_dir=tmp_path)
-    assert (result.summary["mode"], result.summary["world_size"], result.summary["backend"]) == ("ddp", 2, "gloo")
+    assert (result.summary["mode"], result.summary["world_size"], result.summary["backend"]) == (
+        "ddp",
+        2,
+        "gloo",
+    )
     assert result.summary["global_batch_size"] == 64
     assert sorted(result.metrics["rank"].unique()) == [0, 1]
     assert math.isfinite(result.summary["final_loss"])
@@ -48,7 +52,16 @@ def test_ddp_two_ranks_through_launch(tmp_path):
 def test_ddp_at_batch_b_equals_one_process_at_batch_n_times_b(tmp_path):
     """The property notebook 01 shows: DDP is a bigger batch, up to float rounding."""
     common = [*TINY, "--steps", 8, "--deterministic", "--lr", 0.1]
-    launch(TRAIN, *common, "--batch-size", 16, "--save-final", tmp_path / "ddp.pt", nproc=2, run_dir=tmp_path / "d")
+    launch(
+        TRAIN,
+        *common,
+        "--batch-size",
+        16,
+        "--save-final",
+        tmp_path / "ddp.pt",
+        nproc=2,
+        run_dir=tmp_path / "d",
+    )
     proc = run_plain(*common, "--batch-size", 32, "--save-final", tmp_path / "one.pt", run_dir=tmp_path / "s")
     assert proc.returncode == 0, proc.stderr
     ddp, one = torch.load(tmp_path / "ddp.pt"), torch.load(tmp_path / "one.pt")
@@ -65,7 +78,9 @@ def test_ddp_at_batch_b_equals_one_process_at_batch_n_times_b(tmp_path):
 def test_injected_fault_names_the_rank(tmp_path):
     with pytest.raises(WorkerFailed) as info:
         launch(TRAIN, *TINY, "--steps", 6, "--fail-at-step", 3, "--fail-rank", 1, nproc=2, run_dir=tmp_path)
-    assert str(info.value).splitlines()[0] == "rank 1 failed: RuntimeError: injected fault on rank 1 at step 3"
+    assert (
+        str(info.value).splitlines()[0] == "rank 1 failed: RuntimeError: injected fault on rank 1 at step 3"
+    )
     assert "raise RuntimeError" in info.value.traceback
 
 

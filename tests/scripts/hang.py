@@ -1,5 +1,4 @@
 # Rank 1 never reaches the collective that rank 0 waits in: a hang.
-import os
 import time
 
 import torch
