@@ -37,6 +37,13 @@ def resolve_progress(progress: str) -> str:
     return "text"
 
 
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
 class StepProgress:
     """A step counter that appears with the first metrics line and follows rank 0's step."""
 
@@ -74,7 +81,8 @@ class StepProgress:
     def write(self, text: str, stderr: bool = False) -> None:
         """Print a log line without tearing the text bar."""
         stream = sys.stderr if stderr else sys.stdout
-        if self.bar is not None and self.kind == "text":
+        # In a terminal, tqdm.write lifts the bar out of the way; elsewhere (papermill) it only adds noise.
+        if self.bar is not None and self.kind == "text" and _isatty(self.bar.fp):
             text_tqdm.write(text, file=stream)
         else:
             print(text, file=stream, flush=True)

@@ -9,7 +9,17 @@ from pathlib import Path
 from .workers import worker_path
 
 
-def _display_code(path: Path, highlight: tuple[int, int] | None) -> None:
+def _line_number(lines: list[str], where: int | str) -> int:
+    """A 1-based line number, or the first line that contains the text `where`."""
+    if isinstance(where, int):
+        return where
+    for number, line in enumerate(lines, start=1):
+        if where in line:
+            return number
+    raise ValueError(f"no line contains {where!r}")
+
+
+def _display_code(path: Path, highlight: tuple[int | str, int | str] | None) -> None:
     try:
         from IPython import get_ipython
         from IPython.display import Code, display
@@ -19,8 +29,9 @@ def _display_code(path: Path, highlight: tuple[int, int] | None) -> None:
         return
     text = path.read_text()
     if highlight:
-        first, last = highlight
-        text = "\n".join(text.splitlines()[first - 1 : last])
+        lines = text.splitlines()
+        first, last = (_line_number(lines, where) for where in highlight)
+        text = "\n".join(lines[first - 1 : last])
     display(Code(text, language="python"))
 
 
@@ -30,7 +41,7 @@ def write_worker(
     *,
     source: str | None = None,
     show: bool = True,
-    lines: tuple[int, int] | None = None,
+    lines: tuple[int | str, int | str] | None = None,
 ) -> Path:
     """Copy a worker into `directory` and show it with syntax highlighting.
 
@@ -40,7 +51,8 @@ def write_worker(
         directory: where the file goes (created if missing).
         source: the script's text, to write a worker made in the notebook.
         show: display the file in the notebook (only inside IPython).
-        lines: (first, last), 1-based, to show only part of the file; the whole file is written.
+        lines: (first, last) to show only part of the file (the whole file is written). Each is a
+            1-based line number or a piece of text: the first line containing it.
 
     Returns:
         The path of the written file: pass it to `launch`.
