@@ -40,6 +40,7 @@ notebooks: venv
 
 bench: venv
 	$(PY) benchmarks/bench_launch.py
+	$(PY) benchmarks/bench_training.py
 
 lint: venv
 	$(PY) -m ruff check .

@@ -38,7 +38,9 @@ def with_launch(run_dir: Path) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()

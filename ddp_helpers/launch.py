@@ -21,6 +21,7 @@ from .log_tail import LogLine, RankLogTail
 from .metrics import MetricsFollower, read_metrics, read_summary
 from .process_tree import ProcessTree
 from .progress import PROGRESS_CHOICES, StepProgress, resolve_progress
+from .resources import ResourceSampler
 
 POLL_S = 0.1
 
@@ -38,6 +39,7 @@ class LaunchResult:
     command: list[str]
     launcher_output: list[str] = field(default_factory=list)
     attempts: int = 1
+    resources: pd.DataFrame = field(default_factory=pd.DataFrame)  # per-rank CPU/RSS, per-GPU use, over time
 
     def log(self, rank: int) -> str:
         """Every line rank `rank` printed, stdout and stderr, in the order they were read."""
@@ -275,6 +277,7 @@ def _execute(config: LaunchConfig, progress: str) -> LaunchResult:
         start_new_session=True,  # the whole run can be signalled without touching the kernel
     )
     tree = ProcessTree(proc.pid)
+    sampler = ResourceSampler(tree, gpus=config.device == "cuda")
     agent_lines: queue.Queue[str | None] = queue.Queue()
     pump = threading.Thread(target=_pump, args=(proc.stdout, agent_lines), daemon=True)
     pump.start()
@@ -289,6 +292,7 @@ def _execute(config: LaunchConfig, progress: str) -> LaunchResult:
             now = time.monotonic()
             if now - last_refresh > 0.5:
                 tree.refresh()
+                sampler.sample()
                 last_refresh = now
             if config.timeout is not None and now - run.last_progress > config.timeout:
                 tree.refresh()
@@ -323,6 +327,7 @@ def _execute(config: LaunchConfig, progress: str) -> LaunchResult:
         command=command,
         launcher_output=run.agent_lines,
         attempts=max(run.attempts_seen, 1),
+        resources=sampler.frame(),
     )
 
 

@@ -135,3 +135,36 @@ def bus_bandwidth(algbw: float, world_size: int) -> float:
     if world_size < 1:
         raise ValueError("world_size must be >= 1")
     return algbw * 2 * (world_size - 1) / world_size
+
+
+def step_time_spread(metrics: pd.DataFrame) -> float | None:
+    """(slowest - fastest) / median of the ranks' median step times: 0 means no straggler."""
+    if metrics.empty or "step_time_s" not in metrics:
+        return None
+    per_rank = metrics.dropna(subset=["step_time_s"]).groupby("rank")["step_time_s"].median()
+    if per_rank.empty:
+        return None
+    return float((per_rank.max() - per_rank.min()) / per_rank.median())
+
+
+def results_table(runs: dict[str, Any], baseline: str) -> pd.DataFrame:
+    """One row per run (LaunchResult-like: .summary and .metrics), with efficiency against `baseline`.
+
+    Scaling efficiency = throughput_N / (N x throughput_1), with the baseline as throughput_1.
+    """
+    base = runs[baseline].summary["samples_per_s"]
+    rows = {}
+    for name, run in runs.items():
+        summary = run.summary
+        n = summary["world_size"]
+        rows[name] = {
+            "processes": n,
+            "samples_per_s": summary["samples_per_s"],
+            "samples_per_s_per_rank": summary["samples_per_s"] / n,
+            "scaling_efficiency": scaling_efficiency(summary["samples_per_s"], base, n),
+            "peak_mem_MiB": summary["peak_mem_bytes"] / 2**20,
+            "peak_mem_kind": summary["peak_mem_kind"],
+            "step_time_spread": step_time_spread(run.metrics),
+            "threads_per_process": summary.get("num_threads"),
+        }
+    return pd.DataFrame.from_dict(rows, orient="index")

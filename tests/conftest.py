@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -53,6 +52,16 @@ def assert_no_processes_left(marker: str, wait_s: float = 3.0) -> None:
     assert not left, f"processes of the run are still alive: {left}"
 
 
+@pytest.fixture(autouse=True)
+def _no_process_left_behind(tmp_path):
+    """After every test, nothing started with this test's folder on its command line may still run.
+
+    torchrun's own command line holds ``--log-dir <run_dir>/logs``, and test scripts live in tmp_path.
+    """
+    yield
+    assert_no_processes_left(str(tmp_path))
+
+
 @pytest.fixture
 def script(tmp_path):
     """Copy a test script into this test's own folder, so its path marks this test's processes."""
@@ -62,10 +71,4 @@ def script(tmp_path):
         target.write_text((SCRIPTS / name).read_text())
         return target
 
-    yield copy
-    assert_no_processes_left(str(tmp_path))
-
-
-@pytest.fixture
-def python() -> str:
-    return sys.executable
+    return copy

@@ -1,0 +1,76 @@
+"""Sample what each rank uses while a run goes on: CPU and memory per rank process, and, where
+GPUs exist, each GPU's utilisation and memory through NVML (as gpustat and nvidia-smi do)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psutil
+
+from .process_tree import ProcessTree
+
+
+def _nvml_handles() -> list[Any]:
+    try:
+        import pynvml  # ships with torch's CUDA wheels as nvidia-ml-py
+
+        pynvml.nvmlInit()
+        return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    except Exception:  # no driver, no library: CPU figures only
+        return []
+
+
+class ResourceSampler:
+    """Collects one row per rank (and per GPU) at each `sample()`."""
+
+    def __init__(self, tree: ProcessTree, gpus: bool) -> None:
+        self.tree = tree
+        self.rows: list[dict[str, Any]] = []
+        self._ranks: dict[int, int | None] = {}  # pid -> global rank (None: not a worker)
+        self._gpus = _nvml_handles() if gpus else []
+        self._started = time.monotonic()
+
+    def _rank_of(self, proc: psutil.Process) -> int | None:
+        # Ranks are the agent's direct children; their DataLoader workers are not counted apart.
+        if proc.pid not in self._ranks:
+            rank = None
+            try:
+                if proc.ppid() == self.tree.root_pid:
+                    value = proc.environ().get("RANK")
+                    rank = int(value) if value is not None else None
+                    proc.cpu_percent(None)  # the first call only primes the counter
+            except (psutil.Error, OSError, ValueError):
+                rank = None
+            self._ranks[proc.pid] = rank
+        return self._ranks[proc.pid]
+
+    def sample(self) -> None:
+        elapsed = time.monotonic() - self._started
+        for proc in self.tree.alive():
+            rank = self._rank_of(proc)
+            if rank is None:
+                continue
+            try:
+                self.rows.append({
+                    "elapsed_s": elapsed, "rank": rank, "cpu_percent": proc.cpu_percent(None),
+                    "rss_bytes": proc.memory_info().rss,
+                })  # fmt: skip
+            except psutil.Error:
+                continue
+        for index, handle in enumerate(self._gpus):
+            try:
+                import pynvml
+
+                util = pynvml.nvmlDeviceGetUtilizationRates(handle)
+                memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            except Exception:
+                continue
+            self.rows.append({
+                "elapsed_s": elapsed, "gpu": index, "gpu_util_percent": util.gpu, "gpu_mem_used_bytes": memory.used,
+            })  # fmt: skip
+
+    def frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.rows)
