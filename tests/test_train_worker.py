@@ -133,3 +133,33 @@ def test_fp16_with_grad_scaler_on_gpu(tmp_path):
     result = launch(TRAIN, *TINY, "--amp", "fp16", "--steps", 6, nproc=1, run_dir=tmp_path)
     assert result.summary["grad_scale"] is not None
     assert math.isfinite(result.summary["final_loss"])
+
+
+def test_tensorboard_scalars_are_written(tmp_path):
+    pytest.importorskip("tensorboard")
+    proc = run_plain(*TINY, "--steps", 3, "--tensorboard", run_dir=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert {"loss", "lr", "samples_per_s"} <= set(events.Tags()["scalars"])
+    assert [e.step for e in events.Scalars("loss")] == [1, 2, 3]
+
+
+def test_metrics_count_global_samples(tmp_path):
+    result = launch(TRAIN, *TINY, "--steps", 2, "--batch-size", 8, nproc=2, run_dir=tmp_path)
+    rank0 = result.metrics[result.metrics["rank"] == 0]
+    assert rank0["global_samples"].tolist() == [16, 32]
+    assert rank0["samples"].tolist() == [8, 16]
+
+
+def test_tensorboard_flag_says_how_to_install_it_when_missing(tmp_path):
+    hide = (
+        "import runpy, sys; sys.modules['tensorboard'] = None; "
+        f"sys.argv = ['train.py', '--tensorboard', '--run-dir', {str(tmp_path)!r}]; "
+        f"runpy.run_path({TRAIN!r}, run_name='__main__')"
+    )
+    proc = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "pip install tensorboard" in proc.stderr

@@ -56,8 +56,13 @@ def parse_args(argv=None):
     p.add_argument("--save-final", default=None, help="write the plain (non-DDP) model state_dict here")
     p.add_argument("--fail-at-step", type=int, default=None, help="fault injection: raise at this step...")
     p.add_argument("--fail-rank", type=int, default=0, help="...on this rank (first attempt only)")
+    p.add_argument(
+        "--tensorboard", action="store_true", help="also write TensorBoard scalars to <run-dir>/tensorboard"
+    )
     p.add_argument("--run-dir", default=os.environ.get("DDP_RUN_DIR", "runs/train"))
     args = p.parse_args(argv)
+    if args.tensorboard and not tensorboard_installed():
+        p.error("--tensorboard needs the tensorboard package: pip install tensorboard")
     if args.mode in ("single", "dp") and int(os.environ.get("WORLD_SIZE", 1)) > 1:
         p.error(f"--mode {args.mode} is one process; start it with python, not torchrun --nproc-per-node > 1")
     if args.mode == "ddp" and not under_torchrun:
@@ -95,6 +100,20 @@ def synchronize(device):
     # CUDA kernels run asynchronously: without this a timer measures the launch, not the work
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def tensorboard_installed():
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def open_tensorboard(run_dir):
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(os.path.join(run_dir, "tensorboard"))
 
 
 def peak_memory(device):
@@ -197,6 +216,7 @@ def run(args, ddp, backend, rank, local_rank, world_size, device, master_process
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
 
     writer = MetricsWriter(args.run_dir, rank)
+    tensorboard = open_tensorboard(args.run_dir) if args.tensorboard and master_process else None
     writer.write_plan(total_steps, mode=args.mode, world_size=world_size)
     if master_process:
         print(f"{args.mode}: world_size={world_size} backend={backend} device={device} model={args.model} "
@@ -204,7 +224,7 @@ def run(args, ddp, backend, rank, local_rank, world_size, device, master_process
 
     # ---- training loop
     restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
-    step, epoch, skipped_steps = 0, 0, 0
+    step, epoch, skipped_steps, last_scale = 0, 0, 0, None
     window_start, window_step, step_times = None, 0, []
     loss = torch.zeros((), device=device)
     model.train()
@@ -217,11 +237,8 @@ def run(args, ddp, backend, rank, local_rank, world_size, device, master_process
                 loss = F.cross_entropy(model(x), y)
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()  # DDP all-reduces gradient buckets during backward
-            scale_before = scaler.get_scale() if scaler.is_enabled() else None
-            scaler.step(optimizer)
+            scaler.step(optimizer)  # skipped, and the scale halved, if any gradient is inf/NaN
             scaler.update()
-            if scale_before is not None and scaler.get_scale() < scale_before:
-                skipped_steps += 1  # the scale drops only when inf/NaN gradients skipped the step
             step += 1
 
             if args.fail_at_step == step and rank == args.fail_rank and restart_count == 0:
@@ -238,8 +255,23 @@ def run(args, ddp, backend, rank, local_rank, world_size, device, master_process
                     step_time = (now - window_start) / (step - window_step)
                     step_times.extend([step_time] * (step - window_step))
                     window_start, window_step = now, step
-                writer.log(step=step, epoch=epoch, loss=loss.item(), samples=step * args.batch_size,
-                           step_time_s=step_time, lr=optimizer.param_groups[0]["lr"])  # fmt: skip
+                loss_value, lr = loss.item(), optimizer.param_groups[0]["lr"]
+                scale = scaler.get_scale() if scaler.is_enabled() else None
+                if scale is not None and last_scale is not None and scale < last_scale:
+                    skipped_steps += (
+                        1  # the scale only drops when a step was skipped (exact with --log-every 1)
+                    )
+                last_scale = scale
+                writer.log(step=step, epoch=epoch, loss=loss_value, samples=step * args.batch_size,
+                           global_samples=step * args.batch_size * world_size, step_time_s=step_time,
+                           lr=lr, grad_scale=scale)  # fmt: skip
+                if tensorboard:
+                    tensorboard.add_scalar("loss", loss_value, step)
+                    tensorboard.add_scalar("lr", lr, step)
+                    if step_time:
+                        tensorboard.add_scalar(
+                            "samples_per_s", args.batch_size * world_size / step_time, step
+                        )
             if step >= total_steps:
                 break
         epoch += 1
@@ -273,6 +305,8 @@ def run(args, ddp, backend, rank, local_rank, world_size, device, master_process
         })  # fmt: skip
         print(f"done: {step} steps, final loss {final_loss.item():.4f}")
     writer.close()
+    if tensorboard:
+        tensorboard.close()
     if ddp:
         dist.barrier()  # nobody tears the group down while rank 0 still writes
 
