@@ -17,6 +17,14 @@ from torch.utils.data import Dataset, TensorDataset
 
 DIGITS_FILE = Path(__file__).parent / "shipped_data" / "digits.csv.gz"
 DATASETS = ("synthetic", "digits", "cifar10")
+SPLITS = ("train", "test")
+DIGITS_TEST = 299  # odd on purpose: 2 ranks cannot split it evenly, so padding would show
+DIGITS_MEAN, DIGITS_STD = 4.884, 6.017  # over all 1,797 images: both splits are scaled alike
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
 
 
 @dataclass
@@ -28,16 +36,25 @@ class DatasetInfo:
 
 
 def synthetic_images(
-    num_samples: int = 2048, image_size: int = 32, num_classes: int = 10, channels: int = 3, seed: int = 0
+    num_samples: int = 2048,
+    image_size: int = 32,
+    num_classes: int = 10,
+    channels: int = 3,
+    seed: int = 0,
+    split: str = "train",
 ) -> DatasetInfo:
     """Random images with a per-class pattern added, so a model can really learn them.
 
     Generated from `seed` alone: every rank builds the identical dataset without any I/O.
+    The "test" split shares the class patterns but draws other images and labels.
     """
     if num_samples < 1 or image_size < 1 or num_classes < 2:
         raise ValueError("need num_samples >= 1, image_size >= 1 and num_classes >= 2")
-    gen = torch.Generator().manual_seed(seed)
-    patterns = torch.randn(num_classes, channels, image_size, image_size, generator=gen)
+    _check_split(split)
+    patterns = torch.randn(
+        num_classes, channels, image_size, image_size, generator=torch.Generator().manual_seed(seed)
+    )
+    gen = torch.Generator().manual_seed(seed + (0 if split == "train" else 1_000_003))
     labels = torch.randint(0, num_classes, (num_samples,), generator=gen)
     noise = torch.randn(num_samples, channels, image_size, image_size, generator=gen)
     images = 0.1 * patterns[labels] + noise  # faint patterns: learnable, not instant
@@ -46,30 +63,35 @@ def synthetic_images(
     )
 
 
-def digits(channels: int = 1) -> DatasetInfo:
+def digits(channels: int = 1, split: str = "train") -> DatasetInfo:
     """The UCI optical-recognition handwritten digits: 1,797 real 8x8 images, 10 classes, offline.
 
-    Pixels 0..16 are scaled to zero mean and unit variance. `channels=3` repeats the grey
-    channel for models that expect RGB.
+    A fixed shuffle puts 1,498 images in "train" and 299 in "test". Pixels 0..16 are scaled to
+    zero mean and unit variance. `channels=3` repeats the grey channel for models that expect RGB.
     """
+    _check_split(split)
     with gzip.open(DIGITS_FILE, "rt") as fh:
         table = np.loadtxt(fh, delimiter=",", dtype=np.float32)
+    order = np.random.default_rng(0).permutation(len(table))
+    table = table[order[:-DIGITS_TEST]] if split == "train" else table[order[-DIGITS_TEST:]]
     pixels, labels = table[:, :-1], table[:, -1].astype(np.int64)
-    pixels = (pixels - pixels.mean()) / pixels.std()
+    pixels = (pixels - DIGITS_MEAN) / DIGITS_STD
     images = torch.from_numpy(pixels).reshape(-1, 1, 8, 8).repeat(1, channels, 1, 1)
     return DatasetInfo(TensorDataset(images, torch.from_numpy(labels)), (channels, 8, 8), 10, "digits")
 
 
-def cifar10(root: str | os.PathLike[str] | None = None, train: bool = True) -> DatasetInfo:
+def cifar10(root: str | os.PathLike[str] | None = None, split: str = "train") -> DatasetInfo:
     """CIFAR-10 from `root` (default: $DDP_HELPERS_DATA or ./data). Never downloads: this must work offline."""
     from torchvision import datasets, transforms
+
+    _check_split(split)
 
     root = Path(root or os.environ.get("DDP_HELPERS_DATA", "data"))
     transform = transforms.Compose(
         [transforms.ToTensor(), transforms.Normalize((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))]
     )
     try:
-        dataset = datasets.CIFAR10(str(root), train=train, download=False, transform=transform)
+        dataset = datasets.CIFAR10(str(root), train=split == "train", download=False, transform=transform)
     except RuntimeError as err:
         raise FileNotFoundError(
             f"CIFAR-10 is not in {root}. Download it once with "
@@ -78,12 +100,14 @@ def cifar10(root: str | os.PathLike[str] | None = None, train: bool = True) -> D
     return DatasetInfo(dataset, (3, 32, 32), 10, "cifar10")
 
 
-def build_dataset(name: str, *, num_samples: int, image_size: int, channels: int, seed: int) -> DatasetInfo:
+def build_dataset(
+    name: str, *, num_samples: int, image_size: int, channels: int, seed: int, split: str = "train"
+) -> DatasetInfo:
     """The dataset a worker asked for by name."""
     if name == "synthetic":
-        return synthetic_images(num_samples, image_size, channels=channels, seed=seed)
+        return synthetic_images(num_samples, image_size, channels=channels, seed=seed, split=split)
     if name == "digits":
-        return digits(channels)
+        return digits(channels, split)
     if name == "cifar10":
-        return cifar10()
+        return cifar10(split=split)
     raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")

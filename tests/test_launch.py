@@ -107,7 +107,7 @@ def test_hard_coded_cuda_script_on_cpu_gets_a_hint(script, tmp_path):
 def test_hang_is_killed_after_the_timeout_and_names_silent_ranks(script, tmp_path):
     started = time.monotonic()
     with pytest.raises(LaunchTimeout) as info:
-        launch(script("hang.py"), nproc=2, run_dir=tmp_path / "run", timeout=10, grace_s=2)
+        launch(script("hang.py"), nproc=2, run_dir=tmp_path / "run", timeout=20, grace_s=2)
     message = str(info.value)
     assert message.startswith("the run hung")
     assert info.value.silent_ranks == [0, 1]

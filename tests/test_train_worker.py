@@ -47,6 +47,9 @@ def test_ddp_two_ranks_through_launch(tmp_path):
     assert result.summary["global_batch_size"] == 64
     assert sorted(result.metrics["rank"].unique()) == [0, 1]
     assert math.isfinite(result.summary["final_loss"])
+    # psutil sampled each rank while it ran (start-up included: importing torch takes seconds)
+    assert set(result.resources["rank"].dropna().astype(int)) == {0, 1}
+    assert (result.resources["cpu_percent"] >= 0).all()
 
 
 def test_ddp_at_batch_b_equals_one_process_at_batch_n_times_b(tmp_path):
@@ -163,3 +166,11 @@ def test_tensorboard_flag_says_how_to_install_it_when_missing(tmp_path):
     proc = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "pip install tensorboard" in proc.stderr
+
+
+def test_eval_accuracy_is_exact_over_an_uneven_test_split(tmp_path):
+    # digits' test split has 299 images: 2 ranks score 150 and 149, none counted twice
+    result = launch(TRAIN, "--dataset", "digits", "--epochs", 2, "--batch-size", 16, "--eval", "--log-every", 10,
+                    nproc=2, run_dir=tmp_path)  # fmt: skip
+    assert result.summary["eval_samples"] == 299
+    assert 0.5 < result.summary["eval_accuracy"] <= 1.0  # real digits, learnt well above chance (0.1)

@@ -39,7 +39,9 @@ def run_rank(local_rank, world_size, port, train_args):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--nproc", type=int, default=2)
     args, train_args = parser.parse_known_args()
     # start_method "spawn": fresh interpreters, never a fork of this process

@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Subset
 from torch.utils.data.distributed import DistributedSampler
 
 from ddp_helpers.data import DATASETS, build_dataset
@@ -53,6 +53,9 @@ def parse_args(argv=None):
     p.add_argument("--log-every", type=int, default=10, help="log (and synchronise for timing) every N steps")
     p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the throughput figure")
     p.add_argument("--amp", choices=["off", "bf16", "fp16"], default="off")
+    p.add_argument(
+        "--eval", action="store_true", help="report accuracy on the dataset's test split at the end"
+    )
     p.add_argument("--save-final", default=None, help="write the plain (non-DDP) model state_dict here")
     p.add_argument("--fail-at-step", type=int, default=None, help="fault injection: raise at this step...")
     p.add_argument("--fail-rank", type=int, default=0, help="...on this rank (first attempt only)")
@@ -94,6 +97,26 @@ def build_model(name, shape, num_classes, hidden):
     if shape[0] != 3:
         model.conv1 = nn.Conv2d(shape[0], 64, kernel_size=7, stride=2, padding=3, bias=False)
     return model
+
+
+def evaluate(model, dataset, rank, world_size, device, amp_dtype, batch_size):
+    """Accuracy over the whole test split, exact under DDP.
+
+    Each rank scores rank::world_size, with no padding, and the counts are summed. (A
+    DistributedSampler would pad with repeated samples when the size does not divide.)
+    """
+    shard = Subset(dataset, range(rank, len(dataset), world_size))
+    counts = torch.zeros(2, device=device)  # correct, seen
+    model.eval()
+    with torch.no_grad(), torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+        for x, y in DataLoader(shard, batch_size=batch_size):
+            x, y = x.to(device), y.to(device)
+            counts[0] += (model(x).argmax(dim=1) == y).sum()
+            counts[1] += len(y)
+    if dist.is_initialized():
+        dist.all_reduce(counts)
+    model.train()
+    return (counts[0] / counts[1]).item(), int(counts[1].item())
 
 
 def synchronize(device):
@@ -282,6 +305,13 @@ def run(args, ddp, backend, rank, local_rank, world_size, device, master_process
         dist.all_reduce(final_loss, op=dist.ReduceOp.AVG if backend == "nccl" else dist.ReduceOp.SUM)
         if backend != "nccl":
             final_loss /= world_size  # gloo has no AVG
+    accuracy, eval_samples = None, 0
+    if args.eval:
+        test = build_dataset(args.dataset, num_samples=max(256, args.num_samples // 4), image_size=args.image_size,
+                             channels=channels, seed=args.seed, split="test")  # fmt: skip
+        accuracy, eval_samples = evaluate(
+            raw_model, test.dataset, rank, world_size, device, amp_dtype, args.batch_size
+        )
     peak_bytes, peak_kind = peak_memory(device)
     median_step = statistics.median(step_times) if step_times else None
     global_batch = args.batch_size * world_size
@@ -299,11 +329,13 @@ def run(args, ddp, backend, rank, local_rank, world_size, device, master_process
             "samples_per_s_per_rank": args.batch_size / median_step if median_step else None,
             "step_time_median_s": median_step, "timed_steps": len(step_times),
             "peak_mem_bytes": peak_bytes, "peak_mem_kind": peak_kind,
-            "final_loss": final_loss.item(), "grad_scale": scaler.get_scale() if scaler.is_enabled() else None,
+            "final_loss": final_loss.item(), "eval_accuracy": accuracy, "eval_samples": eval_samples,
+            "grad_scale": scaler.get_scale() if scaler.is_enabled() else None,
             "skipped_steps": skipped_steps, "num_threads": torch.get_num_threads(),
             "torch_version": torch.__version__, "wall_s": time.time() - t_start,
         })  # fmt: skip
-        print(f"done: {step} steps, final loss {final_loss.item():.4f}")
+        scored = f", test accuracy {accuracy:.1%} on {eval_samples} samples" if args.eval else ""
+        print(f"done: {step} steps, final loss {final_loss.item():.4f}{scored}")
     writer.close()
     if tensorboard:
         tensorboard.close()
