@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset, DistributedSampler, TensorDataset
 
 DIGITS_FILE = Path(__file__).parent / "shipped_data" / "digits.csv.gz"
 DATASETS = ("synthetic", "digits", "cifar10")
@@ -111,3 +111,27 @@ def build_dataset(
     if name == "cifar10":
         return cifar10(split=split)
     raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+
+
+class ResumableDistributedSampler(DistributedSampler):
+    """A DistributedSampler that can begin an epoch part-way through, for an exact mid-epoch resume.
+
+    `start_at(n)` skips this rank's first n indices of the next epoch only, without loading them.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._skip = 0
+
+    def start_at(self, index: int) -> None:
+        if not 0 <= index <= self.num_samples:
+            raise ValueError(f"start index {index} is outside this rank's {self.num_samples} samples")
+        self._skip = index
+
+    def __iter__(self):
+        indices = list(super().__iter__())[self._skip :]
+        self._skip = 0  # later epochs start from the beginning
+        return iter(indices)
+
+    def __len__(self) -> int:
+        return self.num_samples - self._skip

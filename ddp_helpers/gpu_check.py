@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if args.cpu_smoke:
-        plan = {"world_sizes": [2], "amps": ["off", "bf16"], "model": "mlp", "image": 32, "nproc": 2}
+        plan = {"world_sizes": [2], "amps": ["bf16"], "model": "mlp", "image": 32, "nproc": 2}
         args.steps, args.max_bytes = min(args.steps, 12), min(args.max_bytes, 1 << 16)
     else:
         plan = {"world_sizes": list(range(1, gpus + 1)), "amps": ["off", "bf16", "fp16"], "model": "resnet50",

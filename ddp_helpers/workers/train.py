@@ -21,9 +21,9 @@ import torch.nn.functional as F
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Subset
-from torch.utils.data.distributed import DistributedSampler
 
-from ddp_helpers.data import DATASETS, build_dataset
+from ddp_helpers.checkpoint import capture_rng, load_latest, restore_rng, save_checkpoint
+from ddp_helpers.data import DATASETS, ResumableDistributedSampler, build_dataset
 from ddp_helpers.metrics import MetricsWriter
 
 # -----------------------------------------------------------------------------
@@ -45,6 +45,8 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=None, help="optimizer steps to run (default: --epochs)")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--lr-schedule", choices=["constant", "cosine"], default="constant")
+    p.add_argument("--dropout", type=float, default=0.0, help="MLP dropout: makes the RNG state matter")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--deterministic", action="store_true", help="deterministic kernels: bitwise-repeatable runs"
@@ -57,6 +59,13 @@ def parse_args(argv=None):
         "--eval", action="store_true", help="report accuracy on the dataset's test split at the end"
     )
     p.add_argument("--save-final", default=None, help="write the plain (non-DDP) model state_dict here")
+    p.add_argument("--checkpoint-dir", default=None, help="save checkpoints here (rank 0 writes, atomically)")
+    p.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps (and at the end)")
+    p.add_argument("--keep-checkpoints", type=int, default=3, help="how many recent checkpoints to keep")
+    p.add_argument("--resume", action="store_true", help="continue from the latest good checkpoint, if any")
+    p.add_argument("--resume-ignore", nargs="*", choices=["rng", "optimizer"], default=[],
+                   help="teaching aid: resume without these parts, to watch the run drift")  # fmt: skip
+    p.add_argument("--stop-at-step", type=int, default=None, help="stop after this step, as if interrupted")
     p.add_argument("--fail-at-step", type=int, default=None, help="fault injection: raise at this step...")
     p.add_argument("--fail-rank", type=int, default=0, help="...on this rank (first attempt only)")
     p.add_argument(
@@ -72,7 +81,9 @@ def parse_args(argv=None):
         p.error(
             "--mode ddp needs torchrun (it sets RANK, WORLD_SIZE, MASTER_ADDR): torchrun --nproc-per-node 2 train.py"
         )
-    for name in ("batch_size", "epochs", "log_every"):
+    if args.resume and not args.checkpoint_dir:
+        p.error("--resume needs --checkpoint-dir")
+    for name in ("batch_size", "epochs", "log_every", "save_every", "keep_checkpoints"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     return args
@@ -82,13 +93,13 @@ def parse_args(argv=None):
 # helpers
 
 
-def build_model(name, shape, num_classes, hidden):
+def build_model(name, shape, num_classes, hidden, dropout=0.0):
     if name == "mlp":
         c, h, w = shape
         return nn.Sequential(
             nn.Flatten(),
-            nn.Linear(c * h * w, hidden), nn.ReLU(),
-            nn.Linear(hidden, hidden), nn.ReLU(),
+            nn.Linear(c * h * w, hidden), nn.ReLU(), nn.Dropout(dropout),
+            nn.Linear(hidden, hidden), nn.ReLU(), nn.Dropout(dropout),
             nn.Linear(hidden, num_classes),
         )  # fmt: skip
     import torchvision  # here, not at the top: it takes seconds to import and the MLP needs none of it
@@ -201,12 +212,13 @@ def run(args, ddp, backend, rank, local_rank, world_size, device, master_process
     channels = 3 if args.model.startswith("resnet") else 1 if args.dataset == "digits" else 3
     info = build_dataset(args.dataset, num_samples=args.num_samples, image_size=args.image_size,
                          channels=channels, seed=args.seed)  # fmt: skip
-    sampler = DistributedSampler(info.dataset, num_replicas=world_size, rank=rank, shuffle=True,
-                                 seed=args.seed, drop_last=True)  # fmt: skip
+    sampler = ResumableDistributedSampler(info.dataset, num_replicas=world_size, rank=rank, shuffle=True,
+                                          seed=args.seed, drop_last=True)  # fmt: skip
     loader = DataLoader(
         info.dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True,
         num_workers=args.num_workers, persistent_workers=args.num_workers > 0,
         pin_memory=device.type == "cuda",  # page-locked host memory makes non_blocking copies real
+        generator=torch.Generator().manual_seed(args.seed),  # its own RNG: the global one stays the model's
     )  # fmt: skip
     steps_per_epoch = len(loader)
     if steps_per_epoch == 0:
@@ -215,12 +227,28 @@ def run(args, ddp, backend, rank, local_rank, world_size, device, master_process
         )
     total_steps = args.steps or args.epochs * steps_per_epoch
 
-    # ---- model
-    model = build_model(args.model, info.shape, info.num_classes, args.hidden).to(device)
+    # ---- model, optimizer, schedule, loss scaler
+    model = build_model(args.model, info.shape, info.num_classes, args.hidden, args.dropout).to(device)
     memory_format = (
         torch.channels_last if device.type == "cuda" and args.model != "mlp" else torch.contiguous_format
     )
     model = model.to(memory_format=memory_format)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    if args.lr_schedule == "cosine":
+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
+    else:
+        scheduler = torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp)
+    # fp16 has a narrow range: scale the loss so small gradients do not flush to zero
+    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
+
+    # ---- resume before wrapping: DDP then broadcasts the restored weights from rank 0
+    step, epoch, batch_in_epoch = 0, 0, 0
+    if args.resume:
+        step, epoch, batch_in_epoch = resume(args, model, optimizer, scheduler, scaler, rank, world_size,
+                                             device, steps_per_epoch)  # fmt: skip
+
+    raw_model = model
     if ddp:
         # gradient_as_bucket_view: grads live inside DDP's all-reduce buckets, saving a copy
         model = DDP(
@@ -232,27 +260,25 @@ def run(args, ddp, backend, rank, local_rank, world_size, device, master_process
                 f"DataParallel sees {torch.cuda.device_count()} GPU(s): it runs the module on one device, unsplit"
             )
         model = nn.DataParallel(model)
-    raw_model = model.module if isinstance(model, DDP | nn.DataParallel) else model
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp)
-    # fp16 has a narrow range: scale the loss so small gradients do not flush to zero
-    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
 
     writer = MetricsWriter(args.run_dir, rank)
-    tensorboard = open_tensorboard(args.run_dir) if args.tensorboard and master_process else None
     writer.write_plan(total_steps, mode=args.mode, world_size=world_size)
+    tensorboard = open_tensorboard(args.run_dir) if args.tensorboard and master_process else None
     if master_process:
         print(f"{args.mode}: world_size={world_size} backend={backend} device={device} model={args.model} "
-              f"dataset={info.name} batch={args.batch_size}/rank steps={total_steps}")  # fmt: skip
+              f"dataset={info.name} batch={args.batch_size}/rank steps={total_steps}"
+              + (f" (resuming at step {step})" if step else ""))  # fmt: skip
 
     # ---- training loop
-    restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
-    step, epoch, skipped_steps, last_scale = 0, 0, 0, None
-    window_start, window_step, step_times = None, 0, []
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    stop_step = min(total_steps, args.stop_at_step or total_steps)
+    skipped_steps, last_scale = 0, None
+    window_start, window_step, step_times = None, step, []
     loss = torch.zeros((), device=device)
     model.train()
-    while step < total_steps:
+    while step < stop_step:
         sampler.set_epoch(epoch)  # a new shuffle each epoch, the same one on every rank
+        sampler.start_at(batch_in_epoch * args.batch_size)  # after a mid-epoch resume: the very next batch
         for x, y in loader:
             x = x.to(device, non_blocking=True, memory_format=memory_format)
             y = y.to(device, non_blocking=True)
@@ -262,19 +288,21 @@ def run(args, ddp, backend, rank, local_rank, world_size, device, master_process
             scaler.scale(loss).backward()  # DDP all-reduces gradient buckets during backward
             scaler.step(optimizer)  # skipped, and the scale halved, if any gradient is inf/NaN
             scaler.update()
+            scheduler.step()
             step += 1
+            batch_in_epoch += 1
 
-            if args.fail_at_step == step and rank == args.fail_rank and restart_count == 0:
+            if args.fail_at_step == step and rank == args.fail_rank and attempt == 0:
                 raise RuntimeError(f"injected fault on rank {rank} at step {step}")
 
             if step == args.warmup_steps or (window_start is None and step > args.warmup_steps):
                 synchronize(device)
                 window_start, window_step = time.perf_counter(), step
-            if step % args.log_every == 0 or step == total_steps:
+            if step % args.log_every == 0 or step == stop_step:
                 synchronize(device)  # the one sync per log window: timing needs it
                 now = time.perf_counter()
                 step_time = None
-                if window_start is not None and step > window_step:
+                if window_start is not None and step > window_step and step > args.warmup_steps:
                     step_time = (now - window_start) / (step - window_step)
                     step_times.extend([step_time] * (step - window_step))
                     window_start, window_step = now, step
@@ -287,7 +315,7 @@ def run(args, ddp, backend, rank, local_rank, world_size, device, master_process
                 last_scale = scale
                 writer.log(step=step, epoch=epoch, loss=loss_value, samples=step * args.batch_size,
                            global_samples=step * args.batch_size * world_size, step_time_s=step_time,
-                           lr=lr, grad_scale=scale)  # fmt: skip
+                           lr=lr, grad_scale=scale, attempt=attempt)  # fmt: skip
                 if tensorboard:
                     tensorboard.add_scalar("loss", loss_value, step)
                     tensorboard.add_scalar("lr", lr, step)
@@ -295,9 +323,14 @@ def run(args, ddp, backend, rank, local_rank, world_size, device, master_process
                         tensorboard.add_scalar(
                             "samples_per_s", args.batch_size * world_size / step_time, step
                         )
-            if step >= total_steps:
+
+            if args.checkpoint_dir and (step % args.save_every == 0 or step == stop_step):
+                save(args, raw_model, optimizer, scheduler, scaler, step, epoch, batch_in_epoch,
+                     ddp, master_process, world_size)  # fmt: skip
+            if step >= stop_step:
                 break
-        epoch += 1
+        else:
+            epoch, batch_in_epoch = epoch + 1, 0  # the epoch ran to its end
 
     # ---- results
     final_loss = loss.detach().float().clone()
@@ -323,8 +356,8 @@ def run(args, ddp, backend, rank, local_rank, world_size, device, master_process
         writer.write_summary({
             "mode": args.mode, "world_size": world_size, "backend": backend, "device": str(device),
             "amp": args.amp, "model": args.model, "dataset": info.name,
-            "batch_size": args.batch_size, "global_batch_size": global_batch, "steps": step, "epochs": epoch,
-            "lr": args.lr, "seed": args.seed, "deterministic": args.deterministic,
+            "batch_size": args.batch_size, "global_batch_size": global_batch, "steps": step, "epochs": round(step / steps_per_epoch, 3),
+            "lr": args.lr, "seed": args.seed, "deterministic": args.deterministic, "attempt": attempt,
             "samples_per_s": global_batch / median_step if median_step else None,
             "samples_per_s_per_rank": args.batch_size / median_step if median_step else None,
             "step_time_median_s": median_step, "timed_steps": len(step_times),
@@ -341,6 +374,60 @@ def run(args, ddp, backend, rank, local_rank, world_size, device, master_process
         tensorboard.close()
     if ddp:
         dist.barrier()  # nobody tears the group down while rank 0 still writes
+
+
+# -----------------------------------------------------------------------------
+# checkpoints: everything needed to continue as if nothing had happened
+
+
+def save(
+    args, model, optimizer, scheduler, scaler, step, epoch, batch_in_epoch, ddp, master_process, world_size
+):
+    rng = capture_rng()
+    rng_per_rank = [rng]
+    if ddp:
+        # every rank has its own generator states: collect them all (every rank must take part)
+        rng_per_rank = [None] * world_size
+        dist.all_gather_object(rng_per_rank, rng)
+    if master_process:  # one writer: N ranks writing one file would corrupt it
+        path = save_checkpoint({
+            "model": model.state_dict(),  # the plain module's: no "module." prefix
+            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
+            "step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "world_size": world_size,
+            "batch_size": args.batch_size, "rng": rng_per_rank, "config": vars(args),
+        }, args.checkpoint_dir, step, keep=args.keep_checkpoints)  # fmt: skip
+        print(f"checkpoint saved: {path.name}")
+    if ddp:
+        dist.barrier()  # no rank races ahead (or reads) before the file is complete
+
+
+def resume(args, model, optimizer, scheduler, scaler, rank, world_size, device, steps_per_epoch):
+    # weights_only=True: a checkpoint is data, and unpickling arbitrary objects can run code.
+    # map_location: tensors land on this rank's device, not on the device that saved them.
+    ckpt, path = load_latest(args.checkpoint_dir, map_location=device)
+    if ckpt is None:
+        if rank == 0:
+            print(f"no checkpoint in {args.checkpoint_dir}: starting from scratch")
+        return 0, 0, 0
+    model.load_state_dict(ckpt["model"])
+    if "optimizer" not in args.resume_ignore:
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+        scaler.load_state_dict(ckpt["scaler"])
+    if "rng" not in args.resume_ignore:
+        states = ckpt["rng"]
+        restore_rng(states[rank] if len(states) == world_size else states[0])
+    step, epoch, batch_in_epoch = ckpt["step"], ckpt["epoch"], ckpt["batch_in_epoch"]
+    if ckpt["world_size"] != world_size:
+        # the world changed size: keep the position in samples, not in per-rank batches
+        done = batch_in_epoch * ckpt["batch_size"] * ckpt["world_size"]
+        batch_in_epoch = done // (args.batch_size * world_size)
+    if batch_in_epoch >= steps_per_epoch:
+        epoch, batch_in_epoch = epoch + 1, 0  # saved at the end of an epoch
+    if rank == 0:
+        ignored = f" (ignoring {', '.join(args.resume_ignore)})" if args.resume_ignore else ""
+        print(f"resumed from {path.name}: step {step}, epoch {epoch}, batch {batch_in_epoch}{ignored}")
+    return step, epoch, batch_in_epoch
 
 
 if __name__ == "__main__":

@@ -1,0 +1,138 @@
+"""Complete, atomic checkpoints and exact resume.
+
+- Only global rank 0 writes; the caller then meets the other ranks at a barrier.
+- A write goes to a temporary file in the same directory, is fsynced, then renamed over the
+  final name with `os.replace`: a crash at any moment leaves the previous checkpoint whole.
+- The last `keep` checkpoints are kept; older ones go only after a new one is complete.
+- Loading uses ``weights_only=True``: unpickling an untrusted file can run arbitrary code, and
+  a checkpoint needs nothing beyond tensors and plain Python values.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+_NAME = re.compile(r"^ckpt-step(\d+)\.pt$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file could not be read; the message names the file."""
+
+
+def checkpoint_path(directory: str | os.PathLike[str], step: int) -> Path:
+    return Path(directory) / f"ckpt-step{step:08d}.pt"
+
+
+def list_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
+    """Complete checkpoints in `directory`, oldest first (temporary files are never listed)."""
+    folder = Path(directory)
+    if not folder.is_dir():
+        return []
+    found = [(int(m[1]), p) for p in folder.iterdir() if (m := _NAME.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def _fsync_dir(folder: Path) -> None:
+    # the rename itself must reach the disk, or a power cut could undo it
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(
+    state: dict[str, Any], directory: str | os.PathLike[str], step: int, keep: int = 3
+) -> Path:
+    """Write `state` atomically as ``ckpt-step<step>.pt``, then prune to the newest `keep`."""
+    if keep < 1:
+        raise ValueError("keep must be >= 1")
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    final = checkpoint_path(folder, step)
+    tmp = folder / f".{final.name}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as fh:
+            torch.save(state, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(folder)
+    for old in list_checkpoints(folder)[:-keep]:
+        old.unlink(missing_ok=True)
+    return final
+
+
+def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict[str, Any]:
+    """Load one checkpoint with ``weights_only=True``. Raises `CheckpointError` naming the file."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:  # truncated zip, wrong format, a pickled object weights_only refuses
+        raise CheckpointError(f"cannot load checkpoint {path}: {type(err).__name__}: {err}") from err
+
+
+def load_latest(
+    directory: str | os.PathLike[str], map_location: Any = "cpu"
+) -> tuple[dict[str, Any] | None, Path | None]:
+    """The newest checkpoint that loads, falling back past corrupt ones. (None, None) if none."""
+    for path in reversed(list_checkpoints(directory)):
+        try:
+            return load_checkpoint(path, map_location), path
+        except CheckpointError as err:
+            log.warning("%s; falling back to the previous checkpoint", err)
+            print(f"WARNING: {err}; falling back to the previous checkpoint", flush=True)
+    return None, None
+
+
+# ---------------------------------------------------------------------------- RNG
+
+
+def capture_rng() -> dict[str, Any]:
+    """Python, NumPy, torch CPU and (where present) CUDA generator states, as weights_only-safe values."""
+    np_state = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": {
+            "key": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },  # fmt: skip
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    random.setstate(_as_python_state(state["python"]))
+    numpy = state["numpy"]
+    key = numpy["key"].cpu().numpy().astype(np.uint32)
+    np.random.set_state(("MT19937", key, numpy["pos"], numpy["has_gauss"], numpy["cached_gaussian"]))
+    torch.set_rng_state(state["torch"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+
+
+def _as_python_state(value: Any) -> tuple:
+    # torch.load gives lists back where random.getstate() had tuples
+    version, internal, gauss = value
+    return (version, tuple(internal), gauss)
