@@ -83,6 +83,11 @@ class LaunchConfig:
             DDP_DEVICE=self.device,
             DDP_RUN_DIR=str(self.run_dir),  # where workers write metrics/ and summary.json
         )
+        if self.max_restarts > 0:
+            # torchrun keeps one shared TCPStore across restart rounds, so restarted workers can read
+            # the dead workers' addresses and fail with "connectFullMesh ... Connection refused"
+            # (seen on torch 2.14; cf. pytorch/pytorch#167288). A fresh store per round avoids it.
+            env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         env.update(self.extra_env)
         return env
 

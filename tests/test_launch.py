@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -207,6 +208,12 @@ def test_defaults_pick_gloo_and_two_processes_without_gpus(tmp_path, monkeypatch
     assert (config.nproc, config.backend, config.device) == (2, "gloo", "cpu")
     env = config.environment()
     assert env["DDP_BACKEND"] == "gloo" and env["PYTHONUNBUFFERED"] == "1"
+    assert (
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in config.environment()
+        or "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" in os.environ
+    )
+    config.max_restarts = 1  # restarts get a fresh rendezvous store: no stale peer addresses
+    assert config.environment()["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
     monkeypatch.setattr(launch_config, "visible_gpus", lambda: 4)
     config = launch_config.make_config(
         tmp_path / "s.py", [], nproc=None, backend="auto", timeout=None, run_dir=None, env=None,

@@ -1,0 +1,91 @@
+"""ddp_helpers.checkpoint: atomic saves, rotation, safe loading with fallback, RNG round trip."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from ddp_helpers import checkpoint as ckpt
+from ddp_helpers.data import ResumableDistributedSampler
+
+
+def state(value: float) -> dict:
+    return {"model": {"w": torch.full((4,), value)}, "step": int(value), "config": {"lr": 0.1, "name": None}}
+
+
+def test_save_keeps_only_the_newest_k_and_no_temporary_files(tmp_path):
+    for step in range(1, 6):
+        ckpt.save_checkpoint(state(step), tmp_path, step, keep=2)
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == [
+        "ckpt-step00000004.pt",
+        "ckpt-step00000005.pt",
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-step00000004.pt", "ckpt-step00000005.pt"]
+
+
+def test_a_crash_during_save_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch):
+    ckpt.save_checkpoint(state(1), tmp_path, 1)
+
+    def crash_half_way(obj, fh):
+        fh.write(b"PK\x03\x04 half a zip file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt.torch, "save", crash_half_way)
+    with pytest.raises(OSError, match="disk full"):
+        ckpt.save_checkpoint(state(2), tmp_path, 2)
+    monkeypatch.undo()
+    loaded, path = ckpt.load_latest(tmp_path)
+    assert path.name == "ckpt-step00000001.pt" and loaded["step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt-step00000001.pt"]  # the temporary file is gone
+
+
+def test_a_truncated_newest_checkpoint_is_named_and_skipped(tmp_path, capsys):
+    ckpt.save_checkpoint(state(1), tmp_path, 1)
+    newest = ckpt.save_checkpoint(state(2), tmp_path, 2)
+    newest.write_bytes(newest.read_bytes()[:100])
+    with pytest.raises(ckpt.CheckpointError, match=newest.name):
+        ckpt.load_checkpoint(newest)
+    loaded, path = ckpt.load_latest(tmp_path)
+    assert loaded["step"] == 1
+    assert newest.name in capsys.readouterr().out
+
+
+class Payload:
+    """Stands for any object whose unpickling could run code."""
+
+
+def test_loading_refuses_arbitrary_pickled_objects(tmp_path):
+    path = tmp_path / "ckpt-step00000001.pt"
+    torch.save({"payload": Payload()}, path)  # weights_only refuses classes it was not told to trust
+    with pytest.raises(ckpt.CheckpointError, match="ckpt-step00000001.pt"):
+        ckpt.load_checkpoint(path)
+
+
+def test_empty_or_missing_directory_has_no_checkpoint(tmp_path):
+    assert ckpt.load_latest(tmp_path / "nowhere") == (None, None)
+    with pytest.raises(ValueError):
+        ckpt.save_checkpoint(state(1), tmp_path, 1, keep=0)
+
+
+def test_rng_states_survive_a_save_and_load(tmp_path):
+    ckpt.save_checkpoint({"rng": ckpt.capture_rng()}, tmp_path, 1)
+    expected = (random.random(), np.random.rand(), torch.rand(3).tolist())
+    loaded, _ = ckpt.load_latest(tmp_path)
+    ckpt.restore_rng(loaded["rng"])
+    assert (random.random(), np.random.rand(), torch.rand(3).tolist()) == expected
+
+
+def test_resumable_sampler_continues_with_the_very_next_index():
+    sampler = ResumableDistributedSampler(range(40), num_replicas=2, rank=1, shuffle=True, seed=3)
+    sampler.set_epoch(2)
+    full = list(sampler)
+    sampler.set_epoch(2)
+    sampler.start_at(7)
+    assert len(sampler) == len(full) - 7
+    assert list(sampler) == full[7:]
+    assert list(sampler) == full  # the skip applies to one epoch only
+    with pytest.raises(ValueError):
+        sampler.start_at(len(full) + 1)
