@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import random
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -89,3 +93,32 @@ def test_resumable_sampler_continues_with_the_very_next_index():
     assert list(sampler) == full  # the skip applies to one epoch only
     with pytest.raises(ValueError):
         sampler.start_at(len(full) + 1)
+
+
+SAVER = """
+import sys, torch
+from ddp_helpers.checkpoint import save_checkpoint
+folder = sys.argv[1]
+save_checkpoint({"step": 1, "w": torch.zeros(4)}, folder, 1)
+print("first saved", flush=True)
+big = torch.randn(16 * 2**20)  # 64 MiB: each save takes long enough to be caught half-way
+for step in range(2, 10_000):
+    save_checkpoint({"step": step, "w": big}, folder, step, keep=2)
+"""
+
+
+def test_sigkill_during_a_save_leaves_a_loadable_checkpoint(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", SAVER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "first saved"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        partial = [p for p in tmp_path.iterdir() if p.name.endswith(".tmp") and p.stat().st_size > 0]
+        if partial:
+            break
+        time.sleep(0.001)
+    child.send_signal(signal.SIGKILL)  # mid-write: a temporary file holds part of a checkpoint
+    child.wait(timeout=30)
+    assert partial, "never caught the saver half-way through a write"
+    loaded, path = ckpt.load_latest(tmp_path)
+    assert loaded is not None and loaded["step"] == int(path.name.removeprefix("ckpt-step").removesuffix(".pt"))
+    assert all(not p.name.endswith(".tmp") for p in ckpt.list_checkpoints(tmp_path))

@@ -44,25 +44,25 @@ def test_busbw_follows_nccl_tests():
     assert scaling_efficiency(380.0, 100.0, 4) == pytest.approx(0.95)
 
 
-def test_live_allreduce_checks_the_sum_and_measures_bandwidth(tmp_path):
-    checks, summary = env.live_allreduce(
-        nproc=2, max_bytes=1 << 14, iters=3, run_dir=tmp_path, progress="off"
-    )
-    assert [c.status for c in checks] == [env.PASS, env.INFO]
-    assert summary["all_correct"] and summary["world_size"] == 2
-    assert [r["bytes"] for r in summary["results"]] == [1024, 4096, 16384]
-    for row in summary["results"]:
+def test_doctor_cli_runs_the_live_allreduce_and_checks_its_figures():
+    proc = subprocess.run([sys.executable, "-m", "ddp_helpers", "doctor", "--max-bytes", "16384", "--json"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert {"python", "torch", "shm_bytes", "backends"} <= report["facts"].keys()
+    statuses = {c["name"]: c["status"] for c in report["checks"]}
+    assert statuses["all_reduce sum (live)"] == "PASS" and statuses["all_reduce busbw (live)"] == "INFO"
+    bench = report["allreduce"]
+    assert bench["all_correct"] and bench["world_size"] == 2
+    assert [r["bytes"] for r in bench["results"]] == [1024, 4096, 16384]
+    for row in bench["results"]:
         assert row["algbw_gbps"] == pytest.approx(row["bytes"] / row["time_s"] / 1e9)
         assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * 2 * (2 - 1) / 2)
 
 
-def test_doctor_cli_prints_the_table_and_exits_zero():
-    proc = subprocess.run([sys.executable, "-m", "ddp_helpers", "doctor", "--max-bytes", "4096"],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    assert "PASS  all_reduce sum (live)" in proc.stdout
-    proc = subprocess.run([sys.executable, "-m", "ddp_helpers", "doctor", "--no-live", "--json"],
+def test_doctor_cli_table_without_the_live_check():
+    proc = subprocess.run([sys.executable, "-m", "ddp_helpers", "doctor", "--no-live"],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
-    report = json.loads(proc.stdout)
-    assert {"python", "torch", "shm_bytes", "backends"} <= report["facts"].keys()
-    assert report["allreduce"] == {}
+    assert proc.returncode == 0, proc.stderr
+    assert "PASS  torch" in proc.stdout and "/dev/shm" in proc.stdout
+    assert "all_reduce" not in proc.stdout
