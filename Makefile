@@ -24,7 +24,7 @@ lab: venv
 
 test: venv
 	@start=$$(date +%s); \
-	$(PY) -m pytest; status=$$?; \
+	$(PY) -m pytest -n 2; status=$$?; \
 	echo "make test: $$(( $$(date +%s) - start ))s, pytest exit $$status"; \
 	if [ $$status -eq 5 ]; then echo "pytest ran no test: that is a failure"; exit 1; fi; \
 	exit $$status

@@ -80,7 +80,9 @@ class _Run:
         self.tail = RankLogTail(config.log_dir, rank_offset=config.rank_offset)
         self.follower = MetricsFollower(config.run_dir)
         self.progress = StepProgress(progress, config.script.name)
-        self.ranks = {r: _RankState() for r in range(config.rank_offset, config.rank_offset + config.nproc)}
+        # on one node the ranks are known up front; across nodes the rendezvous decides
+        expected = range(config.nproc) if config.nnodes == 1 else ()
+        self.ranks = {r: _RankState() for r in expected}
         self.logs: dict[int, list[str]] = {r: [] for r in self.ranks}
         self.agent_lines: list[str] = []
         self.agent_quiet = False  # stop echoing torchrun once it starts its own failure report
@@ -176,6 +178,15 @@ class _Run:
     def failure(self, returncode: int) -> LaunchError:
         agent_output = "\n".join(self.agent_lines)
         diagnosis = diagnose(agent_output, self.tail, self.config.nproc, cuda_available=visible_gpus() > 0)
+        if diagnosis is None and "RendezvousTimeoutError" in agent_output:
+            return LaunchFailed(
+                f"the rendezvous timed out: not all {self.config.nnodes} nodes joined at "
+                f"{self.config.rdzv_endpoint} within {self.config.rdzv_timeout or 600:g}s, so no worker started. "
+                "Start every node with the same rdzv_endpoint and nnodes, each with its own node_rank, "
+                "and check that the first node's port is reachable from the others.",
+                returncode=returncode,
+                output=agent_output,
+            )
         if diagnosis is None:
             tail = "\n".join(self.agent_lines[-30:])
             return LaunchFailed(
@@ -221,6 +232,7 @@ def launch(
     nnodes: int = 1,
     node_rank: int = 0,
     rdzv_endpoint: str | None = None,
+    rdzv_timeout: float | None = None,
 ) -> LaunchResult:
     """Run `script` under ``python -m torch.distributed.run`` and stream every rank's output live.
 
@@ -239,7 +251,9 @@ def launch(
             Every line is kept in the result either way.
         progress: "auto", "widget", "text" or "off".
         grace_s: seconds between SIGTERM and SIGKILL when stopping the run.
-        nnodes, node_rank, rdzv_endpoint: for a multi-node job, this node's agent.
+        nnodes, node_rank, rdzv_endpoint: for a multi-node job, this node's agent; every node
+            uses the same endpoint ("host:port" of the first node) and its own node_rank.
+        rdzv_timeout: seconds to wait for all nodes to join (torchrun's default is 600).
 
     Returns:
         A `LaunchResult`.
@@ -258,7 +272,7 @@ def launch(
     config = make_config(
         script, script_args, nproc=nproc, backend=backend, timeout=timeout, run_dir=run_dir, env=env,
         max_restarts=max_restarts, show_ranks=show_ranks, grace_s=grace_s, nnodes=nnodes,
-        node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
+        node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_timeout=rdzv_timeout,
     )  # fmt: skip
     return _execute(config, resolve_progress(progress))
 
@@ -293,6 +307,7 @@ def _execute(config: LaunchConfig, progress: str) -> LaunchResult:
             if now - last_refresh > 0.5:
                 tree.refresh()
                 sampler.sample()
+                run.tail.learn_ranks(sampler.local_to_global)
                 last_refresh = now
             if config.timeout is not None and now - run.last_progress > config.timeout:
                 tree.refresh()

@@ -47,6 +47,7 @@ class LaunchConfig:
     nnodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: str | None = None
+    rdzv_timeout: float | None = None  # seconds to wait for every node to join
     extra_env: dict[str, str] = field(default_factory=dict)
     python: str = sys.executable
 
@@ -67,6 +68,8 @@ class LaunchConfig:
                 "--nnodes", str(self.nnodes), "--node-rank", str(self.node_rank),
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", str(self.rdzv_endpoint),
             ]  # fmt: skip
+            if self.rdzv_timeout is not None:
+                cmd += ["--rdzv-conf", f"join_timeout={self.rdzv_timeout:g}"]
         # Each rank writes its own stdout/stderr files, which we follow: lines never merge.
         cmd += ["--max-restarts", str(self.max_restarts), "--log-dir", str(self.log_dir), "--redirects", "3"]
         return [*cmd, str(self.script), *self.script_args]
@@ -171,6 +174,7 @@ def make_config(
     nnodes: int,
     node_rank: int,
     rdzv_endpoint: str | None,
+    rdzv_timeout: float | None = None,
 ) -> LaunchConfig:
     """Validate `launch()`'s arguments. Raises `InvalidLaunchArguments` saying what to change."""
     script_path = Path(script).expanduser()
@@ -196,6 +200,8 @@ def make_config(
         raise InvalidLaunchArguments(
             f"nnodes={nnodes} needs rdzv_endpoint='host:port', got {rdzv_endpoint!r}"
         )
+    if rdzv_timeout is not None and (not isinstance(rdzv_timeout, int | float) or rdzv_timeout <= 0):
+        raise InvalidLaunchArguments(f"rdzv_timeout must be a positive number of seconds, got {rdzv_timeout!r}")
     return LaunchConfig(
         script=script_path.resolve(),
         script_args=_check_script_args(script_args),
@@ -212,5 +218,6 @@ def make_config(
         nnodes=nnodes,
         node_rank=node_rank,
         rdzv_endpoint=rdzv_endpoint,
+        rdzv_timeout=rdzv_timeout,
         extra_env=extra_env,
     )

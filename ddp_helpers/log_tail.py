@@ -37,8 +37,16 @@ class RankLogTail:
     """Reads new complete lines from every rank's log files, in the order the files grow."""
 
     log_dir: Path
-    rank_offset: int = 0  # global rank of local rank 0 (node_rank * nproc)
+    rank_offset: int = 0  # global rank of local rank 0 (node_rank * nproc), until the workers tell
     _files: dict[Path, _FollowedFile] = field(default_factory=dict)
+    _global_rank: dict[int, int] = field(default_factory=dict)  # local rank -> global rank, as seen
+
+    def learn_ranks(self, local_to_global: dict[int, int]) -> None:
+        """Record the global ranks the workers really got (a c10d rendezvous may order nodes its own way)."""
+        self._global_rank.update(local_to_global)
+
+    def global_rank(self, local_rank: int) -> int:
+        return self._global_rank.get(local_rank, self.rank_offset + local_rank)
 
     def _discover(self) -> None:
         for path in self.log_dir.glob("*/attempt_*/*/std*.log"):
@@ -48,7 +56,7 @@ class RankLogTail:
             if match:
                 self._files[path] = _FollowedFile(
                     path=path,
-                    rank=self.rank_offset + int(match["local_rank"]),
+                    rank=int(match["local_rank"]),  # local here; made global when read
                     attempt=int(match["attempt"]),
                     stream=match["stream"],
                 )
@@ -78,12 +86,12 @@ class RankLogTail:
                 text = raw.decode("utf-8", errors="replace").rstrip("\r")
                 # tqdm-style carriage-return updates: keep only what would be visible.
                 text = text.rsplit("\r", 1)[-1]
-                lines.append(LogLine(followed.rank, followed.attempt, followed.stream, text))
+                lines.append(LogLine(self.global_rank(followed.rank), followed.attempt, followed.stream, text))
         return lines
 
     def rank_file(self, rank: int, name: str, attempt: int | None = None) -> Path | None:
         """`name` (error.json, stderr.log, ...) of `rank` in the given attempt, or the latest one."""
-        local = rank - self.rank_offset
+        local = next((lr for lr, gr in self._global_rank.items() if gr == rank), rank - self.rank_offset)
         found = {}
         for path in self.log_dir.glob(f"*/attempt_*/{local}/{name}"):
             found[int(path.parent.parent.name.removeprefix("attempt_"))] = path

@@ -28,6 +28,7 @@ class ResourceSampler:
         self.tree = tree
         self.rows: list[dict[str, Any]] = []
         self._ranks: dict[int, int | None] = {}  # pid -> global rank (None: not a worker)
+        self.local_to_global: dict[int, int] = {}  # what the workers' environments say
         self._gpus = _nvml_handles() if gpus else []
         self._started = time.monotonic()
 
@@ -37,8 +38,10 @@ class ResourceSampler:
             rank = None
             try:
                 if proc.ppid() == self.tree.root_pid:
-                    value = proc.environ().get("RANK")
-                    rank = int(value) if value is not None else None
+                    env = proc.environ()
+                    rank = int(env["RANK"]) if "RANK" in env else None
+                    if rank is not None and "LOCAL_RANK" in env:
+                        self.local_to_global[int(env["LOCAL_RANK"])] = rank
                     proc.cpu_percent(None)  # the first call only primes the counter
             except (psutil.Error, OSError, ValueError):
                 rank = None

@@ -120,5 +120,7 @@ def test_sigkill_during_a_save_leaves_a_loadable_checkpoint(tmp_path):
     child.wait(timeout=30)
     assert partial, "never caught the saver half-way through a write"
     loaded, path = ckpt.load_latest(tmp_path)
-    assert loaded is not None and loaded["step"] == int(path.name.removeprefix("ckpt-step").removesuffix(".pt"))
+    assert loaded is not None and loaded["step"] == int(
+        path.name.removeprefix("ckpt-step").removesuffix(".pt")
+    )
     assert all(not p.name.endswith(".tmp") for p in ckpt.list_checkpoints(tmp_path))

@@ -112,7 +112,9 @@ def test_bf16_on_cpu_gives_finite_losses(tmp_path):
     assert summary["amp"] == "bf16" and math.isfinite(summary["final_loss"])
     # the AMP fields: no scaler with bf16, and memory labelled for what it measures
     assert summary["grad_scale"] is None and summary["skipped_steps"] == 0
-    assert summary["peak_mem_kind"] == ("cuda_max_memory_allocated" if torch.cuda.is_available() else "cpu_peak_rss")
+    assert summary["peak_mem_kind"] == (
+        "cuda_max_memory_allocated" if torch.cuda.is_available() else "cpu_peak_rss"
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")

@@ -1,0 +1,94 @@
+"""Two torchrun agents on loopback, as two "nodes", meeting at a c10d rendezvous; and templates."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import threading
+
+import pytest
+import yaml
+
+from ddp_helpers import LaunchFailed, launch
+from ddp_helpers.cluster_templates import pytorchjob_manifest, slurm_script, write_cluster_templates
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_nodes_on_loopback_form_one_world(script, tmp_path):
+    worker, endpoint = script("two_nodes.py"), f"127.0.0.1:{free_port()}"
+    results, errors = {}, []
+
+    def node(node_rank):
+        try:
+            results[node_rank] = launch(worker, nproc=1, nnodes=2, node_rank=node_rank, rdzv_endpoint=endpoint,
+                                        rdzv_timeout=60, run_dir=tmp_path / f"node{node_rank}", timeout=120)  # fmt: skip
+        except Exception as err:  # noqa: BLE001 - asserted below
+            errors.append(err)
+
+    threads = [threading.Thread(target=node, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    lines = [line for r in results.values() for log in r.logs.values() for line in log if "sum" in line]
+    found = sorted(re.match(r"rank (\d) of 2 on node (\d): sum 3", line).groups() for line in lines)
+    assert found == [("0", "0"), ("1", "1")]  # one rank per node, and the sum crossed both
+    for result in results.values():  # each agent labels its worker with the rank it really got
+        (rank,) = result.logs
+        assert any(f"rank {rank} of 2" in line for line in result.logs[rank])
+
+
+def test_a_node_that_never_arrives_times_out_clearly(script, tmp_path):
+    with pytest.raises(LaunchFailed, match="rendezvous timed out: not all 2 nodes joined"):
+        launch(script("two_nodes.py"), nproc=1, nnodes=2, node_rank=0, rdzv_endpoint=f"127.0.0.1:{free_port()}",
+               rdzv_timeout=5, run_dir=tmp_path / "alone")  # fmt: skip
+
+
+def test_slurm_script_starts_one_agent_per_node_at_a_c10d_rendezvous(tmp_path):
+    text = slurm_script("train.py", ["--steps", 100], nnodes=4, nproc_per_node=8, partition="gpu")
+    assert "#SBATCH --nodes=4" in text and "#SBATCH --ntasks-per-node=1" in text
+    assert "#SBATCH --gpus-per-node=8" in text and "#SBATCH --partition=gpu" in text
+    assert 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text
+    srun = next(line for line in text.splitlines() if line.startswith("srun "))
+    assert "torchrun --nnodes 4 --nproc-per-node 8 --rdzv-backend c10d" in srun
+    assert '--rdzv-endpoint "$head_node:$rdzv_port" train.py --steps 100' in srun
+    (tmp_path / "job.sh").write_text(text)
+    assert subprocess.run(["bash", "-n", str(tmp_path / "job.sh")]).returncode == 0  # valid shell
+
+
+def test_pytorchjob_manifest_parses_with_replicas_gpus_and_image():
+    job = yaml.safe_load(
+        pytorchjob_manifest("train.py", ["--steps", 5], nnodes=3, nproc_per_node=4, image="img:1")
+    )
+    assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v1", "PyTorchJob")
+    assert job["spec"]["nprocPerNode"] == "4"
+    specs = job["spec"]["pytorchReplicaSpecs"]
+    assert (specs["Master"]["replicas"], specs["Worker"]["replicas"]) == (1, 2)
+    for spec in specs.values():
+        (container,) = spec["template"]["spec"]["containers"]
+        assert container["name"] == "pytorch" and container["image"] == "img:1"
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == 4
+        assert container["command"] == ["torchrun", "train.py", "--steps", "5"]
+    single = yaml.safe_load(pytorchjob_manifest("train.py", nnodes=1, nproc_per_node=2, gpus_per_node=0))
+    assert list(single["spec"]["pytorchReplicaSpecs"]) == ["Master"]
+    assert (
+        "resources"
+        not in single["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    )
+
+
+def test_templates_are_written_side_by_side(tmp_path):
+    paths = write_cluster_templates(
+        tmp_path, "train.py", ["--epochs", 1], nnodes=2, nproc_per_node=2, image="x"
+    )
+    assert paths["slurm"].read_text().startswith("#!/bin/bash")
+    assert yaml.safe_load(paths["kubernetes"].read_text())["spec"]["nprocPerNode"] == "2"
+    with pytest.raises(ValueError):
+        slurm_script("train.py", nnodes=0)
