@@ -20,7 +20,14 @@ _ROOT_CAUSE = re.compile(
     r".*?exitcode\s*:\s*(?P<exitcode>-?\d+)",
     re.DOTALL,
 )
-_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*)(?:Error|Exception|Interrupt|Exit|Failure|Warning)?\b.*")
+_FAILURE = re.compile(
+    r"rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(?P<exitcode>-?\d+)"
+)
+# Errors a rank gets because *another* rank died first: never the root cause if a better one exists.
+_SECONDARY = (
+    "connection reset by peer", "connection closed by peer", "remote worker", "broken pipe",
+    "communicator was aborted", "failed to recv", "connectfullmesh", "socket closed",
+)  # fmt: skip
 
 
 @dataclass
@@ -81,34 +88,62 @@ def _hint(error: str, exitcode: int, cuda_available: bool) -> str:
         )
     if exitcode == -signal.SIGKILL:
         return "SIGKILL with no traceback is most often the kernel's out-of-memory killer (see `dmesg`)."
+    if _is_secondary(error):
+        return "this rank lost a peer: another rank exited or crashed first; check the other ranks' logs."
     if "address already in use" in lowered:
         return "the rendezvous port is taken; launch() picks a free one unless rdzv_endpoint pins it."
     return ""
 
 
-def diagnose(agent_output: str, tail: RankLogTail, nranks: int, cuda_available: bool) -> Diagnosis | None:
-    """Find the failing rank. Returns None when no worker can be blamed."""
-    rank: int | None = None
-    exitcode = 1
-    match = _ROOT_CAUSE.search(agent_output)
-    if match:
-        rank, exitcode = int(match["rank"]), int(match["exitcode"])
-    else:
-        # No report (e.g. torchrun was killed): blame the first rank that left a traceback.
-        for candidate in range(tail.rank_offset, tail.rank_offset + nranks):
-            if _from_error_file(tail, candidate, None)[0] or _stderr_traceback(tail, candidate)[0]:
-                rank = candidate
-                break
-    if rank is None:
-        return None
+def _is_secondary(error: str) -> bool:
+    lowered = error.lower()
+    return any(marker in lowered for marker in _SECONDARY)
 
-    attempt = None  # the latest attempt is the one that made torchrun give up
-    error, traceback = _from_error_file(tail, rank, attempt)
+
+def _rank_error(tail: RankLogTail, rank: int, exitcode: int) -> tuple[str, str]:
+    """This rank's exception line and traceback, from its error file or else its stderr."""
+    error, traceback = _from_error_file(tail, rank, None)  # the latest attempt made torchrun give up
     if not traceback:
         traceback, last_line = _stderr_traceback(tail, rank)
         error = error or last_line
-    if exitcode < 0 and not error:
-        error = _signal_text(exitcode)
+    if exitcode < 0:
+        # a signal: no Python exception, but a C++ abort often says why ("what(): ...")
+        what = _cxx_what(tail, rank)
+        error = _signal_text(exitcode) + (f": {what}" if what else "")
+    return error, traceback
+
+
+def _cxx_what(tail: RankLogTail, rank: int) -> str:
+    path = tail.rank_file(rank, "stderr.log")
+    if path is None:
+        return ""
+    lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if "what():" in line]
+    return lines[-1].split("what():", 1)[1].strip() if lines else ""
+
+
+def diagnose(agent_output: str, tail: RankLogTail, nranks: int, cuda_available: bool) -> Diagnosis | None:
+    """Find the failing rank. Returns None when no worker can be blamed."""
+    exitcodes = {int(m["rank"]): int(m["exitcode"]) for m in _FAILURE.finditer(agent_output)}
+    rank: int | None = None
+    match = _ROOT_CAUSE.search(agent_output)
+    if match:
+        rank = int(match["rank"])
+        exitcodes.setdefault(rank, int(match["exitcode"]))
+    candidates = sorted(set(exitcodes) | set(range(tail.rank_offset, tail.rank_offset + nranks)))
+    errors = {r: _rank_error(tail, r, exitcodes.get(r, 1)) for r in candidates}
+    if rank is None:
+        # no report (e.g. torchrun itself was killed): blame a rank that left a traceback
+        rank = next((r for r in candidates if errors[r][0]), None)
+    if rank is None:
+        return None
+    if _is_secondary(errors[rank][0]):
+        # torchrun's "first observed" failure can be a rank that only lost its peer: prefer the one
+        # that failed for a reason of its own (error-file timestamps have one-second resolution)
+        primary = [r for r in candidates if errors[r][0] and not _is_secondary(errors[r][0])]
+        if primary:
+            rank = primary[0]
+    exitcode = exitcodes.get(rank, 1)
+    error, traceback = errors[rank]
     error = error or f"exited with code {exitcode} and left no traceback"
     return Diagnosis(rank, exitcode, error, traceback, _hint(error, exitcode, cuda_available))
 

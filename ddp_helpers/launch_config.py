@@ -201,7 +201,9 @@ def make_config(
             f"nnodes={nnodes} needs rdzv_endpoint='host:port', got {rdzv_endpoint!r}"
         )
     if rdzv_timeout is not None and (not isinstance(rdzv_timeout, int | float) or rdzv_timeout <= 0):
-        raise InvalidLaunchArguments(f"rdzv_timeout must be a positive number of seconds, got {rdzv_timeout!r}")
+        raise InvalidLaunchArguments(
+            f"rdzv_timeout must be a positive number of seconds, got {rdzv_timeout!r}"
+        )
     return LaunchConfig(
         script=script_path.resolve(),
         script_args=_check_script_args(script_args),

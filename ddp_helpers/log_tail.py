@@ -86,7 +86,9 @@ class RankLogTail:
                 text = raw.decode("utf-8", errors="replace").rstrip("\r")
                 # tqdm-style carriage-return updates: keep only what would be visible.
                 text = text.rsplit("\r", 1)[-1]
-                lines.append(LogLine(self.global_rank(followed.rank), followed.attempt, followed.stream, text))
+                lines.append(
+                    LogLine(self.global_rank(followed.rank), followed.attempt, followed.stream, text)
+                )
         return lines
 
     def rank_file(self, rank: int, name: str, attempt: int | None = None) -> Path | None:

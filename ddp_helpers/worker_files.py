@@ -9,11 +9,11 @@ from pathlib import Path
 from .workers import worker_path
 
 
-def _line_number(lines: list[str], where: int | str) -> int:
-    """A 1-based line number, or the first line that contains the text `where`."""
+def _line_number(lines: list[str], where: int | str, start: int = 1) -> int:
+    """A 1-based line number, or the first line from `start` on that contains the text `where`."""
     if isinstance(where, int):
         return where
-    for number, line in enumerate(lines, start=1):
+    for number, line in enumerate(lines[start - 1 :], start=start):
         if where in line:
             return number
     raise ValueError(f"no line contains {where!r}")
@@ -30,7 +30,8 @@ def _display_code(path: Path, highlight: tuple[int | str, int | str] | None) -> 
     text = path.read_text()
     if highlight:
         lines = text.splitlines()
-        first, last = (_line_number(lines, where) for where in highlight)
+        first = _line_number(lines, highlight[0])
+        last = _line_number(lines, highlight[1], start=first)
         text = "\n".join(lines[first - 1 : last])
     display(Code(text, language="python"))
 

@@ -24,6 +24,7 @@ from ddp_helpers import (
     launch,
     launch_config,
 )
+from ddp_helpers.workers import worker_path
 
 LINE = re.compile(r"^rank (\d) line (\d+) x{300}$")
 
@@ -221,3 +222,28 @@ def test_errors_render_without_the_launcher_stack():
     err = WorkerFailed(1, 1, "ZeroDivisionError: division by zero", "Traceback ...")
     assert err._render_traceback_()[0] == "WorkerFailed: rank 1 failed: ZeroDivisionError: division by zero"
     assert issubclass(ddp_helpers.LaunchInterrupted, KeyboardInterrupt)
+
+
+def test_a_rank_that_only_lost_its_peer_is_not_blamed(tmp_path):
+    # rank 1 raises; rank 0 then fails inside all_reduce with "Connection reset by peer"
+    with pytest.raises(WorkerFailed) as info:
+        launch(
+            worker_path("pitfalls"), "--case", "crash", nproc=2, run_dir=tmp_path / "run", show_ranks="none"
+        )
+    assert info.value.rank == 1
+    assert str(info.value).splitlines()[0].startswith("rank 1 failed: ZeroDivisionError")
+
+
+def test_a_cxx_abort_reports_the_signal_and_its_reason(tmp_path):
+    # mismatched all_reduce sizes: gloo aborts the process with a C++ exception, no Python traceback
+    with pytest.raises(WorkerFailed) as info:
+        launch(
+            worker_path("pitfalls"),
+            "--case",
+            "mismatch",
+            nproc=2,
+            run_dir=tmp_path / "run",
+            show_ranks="none",
+        )
+    first = str(info.value).splitlines()[0]
+    assert "killed by signal SIGABRT" in first and "mismatch" in first
