@@ -27,6 +27,7 @@ _FAILURE = re.compile(
 _SECONDARY = (
     "connection reset by peer", "connection closed by peer", "remote worker", "broken pipe",
     "communicator was aborted", "failed to recv", "connectfullmesh", "socket closed",
+    "killed by signal sigterm",  # torchrun stops the survivors with SIGTERM once one rank fails
 )  # fmt: skip
 
 
@@ -89,7 +90,7 @@ def _hint(error: str, exitcode: int, cuda_available: bool) -> str:
     if exitcode == -signal.SIGKILL:
         return "SIGKILL with no traceback is most often the kernel's out-of-memory killer (see `dmesg`)."
     if _is_secondary(error):
-        return "this rank lost a peer: another rank exited or crashed first; check the other ranks' logs."
+        return "this rank lost a peer or was stopped: another rank exited or crashed first; check the other ranks' logs."
     if "address already in use" in lowered:
         return "the rendezvous port is taken; launch() picks a free one unless rdzv_endpoint pins it."
     return ""
@@ -106,8 +107,8 @@ def _rank_error(tail: RankLogTail, rank: int, exitcode: int) -> tuple[str, str]:
     if not traceback:
         traceback, last_line = _stderr_traceback(tail, rank)
         error = error or last_line
-    if exitcode < 0:
-        # a signal: no Python exception, but a C++ abort often says why ("what(): ...")
+    if exitcode < 0 and not error:
+        # a signal and no Python exception: a C++ abort often says why ("what(): ...")
         what = _cxx_what(tail, rank)
         error = _signal_text(exitcode) + (f": {what}" if what else "")
     return error, traceback

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -194,27 +193,26 @@ def test_nccl_needs_one_gpu_per_process(tmp_path, monkeypatch):
         launch(tmp_path / "s.py", backend="nccl", nproc=2)
 
 
-def test_defaults_pick_gloo_and_two_processes_without_gpus(tmp_path, monkeypatch):
-    (tmp_path / "s.py").write_text("print(1)\n")
-    monkeypatch.setattr(launch_config, "visible_gpus", lambda: 0)
-    config = launch_config.make_config(
-        tmp_path / "s.py", [], nproc=None, backend="auto", timeout=None, run_dir=None, env=None,
+def default_config(script):
+    return launch_config.make_config(
+        script, [], nproc=None, backend="auto", timeout=None, run_dir=None, env=None,
         max_restarts=0, show_ranks="all", grace_s=1, nnodes=1, node_rank=0, rdzv_endpoint=None,
     )  # fmt: skip
+
+
+def test_defaults_pick_gloo_and_two_processes_without_gpus(tmp_path, monkeypatch):
+    (tmp_path / "s.py").write_text("print(1)\n")
+    monkeypatch.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", raising=False)
+    monkeypatch.setattr(launch_config, "visible_gpus", lambda: 0)
+    config = default_config(tmp_path / "s.py")
     assert (config.nproc, config.backend, config.device) == (2, "gloo", "cpu")
     env = config.environment()
     assert env["DDP_BACKEND"] == "gloo" and env["PYTHONUNBUFFERED"] == "1"
-    assert (
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in config.environment()
-        or "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" in os.environ
-    )
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in env
     config.max_restarts = 1  # restarts get a fresh rendezvous store: no stale peer addresses
     assert config.environment()["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
     monkeypatch.setattr(launch_config, "visible_gpus", lambda: 4)
-    config = launch_config.make_config(
-        tmp_path / "s.py", [], nproc=None, backend="auto", timeout=None, run_dir=None, env=None,
-        max_restarts=0, show_ranks="all", grace_s=1, nnodes=1, node_rank=0, rdzv_endpoint=None,
-    )  # fmt: skip
+    config = default_config(tmp_path / "s.py")
     assert (config.nproc, config.backend, config.device) == (4, "nccl", "cuda")
 
 

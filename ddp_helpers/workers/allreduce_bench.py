@@ -51,54 +51,57 @@ def main():
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend=backend)
-    try:
-        world_size = dist.get_world_size()
-        writer = MetricsWriter(args.run_dir, rank)
-        plan = list(sizes(args.min_bytes, args.max_bytes))
-        writer.write_plan(len(plan))
-        results = []
-        for step, nbytes in enumerate(plan, start=1):
-            numel = nbytes // 4  # float32
-            # rank r contributes r+1 everywhere, so the sum is n(n+1)/2 in every element
-            tensor = torch.full((numel,), float(rank + 1), device=device)
-            expected = world_size * (world_size + 1) / 2
+    world_size = dist.get_world_size()
+    writer = MetricsWriter(args.run_dir, rank)
+    plan = list(sizes(args.min_bytes, args.max_bytes))
+    writer.write_plan(len(plan))
+    results = []
+    for step, nbytes in enumerate(plan, start=1):
+        numel = nbytes // 4  # float32
+        # rank r contributes r+1 everywhere, so the sum is n(n+1)/2 in every element
+        tensor = torch.full((numel,), float(rank + 1), device=device)
+        expected = world_size * (world_size + 1) / 2
+        dist.all_reduce(tensor)
+        correct = bool(torch.all(tensor == expected).item())
+        times = []
+        for i in range(args.warmup + args.iters):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            dist.barrier()  # start together, or we time the stragglers' arrival
+            t0 = time.perf_counter()
             dist.all_reduce(tensor)
-            correct = bool(torch.all(tensor == expected).item())
-            times = []
-            for i in range(args.warmup + args.iters):
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                dist.barrier()  # start together, or we time the stragglers' arrival
-                t0 = time.perf_counter()
-                dist.all_reduce(tensor)
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                if i >= args.warmup:
-                    times.append(time.perf_counter() - t0)
-            # the slowest rank decides when the collective is done
-            t = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            ok = torch.tensor([int(correct)], device=device)
-            dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-            seconds = t.item()
-            algbw = numel * 4 / seconds
-            busbw = algbw * 2 * (world_size - 1) / world_size
-            results.append({"bytes": numel * 4, "time_s": seconds, "algbw_gbps": algbw / 1e9,
-                            "busbw_gbps": busbw / 1e9, "correct_all_ranks": bool(ok.item())})  # fmt: skip
-            writer.log(step=step, bytes=numel * 4, time_s=seconds, correct=correct)
-            if rank == 0:
-                print(f"{numel * 4:>12,d} B  {seconds * 1e6:10.1f} us  algbw {algbw / 1e9:7.3f} GB/s  "
-                      f"busbw {busbw / 1e9:7.3f} GB/s  {'ok' if ok.item() else 'WRONG SUM'}")  # fmt: skip
-        writer.write_summary({
-            "world_size": world_size, "backend": backend, "device": device.type,
-            "torch_version": torch.__version__, "all_correct": all(r["correct_all_ranks"] for r in results),
-            "results": results,
-        })  # fmt: skip
-        writer.close()
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if i >= args.warmup:
+                times.append(time.perf_counter() - t0)
+        # the slowest rank decides when the collective is done
+        t = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        ok = torch.tensor([int(correct)], device=device)
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        seconds = t.item()
+        algbw = numel * 4 / seconds
+        busbw = algbw * 2 * (world_size - 1) / world_size
+        results.append({"bytes": numel * 4, "time_s": seconds, "algbw_gbps": algbw / 1e9,
+                        "busbw_gbps": busbw / 1e9, "correct_all_ranks": bool(ok.item())})  # fmt: skip
+        writer.log(step=step, bytes=numel * 4, time_s=seconds, correct=correct)
+        if rank == 0:
+            print(f"{numel * 4:>12,d} B  {seconds * 1e6:10.1f} us  algbw {algbw / 1e9:7.3f} GB/s  "
+                  f"busbw {busbw / 1e9:7.3f} GB/s  {'ok' if ok.item() else 'WRONG SUM'}")  # fmt: skip
+    writer.write_summary({
+        "world_size": world_size, "backend": backend, "device": device.type,
+        "torch_version": torch.__version__, "all_correct": all(r["correct_all_ranks"] for r in results),
+        "results": results,
+    })  # fmt: skip
+    writer.close()
+    dist.barrier()
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        # torn down only after @record has written this rank's error file: closing the group first
+        # would let the other ranks fail on the dead connection before the real error is on disk
+        if dist.is_initialized():
+            dist.destroy_process_group()

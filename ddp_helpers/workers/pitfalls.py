@@ -177,11 +177,14 @@ def main():
         torch.cuda.set_device(device)
     timeout = timedelta(seconds=args.pg_timeout) if args.pg_timeout else None
     dist.init_process_group(backend, timeout=timeout)
-    try:
-        CASES[args.case](dist.get_rank(), dist.get_world_size(), device, args.fix)
-    finally:
-        dist.destroy_process_group()
+    CASES[args.case](dist.get_rank(), dist.get_world_size(), device, args.fix)
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        # torn down only after @record has written this rank's error file: closing the group first
+        # would let the other ranks fail on the dead connection before the real error is on disk
+        if dist.is_initialized():
+            dist.destroy_process_group()

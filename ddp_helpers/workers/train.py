@@ -188,11 +188,7 @@ def main():
         device = torch.device("cuda" if use_cuda else "cpu")
     master_process = rank == 0  # prints, plans and summaries come from rank 0 only
 
-    try:
-        run(args, ddp, backend, rank, local_rank, world_size, device, master_process, t_start)
-    finally:
-        if ddp:
-            dist.destroy_process_group()  # also after an error, so no rank waits on a dead group
+    run(args, ddp, backend, rank, local_rank, world_size, device, master_process, t_start)
 
 
 def run(args, ddp, backend, rank, local_rank, world_size, device, master_process, t_start):
@@ -431,4 +427,10 @@ def resume(args, model, optimizer, scheduler, scaler, rank, world_size, device, 
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        # torn down only after @record has written this rank's error file: closing the group first
+        # would let the other ranks fail on the dead connection before the real error is on disk
+        if dist.is_initialized():
+            dist.destroy_process_group()
