@@ -101,7 +101,9 @@ def read_metrics(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
             rows.extend(json.loads(line) for line in fh if line.strip())
     frame = pd.DataFrame(rows)
     if not frame.empty and {"rank", "step"} <= set(frame.columns):
-        frame = frame.sort_values(["rank", "step"], kind="stable").reset_index(drop=True)
+        frame = frame.sort_values(["rank", "step"], kind="stable")
+        # after an elastic restart the steps since the last checkpoint are logged twice: keep the rerun
+        frame = frame.drop_duplicates(subset=["rank", "step"], keep="last").reset_index(drop=True)
     return frame
 
 

@@ -62,6 +62,9 @@ def test_elastic_restart_resumes_and_matches_the_uninterrupted_run(uninterrupted
                     "--fail-at-step", 6, "--fail-rank", 1, "--save-final", tmp_path / "final.pt",
                     nproc=2, max_restarts=1, run_dir=tmp_path / "run", show_ranks="none")  # fmt: skip
     assert result.returncode == 0 and result.attempts == 2
+    # steps 5 and 6 ran twice (before the fault, and again after resuming at 4): the rerun is kept
+    assert result.metrics.groupby("rank")["step"].apply(list).tolist() == [list(range(1, 13))] * 2
+    assert set(result.metrics.loc[result.metrics.step.between(5, 6), "attempt"]) == {1}
     assert "resumed from ckpt-step00000004.pt" in result.log(0)
     assert_same_weights(uninterrupted / "final.pt", tmp_path / "final.pt")
     first_error = next((tmp_path / "run" / "logs").glob("*/attempt_0/1/error.json")).read_text()
