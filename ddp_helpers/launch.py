@@ -138,9 +138,8 @@ class _Run:
         self.attempts_seen = max(self.attempts_seen, attempts)
 
     # ---------------------------------------------------------------- reports
-    def hang_report(self, tree: ProcessTree) -> LaunchTimeout:
+    def hang_report(self, alive_ranks: set[int]) -> LaunchTimeout:
         now = time.monotonic()
-        alive_ranks = _alive_worker_ranks(tree)
         rows, silent = [], []
         for rank, state in sorted(self.ranks.items()):
             heard = (
@@ -203,18 +202,6 @@ class _Run:
             run_dir=str(self.config.run_dir),
             logs=self.logs,
         )
-
-
-def _alive_worker_ranks(tree: ProcessTree) -> set[int]:
-    ranks = set()
-    for proc in tree.alive():
-        try:
-            rank = proc.environ().get("RANK")
-        except Exception:  # permissions, or it just exited
-            continue
-        if rank is not None and proc.pid != tree.root_pid:
-            ranks.add(int(rank))
-    return ranks
 
 
 def launch(
@@ -311,7 +298,8 @@ def _execute(config: LaunchConfig, progress: str) -> LaunchResult:
                 last_refresh = now
             if config.timeout is not None and now - run.last_progress > config.timeout:
                 tree.refresh()
-                error = run.hang_report(tree)
+                sampler.sample()  # also learns the ranks of workers started since the last sample
+                error = run.hang_report(sampler.alive_ranks())
                 tree.terminate(config.grace_s)
                 raise error
             time.sleep(POLL_S)

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -114,15 +112,6 @@ def read_summary(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- maths
-
-
-def median_after_warmup(values: Iterable[float], warmup: int) -> float:
-    """Median of `values` after dropping the first `warmup` (all of them if too few remain)."""
-    values = list(values)
-    kept = values[warmup:] or values
-    if not kept:
-        raise ValueError("no values to take the median of")
-    return statistics.median(kept)
 
 
 def scaling_efficiency(throughput_n: float, throughput_1: float, world_size: int) -> float:
