@@ -122,9 +122,21 @@ def _cxx_what(tail: RankLogTail, rank: int) -> str:
     return lines[-1].split("what():", 1)[1].strip() if lines else ""
 
 
-def diagnose(agent_output: str, tail: RankLogTail, nranks: int, cuda_available: bool) -> Diagnosis | None:
-    """Find the failing rank. Returns None when no worker can be blamed."""
-    exitcodes = {int(m["rank"]): int(m["exitcode"]) for m in _FAILURE.finditer(agent_output)}
+def diagnose(
+    agent_output: str,
+    tail: RankLogTail,
+    nranks: int,
+    cuda_available: bool,
+    exitcodes: dict[int, int] | None = None,
+) -> Diagnosis | None:
+    """Find the failing rank. Returns None when no worker can be blamed.
+
+    `exitcodes` adds rank exit codes known without torchrun's report (a run with no agent).
+    """
+    exitcodes = {
+        **(exitcodes or {}),
+        **{int(m["rank"]): int(m["exitcode"]) for m in _FAILURE.finditer(agent_output)},
+    }
     rank: int | None = None
     match = _ROOT_CAUSE.search(agent_output)
     if match:
@@ -135,6 +147,8 @@ def diagnose(agent_output: str, tail: RankLogTail, nranks: int, cuda_available: 
     if rank is None:
         # no report (e.g. torchrun itself was killed): blame a rank that left a traceback
         rank = next((r for r in candidates if errors[r][0]), None)
+    if rank is None and len(exitcodes) == 1:
+        rank = next(iter(exitcodes))  # the one known failure, even without a traceback
     if rank is None:
         return None
     if _is_secondary(errors[rank][0]):

@@ -10,9 +10,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
-
-import pandas as pd
+from typing import IO, TYPE_CHECKING, Any
 
 from .errors import InvalidLaunchArguments, LaunchError, LaunchFailed, LaunchTimeout, WorkerFailed
 from .failure import diagnose
@@ -23,7 +21,16 @@ from .process_tree import ProcessTree
 from .progress import PROGRESS_CHOICES, StepProgress, resolve_progress
 from .resources import ResourceSampler
 
+if TYPE_CHECKING:  # pandas loads on first use: workers import this package and should not pay for it
+    import pandas as pd
+
 POLL_S = 0.1
+
+
+def _empty_frame() -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.DataFrame()
 
 
 @dataclass
@@ -39,7 +46,7 @@ class LaunchResult:
     command: list[str]
     launcher_output: list[str] = field(default_factory=list)
     attempts: int = 1
-    resources: pd.DataFrame = field(default_factory=pd.DataFrame)  # per-rank CPU/RSS, per-GPU use, over time
+    resources: pd.DataFrame = field(default_factory=_empty_frame)  # per-rank CPU/RSS, per-GPU use, over time
 
     def log(self, rank: int) -> str:
         """Every line rank `rank` printed, stdout and stderr, in the order they were read."""
@@ -176,7 +183,11 @@ class _Run:
 
     def failure(self, returncode: int) -> LaunchError:
         agent_output = "\n".join(self.agent_lines)
-        diagnosis = diagnose(agent_output, self.tail, self.config.nproc, cuda_available=visible_gpus() > 0)
+        # without an agent there is no torchrun report: the one process's own exit code is the rank's
+        known = {self.config.rank_offset: returncode} if self.config.launcher == "python" else None
+        diagnosis = diagnose(
+            agent_output, self.tail, self.config.nproc, cuda_available=visible_gpus() > 0, exitcodes=known
+        )
         if diagnosis is None and "RendezvousTimeoutError" in agent_output:
             return LaunchFailed(
                 f"the rendezvous timed out: not all {self.config.nnodes} nodes joined at "
@@ -189,7 +200,7 @@ class _Run:
         if diagnosis is None:
             tail = "\n".join(self.agent_lines[-30:])
             return LaunchFailed(
-                f"torchrun exited with code {returncode} before any worker reported an error.\n{tail}",
+                f"{self.config.launcher} exited with code {returncode} before any worker reported an error.\n{tail}",
                 returncode=returncode,
                 output=agent_output,
             )
@@ -220,6 +231,7 @@ def launch(
     node_rank: int = 0,
     rdzv_endpoint: str | None = None,
     rdzv_timeout: float | None = None,
+    launcher: str = "torchrun",
 ) -> LaunchResult:
     """Run `script` under ``python -m torch.distributed.run`` and stream every rank's output live.
 
@@ -241,6 +253,9 @@ def launch(
         nnodes, node_rank, rdzv_endpoint: for a multi-node job, this node's agent; every node
             uses the same endpoint ("host:port" of the first node) and its own node_rank.
         rdzv_timeout: seconds to wait for all nodes to join (torchrun's default is 600).
+        launcher: "torchrun", or "python" for a one-process run without the agent: the script gets
+            the environment torchrun would give a world of one (RANK, WORLD_SIZE, MASTER_PORT, the
+            error file), and starts a few seconds sooner because only one interpreter imports torch.
 
     Returns:
         A `LaunchResult`.
@@ -259,7 +274,7 @@ def launch(
     config = make_config(
         script, script_args, nproc=nproc, backend=backend, timeout=timeout, run_dir=run_dir, env=env,
         max_restarts=max_restarts, show_ranks=show_ranks, grace_s=grace_s, nnodes=nnodes,
-        node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_timeout=rdzv_timeout,
+        node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_timeout=rdzv_timeout, launcher=launcher,
     )  # fmt: skip
     return _execute(config, resolve_progress(progress))
 
@@ -269,19 +284,35 @@ def _execute(config: LaunchConfig, progress: str) -> LaunchResult:
     command = config.command()
     run = _Run(config, progress)
     started = time.monotonic()
-    proc = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        env=config.environment(),
-        start_new_session=True,  # the whole run can be signalled without touching the kernel
-    )
+    direct = config.launcher == "python"
+    if direct:
+        # no agent: the process writes straight into the files torchrun's --redirects would write
+        config.direct_log_dir.mkdir(parents=True, exist_ok=True)
+        stdout = open(config.direct_log_dir / "stdout.log", "wb")  # closed once the child has it
+        stderr: Any = open(config.direct_log_dir / "stderr.log", "wb")
+    else:
+        stdout, stderr = subprocess.PIPE, subprocess.STDOUT
+    try:
+        proc = subprocess.Popen(
+            command,
+            stdout=stdout,
+            stderr=stderr,
+            stdin=subprocess.DEVNULL,
+            env=config.environment(),
+            start_new_session=True,  # the whole run can be signalled without touching the kernel
+        )
+    finally:
+        if direct:
+            stdout.close()  # the child holds its own copies
+            stderr.close()
     tree = ProcessTree(proc.pid)
-    sampler = ResourceSampler(tree, gpus=config.device == "cuda")
+    sampler = ResourceSampler(tree, gpus=config.device == "cuda", root_is_worker=direct)
     agent_lines: queue.Queue[str | None] = queue.Queue()
-    pump = threading.Thread(target=_pump, args=(proc.stdout, agent_lines), daemon=True)
-    pump.start()
+    if proc.stdout is not None:
+        pump = threading.Thread(target=_pump, args=(proc.stdout, agent_lines), daemon=True)
+        pump.start()
+    else:
+        pump = None
     success = False
     try:
         last_refresh = 0.0
@@ -303,7 +334,8 @@ def _execute(config: LaunchConfig, progress: str) -> LaunchResult:
                 tree.terminate(config.grace_s)
                 raise error
             time.sleep(POLL_S)
-        pump.join(timeout=5)
+        if pump is not None:
+            pump.join(timeout=5)
         _drain(agent_lines, run)
         run.poll_files(final=True)
         if proc.returncode != 0:

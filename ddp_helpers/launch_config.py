@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import socket
 import sys
 import time
 from collections.abc import Iterable, Mapping
@@ -17,6 +18,7 @@ from pathlib import Path
 from .errors import InvalidLaunchArguments
 
 BACKENDS = ("auto", "gloo", "nccl")
+LAUNCHERS = ("torchrun", "python")
 RUNS_DIR_ENV = "DDP_HELPERS_RUNS_DIR"
 
 
@@ -49,6 +51,7 @@ class LaunchConfig:
     rdzv_endpoint: str | None = None
     rdzv_timeout: float | None = None  # seconds to wait for every node to join
     extra_env: dict[str, str] = field(default_factory=dict)
+    launcher: str = "torchrun"  # "python": one process, no agent (see `launch`)
     python: str = sys.executable
 
     @property
@@ -59,7 +62,14 @@ class LaunchConfig:
     def rank_offset(self) -> int:
         return self.node_rank * self.nproc
 
+    @property
+    def direct_log_dir(self) -> Path:
+        """Where a ``launcher="python"`` run keeps its logs: torchrun's layout, so one reader serves both."""
+        return self.log_dir / "python" / "attempt_0" / "0"
+
     def command(self) -> list[str]:
+        if self.launcher == "python":
+            return [self.python, str(self.script), *self.script_args]
         cmd = [self.python, "-m", "torch.distributed.run", "--nproc-per-node", str(self.nproc)]
         if self.nnodes == 1:
             cmd += ["--standalone"]  # c10d rendezvous on a free localhost port: no clashes
@@ -86,6 +96,13 @@ class LaunchConfig:
             DDP_DEVICE=self.device,
             DDP_RUN_DIR=str(self.run_dir),  # where workers write metrics/ and summary.json
         )
+        if self.launcher == "python":
+            # what torchrun would give a world of one, so the same script runs unchanged
+            env.update(
+                RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_RANK="0",
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                TORCHELASTIC_ERROR_FILE=str(self.direct_log_dir / "error.json"),  # for @record
+            )  # fmt: skip
         if self.max_restarts > 0:
             # torchrun keeps one shared TCPStore across restart rounds, so restarted workers can read
             # the dead workers' addresses and fail with "connectFullMesh ... Connection refused"
@@ -93,6 +110,13 @@ class LaunchConfig:
             env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         env.update(self.extra_env)
         return env
+
+
+def free_port() -> int:
+    """A TCP port that was free on localhost a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -175,12 +199,15 @@ def make_config(
     node_rank: int,
     rdzv_endpoint: str | None,
     rdzv_timeout: float | None = None,
+    launcher: str = "torchrun",
 ) -> LaunchConfig:
     """Validate `launch()`'s arguments. Raises `InvalidLaunchArguments` saying what to change."""
     script_path = Path(script).expanduser()
     if not script_path.is_file():
         raise InvalidLaunchArguments(f"script not found: {script_path} (cwd is {Path.cwd()})")
     gpus = visible_gpus()
+    if launcher == "python" and nproc is None:
+        nproc = 1
     backend, device, nproc = _resolve_backend(backend, nproc, gpus)
     if timeout is not None and (
         isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
@@ -204,6 +231,13 @@ def make_config(
         raise InvalidLaunchArguments(
             f"rdzv_timeout must be a positive number of seconds, got {rdzv_timeout!r}"
         )
+    if launcher not in LAUNCHERS:
+        raise InvalidLaunchArguments(f"launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+    if launcher == "python" and (nproc != 1 or nnodes != 1 or max_restarts):
+        raise InvalidLaunchArguments(
+            "launcher='python' runs one process without torchrun's agent: it needs nproc=1, nnodes=1 and "
+            f"max_restarts=0 (got nproc={nproc}, nnodes={nnodes}, max_restarts={max_restarts})"
+        )
     return LaunchConfig(
         script=script_path.resolve(),
         script_args=_check_script_args(script_args),
@@ -222,4 +256,5 @@ def make_config(
         rdzv_endpoint=rdzv_endpoint,
         rdzv_timeout=rdzv_timeout,
         extra_env=extra_env,
+        launcher=launcher,
     )

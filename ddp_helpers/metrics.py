@@ -10,9 +10,10 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
 
 METRICS_DIR = "metrics"
 SUMMARY_FILE = "summary.json"
@@ -93,6 +94,8 @@ class MetricsFollower:
 
 def read_metrics(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
     """All ranks' logged steps as one DataFrame, sorted by rank and step (empty if none)."""
+    import pandas as pd  # here, not at the top: workers import this module for MetricsWriter
+
     rows: list[dict[str, Any]] = []
     for path in sorted((Path(run_dir) / METRICS_DIR).glob("rank*.jsonl")):
         with open(path) as fh:
@@ -143,6 +146,8 @@ def results_table(runs: dict[str, Any], baseline: str) -> pd.DataFrame:
 
     Scaling efficiency = throughput_N / (N x throughput_1), with the baseline as throughput_1.
     """
+    import pandas as pd
+
     base = runs[baseline].summary["samples_per_s"]
     rows = {}
     for name, run in runs.items():

@@ -24,8 +24,9 @@ def _nvml_handles() -> list[Any]:
 class ResourceSampler:
     """Collects one row per rank (and per GPU) at each `sample()`."""
 
-    def __init__(self, tree: ProcessTree, gpus: bool) -> None:
+    def __init__(self, tree: ProcessTree, gpus: bool, root_is_worker: bool = False) -> None:
         self.tree = tree
+        self.root_is_worker = root_is_worker  # launched without an agent: the root is rank 0 itself
         self.rows: list[dict[str, Any]] = []
         self._ranks: dict[int, int | None] = {}  # pid -> global rank (None: not a worker)
         self.local_to_global: dict[int, int] = {}  # what the workers' environments say
@@ -33,11 +34,17 @@ class ResourceSampler:
         self._started = time.monotonic()
 
     def _rank_of(self, proc: psutil.Process) -> int | None:
-        # Ranks are the agent's direct children; their DataLoader workers are not counted apart.
+        # Ranks are the agent's direct children (or the root itself without an agent); their
+        # DataLoader workers are not counted apart.
         if proc.pid not in self._ranks:
             rank = None
             try:
-                if proc.ppid() == self.tree.root_pid:
+                is_worker = (
+                    proc.pid == self.tree.root_pid
+                    if self.root_is_worker
+                    else proc.ppid() == self.tree.root_pid
+                )
+                if is_worker:
                     env = proc.environ()
                     rank = int(env["RANK"]) if "RANK" in env else None
                     if rank is not None and "LOCAL_RANK" in env:
