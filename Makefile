@@ -6,16 +6,40 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 LAB_PORT ?= 8888
 
-.PHONY: venv lab test notebooks bench lint gpu-check clean
+COMPAT_VENV ?= .venv-compat
+COMPAT_PY := $(COMPAT_VENV)/bin/python
+COMPAT_STAMP := $(COMPAT_VENV)/.installed-stamp
+COMPAT_TORCH := constraints/torch-2.7.txt
+
+.PHONY: venv lab test test-compat test-browser notebooks bench lint gpu-check clean
 
 # Rebuilt when pyproject.toml changes, so `make test` always runs against the declared dependencies.
-$(STAMP): pyproject.toml
+# $(1): the venv's folder; $(2): extra pip arguments (a constraints file)
+define make_venv
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] < (3, 11))' || \
 		{ echo "Python 3.11 or newer is needed (found $$($(PYTHON) --version)); set PYTHON=..."; exit 1; }
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[lab,test]'
-	@touch $(STAMP)
+	@test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install --quiet --upgrade pip
+	$(1)/bin/python -m pip install --quiet $(2) -e '.[lab,test]'
+	@touch $(1)/.installed-stamp
+endef
+
+# $(1): the venv's python; $(2): a name for the report. pytest's exit 5 (no tests ran) is a failure.
+define run_pytest
+	@start=$$(date +%s); \
+	$(1) -c 'import torch, torchvision; print("$(2): torch", torch.__version__, "torchvision", torchvision.__version__)'; \
+	$(1) -m pytest -n 2; status=$$?; \
+	echo "$(2): $$(( $$(date +%s) - start ))s, pytest exit $$status"; \
+	if [ $$status -eq 5 ]; then echo "pytest ran no test: that is a failure"; exit 1; fi; \
+	exit $$status
+endef
+
+$(STAMP): pyproject.toml
+	$(call make_venv,$(VENV),)
+
+# A second venv with the seed container's torch 2.7.1 and torchvision 0.22.1.
+$(COMPAT_STAMP): pyproject.toml $(COMPAT_TORCH)
+	$(call make_venv,$(COMPAT_VENV),--constraint $(COMPAT_TORCH))
 
 venv: $(STAMP)
 
@@ -23,9 +47,19 @@ lab: venv
 	PATH="$(abspath $(VENV))/bin:$$PATH" LAB_PORT=$(LAB_PORT) bash scripts/lab.sh
 
 test: venv
+	$(call run_pytest,$(PY),make test)
+
+# Every test, notebooks included, against the oldest supported torch (the container's).
+test-compat: $(COMPAT_STAMP)
+	$(call run_pytest,$(COMPAT_PY),make test-compat)
+
+# JupyterLab in a real browser: Debian's Chromium (apt, when missing and possible) driven by Playwright.
+test-browser: venv
+	bash scripts/install_chromium.sh
+	$(PY) -m pip install --quiet -e '.[lab,test,browser]'
 	@start=$$(date +%s); \
-	$(PY) -m pytest -n 2; status=$$?; \
-	echo "make test: $$(( $$(date +%s) - start ))s, pytest exit $$status"; \
+	$(PY) -m pytest -m browser; status=$$?; \
+	echo "make test-browser: $$(( $$(date +%s) - start ))s, pytest exit $$status, screenshots in runs/screenshots/"; \
 	if [ $$status -eq 5 ]; then echo "pytest ran no test: that is a failure"; exit 1; fi; \
 	exit $$status
 
@@ -52,4 +86,4 @@ gpu-check:
 	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_PY) -m ddp_helpers.gpu_check
 
 clean:
-	rm -rf runs notebooks/runs .pytest_cache
+	rm -rf runs notebooks/runs .pytest_cache $(COMPAT_VENV)
