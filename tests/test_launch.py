@@ -244,4 +244,6 @@ def test_a_cxx_abort_reports_the_signal_and_its_reason(tmp_path):
             show_ranks="none",
         )
     first = str(info.value).splitlines()[0]
-    assert "killed by signal SIGABRT" in first and "mismatch" in first
+    # the reason is gloo's own words: "collective mismatch" on torch 2.14, an enforce on the
+    # message length ("op.preamble.length <= op.nbytes") on torch 2.7
+    assert re.search(r"killed by signal SIGABRT: .*(mismatch|nbytes)", first), first

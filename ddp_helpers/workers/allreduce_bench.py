@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from ddp_helpers import teardown
 from ddp_helpers.metrics import MetricsWriter
 
 
@@ -101,7 +102,4 @@ if __name__ == "__main__":
     try:
         main()
     finally:
-        # torn down only after @record has written this rank's error file: closing the group first
-        # would let the other ranks fail on the dead connection before the real error is on disk
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        teardown.destroy_process_group()  # after @record has written any error (see teardown.py)

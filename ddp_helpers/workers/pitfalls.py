@@ -20,6 +20,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
+from ddp_helpers import teardown
+
 # -----------------------------------------------------------------------------
 # the cases: each takes (rank, world_size, device, fix)
 
@@ -184,7 +186,4 @@ if __name__ == "__main__":
     try:
         main()
     finally:
-        # torn down only after @record has written this rank's error file: closing the group first
-        # would let the other ranks fail on the dead connection before the real error is on disk
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        teardown.destroy_process_group()  # after @record has written any error (see teardown.py)

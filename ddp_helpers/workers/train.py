@@ -22,6 +22,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Subset
 
+from ddp_helpers import teardown
 from ddp_helpers.checkpoint import capture_rng, load_latest, restore_rng, save_checkpoint
 from ddp_helpers.data import DATASETS, ResumableDistributedSampler, build_dataset
 from ddp_helpers.metrics import MetricsWriter
@@ -264,6 +265,9 @@ def run(args, ddp, backend, rank, local_rank, world_size, device, master_process
         print(f"{args.mode}: world_size={world_size} backend={backend} device={device} model={args.model} "
               f"dataset={info.name} batch={args.batch_size}/rank steps={total_steps}"
               + (f" (resuming at step {step})" if step else ""))  # fmt: skip
+    if ddp:  # every rank trains on a shard of its own, and says which
+        print(f"rank {rank} of {world_size} on {device}: {len(sampler)} of {len(info.dataset)} samples per epoch, "
+              f"{steps_per_epoch} steps")  # fmt: skip
 
     # ---- training loop
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
@@ -430,7 +434,4 @@ if __name__ == "__main__":
     try:
         main()
     finally:
-        # torn down only after @record has written this rank's error file: closing the group first
-        # would let the other ranks fail on the dead connection before the real error is on disk
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        teardown.destroy_process_group()  # after @record has written any error (see teardown.py)
