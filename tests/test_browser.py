@@ -90,8 +90,8 @@ def lab(tmp_path_factory):
         "JUPYTERLAB_SETTINGS_DIR": str(settings),
         "JUPYTERLAB_WORKSPACES_DIR": str(root / "workspaces"),
         "DDP_HELPERS_RUNS_DIR": str(served / "runs"),
-        "DDP_HELPERS_PROGRESS": "",
-    }  # fmt: skip  (empty: the kernel picks the widget, as in a real lab)
+        "DDP_HELPERS_PROGRESS": "",  # unset: the kernel picks the widget itself, as in a real lab
+    }
     lab = start(REPO / "scripts" / "lab.sh", root, port, log=root / "lab.log", **env)
     try:
         wait_for_contents(lab, port, TOKEN)
@@ -102,6 +102,8 @@ def lab(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def page(playwright_api, tmp_path_factory):
+    """One Chromium page for the module. Tests ask for it before `lab`, so that a missing browser
+    skips (or fails) before JupyterLab is started."""
     context = playwright_api.chromium.launch_persistent_context(
         str(tmp_path_factory.mktemp("chromium-profile")),  # a fresh user-data dir
         executable_path=str(CHROMIUM),
@@ -201,7 +203,7 @@ def shoot(page, index: int, name: str) -> None:
 # ------------------------------------------------------------------------------------------- tests
 
 
-def test_environment_check_renders_its_table_and_plot(lab, page):
+def test_environment_check_renders_its_table_and_plot(page, lab):
     base, _ = lab
     open_notebook(page, base, "00_environment_check.ipynb")
     run_all_cells(page)
@@ -215,7 +217,7 @@ def test_environment_check_renders_its_table_and_plot(lab, page):
     shoot(page, plot, "00-bandwidth-plot.png")
 
 
-def test_ddp_cell_streams_rank_lines_before_it_finishes(lab, page):
+def test_ddp_cell_streams_rank_lines_before_it_finishes(page, lab):
     base, _ = lab
     open_notebook(page, base, "01_single_vs_dataparallel_vs_ddp.ipynb")
     run_all_cells(page)
@@ -249,7 +251,7 @@ def test_ddp_cell_streams_rank_lines_before_it_finishes(lab, page):
     shoot(page, throughput, "01-throughput.png")
 
 
-def test_interrupt_button_stops_the_run_cleanly(lab, page):
+def test_interrupt_button_stops_the_run_cleanly(page, lab):
     base, served = lab
     open_notebook(page, base, "interrupt.ipynb")
     run_all_cells(page)
