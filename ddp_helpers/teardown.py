@@ -7,6 +7,10 @@ ranks fail on the dead connection before the real error is on disk.
 
 from __future__ import annotations
 
+import os
+import sys
+import traceback
+
 import torch
 import torch.distributed as dist
 
@@ -14,15 +18,34 @@ import torch.distributed as dist
 def gloo_destroy_can_hang(version: str = torch.__version__) -> bool:
     """torch 2.7's ProcessGroupGloo sometimes never returns from ``destroy_process_group()`` once a
     peer has exited, even after a barrier: seen here in about 1 run in 8 on torch 2.7.1 with two CPU
-    ranks, never on torch 2.14 (cf. pytorch/pytorch#75097). Exiting frees gloo's sockets anyway."""
+    ranks, never on torch 2.14 (cf. pytorch/pytorch#75097)."""
     major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
     return (major, minor) < (2, 8)
 
 
 def destroy_process_group() -> None:
-    """``dist.destroy_process_group()``, where it is safe; a no-op when no group was started."""
+    """``dist.destroy_process_group()``, where it is safe; a no-op when no group was started.
+
+    Where it can hang (gloo on torch 2.7), skipping it is not enough either: gloo's threads then abort
+    the interpreter at exit (SIGABRT) now and then. So the process leaves without finalization, with
+    the exit code Python would have given it, after printing the traceback of a failure itself.
+    """
     if not dist.is_initialized():
         return
-    if dist.get_backend() == "gloo" and gloo_destroy_can_hang():
+    if dist.get_backend() != "gloo" or not gloo_destroy_can_hang():
+        dist.destroy_process_group()
         return
-    dist.destroy_process_group()
+    error = sys.exc_info()[1]  # the exception on its way out of main(), if any
+    code = 0
+    if isinstance(error, SystemExit):
+        if isinstance(error.code, int):
+            code = error.code
+        elif error.code is not None:
+            print(error.code, file=sys.stderr)
+            code = 1
+    elif error is not None:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
