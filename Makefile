@@ -24,11 +24,12 @@ define make_venv
 	@touch $(1)/.installed-stamp
 endef
 
-# $(1): the venv's python; $(2): a name for the report. pytest's exit 5 (no tests ran) is a failure.
+# $(1): the venv's python; $(2): a name for the report; $(3): pytest's arguments.
+# pytest's exit 5 (no tests ran) is a failure.
 define run_pytest
 	@start=$$(date +%s); \
 	$(1) -c 'import torch, torchvision; print("$(2): torch", torch.__version__, "torchvision", torchvision.__version__)'; \
-	$(1) -m pytest -n 2; status=$$?; \
+	$(1) -m pytest $(3); status=$$?; \
 	echo "$(2): $$(( $$(date +%s) - start ))s, pytest exit $$status"; \
 	if [ $$status -eq 5 ]; then echo "pytest ran no test: that is a failure"; exit 1; fi; \
 	exit $$status
@@ -47,21 +48,17 @@ lab: venv
 	PATH="$(abspath $(VENV))/bin:$$PATH" LAB_PORT=$(LAB_PORT) bash scripts/lab.sh
 
 test: venv
-	$(call run_pytest,$(PY),make test)
+	$(call run_pytest,$(PY),make test,-n 2)
 
 # Every test, notebooks included, against the oldest supported torch (the container's).
 test-compat: $(COMPAT_STAMP)
-	$(call run_pytest,$(COMPAT_PY),make test-compat)
+	$(call run_pytest,$(COMPAT_PY),make test-compat,-n 2)
 
 # JupyterLab in a real browser: Debian's Chromium (apt, when missing and possible) driven by Playwright.
 test-browser: venv
 	bash scripts/install_chromium.sh
 	$(PY) -m pip install --quiet -e '.[lab,test,browser]'
-	@start=$$(date +%s); \
-	$(PY) -m pytest -m browser; status=$$?; \
-	echo "make test-browser: $$(( $$(date +%s) - start ))s, pytest exit $$status, screenshots in runs/screenshots/"; \
-	if [ $$status -eq 5 ]; then echo "pytest ran no test: that is a failure"; exit 1; fi; \
-	exit $$status
+	$(call run_pytest,$(PY),make test-browser (screenshots in runs/screenshots/),-m browser)
 
 # Every notebook at full size (smoke=False), outputs kept under runs/executed/.
 notebooks: venv

@@ -15,7 +15,9 @@ from pathlib import Path
 import nbformat
 import pytest
 from conftest import assert_no_processes_left
-from lab_server import REPO, free_port, start, stop, wait_for_contents
+from lab_server import REPO, start, stop, wait_for_contents
+
+from ddp_helpers.launch_config import free_port
 
 pytestmark = pytest.mark.browser
 

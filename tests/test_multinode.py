@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import threading
 
@@ -12,12 +11,7 @@ import yaml
 
 from ddp_helpers import LaunchFailed, launch
 from ddp_helpers.cluster_templates import pytorchjob_manifest, slurm_script, write_cluster_templates
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from ddp_helpers.launch_config import free_port
 
 
 def test_two_nodes_on_loopback_form_one_world(script, tmp_path):
