@@ -64,7 +64,7 @@ def lab(tmp_path_factory):
     root = tmp_path_factory.mktemp("browser")
     served = root / "notebooks"
     served.mkdir()
-    for name in ("00_environment_check.ipynb", "01_single_vs_dataparallel_vs_ddp.ipynb"):
+    for name in ("00_environment_check.ipynb", "02_single_vs_dataparallel_vs_ddp.ipynb"):
         _smoke_copy(REPO / "notebooks" / name, served / name)
     interrupt = nbformat.v4.new_notebook()
     interrupt.cells = [
@@ -221,7 +221,7 @@ def test_environment_check_renders_its_table_and_plot(page, lab):
 
 def test_ddp_cell_streams_rank_lines_before_it_finishes(page, lab):
     base, _ = lab
-    open_notebook(page, base, "01_single_vs_dataparallel_vs_ddp.ipynb")
+    open_notebook(page, base, "02_single_vs_dataparallel_vs_ddp.ipynb")
     run_all_cells(page)
     ddp = cell_with(cells(page), 'runs["ddp"] = launch(')
     live = False

@@ -64,7 +64,7 @@ def test_ddp_two_ranks_through_launch(tmp_path):
 
 
 def test_ddp_at_batch_b_equals_one_process_at_batch_n_times_b(tmp_path):
-    """The property notebook 01 shows: DDP is a bigger batch, up to float rounding."""
+    """The property notebook 02 shows: DDP is a bigger batch, up to float rounding."""
     common = [*TINY, "--steps", 8, "--deterministic", "--lr", 0.1]
     launch(
         TRAIN,

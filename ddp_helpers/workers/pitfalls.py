@@ -1,4 +1,4 @@
-"""The DDP pitfalls of notebook 04, each one small enough to read in a minute.
+"""The DDP pitfalls of notebook 05, each one small enough to read in a minute.
 
     torchrun --nproc-per-node 2 pitfalls.py --case hang            # goes wrong
     torchrun --nproc-per-node 2 pitfalls.py --case hang --fix      # goes right
