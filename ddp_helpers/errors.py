@@ -69,3 +69,17 @@ class LaunchFailed(LaunchError):
         self.returncode = returncode
         self.output = output
         super().__init__(message)
+
+
+class RankError(LaunchError):
+    """Code sent to live ranks (`start_ranks`, ``%%ranks``) raised on one or more ranks.
+
+    The first line names the first failing rank and its exception, for example
+    ``rank 1 failed: ZeroDivisionError: division by zero``; that rank's traceback follows. The
+    ranks are still alive, with their state.
+    """
+
+    def __init__(self, message: str, *, errors: dict[int, str]) -> None:
+        self.errors = errors  # rank -> that rank's formatted traceback
+        self.ranks = sorted(errors)
+        super().__init__(message)

@@ -1,0 +1,101 @@
+"""One place that chooses the backend and the device, for the launcher and for every worker.
+
+Worker side: imports torch only, never the launcher.
+
+    info = setup_distributed()        # under torchrun: set_device, init_process_group(device_id=...)
+    info.rank, info.local_rank, info.world_size, info.backend, info.device
+
+The rules, shared by `launch()` (which resolves "auto" before spawning) and the workers (which read
+the launcher's choice from ``DDP_BACKEND``, or resolve "auto" themselves under plain torchrun):
+- nccl with one CUDA device per process where GPUs exist, gloo on the CPU otherwise;
+- the device index is ``LOCAL_RANK``, never ``RANK``: on the second machine RANK starts at 8, and
+  ``cuda:8`` does not exist there.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+def resolve_backend(requested: str, gpus: int) -> tuple[str, str]:
+    """("nccl", "cuda") or ("gloo", "cpu") for `requested` ("auto", "gloo" or "nccl") and `gpus` visible.
+
+    Raises ValueError for an unknown backend, or for nccl without a GPU.
+    """
+    if requested not in BACKENDS:
+        raise ValueError(f"unknown backend {requested!r}; choose one of {', '.join(BACKENDS)}")
+    if requested == "auto":
+        requested = "nccl" if gpus > 0 else "gloo"
+    if requested == "nccl" and gpus == 0:
+        raise ValueError("backend 'nccl' needs CUDA GPUs and none are visible; use 'gloo' on the CPU")
+    return requested, ("cuda" if requested == "nccl" else "cpu")
+
+
+def worker_backend() -> tuple[str, str]:
+    """The backend and device type for this worker: the launcher's choice, else "auto"."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    backend = os.environ.get("DDP_BACKEND") or "auto"
+    return resolve_backend(backend, gpus)
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Who this process is in the job."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    backend: str  # "nccl", "gloo", or "none" for a plain one-process run
+    device: torch.device
+
+    @property
+    def distributed(self) -> bool:
+        return self.backend != "none"
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one process that prints summaries and saves files."""
+        return self.rank == 0
+
+
+def under_torchrun() -> bool:
+    return int(os.environ.get("RANK", -1)) != -1
+
+
+def setup_distributed(backend: str | None = None, timeout: timedelta | None = None) -> DistInfo:
+    """Join the process group torchrun set up, or describe a plain one-process run.
+
+    On GPUs the device is ``cuda:LOCAL_RANK``, set before ``init_process_group``, which gets it as
+    ``device_id`` so NCCL connects eagerly (and its watchdog exists before the first collective).
+    """
+    if not under_torchrun():
+        use_cuda = torch.cuda.is_available() and os.environ.get("DDP_DEVICE", "cuda") != "cpu"
+        device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
+        return DistInfo(0, 0, 1, 1, "none", device)
+    if backend is None:
+        backend, device_type = worker_backend()
+    else:
+        device_type = "cuda" if backend == "nccl" else "cpu"
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    if device_type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)  # before init: NCCL binds this process to its GPU
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        kwargs: dict = {"device_id": device} if device_type == "cuda" else {}
+        if timeout is not None:
+            kwargs["timeout"] = timeout
+        dist.init_process_group(backend=backend, **kwargs)
+    return DistInfo(rank, local_rank, world_size, local_world_size, backend, device)
