@@ -1,0 +1,72 @@
+"""Show the learner the code that runs, by function or class name rather than by text anchors.
+
+    show_source("train", "train_step")              # a bundled worker, by name
+    show_source(worker_path, "Trainer._run_batch")  # a file, a method by dotted name
+    show_source("ddp")                              # the whole file
+
+Names are found with `ast`, so an excerpt moves with its function when the file changes, and a
+name that no longer exists is an error rather than a silently wrong excerpt.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+from .workers import worker_path
+
+
+def _resolve(target: str | os.PathLike[str]) -> Path:
+    candidate = Path(target)
+    if candidate.suffix == ".py" and candidate.is_file():
+        return candidate
+    return worker_path(str(target))
+
+
+def _find(tree: ast.AST, dotted: str) -> ast.AST:
+    node: ast.AST = tree
+    for part in dotted.split("."):
+        children = [
+            child
+            for child in ast.iter_child_nodes(node)
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and child.name == part
+        ]
+        if not children:
+            raise LookupError(f"no function or class named {dotted!r} (missing: {part!r})")
+        node = children[0]
+    return node
+
+
+def source_of(target: str | os.PathLike[str], *names: str) -> str:
+    """The source of each named function or class in `target` (decorators included), or the whole file.
+
+    `target` is a bundled worker's name ("train") or a path to a ``.py`` file. Raises LookupError
+    for a name the file does not define.
+    """
+    path = _resolve(target)
+    text = path.read_text()
+    if not names:
+        return text
+    lines = text.splitlines()
+    tree = ast.parse(text, filename=str(path))
+    parts = []
+    for name in names:
+        node = _find(tree, name)
+        first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+        parts.append("\n".join(lines[first - 1 : node.end_lineno]))
+    return "\n\n".join(parts)
+
+
+def show_source(target: str | os.PathLike[str], *names: str) -> None:
+    """Display `source_of(target, *names)` with syntax highlighting in a notebook (printed elsewhere)."""
+    text = source_of(target, *names)
+    try:
+        from IPython import get_ipython
+        from IPython.display import Code, display
+    except ImportError:
+        get_ipython = None  # noqa: N806
+    if get_ipython is not None and get_ipython() is not None:
+        display(Code(text, language="python"))
+    else:
+        print(text)
