@@ -25,10 +25,14 @@ from torch.utils.data import DataLoader, Subset
 from ddp_helpers import teardown
 from ddp_helpers.checkpoint import capture_rng, load_latest, restore_rng, save_checkpoint
 from ddp_helpers.data import DATASETS, ResumableDistributedSampler, build_dataset
+from ddp_helpers.distributed import DistInfo, setup_distributed
 from ddp_helpers.metrics import MetricsWriter
 
 # -----------------------------------------------------------------------------
 # config
+
+# what --resume-ignore can leave out of a resume: each name drops that state and nothing else
+RESUME_PARTS = ("rng", "optimizer", "scheduler", "scaler")
 
 
 def parse_args(argv=None):
@@ -64,8 +68,8 @@ def parse_args(argv=None):
     p.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps (and at the end)")
     p.add_argument("--keep-checkpoints", type=int, default=3, help="how many recent checkpoints to keep")
     p.add_argument("--resume", action="store_true", help="continue from the latest good checkpoint, if any")
-    p.add_argument("--resume-ignore", nargs="*", choices=["rng", "optimizer"], default=[],
-                   help="teaching aid: resume without these parts, to watch the run drift")  # fmt: skip
+    p.add_argument("--resume-ignore", nargs="*", choices=RESUME_PARTS, default=[],
+                   help="teaching aid: resume without these parts (each names exactly one), to watch the run drift")  # fmt: skip
     p.add_argument("--stop-at-step", type=int, default=None, help="stop after this step, as if interrupted")
     p.add_argument("--fail-at-step", type=int, default=None, help="fault injection: raise at this step...")
     p.add_argument("--fail-rank", type=int, default=0, help="...on this rank (first attempt only)")
@@ -84,8 +88,8 @@ def parse_args(argv=None):
         )
     if args.resume and not args.checkpoint_dir:
         p.error("--resume needs --checkpoint-dir")
-    for name in ("batch_size", "epochs", "log_every", "save_every", "keep_checkpoints"):
-        if getattr(args, name) < 1:
+    for name in ("batch_size", "epochs", "log_every", "save_every", "keep_checkpoints", "steps", "stop_at_step"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     return args
 
@@ -170,23 +174,15 @@ def main():
     # ---- process group: one process per device under torchrun
     ddp = args.mode == "ddp"
     if ddp:
-        # nccl for GPUs, gloo for CPUs; the launcher says which through DDP_BACKEND
-        backend = os.environ.get("DDP_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
-        rank, local_rank, world_size = (
-            int(os.environ["RANK"]),
-            int(os.environ["LOCAL_RANK"]),
-            int(os.environ["WORLD_SIZE"]),
-        )
-        if backend == "nccl":
-            device = torch.device("cuda", local_rank)
-            torch.cuda.set_device(device)  # before init: NCCL binds this process to its GPU
-        else:
-            device = torch.device("cpu")
-        dist.init_process_group(backend=backend, device_id=device if backend == "nccl" else None)
+        # nccl for GPUs, gloo for CPUs (the launcher says which through DDP_BACKEND); the
+        # device comes from LOCAL_RANK, and init_process_group gets it as device_id on GPUs
+        info = setup_distributed()
     else:
-        backend, rank, local_rank, world_size = "none", 0, 0, 1
         use_cuda = torch.cuda.is_available() and os.environ.get("DDP_DEVICE", "cuda") != "cpu"
-        device = torch.device("cuda" if use_cuda else "cpu")
+        info = DistInfo(0, 0, 1, 1, "none", torch.device("cuda" if use_cuda else "cpu"))
+    backend, rank, local_rank, world_size, device = (
+        info.backend, info.rank, info.local_rank, info.world_size, info.device
+    )  # fmt: skip
     master_process = rank == 0  # prints, plans and summaries come from rank 0 only
 
     run(args, ddp, backend, rank, local_rank, world_size, device, master_process, t_start)
@@ -215,7 +211,7 @@ def run(args, ddp, backend, rank, local_rank, world_size, device, master_process
         info.dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True,
         num_workers=args.num_workers, persistent_workers=args.num_workers > 0,
         pin_memory=device.type == "cuda",  # page-locked host memory makes non_blocking copies real
-        generator=torch.Generator().manual_seed(args.seed),  # its own RNG: the global one stays the model's
+        generator=torch.Generator().manual_seed(args.seed + rank),  # worker seeds: per rank, apart from the model's
     )  # fmt: skip
     steps_per_epoch = len(loader)
     if steps_per_epoch == 0:
@@ -238,6 +234,10 @@ def run(args, ddp, backend, rank, local_rank, world_size, device, master_process
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp)
     # fp16 has a narrow range: scale the loss so small gradients do not flush to zero
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
+
+    # the same seed built the same weights on every rank; from here on each rank draws its own
+    # dropout masks (and its DataLoader workers their own augmentations): seed + rank
+    torch.manual_seed(args.seed + rank)
 
     # ---- resume before wrapping: DDP then broadcasts the restored weights from rank 0
     step, epoch, batch_in_epoch = 0, 0, 0
@@ -335,9 +335,8 @@ def run(args, ddp, backend, rank, local_rank, world_size, device, master_process
     # ---- results
     final_loss = loss.detach().float().clone()
     if ddp:
-        dist.all_reduce(final_loss, op=dist.ReduceOp.AVG if backend == "nccl" else dist.ReduceOp.SUM)
-        if backend != "nccl":
-            final_loss /= world_size  # gloo has no AVG
+        dist.all_reduce(final_loss, op=dist.ReduceOp.SUM)  # SUM then divide: every backend has SUM
+        final_loss /= world_size
     accuracy, eval_samples = None, 0
     if args.eval:
         test = build_dataset(args.dataset, num_samples=max(256, args.num_samples // 4), image_size=args.image_size,
@@ -410,13 +409,20 @@ def resume(args, model, optimizer, scheduler, scaler, rank, world_size, device, 
             print(f"no checkpoint in {args.checkpoint_dir}: starting from scratch")
         return 0, 0, 0
     model.load_state_dict(ckpt["model"])
-    if "optimizer" not in args.resume_ignore:
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
-        scaler.load_state_dict(ckpt["scaler"])
+    for part, target in (("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler)):
+        if part not in args.resume_ignore:
+            target.load_state_dict(ckpt[part])
+    if "optimizer" in args.resume_ignore and "scheduler" not in args.resume_ignore:
+        # the current lr lives in the optimizer's state: put the schedule's back, so that only
+        # the momentum buffers are lost
+        for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr(), strict=True):
+            group["lr"] = lr
     if "rng" not in args.resume_ignore:
         states = ckpt["rng"]
-        restore_rng(states[rank] if len(states) == world_size else states[0])
+        if len(states) == world_size:
+            restore_rng(states[rank])
+        elif rank == 0:  # another world size: each rank keeps its fresh seed + rank generator
+            print(f"the checkpoint holds {len(states)} RNG states for {world_size} ranks: not restoring them")
     step, epoch, batch_in_epoch = ckpt["step"], ckpt["epoch"], ckpt["batch_in_epoch"]
     if ckpt["world_size"] != world_size:
         # the world changed size: keep the position in samples, not in per-rank batches
