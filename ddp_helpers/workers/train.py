@@ -264,11 +264,10 @@ def wrap(args: argparse.Namespace, world: DistInfo, training: Training) -> None:
 
 def train_step(training: Training, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """One optimizer step on one batch; returns the loss (on the device, not synchronised)."""
-    x = x.to(training.device, non_blocking=True, memory_format=training.memory_format)
-    y = y.to(training.device, non_blocking=True)
-    with torch.autocast(
-        training.device.type, dtype=training.amp_dtype, enabled=training.amp_dtype is not None
-    ):
+    device, amp_dtype = training.device, training.amp_dtype
+    x = x.to(device, non_blocking=True, memory_format=training.memory_format)
+    y = y.to(device, non_blocking=True)
+    with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
         loss = F.cross_entropy(training.model(x), y)
     training.optimizer.zero_grad(set_to_none=True)
     training.scaler.scale(loss).backward()  # DDP all-reduces gradient buckets during backward
@@ -286,9 +285,8 @@ def train(args: argparse.Namespace, world: DistInfo, data: Data, training: Train
     training.model.train()
     while pos.step < reporter.last_step:
         data.sampler.set_epoch(pos.epoch)  # a new shuffle each epoch, the same one on every rank
-        data.sampler.start_at(
-            pos.batch_in_epoch * args.batch_size
-        )  # after a mid-epoch resume: the next batch
+        # after a mid-epoch resume, the epoch starts at the very next batch
+        data.sampler.start_at(pos.batch_in_epoch * args.batch_size)
         for x, y in data.loader:
             loss = train_step(training, x, y)
             pos.step += 1
