@@ -197,13 +197,13 @@ def make_batches(
     return batches
 
 
-def wrap(variant: str, model: nn.Module, bucket_cap_mb: float, device) -> nn.Module:
+def wrap(variant: str, model: nn.Module, bucket_cap_mb: float | None, device) -> nn.Module:
+    """`model` inside DDP or a hand-made version; a cap of None means DDP's default (25 MiB for ours)."""
     if variant == "ddp":
-        return DDP(
-            model, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=bucket_cap_mb
-        )
+        options = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+        return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **options)
     if variant == "bucketed":
-        return BucketedDDP(model, bucket_cap_mb)
+        return BucketedDDP(model, 25.0 if bucket_cap_mb is None else bucket_cap_mb)
     return {"naive": NaiveDDP, "flat": FlatDDP, "overlap": OverlapDDP}[variant](model)
 
 
@@ -267,7 +267,7 @@ def parse_args():
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the median")
-    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="for bucketed and ddp")
+    p.add_argument("--bucket-cap-mb", type=float, default=None, help="bucketed and ddp; default: DDP's")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rtol", type=float, default=1e-4, help="tolerance of the weight check")

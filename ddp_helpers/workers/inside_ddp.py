@@ -67,7 +67,10 @@ HOOKS = {
 # ---------------------------------------------------------------------------- training
 
 
-def make_ddp(args, info, **ddp_options) -> DDP:
+def make_ddp(args, info, cap_mb: float | None = None, **ddp_options) -> DDP:
+    """DDP around the seeded model; `cap_mb` None keeps DDP's default buckets (with its small first one)."""
+    if cap_mb is not None:
+        ddp_options["bucket_cap_mb"] = cap_mb
     torch.manual_seed(args.seed)  # the same initial weights in every experiment
     model = build_model(args.model, args.width, args.depth).to(info.device)
     device_ids = [info.device.index] if info.device.type == "cuda" else None
@@ -120,7 +123,7 @@ def ddp_logging(model: DDP) -> dict:
 
 def experiment_profile(args, info, batches) -> dict:
     """Warm up (DDP rebuilds its buckets after the first step), then profile a few steps."""
-    model = make_ddp(args, info, bucket_cap_mb=args.bucket_cap_mb)
+    model = make_ddp(args, info, args.bucket_cap_mb)
     if hasattr(model, "_set_ddp_runtime_logging_sample_rate"):
         model._set_ddp_runtime_logging_sample_rate(1)  # DDP's own timers, every step
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
@@ -141,7 +144,7 @@ def experiment_profile(args, info, batches) -> dict:
 
 def bucket_layout(args, info, cap_mb, batches) -> list[dict]:
     """The buckets DDP reduces once it has rebuilt them (from the second step on), seen by our hook."""
-    model = make_ddp(args, info, **({} if cap_mb is None else {"bucket_cap_mb": cap_mb}))
+    model = make_ddp(args, info, cap_mb)
     log: list[dict] = []
     model.register_comm_hook(log, record_buckets_hook)
     for inputs, targets in batches[:2]:
@@ -153,7 +156,7 @@ def bucket_layout(args, info, cap_mb, batches) -> list[dict]:
 def experiment_buckets(args, info, batches) -> dict:
     rows = []
     for cap in [None, *args.bucket_caps]:  # None: DDP's default, first bucket included
-        model = make_ddp(args, info, **({} if cap is None else {"bucket_cap_mb": cap}))
+        model = make_ddp(args, info, cap)
         step_time, _ = train(model, batches, args, info)
         layout = bucket_layout(args, info, cap, batches)
         rows.append({"bucket_cap_mb": "default" if cap is None else cap, "step_time_s": step_time,
@@ -181,7 +184,7 @@ def experiment_no_sync(args, info, batches) -> dict:
     groups = [group for group in groups if len(group) == args.accumulate]
     results, weights = {}, {}
     for use_no_sync in (False, True):
-        model = make_ddp(args, info, bucket_cap_mb=args.bucket_cap_mb)
+        model = make_ddp(args, info, args.bucket_cap_mb)
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
         times = []
         for group in groups[:-1]:
@@ -208,7 +211,7 @@ def experiment_no_sync(args, info, batches) -> dict:
 def experiment_hooks(args, info, batches) -> dict:
     results = {}
     for name in args.hooks:
-        model = make_ddp(args, info, bucket_cap_mb=args.bucket_cap_mb)
+        model = make_ddp(args, info, args.bucket_cap_mb)
         log: list[dict] = []
         if HOOKS[name] is not None:
             model.register_comm_hook(log if name == "record" else None, HOOKS[name])
@@ -247,7 +250,7 @@ def gradient_memory(model: DDP, bucket_bytes: int) -> dict:
 def experiment_options(args, info, batches) -> dict:
     results = {}
     for name, options in OPTIONS.items():
-        model = make_ddp(args, info, bucket_cap_mb=args.bucket_cap_mb, **options)
+        model = make_ddp(args, info, args.bucket_cap_mb, **options)
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
         if info.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(info.device)
@@ -278,7 +281,7 @@ def parse_args():
     p.add_argument("--steps", type=int, default=10, help="training steps per measured configuration")
     p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the median")
     p.add_argument("--profile-steps", type=int, default=3)
-    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="for every experiment but buckets")
+    p.add_argument("--bucket-cap-mb", type=float, default=None, help="all but buckets; default: DDP's")
     p.add_argument("--bucket-caps", default="1,5,25,100", help="the bucket_cap_mb values to sweep")
     p.add_argument("--accumulate", type=int, default=4, help="micro-batches per optimizer step (no_sync)")
     p.add_argument("--hooks", default=",".join(HOOKS), help=f"comma-separated: {', '.join(HOOKS)}")
