@@ -136,11 +136,16 @@ def read_trace(path: str | os.PathLike[str], rank: int | None = None) -> Timelin
         busy = [span(e) for e in ops if not _NOT_COMPUTE.search(e["name"])]
         bookkeeping = [span(e) for e in ops if _NOT_COMPUTE.search(e["name"])]
         compute = subtract(busy, bookkeeping)
+    # record_function ranges appear on the GPU's time line too: there they line up with the kernels
+    annotations = [
+        e for e in events if e.get("cat") == ("gpu_user_annotation" if on_gpu else "user_annotation")
+    ]
+    annotations = annotations or events
     return Timeline(
         rank=rank,
         device="cuda" if on_gpu else "cpu",
         steps=union([span(e) for e in steps]),
-        phases={name: union([span(e) for e in events if e["name"] == name]) for name in PHASES},
+        phases={name: union([span(e) for e in annotations if e["name"] == name]) for name in PHASES},
         compute=union(compute),
         allreduce=union(comm),
     )
