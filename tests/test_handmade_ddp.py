@@ -105,3 +105,23 @@ def test_read_trace_on_a_gloo_shaped_trace(tmp_path):
     assert t.overlap_fraction == pytest.approx(0.25)
     fig = timeline.plot_timelines([t])
     assert len(fig.axes) == 1
+
+
+def test_read_trace_on_a_gpu_shaped_trace(tmp_path):
+    # kernels decide on GPUs: a matmul kernel 100-400 us, an nccl all-reduce kernel 300-600 us on another
+    # stream; the CPU-side ranges are earlier (launch latency) and do not count
+    events = [
+        _event("step 0", 0, 1000, cat="user_annotation"),
+        _event("backward", 50, 300, cat="user_annotation"),
+        _event("backward", 100, 400, tid=7, cat="gpu_user_annotation"),
+        _event("aten::mm", 60, 20),
+        _event("sm90_xmma_gemm_f32f32", 100, 300, tid=7, cat="kernel"),
+        _event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 300, 300, tid=8, cat="kernel"),
+    ]
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps({"traceEvents": events, "distributedInfo": {"rank": 0}}))
+    t = timeline.read_trace(path)
+    assert t.device == "cuda"
+    assert t.compute == [(0.1, 0.4)] and t.allreduce == [(0.3, 0.6)]
+    assert t.phases["backward"] == [(0.1, 0.5)]
+    assert t.overlap_fraction == pytest.approx(1 / 3)
