@@ -153,7 +153,7 @@ class BucketedDDP(nn.Module):
     def _on_grad_ready(self, param: torch.Tensor) -> None:
         index = self.bucket_of[param]
         self.pending[index] -= 1
-        if self.pending[index] == 0:  # the bucket is full: send it
+        if self.pending[index] == 0:  # every gradient in the bucket is ready: send it
             grads = [p.grad for p in self.buckets[index]]
             flat = _flatten_dense_tensors(grads).div_(dist.get_world_size())
             self.in_flight.append((dist.all_reduce(flat, async_op=True), flat, grads))
