@@ -32,6 +32,21 @@ EXCERPTS: dict[tuple[str, str | None], str] = {
     ("train", "save"): "barrier",
     ("train", "resume"): "load_latest(",
     ("train", "main"): "setup(",
+    # notebook 07
+    ("handmade_ddp", "broadcast_from_rank0"): "dist.broadcast(",
+    ("handmade_ddp", "NaiveDDP"): "dist.all_reduce(",
+    ("handmade_ddp", "FlatDDP"): "dist.all_reduce(",
+    ("handmade_ddp", "OverlapDDP"): "register_post_accumulate_grad_hook",
+    ("handmade_ddp", "BucketedDDP"): "bucket_cap_mb",
+    ("handmade_ddp", "train_variant"): "finish_gradient_synchronization()",
+    ("inside_ddp", "train_step"): "backward()",
+    ("inside_ddp", "experiment_profile"): "profile",
+    ("inside_ddp", "bucket_layout"): "register_comm_hook",
+    ("inside_ddp", "experiment_buckets"): "bucket_cap_mb",
+    ("inside_ddp", "accumulate"): "no_sync()",
+    ("inside_ddp", "record_buckets_hook"): "dist.all_reduce(",
+    ("inside_ddp", "gradient_memory"): "untyped_storage()",
+    ("inside_ddp", "experiment_options"): "gradient_memory(",
 }
 
 
@@ -52,16 +67,22 @@ def excerpts_shown(notebook: Path) -> list[tuple[str | None, str | None, str]]:
         if cell.cell_type != "code" or cell.source.lstrip().startswith("%%"):
             continue  # a cell magic's body runs elsewhere (on the ranks, under torchrun)
         trees.append(ast.parse(TransformerManager().transform_cell(cell.source)))
-    # variables bound to a worker, e.g. `train = write_worker("train", ...)` or `worker_path("ddp")`
+    # variables bound to a worker, e.g. `train = write_worker("train", ...)`, or
+    # `a, b = worker_path("x"), worker_path("y")`
     assignments: dict[str, str] = {}
     for tree in trees:
         for node in ast.walk(tree):
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and node.value.args:
-                first = node.value.args[0]
-                if isinstance(first, ast.Constant) and isinstance(first.value, str):
-                    for target in node.targets:
-                        if isinstance(target, ast.Name):
-                            assignments[target.id] = Path(first.value).stem
+            if not isinstance(node, ast.Assign):
+                continue
+            for target in node.targets:
+                pairs = [(target, node.value)]
+                if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
+                    pairs = list(zip(target.elts, node.value.elts, strict=False))
+                for name, value in pairs:
+                    if isinstance(name, ast.Name) and isinstance(value, ast.Call) and value.args:
+                        first = value.args[0]
+                        if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                            assignments[name.id] = Path(first.value).stem
     found = []
     for tree in trees:
         for node in ast.walk(tree):
@@ -107,7 +128,10 @@ def test_the_finder_reads_variables_and_skips_cell_magics(tmp_path):
     nb = nbformat.v4.new_notebook()
     nb.cells = [
         nbformat.v4.new_code_cell('%load_ext ddp_helpers\ntrain = ddp_helpers.write_worker("train", "runs")'),
-        nbformat.v4.new_code_cell('show_source(train, "train_step", "wrap")\nshow_source("ddp")'),
+        nbformat.v4.new_code_cell('a, b = worker_path("inside_ddp"), worker_path("handmade_ddp")'),
+        nbformat.v4.new_code_cell(
+            'show_source(train, "train_step", "wrap")\nshow_source("ddp")\nshow_source(b, "x")'
+        ),
         nbformat.v4.new_code_cell('%%ranks\nshow_source("nope", "x")'),
     ]
     path = tmp_path / "07_example.ipynb"
@@ -116,4 +140,5 @@ def test_the_finder_reads_variables_and_skips_cell_magics(tmp_path):
         ("train", "train_step"),
         ("train", "wrap"),
         ("ddp", None),
+        ("handmade_ddp", "x"),
     ]
