@@ -69,7 +69,7 @@ class KernelWatch:
         self.deadline, self.gpus, self.poll_s = deadline, gpus, poll_s
         self.interrupted = False
         self.kernel_pids: set[int] = set()
-        self.gpu_pids_seen: set[int] = set()  # every process seen with a CUDA context
+        self.gpu_pids_seen: set[int] = set()  # this run's processes (ranks, kernel) seen with a CUDA context
         self.kernel_with_cuda: set[int] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -86,29 +86,32 @@ class KernelWatch:
         if not self.gpus:
             cuda = "not checked: no GPU"
         elif not self.gpu_pids_seen:
+            # the ranks hold contexts: if none of them was ever listed, the list cannot be read from here
             cuda = (
-                "unknown: no process with a CUDA context was ever listed (NVML gives no process list here?)"
+                "unknown: none of this run's processes was listed on the GPU (no process list, or other pids)"
             )
         else:
             cuda = bool(self.kernel_with_cuda)
         return {"kernel_cuda_context": cuda, "gpu_processes_seen": len(self.gpu_pids_seen)}
 
-    def _kernels(self) -> set[int]:
+    def _processes(self) -> tuple[set[int], set[int]]:
+        """(kernel pids, every pid below this process): the ranks, in sessions of their own, stay below."""
         import psutil
 
-        found = set()
+        kernels, everyone = set(), set()
         for child in psutil.Process().children(recursive=True):
+            everyone.add(child.pid)
             try:
                 if any("ipykernel" in part for part in child.cmdline()):
-                    found.add(child.pid)
+                    kernels.add(child.pid)
             except psutil.Error:
                 continue
-        return found
+        return kernels, everyone
 
     def _run(self) -> None:
         last_interrupt = 0.0
         while not self._stop.wait(self.poll_s):
-            kernels = self._kernels()
+            kernels, everyone = self._processes()
             self.kernel_pids |= kernels
             now = time.time()
             if now > self.deadline and kernels and now - last_interrupt > 10:
@@ -118,7 +121,7 @@ class KernelWatch:
             if self.gpus:
                 with_cuda = gpu_process_ids()
                 if with_cuda is not None:
-                    self.gpu_pids_seen |= with_cuda
+                    self.gpu_pids_seen |= everyone & with_cuda
                     self.kernel_with_cuda |= kernels & with_cuda
 
 

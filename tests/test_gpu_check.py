@@ -11,7 +11,7 @@ import nbformat
 import pytest
 import torch
 
-from ddp_helpers.gpu_check import NO_GPU_EXIT
+from ddp_helpers.gpu_check import NO_GPU_EXIT, KernelWatch
 
 
 def _gpu_check(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -70,3 +70,13 @@ def test_a_notebook_still_running_at_the_deadline_is_interrupted(tmp_path):
 def test_unknown_parts_are_refused(tmp_path):
     proc = _gpu_check("--cpu-smoke", "--parts", "checks,bogus", "--out", str(tmp_path), timeout=60)
     assert proc.returncode == 2 and "unknown parts: bogus" in proc.stderr
+
+
+def test_kernel_watch_says_unknown_unless_the_gpu_lists_this_runs_processes():
+    watch = KernelWatch(deadline=0, gpus=True)
+    assert watch.result()["kernel_cuda_context"].startswith("unknown")  # nothing listed: cannot tell
+    watch.gpu_pids_seen = {101}  # a rank was listed, the kernel was not
+    assert watch.result()["kernel_cuda_context"] is False
+    watch.kernel_with_cuda = {100}
+    assert watch.result() == {"kernel_cuda_context": True, "gpu_processes_seen": 1}
+    assert KernelWatch(deadline=0, gpus=False).result()["kernel_cuda_context"] == "not checked: no GPU"
