@@ -151,6 +151,16 @@ def gpu_process_ids() -> set[int] | None:
     return {int(line) for line in proc.stdout.split() if line.strip().isdigit()}
 
 
+def _first_line(err: Exception) -> str:
+    """The cell's exception, as "Type: first line" (papermill's own message ends with a log path)."""
+    name, value = getattr(err, "ename", None), getattr(err, "evalue", None)  # PapermillExecutionError
+    if name:
+        cell = getattr(err, "exec_count", None)
+        return f"{name}: {(value or '').strip().splitlines()[0] if (value or '').strip() else ''} (cell [{cell}])"
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+
+
 def run_notebook(
     notebook: Path, mode: str, work: Path, deadline: float, gpus: bool, parameters: dict[str, Any]
 ) -> dict[str, Any]:
@@ -174,7 +184,7 @@ def run_notebook(
             status, error = "ok", None
         except Exception as err:  # a failing notebook is a finding, not the end of the check
             status = "stopped: time budget" if watch.interrupted else "failed"
-            error = f"{type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''}"
+            error = _first_line(err)
     return {
         **row,
         "status": status,
