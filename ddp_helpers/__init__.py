@@ -4,15 +4,53 @@ The public API:
     launch(script, *args, nproc=..., ...) -> LaunchResult
     write_worker(name_or_path, run_dir=...) -> Path
     %load_ext ddp_helpers, then %%torchrun --nproc 2
+
+Names load on first use (PEP 562): a worker that imports ``ddp_helpers.teardown`` or the metrics
+writer must not pay for the launcher, psutil, tqdm or pandas.
 """
 
-from .errors import InvalidLaunchArguments, LaunchError, LaunchFailed, LaunchTimeout, WorkerFailed
-from .launch import LaunchInterrupted, LaunchResult, launch
-from .metrics import read_metrics, read_summary
-from .worker_files import write_worker
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .errors import (
+    InvalidLaunchArguments,
+    LaunchError,
+    LaunchFailed,
+    LaunchInterrupted,
+    LaunchTimeout,
+    RankError,
+    WorkerFailed,
+)
+
+_LAZY = {
+    "LaunchResult": ".launch",
+    "launch": ".launch",
+    "read_metrics": ".metrics",
+    "read_summary": ".metrics",
+    "write_worker": ".worker_files",
+}
+
+if TYPE_CHECKING:
+    from .launch import LaunchResult, launch
+    from .metrics import read_metrics, read_summary
+    from .worker_files import write_worker
 
 
-def load_ipython_extension(ipython):  # %load_ext ddp_helpers
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value  # once loaded, a plain attribute
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+def load_ipython_extension(ipython: Any) -> None:  # %load_ext ddp_helpers
     from .magics import load_ipython_extension as load
 
     load(ipython)
@@ -25,6 +63,7 @@ __all__ = [
     "LaunchInterrupted",
     "LaunchResult",
     "LaunchTimeout",
+    "RankError",
     "WorkerFailed",
     "launch",
     "read_metrics",
