@@ -12,6 +12,8 @@ writer must not pay for the launcher, psutil, tqdm or pandas.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
@@ -44,6 +46,18 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value  # once loaded, a plain attribute
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class _Package(types.ModuleType):
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Importing the submodule ddp_helpers.launch sets the package's `launch` to that module
+        # (the import system does so once the submodule has run): keep the function there instead.
+        if name == "launch" and isinstance(value, types.ModuleType):
+            value = value.launch
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __dir__() -> list[str]:

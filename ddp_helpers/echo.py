@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TextIO
 
 _WRITE_LOCK = threading.Lock()
 # What one cell can take: Jupyter's default IOPub limits are 1000 messages/s and 1 MB/s.

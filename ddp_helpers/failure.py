@@ -211,5 +211,10 @@ def diagnose(
         said = stderr_tail[-1].strip() if stderr_tail else ""
         error = f"exited with code {exitcode}" + (f": {said}" if said else " and left no traceback")
     return Diagnosis(
-        rank, exitcode, error, report.traceback, _hint(error, exitcode, cuda_available), "\n".join(stderr_tail)
+        rank,
+        exitcode,
+        error,
+        report.traceback,
+        _hint(error, exitcode, cuda_available),
+        "\n".join(stderr_tail),
     )

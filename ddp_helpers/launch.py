@@ -141,14 +141,20 @@ class _Run:
             self.on_metrics(records)
         attempts = self.tail.attempts()
         if attempts > max(self.attempts_seen, 1):
-            self.echo.note(f"[torchrun] restart {attempts - 1} of {self.config.max_restarts}: workers restarted")
+            self.echo.note(
+                f"[torchrun] restart {attempts - 1} of {self.config.max_restarts}: workers restarted"
+            )
         self.attempts_seen = max(self.attempts_seen, attempts)
         self.echo.tick()
 
     def note_waiting_for_nodes(self) -> None:
         """Across nodes, until this node's workers start: say that the rendezvous is waiting, and how long."""
         now = time.monotonic()
-        if self.config.nnodes == 1 or self.tail.started() or now - self.last_waiting_note < WAITING_NOTE_EVERY_S:
+        if (
+            self.config.nnodes == 1
+            or self.tail.started()
+            or now - self.last_waiting_note < WAITING_NOTE_EVERY_S
+        ):
             return
         self.last_waiting_note = now
         self.echo.note(
@@ -240,7 +246,9 @@ class _Run:
         )
 
 
-def launch(script: str | os.PathLike[str], *script_args: str | int | float | os.PathLike[str], **options: Any) -> LaunchResult:
+def launch(
+    script: str | os.PathLike[str], *script_args: str | int | float | os.PathLike[str], **options: Any
+) -> LaunchResult:
     """Run `script` under torchrun (``torch.distributed.run``) and stream every rank's output live.
 
     Options (keywords; each default is `LaunchConfig`'s):

@@ -207,7 +207,9 @@ class LaunchConfig:
         self.script = script.resolve()
         self.script_args = _check_script_args(self.script_args)
         if self.launcher not in LAUNCHERS:
-            raise InvalidLaunchArguments(f"launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}")
+            raise InvalidLaunchArguments(
+                f"launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}"
+            )
         if self.progress not in PROGRESS_CHOICES:
             raise InvalidLaunchArguments(
                 f"progress must be one of {', '.join(PROGRESS_CHOICES)}, got {self.progress!r}"
@@ -318,12 +320,18 @@ class LaunchConfig:
         return env
 
 
-OPTION_NAMES = tuple(f.name for f in fields(LaunchConfig) if f.init and f.name not in ("script", "script_args"))
+OPTION_NAMES = tuple(
+    f.name for f in fields(LaunchConfig) if f.init and f.name not in ("script", "script_args")
+)
 
 
-def make_config(script: str | os.PathLike[str], script_args: Iterable[object] = (), **options: Any) -> LaunchConfig:
+def make_config(
+    script: str | os.PathLike[str], script_args: Iterable[object] = (), **options: Any
+) -> LaunchConfig:
     """A `LaunchConfig` from `launch()`'s arguments. Raises `InvalidLaunchArguments` saying what to change."""
     unknown = sorted(set(options) - set(OPTION_NAMES))
     if unknown:
-        raise InvalidLaunchArguments(f"unknown option(s) {unknown}; the options are {', '.join(OPTION_NAMES)}")
+        raise InvalidLaunchArguments(
+            f"unknown option(s) {unknown}; the options are {', '.join(OPTION_NAMES)}"
+        )
     return LaunchConfig(Path(script), list(script_args), **options)

@@ -55,8 +55,11 @@ class ResourceSampler:
                 )
                 if is_worker:
                     env = proc.environ()
-                    rank = int(env["RANK"]) if "RANK" in env else None
-                    if rank is not None and "LOCAL_RANK" in env:
+                    if "RANK" not in env:
+                        # forked but not yet exec'd: the agent's environment shows. Ask again later.
+                        return None
+                    rank = int(env["RANK"])
+                    if "LOCAL_RANK" in env:
                         self.local_to_global[int(env["LOCAL_RANK"])] = rank
                     proc.cpu_percent(None)  # the first call only primes the counter
             except (psutil.Error, OSError, ValueError):

@@ -114,7 +114,10 @@ def test_torch_27_report_with_an_error_file_from_record(tmp_path, prefixed):
     stderr = PREFIXED_TRACEBACK if prefixed else strip_rank_prefix(PREFIXED_TRACEBACK)
     tail = make_logs(
         tmp_path,
-        {(1, "error.json"): error_file("ZeroDivisionError: division by zero", stack), (1, "stderr.log"): stderr},
+        {
+            (1, "error.json"): error_file("ZeroDivisionError: division by zero", stack),
+            (1, "stderr.log"): stderr,
+        },
     )
     report = REPORT_27.format(
         rank=1, local=1, exitcode=1, error_file=tail.rank_file(1, "error.json"), traceback="Traceback ..."

@@ -104,7 +104,9 @@ def test_hang_is_killed_after_the_timeout_and_names_silent_ranks(script, tmp_pat
     started = time.monotonic()
     with pytest.raises(LaunchTimeout) as info:
         # a short timeout once the ranks speak; start-up (importing torch on a busy machine) gets its own
-        launch(script("hang.py"), nproc=2, run_dir=tmp_path / "run", timeout=4, startup_timeout=120, grace_s=2)
+        launch(
+            script("hang.py"), nproc=2, run_dir=tmp_path / "run", timeout=4, startup_timeout=120, grace_s=2
+        )
     message = str(info.value)
     assert message.startswith("the run hung")
     assert info.value.silent_ranks == [0, 1]
@@ -231,7 +233,9 @@ def test_a_reused_run_dir_reports_only_this_launch(script, tmp_path):
 
 def test_a_progress_bar_without_newlines_is_progress_and_shown_live(script, tmp_path, capsys):
     # 10 redraws 0.5 s apart and no newline until the end, under a 3 s no-progress timeout
-    result = launch(script("partial_lines.py"), 10, nproc=1, run_dir=tmp_path / "run", timeout=3, startup_timeout=120)
+    result = launch(
+        script("partial_lines.py"), 10, nproc=1, run_dir=tmp_path / "run", timeout=3, startup_timeout=120
+    )
     assert result.logs[0] == ["done"]  # a line's visible text: what follows its last \r
     assert re.search(r"^\[rank 0\] step \d$", capsys.readouterr().out, re.MULTILINE)
 

@@ -40,7 +40,9 @@ def test_nccl_needs_one_gpu_per_process(worker):
     assert make_config(worker, backend="gloo", nproc=3, gpus=1).device == "cpu"  # N gloo ranks instead
 
 
-@pytest.mark.parametrize("gpus, nproc, cores, threads", [(0, 2, 16, 8), (8, 8, 16, 2), (1, 1, 16, 16), (4, 3, 2, 1)])
+@pytest.mark.parametrize(
+    "gpus, nproc, cores, threads", [(0, 2, 16, 8), (8, 8, 16, 2), (1, 1, 16, 16), (4, 3, 2, 1)]
+)
 def test_threads_are_the_cores_shared_out_on_every_backend(worker, monkeypatch, gpus, nproc, cores, threads):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(launch_config, "cpu_cores", lambda: cores)
@@ -77,7 +79,9 @@ def test_every_option_has_one_default():
 
 
 def test_magic_line_splits_like_a_shell():
-    run_dir, args, options = parse_magic_line("--nproc 2 --args '--steps 5 --name \"a b\"' --run-dir 'my runs'")
+    run_dir, args, options = parse_magic_line(
+        "--nproc 2 --args '--steps 5 --name \"a b\"' --run-dir 'my runs'"
+    )
     assert args == ["--steps", "5", "--name", "a b"]
     assert str(run_dir) == "my runs"
     assert options == {"nproc": 2}  # nothing else given: launch's defaults apply
@@ -132,7 +136,13 @@ def test_multinode_lines_wait_for_the_workers_own_rank(tmp_path):
 def test_the_echo_is_bounded_and_says_what_it_held_back():
     now = [0.0]
     shown: list[str] = []
-    echo = CellEcho("/runs/x/logs", write=lambda text, stderr: shown.append(text), lines_per_s=10, burst=5, clock=lambda: now[0])
+    echo = CellEcho(
+        "/runs/x/logs",
+        write=lambda text, stderr: shown.append(text),
+        lines_per_s=10,
+        burst=5,
+        clock=lambda: now[0],
+    )
     for i in range(100):
         echo.line("rank 0", f"line {i}")
     assert shown == [f"[rank 0] line {i}" for i in range(5)]
