@@ -116,4 +116,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    status = main(sys.argv[1:])
+    # Leave without interpreter finalization: torchrun is done and its output flushed, and after a
+    # SIGTERM its leftover threads could hold the exit for seconds (the launcher then needs SIGKILL).
+    os._exit(status)

@@ -57,6 +57,11 @@ def test_loopback_nodes_get_gpus_of_their_own():
     assert loopback_visible_devices(1, 1, 2) == "1"
     assert loopback_visible_devices(1, 2, 3) is None  # too few: the demo runs on gloo instead
     assert loopback_visible_devices(0, 1, 0) is None
+    # each node's LOCAL_RANK j takes cuda:j of its own list: no physical GPU is used twice
+    physical = [
+        loopback_visible_devices(node, 4, 8).split(",")[local] for node in (0, 1) for local in range(4)
+    ]
+    assert sorted(physical, key=int) == [str(i) for i in range(8)]
 
 
 def test_multinode_waits_120s_by_default_and_keeps_script_args_from_torchrun(worker):
