@@ -117,7 +117,10 @@ def test_hang_is_killed_after_the_timeout_and_names_silent_ranks(script, tmp_pat
 
 def test_interrupt_stops_every_process(script, tmp_path):
     tick = script("tick.py")
+    # SIGINT raises KeyboardInterrupt even when pytest runs as a background job (which ignores SIGINT)
     code = textwrap.dedent(f"""
+        import signal
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from ddp_helpers import launch
         launch({str(tick)!r}, nproc=2, run_dir={str(tmp_path / "run")!r}, progress="off", grace_s=2)
     """)
