@@ -72,6 +72,7 @@ notebooks: venv
 bench: venv
 	$(PY) benchmarks/bench_launch.py
 	$(PY) benchmarks/bench_training.py
+	$(PY) benchmarks/bench_live_ranks.py
 
 lint: venv
 	$(PY) -m ruff check .

@@ -3,7 +3,8 @@
 The public API:
     launch(script, *args, nproc=..., ...) -> LaunchResult
     write_worker(name_or_path, run_dir=...) -> Path
-    %load_ext ddp_helpers, then %%torchrun --nproc 2
+    start_ranks(nproc=...) -> LiveRanks: DDP ranks that stay up between cells
+    %load_ext ddp_helpers, then %%torchrun --nproc 2, or %ranks start and %%ranks
 
 Names load on first use (PEP 562): a worker that imports ``ddp_helpers.teardown`` or the metrics
 writer must not pay for the launcher, psutil, tqdm or pandas.
@@ -27,6 +28,9 @@ from .errors import (
 )
 
 _LAZY = {
+    "LiveRanks": ".live_ranks",
+    "RankResults": ".live_ranks",
+    "start_ranks": ".live_ranks",
     "LaunchResult": ".launch",
     "launch": ".launch",
     "read_metrics": ".metrics",
@@ -36,6 +40,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from .launch import LaunchResult, launch
+    from .live_ranks import LiveRanks, RankResults, start_ranks
     from .metrics import read_metrics, read_summary
     from .worker_files import write_worker
 
@@ -65,9 +70,11 @@ def __dir__() -> list[str]:
 
 
 def load_ipython_extension(ipython: Any) -> None:  # %load_ext ddp_helpers
+    from .live_magics import load_ipython_extension as load_ranks
     from .magics import load_ipython_extension as load
 
     load(ipython)
+    load_ranks(ipython)
 
 
 __all__ = [
@@ -77,10 +84,13 @@ __all__ = [
     "LaunchInterrupted",
     "LaunchResult",
     "LaunchTimeout",
+    "LiveRanks",
     "RankError",
+    "RankResults",
     "WorkerFailed",
     "launch",
     "read_metrics",
     "read_summary",
+    "start_ranks",
     "write_worker",
 ]
