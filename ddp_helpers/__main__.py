@@ -35,6 +35,14 @@ def _launch(args: argparse.Namespace) -> int:
     from .launch import launch
 
     options = {name: getattr(args, name) for name in LAUNCH_OPTIONS if getattr(args, name) is not None}
+    ours = sorted(
+        {a.split("=")[0] for a in args.script_args} & {f"--{o.replace('_', '-')}" for o in LAUNCH_OPTIONS}
+    )
+    if ours:
+        print(
+            f"note: {', '.join(ours)} after the script go to the script; launch options go before it",
+            file=sys.stderr,
+        )
     try:
         result = launch(args.script, *args.script_args, **options)
     except LaunchError as err:

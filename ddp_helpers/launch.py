@@ -27,7 +27,7 @@ __all__ = ["LaunchInterrupted", "LaunchResult", "launch"]  # LaunchInterrupted: 
 
 POLL_S = 0.1
 REFRESH_S = 0.5  # how often the process tree and the resources are sampled
-WAITING_NOTE_EVERY_S = 10.0
+WAITING_NOTE_EVERY_S = 5.0
 
 
 def _empty_frame() -> pd.DataFrame:

@@ -102,6 +102,10 @@ def test_cli_options_before_the_script_and_its_arguments_after(worker, capsys):
     assert "nproc must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["launch", "--nope", str(worker)])
+    # after the script, they are the script's own arguments (a missing script: refused before spawning)
+    assert main(["launch", str(worker.with_name("missing.py")), "--nproc", "0", "--backend", "x"]) == 1
+    err = capsys.readouterr().err
+    assert "note: --backend, --nproc after the script go to the script" in err and "script not found" in err
 
 
 def test_launch_interrupted_is_both_an_interrupt_and_a_launch_error():
