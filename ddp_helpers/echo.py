@@ -62,25 +62,27 @@ class CellEcho:
         self._tokens = float(self.burst)
         self._refilled = self._last_report = self.clock()
 
-    def _take(self) -> bool:
+    def line(self, label: str, text: str, stderr: bool = False) -> None:
+        """A complete line from the source `label` (e.g. "rank 1")."""
+        self.lines(label, [text], stderr)
+
+    def lines(self, label: str, texts: list[str], stderr: bool = False) -> None:
+        """Complete lines from `label`: as many as the rate allows are shown, the rest held back."""
+        if not texts:
+            return
+        self._live_shown.pop(label, None)
         now = self.clock()
         self._tokens = min(self.burst, self._tokens + (now - self._refilled) * self.lines_per_s)
         self._refilled = now
-        if self._tokens >= 1:
-            self._tokens -= 1
-            return True
-        return False
-
-    def line(self, label: str, text: str, stderr: bool = False) -> None:
-        """A complete line from the source `label` (e.g. "rank 1")."""
-        self._live_shown.pop(label, None)
-        if self._take():
+        shown = min(len(texts), int(self._tokens))
+        self._tokens -= shown
+        for text in texts[:shown]:
             self.write(f"[{label}] {text}", stderr)
-            return
-        held = self._held.setdefault(label, _Held())
-        held.count += 1
-        held.latest = text
-        self._held_total += 1
+        if shown < len(texts):
+            held = self._held.setdefault(label, _Held())
+            held.count += len(texts) - shown
+            held.latest = texts[-1]
+            self._held_total += len(texts) - shown
 
     def live(self, label: str, text: str) -> None:
         """A line still being written (a progress bar's ``\\r`` update): shown now and then, never held."""

@@ -14,7 +14,7 @@ from .echo import CellEcho
 from .errors import LaunchError, LaunchFailed, LaunchInterrupted, LaunchTimeout, WorkerFailed
 from .failure import diagnose, strip_rank_prefix
 from .launch_config import RUN_OUTPUTS, LaunchConfig, make_config
-from .log_tail import FileFollower, LogLine, RankLogTail
+from .log_tail import FileFollower, LogChunk, RankLogTail
 from .metrics import MetricsFollower, read_metrics, read_summary
 from .process_tree import ProcessTree
 from .progress import StepProgress, resolve_progress
@@ -95,21 +95,24 @@ class _Run:
         self.last_waiting_note = self.started
 
     # ---------------------------------------------------------------- following
-    def on_rank_line(self, line: LogLine) -> None:
+    def on_rank_output(self, chunk: LogChunk) -> None:
+        """A batch of one rank file's new lines (and its line still being written)."""
         now = time.monotonic()
-        state = self.ranks.setdefault(line.rank, _RankState())
-        state.last_heard, state.last_line = now, line.text
+        state = self.ranks.setdefault(chunk.rank, _RankState())
+        state.last_heard = now
         self.last_progress, self.heard_any = now, True
-        shown = self.config.shown_ranks is None or line.rank in self.config.shown_ranks
-        restart = f" (restart {line.attempt})" if line.attempt else ""
-        if line.partial:  # a progress bar redrawing its line: alive, and shown now and then
-            if shown:
-                self.echo.live(f"rank {line.rank}{restart}", line.text)
-            return
-        self.logs.setdefault(line.rank, []).append(line.text)
-        if shown:  # the label already says which rank: torch's own "[rankN]: " prefix would repeat it
-            text = strip_rank_prefix(line.text)
-            self.echo.line(f"rank {line.rank}{restart}", text, stderr=line.stream == "stderr")
+        shown = self.config.shown_ranks is None or chunk.rank in self.config.shown_ranks
+        label = f"rank {chunk.rank}" + (f" (restart {chunk.attempt})" if chunk.attempt else "")
+        if chunk.lines:
+            state.last_line = chunk.lines[-1]
+            self.logs.setdefault(chunk.rank, []).extend(chunk.lines)
+            if shown:  # the label already says which rank: torch's own "[rankN]: " prefix would repeat it
+                texts = [strip_rank_prefix(t) if t.startswith("[rank") else t for t in chunk.lines]
+                self.echo.lines(label, texts, stderr=chunk.stream == "stderr")
+        if chunk.partial is not None:
+            state.last_line = chunk.partial
+            if shown:  # a progress bar redrawing its line: alive, and shown now and then
+                self.echo.live(label, chunk.partial)
 
     def on_metrics(self, records: list[dict[str, Any]]) -> None:
         now = time.monotonic()
@@ -134,8 +137,8 @@ class _Run:
         self.agent_lines += read.lines
         if read.nbytes:
             self.last_progress = time.monotonic()
-        for line in self.tail.read_new(final=final):
-            self.on_rank_line(line)
+        for chunk in self.tail.read_chunks(final=final):
+            self.on_rank_output(chunk)
         records = self.follower.read_new()
         if records:
             self.on_metrics(records)

@@ -48,12 +48,19 @@ class FileFollower:
         except FileNotFoundError:
             return FileRead([], None, 0)
         self.offset += len(chunk)
-        *complete, self._pending = (self._pending + chunk).split(b"\n")
-        if final and self._pending:
-            complete.append(self._pending)
-            self._pending = b""
+        data = self._pending + chunk
+        cut = data.rfind(b"\n")
+        if final:
+            cut = len(data) if data and cut < len(data) - 1 else cut
+        # decode the complete lines at once (a flood is 100,000s of lines); a partial line stays bytes,
+        # so a character split across two reads is whole when decoded
+        complete, self._pending = (data[:cut], data[cut + 1 :]) if cut >= 0 else (b"", data)
+        text = complete.decode("utf-8", errors="replace") if cut >= 0 else ""
+        lines = text.split("\n") if cut >= 0 else []
+        if "\r" in text:  # tqdm-style redraws: keep only what a terminal would show
+            lines = [line.rstrip("\r").rsplit("\r", 1)[-1] for line in lines]
         partial = visible_text(self._pending) if chunk and self._pending else None
-        return FileRead([visible_text(raw) for raw in complete], partial or None, len(chunk))
+        return FileRead(lines, partial or None, len(chunk))
 
 
 @dataclass
@@ -63,6 +70,23 @@ class LogLine:
     stream: str  # "stdout" or "stderr"
     text: str
     partial: bool = False  # a live update of a line not finished yet (not kept in the logs)
+
+
+@dataclass
+class LogChunk:
+    """What one rank file gained since the last read: handled as a batch (a flood is 100,000s of lines)."""
+
+    rank: int  # global rank (-1 until known)
+    attempt: int
+    stream: str
+    lines: list[str]  # complete lines
+    partial: str | None = None  # the visible text of the line still being written, if it changed
+
+    def log_lines(self) -> list[LogLine]:
+        out = [LogLine(self.rank, self.attempt, self.stream, text) for text in self.lines]
+        if self.partial is not None:
+            out.append(LogLine(self.rank, self.attempt, self.stream, self.partial, partial=True))
+        return out
 
 
 @dataclass
@@ -87,7 +111,7 @@ class RankLogTail:
     ranks_known_up_front: bool = True
     _files: dict[Path, _RankFile] = field(default_factory=dict)
     _global_rank: dict[int, int] = field(default_factory=dict)  # local rank -> global rank, as seen
-    _waiting: list[tuple[int, LogLine]] = field(default_factory=list)  # (local rank, line) not yet mapped
+    _waiting: list[tuple[int, LogChunk]] = field(default_factory=list)  # (local rank, chunk) not yet mapped
 
     def learn_ranks(self, local_to_global: dict[int, int]) -> None:
         """Record the global ranks the workers really got (from their RANK environment variable)."""
@@ -122,29 +146,31 @@ class RankLogTail:
         """How many attempts (restarts + 1) have produced log files so far."""
         return len({f.attempt for f in self._files.values()})
 
-    def read_new(self, final: bool = False) -> list[LogLine]:
-        """Lines written since the last call, with live updates of unfinished lines (``partial``).
+    def read_chunks(self, final: bool = False) -> list[LogChunk]:
+        """What every rank file gained since the last call, one chunk per file, in file order.
 
-        With `final`, a trailing partial line is complete, and lines of ranks still unmapped get
-        ``rank_offset + local_rank``.
+        Partial lines come as live updates (``partial``); with `final` they are complete, and
+        ranks still unmapped get ``rank_offset + local_rank``.
         """
         self._discover()
-        lines: list[LogLine] = []
         for followed in sorted(self._files.values(), key=lambda f: (f.attempt, f.local_rank, f.stream)):
             read = followed.follower.read(final)
-            new = [LogLine(-1, followed.attempt, followed.stream, text) for text in read.lines]
-            if read.partial is not None:
-                new.append(LogLine(-1, followed.attempt, followed.stream, read.partial, partial=True))
-            self._waiting.extend((followed.local_rank, line) for line in new)
-        still_waiting = []
-        for local, line in self._waiting:
+            if read.lines or read.partial is not None:
+                chunk = LogChunk(-1, followed.attempt, followed.stream, read.lines, read.partial)
+                self._waiting.append((followed.local_rank, chunk))
+        ready, still_waiting = [], []
+        for local, chunk in self._waiting:
             if self.knows(local) or final:
-                line.rank = self.global_rank(local)
-                lines.append(line)
+                chunk.rank = self.global_rank(local)
+                ready.append(chunk)
             else:
-                still_waiting.append((local, line))
+                still_waiting.append((local, chunk))
         self._waiting = still_waiting
-        return lines
+        return ready
+
+    def read_new(self, final: bool = False) -> list[LogLine]:
+        """`read_chunks`, line by line."""
+        return [line for chunk in self.read_chunks(final) for line in chunk.log_lines()]
 
     def rank_file(self, rank: int, name: str, attempt: int | None = None) -> Path | None:
         """`name` (error.json, stderr.log, ...) of global `rank` in the given attempt, or the latest one."""
