@@ -53,6 +53,7 @@ def test_result_object_holds_metrics_summary_and_timing(script, tmp_path, capsys
     assert result.summary == {"lines": 100}
     assert "--standalone" in result.command
     assert "rank 0 line 0" in result.log(0)
+    assert result.gpu_sampling.startswith("not requested") and result.lines_held_back == 0
 
 
 def test_show_ranks_limits_the_echo_but_keeps_every_line(script, tmp_path, capsys):

@@ -161,3 +161,11 @@ def test_the_echo_is_bounded_and_says_what_it_held_back():
     assert "under /runs/x/logs" in shown[6] and echo.held_back == 95
     echo.line("rank 1", "after the pause")  # the bucket refilled
     assert shown[-1] == "[rank 1] after the pause"
+
+
+@pytest.mark.skipif(launch_config.visible_gpus() > 0, reason="checks the machine without a GPU")
+def test_gpu_sampling_says_not_sampled_without_nvml_or_a_driver():
+    from ddp_helpers.resources import nvml_handles
+
+    handles, state = nvml_handles()
+    assert handles == [] and state.startswith("not sampled: ")
