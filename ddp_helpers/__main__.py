@@ -34,14 +34,25 @@ def _launch(args: argparse.Namespace) -> int:
     from .errors import LaunchError
     from .launch import launch
 
+    options = {name: getattr(args, name) for name in LAUNCH_OPTIONS if getattr(args, name) is not None}
+    ours = sorted(
+        {a.split("=")[0] for a in args.script_args} & {f"--{o.replace('_', '-')}" for o in LAUNCH_OPTIONS}
+    )
+    if ours:
+        print(
+            f"note: {', '.join(ours)} after the script go to the script; launch options go before it",
+            file=sys.stderr,
+        )
     try:
-        result = launch(args.script, *args.script_args, nproc=args.nproc, backend=args.backend,
-                        timeout=args.timeout, run_dir=args.run_dir, max_restarts=args.max_restarts)  # fmt: skip
+        result = launch(args.script, *args.script_args, **options)
     except LaunchError as err:
         print(f"{type(err).__name__}: {err}", file=sys.stderr)
         return 1
     print(f"finished in {result.wall_s:.1f}s; run dir {result.run_dir}")
     return 0
+
+
+LAUNCH_OPTIONS = ("nproc", "backend", "timeout", "run_dir", "max_restarts")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,14 +64,20 @@ def main(argv: list[str] | None = None) -> int:
     doctor.add_argument("--max-bytes", type=int, default=1 << 24)
     doctor.add_argument("--json", action="store_true", help="print facts and checks as JSON")
     doctor.set_defaults(func=_doctor)
-    run = sub.add_parser("launch", help="run a script under torchrun with live per-rank output")
+    run = sub.add_parser(
+        "launch",
+        help="run a script under torchrun with live per-rank output",
+        description="Options go before SCRIPT: everything after SCRIPT is the script's own arguments "
+        "(python -m ddp_helpers launch --nproc 2 train.py --steps 5). Unset options keep launch()'s defaults.",
+    )
+    # every default is None: launch() (LaunchConfig) holds the real ones
+    run.add_argument("--nproc", type=int)
+    run.add_argument("--backend", help="auto, gloo or nccl")
+    run.add_argument("--timeout", type=float)
+    run.add_argument("--run-dir")
+    run.add_argument("--max-restarts", type=int)
     run.add_argument("script")
-    run.add_argument("script_args", nargs=argparse.REMAINDER)
-    run.add_argument("--nproc", type=int, default=None)
-    run.add_argument("--backend", default="auto")
-    run.add_argument("--timeout", type=float, default=None)
-    run.add_argument("--run-dir", default=None)
-    run.add_argument("--max-restarts", type=int, default=0)
+    run.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
     run.set_defaults(func=_launch)
     args = parser.parse_args(argv)
     return args.func(args)

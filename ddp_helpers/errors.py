@@ -22,7 +22,8 @@ class WorkerFailed(LaunchError):
     The first line of the message names the rank and the exception, for example
     ``rank 1 failed: ZeroDivisionError: division by zero``. The root-cause traceback
     follows (from torchelastic's error file when the worker used ``@record``,
-    otherwise from the rank's stderr).
+    otherwise from the rank's stderr). A rank that left no traceback (``sys.exit("...")``, an
+    argparse error) is described by the last lines it wrote to stderr.
     """
 
     def __init__(
@@ -35,6 +36,7 @@ class WorkerFailed(LaunchError):
         hint: str = "",
         run_dir: str | None = None,
         logs: dict[int, list[str]] | None = None,
+        stderr_tail: str = "",
     ) -> None:
         self.rank = rank
         self.exitcode = exitcode
@@ -43,11 +45,14 @@ class WorkerFailed(LaunchError):
         self.hint = hint
         self.run_dir = run_dir
         self.logs = logs or {}
+        self.stderr_tail = stderr_tail
         lines = [f"rank {rank} failed: {error}", f"exit code {exitcode}"]
         if hint:
             lines.append(f"hint: {hint}")
         if traceback:
             lines += ["", "root-cause traceback:", traceback.rstrip()]
+        elif stderr_tail:
+            lines += ["", f"the last lines of rank {rank}'s stderr:", stderr_tail.rstrip()]
         if run_dir:
             lines += ["", f"all logs are under {run_dir}/logs"]
         super().__init__("\n".join(lines))
@@ -69,6 +74,17 @@ class LaunchFailed(LaunchError):
         self.returncode = returncode
         self.output = output
         super().__init__(message)
+
+
+class LaunchInterrupted(LaunchError, KeyboardInterrupt):
+    """The cell was interrupted; every process of the run has been stopped.
+
+    Also a KeyboardInterrupt, so code that stops on an interrupt (``except KeyboardInterrupt``,
+    IPython, pytest) still does.
+    """
+
+    def _render_traceback_(self) -> list[str]:  # IPython shows this instead of a traceback
+        return [f"KeyboardInterrupt: {self}"]
 
 
 class RankError(LaunchError):

@@ -2,13 +2,15 @@
 
 Sources, best first:
 1. torchrun's own report ("Root Cause (first observed failure)") for the rank and exit code;
-2. the rank's torchelastic error file, written by ``@record``, for the exception and traceback;
-3. the rank's stderr log, for scripts written without ``@record``.
+2. the rank's torchelastic error file, written by ``@record``, for the exception and traceback
+   (read with torchelastic's own `ProcessFailure`);
+3. the rank's stderr log, for scripts written without ``@record``: the last Python traceback, or a
+   segfault's stack from faulthandler, or else the last lines the rank printed there (``sys.exit("...")``,
+   argparse's errors).
 """
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 from dataclasses import dataclass
@@ -23,12 +25,18 @@ _ROOT_CAUSE = re.compile(
 _FAILURE = re.compile(
     r"rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(?P<exitcode>-?\d+)"
 )
+# torch (>= 2.3) prefixes every line of an uncaught exception in a process-group member with
+# "[rankN]: " (its excepthook in init_process_group); its C++ warnings read "[rankN]:[W...".
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?", re.MULTILINE)
+# glog-style lines of torch's C++ logging ("[W1130 04:12:00.123 ...]", "E1130 ..."): noise, not a reason.
+_LOG_NOISE = re.compile(r"^\[?[WEIF]\d{4} \d\d:\d\d:\d\d")
 # Errors a rank gets because *another* rank died first: never the root cause if a better one exists.
 _SECONDARY = (
     "connection reset by peer", "connection closed by peer", "remote worker", "broken pipe",
     "communicator was aborted", "failed to recv", "connectfullmesh", "socket closed",
     "killed by signal sigterm",  # torchrun stops the survivors with SIGTERM once one rank fails
 )  # fmt: skip
+STDERR_TAIL_LINES = 8
 
 
 @dataclass
@@ -38,15 +46,21 @@ class Diagnosis:
     error: str
     traceback: str
     hint: str = ""
+    stderr_tail: str = ""  # the rank's last stderr lines, when they are the only explanation
+
+
+def strip_rank_prefix(text: str) -> str:
+    """Remove torch's ``[rankN]: `` prefix from every line."""
+    return _RANK_PREFIX.sub("", text)
 
 
 def _last_traceback(stderr_text: str) -> tuple[str, str]:
     """The last Python traceback in a stderr log, and its final "Type: message" line."""
+    stderr_text = strip_rank_prefix(stderr_text)
     start = stderr_text.rfind("Traceback (most recent call last):")
     if start < 0:
         return "", ""
-    block = stderr_text[start:]
-    lines = block.splitlines()
+    lines = stderr_text[start:].splitlines()
     # The traceback ends at the first unindented line after the header: that is the exception.
     for i, line in enumerate(lines[1:], start=1):
         if line and not line.startswith((" ", "\t")):
@@ -55,28 +69,49 @@ def _last_traceback(stderr_text: str) -> tuple[str, str]:
             while end < len(lines) and lines[end].strip() and not lines[end].startswith(("[", "W", "E")):
                 end += 1
             return "\n".join(lines[:end]), line.strip()
-    return block, lines[-1].strip()
+    return "\n".join(lines), lines[-1].strip()
+
+
+def _fault_stack(stderr_text: str, max_lines: int = 60) -> str:
+    """faulthandler's report of a fatal signal (the Python stack of every thread), if there is one."""
+    stderr_text = strip_rank_prefix(stderr_text)
+    start = stderr_text.rfind("Fatal Python error:")
+    if start < 0:
+        return ""
+    lines = stderr_text[start:].splitlines()
+    end = next((i for i, line in enumerate(lines) if line.startswith("Extension modules:")), len(lines))
+    return "\n".join(lines[: min(end, max_lines)]).rstrip()
+
+
+def _stderr_tail(stderr_text: str, count: int = STDERR_TAIL_LINES) -> list[str]:
+    """The rank's last meaningful stderr lines: what ``sys.exit("...")`` or argparse printed."""
+    lines = [line.rstrip() for line in strip_rank_prefix(stderr_text).splitlines()]
+    meaningful = [line for line in lines if line.strip() and not _LOG_NOISE.match(line.lstrip())]
+    return meaningful[-count:]
 
 
 def _from_error_file(tail: RankLogTail, rank: int, attempt: int | None) -> tuple[str, str]:
+    """The message and Python stack that ``@record`` wrote, read with torchelastic's own reader."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
     path = tail.rank_file(rank, "error.json", attempt)
     if path is None:
         return "", ""
     try:
-        data = json.loads(path.read_text())
-        message = data["message"]
-        if isinstance(message, str):
-            return message, ""
-        return message.get("message", ""), message.get("extraInfo", {}).get("py_callstack", "")
-    except (OSError, ValueError, KeyError, AttributeError):
+        failure = ProcessFailure(local_rank=0, pid=0, exitcode=1, error_file=str(path))
+        message = failure.error_file_data["message"]
+    except (OSError, ValueError, KeyError, TypeError):  # half-written or foreign file
         return "", ""
+    if isinstance(message, str):
+        return message, ""
+    return str(message.get("message", "")), str(message.get("extraInfo", {}).get("py_callstack", ""))
 
 
 def _signal_text(exitcode: int) -> str:
-    try:
-        return f"killed by signal {signal.Signals(-exitcode).name}"
-    except ValueError:
-        return f"killed by signal {-exitcode}"
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    name = ProcessFailure(local_rank=0, pid=0, exitcode=exitcode, error_file="").signal_name()
+    return f"killed by signal {name if name != '<N/A>' else -exitcode}"
 
 
 def _hint(error: str, exitcode: int, cuda_available: bool) -> str:
@@ -101,24 +136,35 @@ def _is_secondary(error: str) -> bool:
     return any(marker in lowered for marker in _SECONDARY)
 
 
-def _rank_error(tail: RankLogTail, rank: int, exitcode: int) -> tuple[str, str]:
+@dataclass
+class _RankReport:
+    error: str = ""  # "Type: message", or the signal and its reason
+    traceback: str = ""
+    stderr_tail: list[str] | None = None
+
+
+def _rank_report(tail: RankLogTail, rank: int, exitcode: int) -> _RankReport:
     """This rank's exception line and traceback, from its error file or else its stderr."""
     error, traceback = _from_error_file(tail, rank, None)  # the latest attempt made torchrun give up
+    path = tail.rank_file(rank, "stderr.log")
+    stderr_text = path.read_text(errors="replace") if path is not None else ""
     if not traceback:
-        traceback, last_line = _stderr_traceback(tail, rank)
+        traceback, last_line = _last_traceback(stderr_text)
         error = error or last_line
     if exitcode < 0 and not error:
-        # a signal and no Python exception: a C++ abort often says why ("what(): ...")
-        what = _cxx_what(tail, rank)
+        # a signal and no Python exception: a C++ abort often says why ("what(): ..."), and
+        # faulthandler (PYTHONFAULTHANDLER=1) leaves the Python stack of a segfault
+        what = _cxx_what(stderr_text)
         error = _signal_text(exitcode) + (f": {what}" if what else "")
-    return error, traceback
+        traceback = _fault_stack(stderr_text)
+    report = _RankReport(error, traceback)
+    if not error:
+        report.stderr_tail = _stderr_tail(stderr_text)
+    return report
 
 
-def _cxx_what(tail: RankLogTail, rank: int) -> str:
-    path = tail.rank_file(rank, "stderr.log")
-    if path is None:
-        return ""
-    lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if "what():" in line]
+def _cxx_what(stderr_text: str) -> str:
+    lines = [line.strip() for line in stderr_text.splitlines() if "what():" in line]
     return lines[-1].split("what():", 1)[1].strip() if lines else ""
 
 
@@ -142,29 +188,33 @@ def diagnose(
     if match:
         rank = int(match["rank"])
         exitcodes.setdefault(rank, int(match["exitcode"]))
-    candidates = sorted(set(exitcodes) | set(range(tail.rank_offset, tail.rank_offset + nranks)))
-    errors = {r: _rank_error(tail, r, exitcodes.get(r, 1)) for r in candidates}
+    candidates = sorted(set(exitcodes) | set(tail.global_ranks(nranks)))
+    reports = {r: _rank_report(tail, r, exitcodes.get(r, 1)) for r in candidates}
     if rank is None:
         # no report (e.g. torchrun itself was killed): blame a rank that left a traceback
-        rank = next((r for r in candidates if errors[r][0]), None)
+        rank = next((r for r in candidates if reports[r].error), None)
     if rank is None and len(exitcodes) == 1:
         rank = next(iter(exitcodes))  # the one known failure, even without a traceback
     if rank is None:
         return None
-    if _is_secondary(errors[rank][0]):
+    if _is_secondary(reports[rank].error):
         # torchrun's "first observed" failure can be a rank that only lost its peer: prefer the one
         # that failed for a reason of its own (error-file timestamps have one-second resolution)
-        primary = [r for r in candidates if errors[r][0] and not _is_secondary(errors[r][0])]
+        primary = [r for r in candidates if reports[r].error and not _is_secondary(reports[r].error)]
         if primary:
             rank = primary[0]
     exitcode = exitcodes.get(rank, 1)
-    error, traceback = errors[rank]
-    error = error or f"exited with code {exitcode} and left no traceback"
-    return Diagnosis(rank, exitcode, error, traceback, _hint(error, exitcode, cuda_available))
-
-
-def _stderr_traceback(tail: RankLogTail, rank: int) -> tuple[str, str]:
-    path = tail.rank_file(rank, "stderr.log")
-    if path is None:
-        return "", ""
-    return _last_traceback(path.read_text(errors="replace"))
+    report = reports[rank]
+    error = report.error
+    stderr_tail = report.stderr_tail or []
+    if not error:
+        said = stderr_tail[-1].strip() if stderr_tail else ""
+        error = f"exited with code {exitcode}" + (f": {said}" if said else " and left no traceback")
+    return Diagnosis(
+        rank,
+        exitcode,
+        error,
+        report.traceback,
+        _hint(error, exitcode, cuda_available),
+        "\n".join(stderr_tail),
+    )

@@ -3,28 +3,31 @@
 from __future__ import annotations
 
 import os
-import queue
+import shutil
 import subprocess
-import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
-from .errors import InvalidLaunchArguments, LaunchError, LaunchFailed, LaunchTimeout, WorkerFailed
-from .failure import diagnose
-from .launch_config import LaunchConfig, make_config, visible_gpus
-from .log_tail import LogLine, RankLogTail
+from .echo import CellEcho
+from .errors import LaunchError, LaunchFailed, LaunchInterrupted, LaunchTimeout, WorkerFailed
+from .failure import diagnose, strip_rank_prefix
+from .launch_config import RUN_OUTPUTS, LaunchConfig, make_config
+from .log_tail import FileFollower, LogChunk, RankLogTail
 from .metrics import MetricsFollower, read_metrics, read_summary
 from .process_tree import ProcessTree
-from .progress import PROGRESS_CHOICES, StepProgress, resolve_progress
+from .progress import StepProgress, resolve_progress
 from .resources import ResourceSampler
 
-if TYPE_CHECKING:  # pandas loads on first use: workers import this package and should not pay for it
+if TYPE_CHECKING:
     import pandas as pd
 
+__all__ = ["LaunchInterrupted", "LaunchResult", "launch"]  # LaunchInterrupted: its old home
+
 POLL_S = 0.1
+REFRESH_S = 0.5  # how often the process tree and the resources are sampled
+WAITING_NOTE_EVERY_S = 5.0
 
 
 def _empty_frame() -> pd.DataFrame:
@@ -47,6 +50,8 @@ class LaunchResult:
     launcher_output: list[str] = field(default_factory=list)
     attempts: int = 1
     resources: pd.DataFrame = field(default_factory=_empty_frame)  # per-rank CPU/RSS, per-GPU use, over time
+    gpu_sampling: str = "not requested"  # "sampled", or why not ("not sampled: ...")
+    lines_held_back: int = 0  # lines not echoed into the cell (all are in `logs` and on disk)
 
     def log(self, rank: int) -> str:
         """Every line rank `rank` printed, stdout and stderr, in the order they were read."""
@@ -57,19 +62,6 @@ class LaunchResult:
             f"LaunchResult(returncode={self.returncode}, wall_s={self.wall_s:.2f}, ranks={sorted(self.logs)}, "
             f"metrics_rows={len(self.metrics)}, run_dir='{self.run_dir}')"
         )
-
-
-class LaunchInterrupted(KeyboardInterrupt):
-    """The cell was interrupted; every process of the run has been stopped."""
-
-    def _render_traceback_(self) -> list[str]:  # IPython shows this instead of a traceback
-        return [f"KeyboardInterrupt: {self}"]
-
-
-def _pump(stream: IO[bytes], lines: queue.Queue[str | None]) -> None:
-    for raw in iter(stream.readline, b""):
-        lines.put(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
-    lines.put(None)
 
 
 @dataclass
@@ -84,37 +76,43 @@ class _Run:
 
     def __init__(self, config: LaunchConfig, progress: str) -> None:
         self.config = config
-        self.tail = RankLogTail(config.log_dir, rank_offset=config.rank_offset)
+        self.tail = RankLogTail(
+            config.log_dir, rank_offset=config.rank_offset, ranks_known_up_front=config.nnodes == 1
+        )
+        self.agent = FileFollower(config.agent_log)
         self.follower = MetricsFollower(config.run_dir)
         self.progress = StepProgress(progress, config.script.name)
+        self.echo = CellEcho(where=str(config.log_dir), write=self.progress.write)
         # on one node the ranks are known up front; across nodes the rendezvous decides
         expected = range(config.nproc) if config.nnodes == 1 else ()
         self.ranks = {r: _RankState() for r in expected}
         self.logs: dict[int, list[str]] = {r: [] for r in self.ranks}
         self.agent_lines: list[str] = []
-        self.agent_quiet = False  # stop echoing torchrun once it starts its own failure report
         self.attempts_seen = 0
-        self.last_progress = time.monotonic()
+        self.started = time.monotonic()
+        self.last_progress = self.started
+        self.heard_any = False  # any byte from a rank, or a metrics line
+        self.last_waiting_note = self.started
 
     # ---------------------------------------------------------------- following
-    def on_agent_line(self, text: str) -> None:
-        self.agent_lines.append(text)
-        self.last_progress = time.monotonic()
-        if "Traceback (most recent call last)" in text or "ChildFailedError" in text:
-            self.agent_quiet = True
-        if not self.agent_quiet:
-            self.progress.write(f"[torchrun] {text}", stderr=True)
-
-    def on_rank_line(self, line: LogLine) -> None:
+    def on_rank_output(self, chunk: LogChunk) -> None:
+        """A batch of one rank file's new lines (and its line still being written)."""
         now = time.monotonic()
-        state = self.ranks.setdefault(line.rank, _RankState())
-        state.last_heard, state.last_line = now, line.text
-        self.logs.setdefault(line.rank, []).append(line.text)
-        self.last_progress = now
-        show = self.config.show_ranks
-        if show is None or line.rank in show:
-            restart = f" (restart {line.attempt})" if line.attempt else ""
-            self.progress.write(f"[rank {line.rank}{restart}] {line.text}", stderr=line.stream == "stderr")
+        state = self.ranks.setdefault(chunk.rank, _RankState())
+        state.last_heard = now
+        self.last_progress, self.heard_any = now, True
+        shown = self.config.shown_ranks is None or chunk.rank in self.config.shown_ranks
+        label = f"rank {chunk.rank}" + (f" (restart {chunk.attempt})" if chunk.attempt else "")
+        if chunk.lines:
+            state.last_line = chunk.lines[-1]
+            self.logs.setdefault(chunk.rank, []).extend(chunk.lines)
+            if shown:  # the label already says which rank: torch's own "[rankN]: " prefix would repeat it
+                texts = [strip_rank_prefix(t) if t.startswith("[rank") else t for t in chunk.lines]
+                self.echo.lines(label, texts, stderr=chunk.stream == "stderr")
+        if chunk.partial is not None:
+            state.last_line = chunk.partial
+            if shown:  # a progress bar redrawing its line: alive, and shown now and then
+                self.echo.live(label, chunk.partial)
 
     def on_metrics(self, records: list[dict[str, Any]]) -> None:
         now = time.monotonic()
@@ -124,25 +122,60 @@ class _Run:
                 state = self.ranks.setdefault(rank, _RankState())
                 state.last_heard = now
                 state.last_step = record.get("step", state.last_step)
-        self.last_progress = now
-        lead = [r for r in records if r.get("rank") == self.config.rank_offset and "step" in r]
+        self.last_progress, self.heard_any = now, True
+        lead = [r for r in records if r.get("rank") == min(self.tail.global_ranks(1)) and "step" in r]
         if lead:
             latest = lead[-1]
             postfix = {"loss": f"{latest['loss']:.4f}"} if isinstance(latest.get("loss"), int | float) else {}
             self.progress.update(int(latest["step"]), self.follower.total_steps(), **postfix)
 
     def poll_files(self, final: bool = False) -> None:
-        for line in self.tail.read_new(final=final):
-            self.on_rank_line(line)
+        # torchrun's own lines are kept (launcher_output, logs/torchrun.log) but not echoed: its
+        # warnings and "closing signal SIGTERM" would come before the clear error a learner needs.
+        # When they are the only explanation, the LaunchFailed message carries them.
+        read = self.agent.read(final)
+        self.agent_lines += read.lines
+        if read.nbytes:
+            self.last_progress = time.monotonic()
+        for chunk in self.tail.read_chunks(final=final):
+            self.on_rank_output(chunk)
         records = self.follower.read_new()
         if records:
             self.on_metrics(records)
         attempts = self.tail.attempts()
         if attempts > max(self.attempts_seen, 1):
-            self.progress.write(
+            self.echo.note(
                 f"[torchrun] restart {attempts - 1} of {self.config.max_restarts}: workers restarted"
             )
         self.attempts_seen = max(self.attempts_seen, attempts)
+        self.echo.tick()
+
+    def note_waiting_for_nodes(self) -> None:
+        """Across nodes, until this node's workers start: say that the rendezvous is waiting, and how long."""
+        now = time.monotonic()
+        if (
+            self.config.nnodes == 1
+            or self.tail.started()
+            or now - self.last_waiting_note < WAITING_NOTE_EVERY_S
+        ):
+            return
+        self.last_waiting_note = now
+        self.echo.note(
+            f"[ddp_helpers] node {self.config.node_rank}: waiting for all {self.config.nnodes} nodes to join at "
+            f"{self.config.rdzv_endpoint}: {now - self.started:.0f}s of {self.config.rdzv_timeout:g}s (rdzv_timeout)"
+        )
+
+    def hung(self, now: float) -> bool:
+        """No progress within the timeout (or, before any rank was heard from, the start-up allowance)."""
+        config = self.config
+        if config.timeout is None:
+            return False
+        limit = config.timeout
+        if not self.heard_any and config.startup_timeout is not None:
+            limit = max(limit, config.startup_timeout)
+        if not self.heard_any and config.nnodes > 1:
+            limit = max(limit, config.rdzv_timeout or 0)  # waiting for nodes is not a hang
+        return now - self.last_progress > limit
 
     # ---------------------------------------------------------------- reports
     def hang_report(self, alive_ranks: set[int]) -> LaunchTimeout:
@@ -161,10 +194,10 @@ class _Run:
             if state.last_heard is None or now - state.last_heard >= (self.config.timeout or 0):
                 silent.append(rank)
         advice = []
-        if all(state.last_heard is None for state in self.ranks.values()):
+        if not self.heard_any:
             advice.append(
                 "No rank printed anything: if start-up (importing torch, the rendezvous) is slow here, "
-                "a longer timeout may be all that is needed."
+                "a longer startup_timeout may be all that is needed."
             )
         advice += [
             "To find the collective that does not match, rerun with env={'TORCH_DISTRIBUTED_DEBUG': 'DETAIL'}"
@@ -186,14 +219,14 @@ class _Run:
         # without an agent there is no torchrun report: the one process's own exit code is the rank's
         known = {self.config.rank_offset: returncode} if self.config.launcher == "python" else None
         diagnosis = diagnose(
-            agent_output, self.tail, self.config.nproc, cuda_available=visible_gpus() > 0, exitcodes=known
+            agent_output, self.tail, self.config.nproc, cuda_available=self.config.gpus > 0, exitcodes=known
         )
         if diagnosis is None and "RendezvousTimeoutError" in agent_output:
             return LaunchFailed(
                 f"the rendezvous timed out: not all {self.config.nnodes} nodes joined at "
-                f"{self.config.rdzv_endpoint} within {self.config.rdzv_timeout or 600:g}s, so no worker started. "
-                "Start every node with the same rdzv_endpoint and nnodes, each with its own node_rank, "
-                "and check that the first node's port is reachable from the others.",
+                f"{self.config.rdzv_endpoint} within {self.config.rdzv_timeout:g}s, so no worker started. "
+                "Start every node with the same rdzv_endpoint and nnodes, and check that the first node's "
+                "port is reachable from the others (rdzv_timeout=... waits longer).",
                 returncode=returncode,
                 output=agent_output,
             )
@@ -212,47 +245,36 @@ class _Run:
             hint=diagnosis.hint,
             run_dir=str(self.config.run_dir),
             logs=self.logs,
+            stderr_tail=diagnosis.stderr_tail,
         )
 
 
 def launch(
-    script: str | os.PathLike[str],
-    *script_args: str | int | float,
-    nproc: int | None = None,
-    backend: str = "auto",
-    timeout: float | None = None,
-    run_dir: str | os.PathLike[str] | None = None,
-    env: Mapping[str, str] | None = None,
-    max_restarts: int = 0,
-    show_ranks: object = "all",
-    progress: str = "auto",
-    grace_s: float = 5.0,
-    nnodes: int = 1,
-    node_rank: int = 0,
-    rdzv_endpoint: str | None = None,
-    rdzv_timeout: float | None = None,
-    launcher: str = "torchrun",
+    script: str | os.PathLike[str], *script_args: str | int | float | os.PathLike[str], **options: Any
 ) -> LaunchResult:
-    """Run `script` under ``python -m torch.distributed.run`` and stream every rank's output live.
+    """Run `script` under torchrun (``torch.distributed.run``) and stream every rank's output live.
 
-    Args:
-        script: the worker file; it must run under plain torchrun.
-        script_args: its command-line arguments (strings or numbers).
+    Options (keywords; each default is `LaunchConfig`'s):
         nproc: processes on this node; default one per visible GPU, or 2 on the CPU.
         backend: "auto" (nccl with GPUs, gloo without), "gloo" or "nccl". Workers read it
             from the ``DDP_BACKEND`` environment variable, and the device from ``DDP_DEVICE``.
-        timeout: seconds without progress (no output line, no metrics line) before the run is
-            declared hung and killed. None waits for ever.
+        timeout: seconds without progress (any output, even part of a line, or a metrics line)
+            before the run is declared hung and killed. None waits for ever.
+        startup_timeout: seconds allowed before the first sign of life (importing torch and the
+            rendezvous can be slow on a busy machine); default: `timeout`.
         run_dir: where logs, metrics and the summary go; default ``runs/<time>-<script>-<id>``.
+            A run_dir used before keeps the earlier launch's outputs under ``previous/``.
         env: extra environment variables for the workers.
         max_restarts: torchrun's elastic restarts after a failure.
         show_ranks: which ranks to echo into the cell: "all", "none", a rank, or a list.
-            Every line is kept in the result either way.
+            Every line is kept in the result and on disk either way; a flood is shown rate-limited.
         progress: "auto", "widget", "text" or "off".
         grace_s: seconds between SIGTERM and SIGKILL when stopping the run.
         nnodes, node_rank, rdzv_endpoint: for a multi-node job, this node's agent; every node
-            uses the same endpoint ("host:port" of the first node) and its own node_rank.
-        rdzv_timeout: seconds to wait for all nodes to join (torchrun's default is 600).
+            uses the same endpoint ("host:port" of the first node). With nnodes > 1 the c10d
+            rendezvous, not node_rank, decides which node gets ranks 0..nproc-1; the result and
+            the echo use each worker's real RANK.
+        rdzv_timeout: seconds to wait for all nodes to join (default 120 with nnodes > 1).
         launcher: "torchrun", or "python" for a one-process run without the agent: the script gets
             the environment torchrun would give a world of one (RANK, WORLD_SIZE, MASTER_PORT, the
             error file), and starts a few seconds sooner because only one interpreter imports torch.
@@ -267,34 +289,39 @@ def launch(
         LaunchFailed: torchrun failed with no worker to blame (e.g. a rendezvous timeout).
         LaunchInterrupted: the cell was interrupted (a KeyboardInterrupt); all processes were stopped.
     """
-    if progress not in PROGRESS_CHOICES:
-        raise InvalidLaunchArguments(
-            f"progress must be one of {', '.join(PROGRESS_CHOICES)}, got {progress!r}"
-        )
-    config = make_config(
-        script, script_args, nproc=nproc, backend=backend, timeout=timeout, run_dir=run_dir, env=env,
-        max_restarts=max_restarts, show_ranks=show_ranks, grace_s=grace_s, nnodes=nnodes,
-        node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_timeout=rdzv_timeout, launcher=launcher,
-    )  # fmt: skip
-    return _execute(config, resolve_progress(progress))
+    config = make_config(script, script_args, **options)
+    return execute(config)
 
 
-def _execute(config: LaunchConfig, progress: str) -> LaunchResult:
-    config.log_dir.mkdir(parents=True, exist_ok=True)
-    command = config.command()
-    run = _Run(config, progress)
-    started = time.monotonic()
+def keep_previous_outputs(run_dir: Path) -> Path | None:
+    """Move an earlier launch's logs, metrics and summary in `run_dir` to ``run_dir/previous/<n>``.
+
+    A launch reads only its own files: a reused run_dir must not report the earlier run's failure,
+    lines or summary. Other files (checkpoints, the magic's cell.py) stay where they are.
+    """
+    found = [run_dir / name for name in RUN_OUTPUTS if (run_dir / name).exists()]
+    if not found:
+        return None
+    previous = run_dir / "previous"
+    index = 1 + max((int(p.name) for p in previous.glob("*") if p.name.isdigit()), default=0)
+    target = previous / str(index)
+    target.mkdir(parents=True)
+    for path in found:
+        shutil.move(str(path), str(target / path.name))
+    return target
+
+
+def _start(config: LaunchConfig) -> subprocess.Popen[bytes]:
+    """Spawn torchrun (or the one process), its output going to files that `_Run` follows."""
     direct = config.launcher == "python"
-    if direct:
-        # no agent: the process writes straight into the files torchrun's --redirects would write
-        config.direct_log_dir.mkdir(parents=True, exist_ok=True)
-        stdout = open(config.direct_log_dir / "stdout.log", "wb")  # closed once the child has it
-        stderr: Any = open(config.direct_log_dir / "stderr.log", "wb")
-    else:
-        stdout, stderr = subprocess.PIPE, subprocess.STDOUT
+    out_dir = config.direct_log_dir if direct else config.log_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # no agent: the process writes straight into the files torchrun's --redirects would write
+    stdout = open(out_dir / "stdout.log" if direct else config.agent_log, "wb")
+    stderr = open(out_dir / "stderr.log", "wb") if direct else subprocess.STDOUT
     try:
-        proc = subprocess.Popen(
-            command,
+        return subprocess.Popen(
+            config.command(),
             stdout=stdout,
             stderr=stderr,
             stdin=subprocess.DEVNULL,
@@ -302,75 +329,79 @@ def _execute(config: LaunchConfig, progress: str) -> LaunchResult:
             start_new_session=True,  # the whole run can be signalled without touching the kernel
         )
     finally:
+        stdout.close()  # the child holds its own copies
         if direct:
-            stdout.close()  # the child holds its own copies
-            stderr.close()
+            stderr.close()  # type: ignore[union-attr]
+
+
+def execute(config: LaunchConfig, progress: str | None = None) -> LaunchResult:
+    """Run a validated `LaunchConfig` (what `launch` does after checking its arguments)."""
+    keep_previous_outputs(config.run_dir)
+    run = _Run(config, progress or resolve_progress(config.progress))
+    proc = _start(config)
     tree = ProcessTree(proc.pid)
-    sampler = ResourceSampler(tree, gpus=config.device == "cuda", root_is_worker=direct)
-    agent_lines: queue.Queue[str | None] = queue.Queue()
-    if proc.stdout is not None:
-        pump = threading.Thread(target=_pump, args=(proc.stdout, agent_lines), daemon=True)
-        pump.start()
-    else:
-        pump = None
+    sampler = ResourceSampler(tree, gpus=config.device == "cuda", root_is_worker=config.launcher == "python")
     success = False
     try:
         last_refresh = 0.0
         while True:
-            _drain(agent_lines, run)
             run.poll_files()
             if proc.poll() is not None:
                 break
             now = time.monotonic()
-            if now - last_refresh > 0.5:
+            # across nodes, a rank's lines wait until its worker says who it is: look sooner
+            unmapped = config.nnodes > 1 and len(sampler.local_to_global) < config.nproc
+            if now - last_refresh > (POLL_S if unmapped else REFRESH_S):
                 tree.refresh()
                 sampler.sample()
                 run.tail.learn_ranks(sampler.local_to_global)
                 last_refresh = now
-            if config.timeout is not None and now - run.last_progress > config.timeout:
+            run.note_waiting_for_nodes()
+            if run.hung(now):
                 tree.refresh()
                 sampler.sample()  # also learns the ranks of workers started since the last sample
                 error = run.hang_report(sampler.alive_ranks())
-                tree.terminate(config.grace_s)
+                _stop(tree, proc, config.grace_s)
                 raise error
             time.sleep(POLL_S)
-        if pump is not None:
-            pump.join(timeout=5)
-        _drain(agent_lines, run)
         run.poll_files(final=True)
         if proc.returncode != 0:
             raise run.failure(proc.returncode)
         success = True
-    except KeyboardInterrupt:
-        killed = tree.terminate(config.grace_s)
+    except KeyboardInterrupt as interrupt:
+        if isinstance(interrupt, LaunchInterrupted):
+            raise
+        killed = _stop(tree, proc, config.grace_s)
         detail = f" ({len(killed)} needed SIGKILL)" if killed else ""
         raise LaunchInterrupted(
             f"interrupted: every process of the run was stopped{detail}; logs are in {config.run_dir}"
         ) from None
     finally:
-        tree.terminate(config.grace_s)  # anything a worker left behind goes too
+        _stop(tree, proc, config.grace_s)  # anything a worker left behind goes too
+        run.echo.close()
         run.progress.close(success)
-        if proc.stdout:
-            proc.stdout.close()
     return LaunchResult(
         returncode=proc.returncode,
-        wall_s=time.monotonic() - started,
+        wall_s=time.monotonic() - run.started,
         run_dir=config.run_dir,
         logs=run.logs,
         metrics=read_metrics(config.run_dir),
         summary=read_summary(config.run_dir),
-        command=command,
+        command=config.command(),
         launcher_output=run.agent_lines,
         attempts=max(run.attempts_seen, 1),
         resources=sampler.frame(),
+        gpu_sampling=sampler.gpu_sampling,
+        lines_held_back=run.echo.held_back,
     )
 
 
-def _drain(lines: queue.Queue[str | None], run: _Run) -> None:
-    while True:
-        try:
-            text = lines.get_nowait()
-        except queue.Empty:
-            return
-        if text is not None:
-            run.on_agent_line(text)
+def _stop(tree: ProcessTree, proc: subprocess.Popen[bytes], grace_s: float) -> list[int]:
+    """Stop every process of the run, then reap torchrun, so it does not stay a zombie of the kernel."""
+    killed = tree.terminate(grace_s)
+    try:
+        proc.wait(timeout=grace_s + 5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    return killed

@@ -1,29 +1,36 @@
-"""Checking `launch()`'s arguments and turning them into a torchrun command line.
+"""`LaunchConfig`: the one statement of `launch()`'s options, their defaults and their checks.
 
-Everything here runs before a process is spawned, so bad input never leaves anything behind.
+`launch()`, ``%%torchrun``, ``python -m ddp_helpers launch`` and live ranks all build a `LaunchConfig`
+from what the user gave and leave the rest to its defaults. It validates itself on construction, so
+bad input is refused before a process is spawned, and turns into a torchrun command line.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import secrets
 import socket
 import sys
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from .errors import InvalidLaunchArguments
 
-BACKENDS = ("auto", "gloo", "nccl")
 LAUNCHERS = ("torchrun", "python")
+PROGRESS_CHOICES = ("auto", "widget", "text", "off")
 RUNS_DIR_ENV = "DDP_HELPERS_RUNS_DIR"
+MULTINODE_RDZV_TIMEOUT_S = 120.0  # torchrun waits 600 s for a missing node: too long for a cell
+# What one launch writes into its run_dir; a later launch into the same folder moves them aside.
+RUN_OUTPUTS = ("logs", "metrics", "summary.json", "plan.json")
 
 
 def visible_gpus() -> int:
-    """CUDA devices this process can see (0 without a CUDA build or a driver)."""
+    """CUDA devices this process can see (0 without a CUDA build or a driver). Creates no CUDA context."""
     try:
         import torch
 
@@ -32,84 +39,34 @@ def visible_gpus() -> int:
         return 0
 
 
-@dataclass
-class LaunchConfig:
-    """A validated launch: what to run, where, and how to watch it."""
+def cpu_cores() -> int:
+    """The cores this process may run on (its affinity mask, which a container or taskset narrows)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
-    script: Path
-    script_args: list[str]
-    nproc: int
-    backend: str  # resolved: "gloo" or "nccl"
-    device: str  # "cpu" or "cuda"
-    run_dir: Path
-    timeout: float | None
-    max_restarts: int
-    show_ranks: set[int] | None  # None: every rank
-    grace_s: float
-    nnodes: int = 1
-    node_rank: int = 0
-    rdzv_endpoint: str | None = None
-    rdzv_timeout: float | None = None  # seconds to wait for every node to join
-    extra_env: dict[str, str] = field(default_factory=dict)
-    launcher: str = "torchrun"  # "python": one process, no agent (see `launch`)
-    python: str = sys.executable
 
-    @property
-    def log_dir(self) -> Path:
-        return self.run_dir / "logs"
+def threads_per_rank(local_world_size: int, cores: int | None = None) -> int:
+    """OMP/MKL threads for each of `local_world_size` ranks on one machine: the cores shared out.
 
-    @property
-    def rank_offset(self) -> int:
-        return self.node_rank * self.nproc
+    The same on every backend: a GPU rank's CPU work (data loading, the optimizer on CPU tensors)
+    oversubscribes the cores just as a CPU rank's does.
+    """
+    return max(1, (cpu_cores() if cores is None else cores) // max(1, local_world_size))
 
-    @property
-    def direct_log_dir(self) -> Path:
-        """Where a ``launcher="python"`` run keeps its logs: torchrun's layout, so one reader serves both."""
-        return self.log_dir / "python" / "attempt_0" / "0"
 
-    def command(self) -> list[str]:
-        if self.launcher == "python":
-            return [self.python, str(self.script), *self.script_args]
-        cmd = [self.python, "-m", "torch.distributed.run", "--nproc-per-node", str(self.nproc)]
-        if self.nnodes == 1:
-            cmd += ["--standalone"]  # c10d rendezvous on a free localhost port: no clashes
-        else:
-            cmd += [
-                "--nnodes", str(self.nnodes), "--node-rank", str(self.node_rank),
-                "--rdzv-backend", "c10d", "--rdzv-endpoint", str(self.rdzv_endpoint),
-            ]  # fmt: skip
-            if self.rdzv_timeout is not None:
-                cmd += ["--rdzv-conf", f"join_timeout={self.rdzv_timeout:g}"]
-        # Each rank writes its own stdout/stderr files, which we follow: lines never merge.
-        cmd += ["--max-restarts", str(self.max_restarts), "--log-dir", str(self.log_dir), "--redirects", "3"]
-        return [*cmd, str(self.script), *self.script_args]
+def loopback_visible_devices(node_rank: int, nproc: int, gpus: int) -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` for loopback "node" `node_rank` of `nproc` ranks each, on a machine of `gpus`.
 
-    def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
-        # torchrun would set 1 thread per worker and warn; share the cores out instead.
-        threads = max(1, (os.cpu_count() or 1) // (self.nproc if self.device == "cpu" else 1))
-        env.setdefault("OMP_NUM_THREADS", str(threads))
-        env.update(
-            PYTHONUNBUFFERED="1",  # a worker's print reaches its log file, and the cell, at once
-            PYTHONFAULTHANDLER="1",  # a segfault still leaves a Python stack in stderr
-            DDP_BACKEND=self.backend,
-            DDP_DEVICE=self.device,
-            DDP_RUN_DIR=str(self.run_dir),  # where workers write metrics/ and summary.json
-        )
-        if self.launcher == "python":
-            # what torchrun would give a world of one, so the same script runs unchanged
-            env.update(
-                RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_RANK="0",
-                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-                TORCHELASTIC_ERROR_FILE=str(self.direct_log_dir / "error.json"),  # for @record
-            )  # fmt: skip
-        if self.max_restarts > 0:
-            # torchrun keeps one shared TCPStore across restart rounds, so restarted workers can read
-            # the dead workers' addresses and fail with "connectFullMesh ... Connection refused"
-            # (seen on torch 2.14; cf. pytorch/pytorch#167288). A fresh store per round avoids it.
-            env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-        env.update(self.extra_env)
-        return env
+    Two agents on one machine both number their ranks from LOCAL_RANK 0, so both would take ``cuda:0``,
+    which NCCL refuses as a duplicate GPU. Node k gets GPUs ``k*nproc .. k*nproc+nproc-1`` instead.
+    None when there are not enough GPUs for that (run the demo on gloo then).
+    """
+    first = node_rank * nproc
+    if gpus <= 0 or first + nproc > gpus:
+        return None
+    return ",".join(str(i) for i in range(first, first + nproc))
 
 
 def free_port() -> int:
@@ -119,12 +76,34 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def default_run_dir(stem: str) -> Path:
+    """A new, unique ``runs/<time>-<stem>-<id>`` (under $DDP_HELPERS_RUNS_DIR if set)."""
+    base = Path(os.environ.get(RUNS_DIR_ENV, "runs"))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return (base / f"{stamp}-{stem}-{secrets.token_hex(3)}").resolve()
+
+
+# ---------------------------------------------------------------------------- checks
+
+
 def _check_int(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidLaunchArguments(f"{name} must be an integer, got {value!r}")
     if value < minimum:
         raise InvalidLaunchArguments(f"{name} must be >= {minimum}, got {value}")
     return value
+
+
+def _check_seconds(name: str, value: object, *, allow_none: bool, allow_zero: bool = False) -> float | None:
+    if value is None and allow_none:
+        return None
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (value == 0 and not allow_zero):
+        what = ">= 0" if allow_zero else "a positive number of"
+        raise InvalidLaunchArguments(
+            f"{name} must be {what} seconds{' or None' if allow_none else ''}, got {value!r}"
+        )
+    return float(value)  # type: ignore[arg-type]
 
 
 def _check_script_args(args: Iterable[object]) -> list[str]:
@@ -139,122 +118,220 @@ def _check_script_args(args: Iterable[object]) -> list[str]:
     return checked
 
 
-def _check_show_ranks(show_ranks: object) -> set[int] | None:
+def _check_show_ranks(show_ranks: object, world_size: int) -> set[int] | None:
     if show_ranks == "all":
         return None
     if show_ranks is None or show_ranks == "none":
         return set()
+    ranks: list[object] | None = None
     if isinstance(show_ranks, int) and not isinstance(show_ranks, bool):
-        return {show_ranks}
-    if isinstance(show_ranks, Iterable) and not isinstance(show_ranks, str):
+        ranks = [show_ranks]
+    elif isinstance(show_ranks, Iterable) and not isinstance(show_ranks, str):
         ranks = list(show_ranks)
-        if all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
-            return set(ranks)
-    raise InvalidLaunchArguments(
-        f"show_ranks must be 'all', 'none', a rank or a list of ranks, got {show_ranks!r}"
-    )
+    if ranks is None or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+        raise InvalidLaunchArguments(
+            f"show_ranks must be 'all', 'none', a rank or a list of ranks, got {show_ranks!r}"
+        )
+    outside = sorted(r for r in ranks if not 0 <= r < world_size)  # type: ignore[operator]
+    if outside:
+        raise InvalidLaunchArguments(
+            f"show_ranks {outside} is outside this world of {world_size} rank(s) (0..{world_size - 1})"
+        )
+    return set(ranks)  # type: ignore[arg-type]
 
 
-def _resolve_backend(backend: str, nproc: int | None, gpus: int) -> tuple[str, str, int]:
-    if backend not in BACKENDS:
-        raise InvalidLaunchArguments(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    if backend == "auto":
-        backend = "nccl" if gpus > 0 else "gloo"
-    if nproc is None:
-        nproc = gpus if gpus > 0 else 2
-    nproc = _check_int("nproc", nproc, 1)
-    if backend == "nccl":
-        if gpus == 0:
+def _check_run_dir(run_dir: Path) -> Path:
+    # an ancestor that is a file would surface later as a raw NotADirectoryError
+    for folder in (run_dir, *run_dir.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise InvalidLaunchArguments(f"run_dir {run_dir} cannot be created: {folder} is a file")
+            break
+    return run_dir
+
+
+def _resolve_backend(backend: object, nproc: object, gpus: int) -> tuple[str, str, int]:
+    from .distributed import resolve_backend  # the one rule, shared with every worker
+
+    try:
+        backend, device = resolve_backend(backend, gpus)  # type: ignore[arg-type]
+    except ValueError as err:
+        raise InvalidLaunchArguments(str(err)) from None
+    nproc = _check_int("nproc", gpus if gpus > 0 and nproc is None else (2 if nproc is None else nproc), 1)
+    if backend == "nccl" and nproc > gpus:
+        raise InvalidLaunchArguments(
+            f"nproc={nproc} but only {gpus} GPU(s) are visible: NCCL needs one GPU per process. "
+            f"Use nproc<={gpus}, or backend='gloo' to run on the CPU"
+        )
+    return backend, device, nproc
+
+
+# ---------------------------------------------------------------------------- the config
+
+
+@dataclass
+class LaunchConfig:
+    """A validated launch: what to run, where, and how to watch it. See `launch` for each option.
+
+    Built with the user's options only; every default lives here. On construction, "auto" and None
+    are resolved (`backend`, `nproc`, `run_dir`, `rdzv_timeout`), and bad input raises
+    `InvalidLaunchArguments` before anything is spawned.
+    """
+
+    script: Path
+    script_args: list[str] = field(default_factory=list)
+    nproc: int | None = None  # None: one per visible GPU, or 2 on the CPU (1 with launcher="python")
+    backend: str = "auto"  # resolved to "gloo" or "nccl"
+    timeout: float | None = None  # seconds without progress before the run is called hung
+    startup_timeout: float | None = None  # seconds allowed before the first sign of life; None: timeout
+    run_dir: Path | None = None  # None: runs/<time>-<script>-<id>
+    env: dict[str, str] = field(default_factory=dict)
+    max_restarts: int = 0
+    show_ranks: object = "all"
+    progress: str = "auto"
+    grace_s: float = 5.0
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    rdzv_timeout: float | None = None  # None: MULTINODE_RDZV_TIMEOUT_S when nnodes > 1
+    launcher: str = "torchrun"
+    python: str = sys.executable
+    gpus: int | None = None  # visible GPUs; None asks torch (tests pass a count instead)
+    device: str = field(init=False)  # "cpu" or "cuda"
+    shown_ranks: set[int] | None = field(init=False)  # None: every rank
+
+    def __post_init__(self) -> None:
+        script = Path(self.script).expanduser()
+        if not script.is_file():
+            raise InvalidLaunchArguments(f"script not found: {script} (cwd is {Path.cwd()})")
+        self.script = script.resolve()
+        self.script_args = _check_script_args(self.script_args)
+        if self.launcher not in LAUNCHERS:
             raise InvalidLaunchArguments(
-                "backend 'nccl' needs CUDA GPUs and none are visible; use 'gloo' on the CPU"
+                f"launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}"
             )
-        if nproc > gpus:
+        if self.progress not in PROGRESS_CHOICES:
             raise InvalidLaunchArguments(
-                f"nproc={nproc} but only {gpus} GPU(s) are visible: NCCL needs one GPU per process. "
-                f"Use nproc<={gpus}, or backend='gloo' to run on the CPU"
+                f"progress must be one of {', '.join(PROGRESS_CHOICES)}, got {self.progress!r}"
             )
-    return backend, ("cuda" if backend == "nccl" else "cpu"), nproc
+        self.gpus = visible_gpus() if self.gpus is None else _check_int("gpus", self.gpus, 0)
+        if self.launcher == "python" and self.nproc is None:
+            self.nproc = 1
+        self.backend, self.device, self.nproc = _resolve_backend(self.backend, self.nproc, self.gpus)
+        self.timeout = _check_seconds("timeout", self.timeout, allow_none=True)
+        self.startup_timeout = _check_seconds("startup_timeout", self.startup_timeout, allow_none=True)
+        self.grace_s = _check_seconds("grace_s", self.grace_s, allow_none=False, allow_zero=True)  # type: ignore[assignment]
+        self.max_restarts = _check_int("max_restarts", self.max_restarts, 0)
+        self.env = dict(self.env or {})
+        bad = [k for k, v in self.env.items() if not isinstance(k, str) or not isinstance(v, str)]
+        if bad:
+            raise InvalidLaunchArguments(f"env keys and values must be strings; check {bad}")
+        self.nnodes = _check_int("nnodes", self.nnodes, 1)
+        self.node_rank = _check_int("node_rank", self.node_rank, 0)
+        if self.node_rank >= self.nnodes:
+            raise InvalidLaunchArguments(f"node_rank must be < nnodes ({self.nnodes}), got {self.node_rank}")
+        if self.nnodes > 1 and not (
+            isinstance(self.rdzv_endpoint, str) and re.fullmatch(r"[^\s:]+:\d+", self.rdzv_endpoint)
+        ):
+            raise InvalidLaunchArguments(
+                f"nnodes={self.nnodes} needs rdzv_endpoint='host:port', got {self.rdzv_endpoint!r}"
+            )
+        self.rdzv_timeout = _check_seconds("rdzv_timeout", self.rdzv_timeout, allow_none=True)
+        if self.rdzv_timeout is None and self.nnodes > 1:
+            self.rdzv_timeout = MULTINODE_RDZV_TIMEOUT_S
+        if self.launcher == "python" and (self.nproc != 1 or self.nnodes != 1 or self.max_restarts):
+            raise InvalidLaunchArguments(
+                "launcher='python' runs one process without torchrun's agent: it needs nproc=1, nnodes=1 and "
+                f"max_restarts=0 (got nproc={self.nproc}, nnodes={self.nnodes}, max_restarts={self.max_restarts})"
+            )
+        self.shown_ranks = _check_show_ranks(self.show_ranks, self.nproc * self.nnodes)
+        run_dir = Path(self.run_dir).expanduser().resolve() if self.run_dir is not None else None
+        self.run_dir = _check_run_dir(run_dir or default_run_dir(self.script.stem))
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def log_dir(self) -> Path:
+        return self.run_dir / "logs"  # type: ignore[operator]
+
+    @property
+    def agent_log(self) -> Path:
+        """torchrun's own output (its warnings, its failure report): kept, shown only when it explains."""
+        return self.log_dir / "torchrun.log"
+
+    @property
+    def rank_offset(self) -> int:
+        """node_rank * nproc: the global rank of local rank 0 where node_rank decides it (one node)."""
+        return self.node_rank * self.nproc  # type: ignore[operator]
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc * self.nnodes  # type: ignore[operator]
+
+    @property
+    def direct_log_dir(self) -> Path:
+        """Where a ``launcher="python"`` run keeps its logs: torchrun's layout, so one reader serves both."""
+        return self.log_dir / "python" / "attempt_0" / "0"
+
+    def command(self) -> list[str]:
+        if self.launcher == "python":
+            return [self.python, str(self.script), *self.script_args]
+        # torchrun's own main, run by our agent so that no orphan outlives the run (see agent.py)
+        cmd = [self.python, "-m", "ddp_helpers.agent", "--nproc-per-node", str(self.nproc)]
+        if self.nnodes == 1:
+            cmd += ["--standalone"]  # c10d rendezvous on a free localhost port: no clashes
+        else:
+            cmd += [
+                "--nnodes", str(self.nnodes), "--node-rank", str(self.node_rank),
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", str(self.rdzv_endpoint),
+                "--rdzv-conf", f"join_timeout={self.rdzv_timeout:g}",
+            ]  # fmt: skip
+        # Each rank writes its own stdout/stderr files, which we follow: lines never merge.
+        cmd += ["--max-restarts", str(self.max_restarts), "--log-dir", str(self.log_dir), "--redirects", "3"]
+        # "--": the script's own options never reach torchrun's parser ("--max" is not "--max-restarts")
+        return [*cmd, "--", str(self.script), *self.script_args]
+
+    def environment(self) -> dict[str, str]:
+        from .agent import GRACE_ENV
+
+        env = dict(os.environ)
+        # torchrun would set 1 thread per worker and warn; share the cores out instead.
+        env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(self.nproc)))  # type: ignore[arg-type]
+        env.update(
+            PYTHONUNBUFFERED="1",  # a worker's print reaches its log file, and the cell, at once
+            PYTHONFAULTHANDLER="1",  # a segfault still leaves a Python stack in stderr
+            DDP_BACKEND=self.backend,
+            DDP_DEVICE=self.device,
+            DDP_RUN_DIR=str(self.run_dir),  # where workers write metrics/ and summary.json
+        )
+        env[GRACE_ENV] = f"{self.grace_s:g}"
+        if self.launcher == "python":
+            # what torchrun would give a world of one, so the same script runs unchanged
+            env.update(
+                RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_RANK="0",
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                TORCHELASTIC_ERROR_FILE=str(self.direct_log_dir / "error.json"),  # for @record
+            )  # fmt: skip
+        if self.max_restarts > 0:
+            # torchrun keeps one shared TCPStore across restart rounds, so restarted workers can read
+            # the dead workers' addresses and fail with "connectFullMesh ... Connection refused"
+            # (seen on torch 2.14; cf. pytorch/pytorch#167288). A fresh store per round avoids it.
+            env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+        env.update(self.env)
+        return env
 
 
-def default_run_dir(stem: str) -> Path:
-    """A new, unique ``runs/<time>-<stem>-<id>`` (under $DDP_HELPERS_RUNS_DIR if set)."""
-    base = Path(os.environ.get(RUNS_DIR_ENV, "runs"))
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return (base / f"{stamp}-{stem}-{secrets.token_hex(3)}").resolve()
+OPTION_NAMES = tuple(
+    f.name for f in fields(LaunchConfig) if f.init and f.name not in ("script", "script_args")
+)
 
 
 def make_config(
-    script: str | os.PathLike[str],
-    script_args: Iterable[object],
-    *,
-    nproc: int | None,
-    backend: str,
-    timeout: float | None,
-    run_dir: str | os.PathLike[str] | None,
-    env: Mapping[str, str] | None,
-    max_restarts: int,
-    show_ranks: object,
-    grace_s: float,
-    nnodes: int,
-    node_rank: int,
-    rdzv_endpoint: str | None,
-    rdzv_timeout: float | None = None,
-    launcher: str = "torchrun",
+    script: str | os.PathLike[str], script_args: Iterable[object] = (), **options: Any
 ) -> LaunchConfig:
-    """Validate `launch()`'s arguments. Raises `InvalidLaunchArguments` saying what to change."""
-    script_path = Path(script).expanduser()
-    if not script_path.is_file():
-        raise InvalidLaunchArguments(f"script not found: {script_path} (cwd is {Path.cwd()})")
-    gpus = visible_gpus()
-    if launcher == "python" and nproc is None:
-        nproc = 1
-    backend, device, nproc = _resolve_backend(backend, nproc, gpus)
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
-    ):
-        raise InvalidLaunchArguments(f"timeout must be a positive number of seconds or None, got {timeout!r}")
-    if not isinstance(grace_s, int | float) or grace_s < 0:
-        raise InvalidLaunchArguments(f"grace_s must be >= 0, got {grace_s!r}")
-    extra_env = dict(env or {})
-    bad = [k for k, v in extra_env.items() if not isinstance(k, str) or not isinstance(v, str)]
-    if bad:
-        raise InvalidLaunchArguments(f"env keys and values must be strings; check {bad}")
-    nnodes = _check_int("nnodes", nnodes, 1)
-    node_rank = _check_int("node_rank", node_rank, 0)
-    if node_rank >= nnodes:
-        raise InvalidLaunchArguments(f"node_rank must be < nnodes ({nnodes}), got {node_rank}")
-    if nnodes > 1 and not (isinstance(rdzv_endpoint, str) and re.fullmatch(r"[^\s:]+:\d+", rdzv_endpoint)):
+    """A `LaunchConfig` from `launch()`'s arguments. Raises `InvalidLaunchArguments` saying what to change."""
+    unknown = sorted(set(options) - set(OPTION_NAMES))
+    if unknown:
         raise InvalidLaunchArguments(
-            f"nnodes={nnodes} needs rdzv_endpoint='host:port', got {rdzv_endpoint!r}"
+            f"unknown option(s) {unknown}; the options are {', '.join(OPTION_NAMES)}"
         )
-    if rdzv_timeout is not None and (not isinstance(rdzv_timeout, int | float) or rdzv_timeout <= 0):
-        raise InvalidLaunchArguments(
-            f"rdzv_timeout must be a positive number of seconds, got {rdzv_timeout!r}"
-        )
-    if launcher not in LAUNCHERS:
-        raise InvalidLaunchArguments(f"launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
-    if launcher == "python" and (nproc != 1 or nnodes != 1 or max_restarts):
-        raise InvalidLaunchArguments(
-            "launcher='python' runs one process without torchrun's agent: it needs nproc=1, nnodes=1 and "
-            f"max_restarts=0 (got nproc={nproc}, nnodes={nnodes}, max_restarts={max_restarts})"
-        )
-    return LaunchConfig(
-        script=script_path.resolve(),
-        script_args=_check_script_args(script_args),
-        nproc=nproc,
-        backend=backend,
-        device=device,
-        run_dir=Path(run_dir).expanduser().resolve()
-        if run_dir is not None
-        else default_run_dir(script_path.stem),
-        timeout=float(timeout) if timeout is not None else None,
-        max_restarts=_check_int("max_restarts", max_restarts, 0),
-        show_ranks=_check_show_ranks(show_ranks),
-        grace_s=float(grace_s),
-        nnodes=nnodes,
-        node_rank=node_rank,
-        rdzv_endpoint=rdzv_endpoint,
-        rdzv_timeout=rdzv_timeout,
-        extra_env=extra_env,
-        launcher=launcher,
-    )
+    return LaunchConfig(Path(script), list(script_args), **options)

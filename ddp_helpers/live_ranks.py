@@ -17,7 +17,6 @@ from __future__ import annotations
 import atexit
 import os
 import pickle
-import queue
 import re
 import secrets
 import select
@@ -26,7 +25,6 @@ import signal
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 import weakref
 from collections.abc import Iterable, Mapping
@@ -36,8 +34,15 @@ from pathlib import Path
 from typing import Any
 
 from . import live_channel
-from .errors import InvalidLaunchArguments, LaunchError, LaunchTimeout, RankError, WorkerFailed
-from .launch import LaunchInterrupted, _drain, _pump, _Run
+from .errors import (
+    InvalidLaunchArguments,
+    LaunchError,
+    LaunchInterrupted,
+    LaunchTimeout,
+    RankError,
+    WorkerFailed,
+)
+from .launch import _Run, _start
 from .launch_config import LaunchConfig, default_run_dir, make_config
 from .process_tree import ProcessTree
 
@@ -137,7 +142,7 @@ class LiveRanks:
         stacks = config.run_dir / "stacks"
         stacks.mkdir(parents=True, exist_ok=True)
         config.log_dir.mkdir(parents=True, exist_ok=True)
-        config.extra_env.update(
+        config.env.update(
             {
                 live_channel.ADDRESS_ENV: address,
                 live_channel.AUTHKEY_ENV: authkey.hex(),
@@ -148,18 +153,9 @@ class LiveRanks:
         listener.bind(address)
         listener.listen(config.nproc)
         self._run = _Run(config, "off")
-        self._agent_lines: Any = queue.Queue()
-        self._proc = subprocess.Popen(
-            config.command(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=config.environment(),
-            start_new_session=True,  # signalled as a group, never by the kernel's own Ctrl-C
-        )
-        config.extra_env.pop(live_channel.AUTHKEY_ENV)  # the key lives in the ranks' environment only
+        self._proc = _start(config)  # in a session of its own: never signalled by the kernel's own Ctrl-C
+        config.env.pop(live_channel.AUTHKEY_ENV)  # the key lives in the ranks' environment only
         self._tree = ProcessTree(self._proc.pid)
-        threading.Thread(target=_pump, args=(self._proc.stdout, self._agent_lines), daemon=True).start()
         self._closed = False
         try:
             self._accept(listener, authkey)
@@ -202,7 +198,6 @@ class LiveRanks:
         self._follow(final=True)
 
     def _follow(self, final: bool = False) -> None:
-        _drain(self._agent_lines, self._run)
         self._run.poll_files(final=final)
 
     def _stop(self) -> None:

@@ -1,7 +1,11 @@
-"""Follow the per-rank log files that torchrun writes with ``--redirects 3 --log-dir``.
+"""Follow files that other processes append to: the one reader of logs, metrics and torchrun's output.
 
-Each rank writes to its own files, so lines from two ranks can never merge into one,
-and every line stays on disk after the run.
+`FileFollower` turns one growing file into lines: bytes are read as they come, a line still being
+written is held (and reported as a live update, so a tqdm bar or ``print(..., end="")`` counts as
+progress), and ``\\r`` updates keep only what a terminal would show.
+
+`RankLogTail` follows the per-rank files torchrun writes with ``--redirects 3 --log-dir``. Each rank
+writes its own files, so lines from two ranks never merge, and every line stays on disk.
 Layout (torch >= 2.0): ``<log_dir>/<run_id>_<rand>/attempt_<k>/<local_rank>/{stdout,stderr}.log``.
 """
 
@@ -14,39 +18,114 @@ from pathlib import Path
 _LOG_PATH = re.compile(r"attempt_(?P<attempt>\d+)/(?P<local_rank>\d+)/(?P<stream>stdout|stderr)\.log$")
 
 
+def visible_text(raw: bytes) -> str:
+    """What a terminal shows for one line: the text after its last carriage return."""
+    text = raw.decode("utf-8", errors="replace").rstrip("\r")
+    return text.rsplit("\r", 1)[-1]
+
+
+@dataclass
+class FileRead:
+    lines: list[str]  # complete lines, in order
+    partial: str | None  # the visible text of the line still being written, if it changed
+    nbytes: int  # bytes read: any byte is a sign of life
+
+
+@dataclass
+class FileFollower:
+    """Reads what was appended to one file since the last call."""
+
+    path: Path
+    offset: int = 0
+    _pending: bytes = b""
+
+    def read(self, final: bool = False) -> FileRead:
+        """New complete lines; with `final`, a trailing partial line counts as complete."""
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                chunk = fh.read()
+        except FileNotFoundError:
+            return FileRead([], None, 0)
+        self.offset += len(chunk)
+        data = self._pending + chunk
+        cut = data.rfind(b"\n")
+        if final:
+            cut = len(data) if data and cut < len(data) - 1 else cut
+        # decode the complete lines at once (a flood is 100,000s of lines); a partial line stays bytes,
+        # so a character split across two reads is whole when decoded
+        complete, self._pending = (data[:cut], data[cut + 1 :]) if cut >= 0 else (b"", data)
+        text = complete.decode("utf-8", errors="replace") if cut >= 0 else ""
+        lines = text.split("\n") if cut >= 0 else []
+        if "\r" in text:  # tqdm-style redraws: keep only what a terminal would show
+            lines = [line.rstrip("\r").rsplit("\r", 1)[-1] for line in lines]
+        partial = visible_text(self._pending) if chunk and self._pending else None
+        return FileRead(lines, partial or None, len(chunk))
+
+
 @dataclass
 class LogLine:
-    rank: int
+    rank: int  # global rank
     attempt: int
     stream: str  # "stdout" or "stderr"
     text: str
+    partial: bool = False  # a live update of a line not finished yet (not kept in the logs)
 
 
 @dataclass
-class _FollowedFile:
-    path: Path
-    rank: int
+class LogChunk:
+    """What one rank file gained since the last read: handled as a batch (a flood is 100,000s of lines)."""
+
+    rank: int  # global rank (-1 until known)
     attempt: int
     stream: str
-    offset: int = 0
-    partial: bytes = b""
+    lines: list[str]  # complete lines
+    partial: str | None = None  # the visible text of the line still being written, if it changed
+
+    def log_lines(self) -> list[LogLine]:
+        out = [LogLine(self.rank, self.attempt, self.stream, text) for text in self.lines]
+        if self.partial is not None:
+            out.append(LogLine(self.rank, self.attempt, self.stream, self.partial, partial=True))
+        return out
+
+
+@dataclass
+class _RankFile:
+    follower: FileFollower
+    local_rank: int
+    attempt: int
+    stream: str
 
 
 @dataclass
 class RankLogTail:
-    """Reads new complete lines from every rank's log files, in the order the files grow."""
+    """Reads new lines from every rank's log files, in the order the files grow.
+
+    Global ranks: ``rank_offset + local_rank`` on one node. Across nodes a c10d rendezvous orders the
+    agents its own way (torchrun ignores node_rank there), so the workers' own RANK is the truth:
+    with `ranks_known_up_front` False, a rank's lines wait until `learn_ranks` says who it is.
+    """
 
     log_dir: Path
-    rank_offset: int = 0  # global rank of local rank 0 (node_rank * nproc), until the workers tell
-    _files: dict[Path, _FollowedFile] = field(default_factory=dict)
+    rank_offset: int = 0
+    ranks_known_up_front: bool = True
+    _files: dict[Path, _RankFile] = field(default_factory=dict)
     _global_rank: dict[int, int] = field(default_factory=dict)  # local rank -> global rank, as seen
+    _waiting: list[tuple[int, LogChunk]] = field(default_factory=list)  # (local rank, chunk) not yet mapped
 
     def learn_ranks(self, local_to_global: dict[int, int]) -> None:
-        """Record the global ranks the workers really got (a c10d rendezvous may order nodes its own way)."""
+        """Record the global ranks the workers really got (from their RANK environment variable)."""
         self._global_rank.update(local_to_global)
+
+    def knows(self, local_rank: int) -> bool:
+        return self.ranks_known_up_front or local_rank in self._global_rank
 
     def global_rank(self, local_rank: int) -> int:
         return self._global_rank.get(local_rank, self.rank_offset + local_rank)
+
+    def global_ranks(self, nproc: int) -> list[int]:
+        """The global ranks of this node's `nproc` workers, as far as they are known."""
+        return [self.global_rank(local) for local in range(nproc)]
 
     def _discover(self) -> None:
         for path in self.log_dir.glob("*/attempt_*/*/std*.log"):
@@ -54,45 +133,47 @@ class RankLogTail:
                 continue
             match = _LOG_PATH.search(path.as_posix())
             if match:
-                self._files[path] = _FollowedFile(
-                    path=path,
-                    rank=int(match["local_rank"]),  # local here; made global when read
-                    attempt=int(match["attempt"]),
-                    stream=match["stream"],
+                self._files[path] = _RankFile(
+                    FileFollower(path), int(match["local_rank"]), int(match["attempt"]), match["stream"]
                 )
+
+    def started(self) -> bool:
+        """Whether any worker has started (its log files exist)."""
+        self._discover()
+        return bool(self._files)
 
     def attempts(self) -> int:
         """How many attempts (restarts + 1) have produced log files so far."""
         return len({f.attempt for f in self._files.values()})
 
-    def read_new(self, final: bool = False) -> list[LogLine]:
-        """Complete lines written since the last call. With `final`, a trailing partial line too."""
+    def read_chunks(self, final: bool = False) -> list[LogChunk]:
+        """What every rank file gained since the last call, one chunk per file, in file order.
+
+        Partial lines come as live updates (``partial``); with `final` they are complete, and
+        ranks still unmapped get ``rank_offset + local_rank``.
+        """
         self._discover()
-        lines: list[LogLine] = []
-        for followed in sorted(self._files.values(), key=lambda f: (f.attempt, f.rank, f.stream)):
-            try:
-                with open(followed.path, "rb") as fh:
-                    fh.seek(followed.offset)
-                    chunk = fh.read()
-            except FileNotFoundError:
-                continue
-            followed.offset += len(chunk)
-            data = followed.partial + chunk
-            *complete, followed.partial = data.split(b"\n")
-            if final and followed.partial:
-                complete.append(followed.partial)
-                followed.partial = b""
-            for raw in complete:
-                text = raw.decode("utf-8", errors="replace").rstrip("\r")
-                # tqdm-style carriage-return updates: keep only what would be visible.
-                text = text.rsplit("\r", 1)[-1]
-                lines.append(
-                    LogLine(self.global_rank(followed.rank), followed.attempt, followed.stream, text)
-                )
-        return lines
+        for followed in sorted(self._files.values(), key=lambda f: (f.attempt, f.local_rank, f.stream)):
+            read = followed.follower.read(final)
+            if read.lines or read.partial is not None:
+                chunk = LogChunk(-1, followed.attempt, followed.stream, read.lines, read.partial)
+                self._waiting.append((followed.local_rank, chunk))
+        ready, still_waiting = [], []
+        for local, chunk in self._waiting:
+            if self.knows(local) or final:
+                chunk.rank = self.global_rank(local)
+                ready.append(chunk)
+            else:
+                still_waiting.append((local, chunk))
+        self._waiting = still_waiting
+        return ready
+
+    def read_new(self, final: bool = False) -> list[LogLine]:
+        """`read_chunks`, line by line."""
+        return [line for chunk in self.read_chunks(final) for line in chunk.log_lines()]
 
     def rank_file(self, rank: int, name: str, attempt: int | None = None) -> Path | None:
-        """`name` (error.json, stderr.log, ...) of `rank` in the given attempt, or the latest one."""
+        """`name` (error.json, stderr.log, ...) of global `rank` in the given attempt, or the latest one."""
         local = next((lr for lr, gr in self._global_rank.items() if gr == rank), rank - self.rank_offset)
         found = {}
         for path in self.log_dir.glob(f"*/attempt_*/{local}/{name}"):

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .log_tail import FileFollower
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -62,25 +64,20 @@ class MetricsWriter:
 
 
 class MetricsFollower:
-    """Reads new lines of every rank's JSONL file as they are appended."""
+    """Reads new lines of every rank's JSONL file as they are appended (with `FileFollower`)."""
 
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
         self.metrics_dir = Path(run_dir) / METRICS_DIR
         self.plan_path = Path(run_dir) / PLAN_FILE
-        self._offsets: dict[Path, int] = {}
+        self._files: dict[Path, FileFollower] = {}
 
     def read_new(self) -> list[dict[str, Any]]:
         records: list[dict[str, Any]] = []
         for path in sorted(self.metrics_dir.glob("rank*.jsonl")):
-            offset = self._offsets.get(path, 0)
-            with open(path, "rb") as fh:
-                fh.seek(offset)
-                chunk = fh.read()
-            complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits
-            self._offsets[path] = offset + len(complete)
-            for raw in complete.splitlines():
+            follower = self._files.setdefault(path, FileFollower(path))
+            for line in follower.read().lines:  # a line still being written waits
                 try:
-                    records.append(json.loads(raw))
+                    records.append(json.loads(line))
                 except json.JSONDecodeError:
                     continue
         return records

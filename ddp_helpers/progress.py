@@ -8,33 +8,22 @@ from typing import Any
 
 from tqdm import tqdm as text_tqdm
 
+from .echo import write_line
+
 PROGRESS_ENV = "DDP_HELPERS_PROGRESS"  # "widget", "text" or "off"; papermill runs set "text"
-PROGRESS_CHOICES = ("auto", "widget", "text", "off")
-
-
-def _in_notebook_kernel() -> bool:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
 
 
 def resolve_progress(progress: str) -> str:
-    """Turn "auto" into what this process can show."""
+    """Turn "auto" into what this process can show: tqdm.auto's own choice, or the environment's."""
     if progress != "auto":
         return progress
     chosen = os.environ.get(PROGRESS_ENV, "").strip().lower()
     if chosen in ("widget", "text", "off"):
         return chosen
-    if _in_notebook_kernel():
-        try:
-            import ipywidgets  # noqa: F401
-        except ImportError:
-            return "text"
-        return "widget"
-    return "text"
+    # tqdm.auto's own test: a Jupyter kernel with ipywidgets gets the widget bar, all else text
+    from tqdm.auto import tqdm as auto_tqdm
+
+    return "text" if auto_tqdm is text_tqdm else "widget"
 
 
 def _isatty(stream: Any) -> bool:
@@ -80,9 +69,8 @@ class StepProgress:
 
     def write(self, text: str, stderr: bool = False) -> None:
         """Print a log line without tearing the text bar."""
-        stream = sys.stderr if stderr else sys.stdout
         # In a terminal, tqdm.write lifts the bar out of the way; elsewhere (papermill) it only adds noise.
         if self.bar is not None and self.kind == "text" and _isatty(self.bar.fp):
-            text_tqdm.write(text, file=stream)
+            text_tqdm.write(text, file=sys.stderr if stderr else sys.stdout)
         else:
-            print(text, file=stream, flush=True)
+            write_line(text, stderr)  # whole, under a lock: two launches' lines never merge

@@ -1,5 +1,10 @@
 """Sample what each rank uses while a run goes on: CPU and memory per rank process, and, where
-GPUs exist, each GPU's utilisation and memory through NVML (as gpustat and nvidia-smi do)."""
+GPUs exist, each GPU's utilisation and memory through NVML (as gpustat and nvidia-smi do).
+
+NVML's Python binding is ``nvidia-ml-py`` (module ``pynvml``), declared in the ``lab`` extra; torch's
+wheels do not bring it. Without it, or without a driver, GPUs are "not sampled" and
+`ResourceSampler.gpu_sampling` says why, so a plot can say so instead of showing nothing.
+"""
 
 from __future__ import annotations
 
@@ -11,14 +16,18 @@ import psutil
 from .process_tree import ProcessTree
 
 
-def _nvml_handles() -> list[Any]:
+def nvml_handles() -> tuple[list[Any], str]:
+    """NVML handles of every GPU, and "sampled" or the reason there are none ("not sampled: ...")."""
     try:
-        import pynvml  # ships with torch's CUDA wheels as nvidia-ml-py
-
+        import pynvml  # from nvidia-ml-py
+    except ImportError:
+        return [], "not sampled: NVML's Python binding is missing (pip install nvidia-ml-py)"
+    try:
         pynvml.nvmlInit()
-        return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-    except Exception:  # no driver, no library: CPU figures only
-        return []
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    except Exception as err:  # noqa: BLE001 - no driver, no library: CPU figures only
+        return [], f"not sampled: NVML did not start ({err})"
+    return handles, "sampled" if handles else "not sampled: NVML sees no GPU"
 
 
 class ResourceSampler:
@@ -30,7 +39,7 @@ class ResourceSampler:
         self.rows: list[dict[str, Any]] = []
         self._ranks: dict[int, int | None] = {}  # pid -> global rank (None: not a worker)
         self.local_to_global: dict[int, int] = {}  # what the workers' environments say
-        self._gpus = _nvml_handles() if gpus else []
+        self._gpus, self.gpu_sampling = nvml_handles() if gpus else ([], "not requested (a CPU run)")
         self._started = time.monotonic()
 
     def _rank_of(self, proc: psutil.Process) -> int | None:
@@ -46,8 +55,11 @@ class ResourceSampler:
                 )
                 if is_worker:
                     env = proc.environ()
-                    rank = int(env["RANK"]) if "RANK" in env else None
-                    if rank is not None and "LOCAL_RANK" in env:
+                    if "RANK" not in env:
+                        # forked but not yet exec'd: the agent's environment shows. Ask again later.
+                        return None
+                    rank = int(env["RANK"])
+                    if "LOCAL_RANK" in env:
                         self.local_to_global[int(env["LOCAL_RANK"])] = rank
                     proc.cpu_percent(None)  # the first call only primes the counter
             except (psutil.Error, OSError, ValueError):
@@ -84,7 +96,8 @@ class ResourceSampler:
                 "elapsed_s": elapsed, "gpu": index, "gpu_util_percent": util.gpu, "gpu_mem_used_bytes": memory.used,
             })  # fmt: skip
 
-    def frame(self):
+    def frame(self) -> Any:
+        """The samples as a pandas DataFrame (one row per rank or GPU per sample)."""
         import pandas as pd
 
         return pd.DataFrame(self.rows)

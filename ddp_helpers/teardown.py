@@ -13,14 +13,14 @@ import traceback
 
 import torch
 import torch.distributed as dist
+from torch.torch_version import TorchVersion
 
 
 def gloo_destroy_can_hang(version: str = torch.__version__) -> bool:
     """torch 2.7's ProcessGroupGloo sometimes never returns from ``destroy_process_group()`` once a
     peer has exited, even after a barrier: seen here in about 1 run in 8 on torch 2.7.1 with two CPU
     ranks, never on torch 2.14 (cf. pytorch/pytorch#75097)."""
-    major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
-    return (major, minor) < (2, 8)
+    return TorchVersion(version) < (2, 8)  # torch's own comparison: local tags and pre-releases handled
 
 
 def destroy_process_group() -> None:

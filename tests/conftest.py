@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -11,6 +12,11 @@ import pytest
 import torch
 
 SCRIPTS = Path(__file__).parent / "scripts"
+
+# A shell starts background jobs (`pytest ... &`) with SIGINT ignored, and children inherit that:
+# the interrupt tests would then test nothing. Ctrl-C must raise KeyboardInterrupt, as in a kernel.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 REPO = Path(__file__).resolve().parent.parent
 
 

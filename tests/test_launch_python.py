@@ -96,7 +96,7 @@ def test_record_writes_its_error_file_and_a_silent_exit_code_is_reported(tmp_pat
 def test_a_hang_is_stopped_and_reported(tmp_path):
     script = write(tmp_path, 'import time\nprint("waiting", flush=True)\ntime.sleep(600)\n')
     with pytest.raises(LaunchTimeout) as info:
-        launch(script, launcher="python", run_dir=tmp_path / "run", timeout=3, grace_s=1)
+        launch(script, launcher="python", run_dir=tmp_path / "run", timeout=3, startup_timeout=120, grace_s=1)
     assert info.value.silent_ranks == [0]
     assert "rank 0: running" in str(info.value) and "waiting" in str(info.value)
 

@@ -39,10 +39,12 @@ def test_two_nodes_on_loopback_form_one_world(script, tmp_path):
         assert any(f"rank {rank} of 2" in line for line in result.logs[rank])
 
 
-def test_a_node_that_never_arrives_times_out_clearly(script, tmp_path):
+def test_a_node_that_never_arrives_times_out_clearly(script, tmp_path, capsys):
     with pytest.raises(LaunchFailed, match="rendezvous timed out: not all 2 nodes joined"):
         launch(script("two_nodes.py"), nproc=1, nnodes=2, node_rank=0, rdzv_endpoint=f"127.0.0.1:{free_port()}",
-               rdzv_timeout=5, run_dir=tmp_path / "alone")  # fmt: skip
+               rdzv_timeout=8, run_dir=tmp_path / "alone")  # fmt: skip
+    # while it waits, the cell says so, and for how long
+    assert re.search(r"node 0: waiting for all 2 nodes to join at .*: \d+s of 8s", capsys.readouterr().out)
 
 
 def test_slurm_script_starts_one_agent_per_node_at_a_c10d_rendezvous(tmp_path):

@@ -1,0 +1,121 @@
+"""What a launch shows in the cell: the ranks' lines, bounded and rate-limited, each written whole.
+
+Ranks can print far faster than anyone reads, and a flood of output trips Jupyter's IOPub data-rate
+limit and freezes the browser. So the cell gets a bounded view: lines pass as they come up to a rate
+(with a burst allowance); past it, lines are held back, counted, and every few seconds the latest
+line of each rank is shown with the count. Every line is still in the log files and `LaunchResult.logs`.
+
+Lines are written whole under one lock, so two launches running in two threads of one kernel never
+write into each other's lines.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+_WRITE_LOCK = threading.Lock()
+# What one cell can take: Jupyter's default IOPub limits are 1000 messages/s and 1 MB/s.
+LINES_PER_S = 100.0
+BURST_LINES = 1000
+HELD_REPORT_EVERY_S = 5.0
+LIVE_EVERY_S = 1.0  # at most one live (\r) update per rank per second
+
+
+def write_line(text: str, stderr: bool = False) -> None:
+    """Write `text` and its newline in one call, under a lock shared by every launch in this process."""
+    stream = sys.stderr if stderr else sys.stdout
+    with _WRITE_LOCK:
+        stream.write(text + "\n")
+        stream.flush()
+
+
+@dataclass
+class _Held:
+    count: int = 0
+    latest: str = ""
+
+
+@dataclass
+class CellEcho:
+    """The cell's view of a launch's output.
+
+    `write` is how a line reaches the cell (the progress bar's writer, which keeps a text bar intact).
+    """
+
+    where: str  # where every line is kept, for the "held back" note
+    write: Callable[[str, bool], None] = write_line
+    lines_per_s: float = LINES_PER_S
+    burst: int = BURST_LINES
+    clock: Callable[[], float] = time.monotonic
+    _tokens: float = field(init=False)
+    _refilled: float = field(init=False)
+    _held: dict[str, _Held] = field(default_factory=dict)
+    _held_total: int = 0
+    _last_report: float = field(init=False)
+    _live_shown: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._tokens = float(self.burst)
+        self._refilled = self._last_report = self.clock()
+
+    def line(self, label: str, text: str, stderr: bool = False) -> None:
+        """A complete line from the source `label` (e.g. "rank 1")."""
+        self.lines(label, [text], stderr)
+
+    def lines(self, label: str, texts: list[str], stderr: bool = False) -> None:
+        """Complete lines from `label`: as many as the rate allows are shown, the rest held back."""
+        if not texts:
+            return
+        self._live_shown.pop(label, None)
+        now = self.clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._refilled) * self.lines_per_s)
+        self._refilled = now
+        shown = min(len(texts), int(self._tokens))
+        self._tokens -= shown
+        for text in texts[:shown]:
+            self.write(f"[{label}] {text}", stderr)
+        if shown < len(texts):
+            held = self._held.setdefault(label, _Held())
+            held.count += len(texts) - shown
+            held.latest = texts[-1]
+            self._held_total += len(texts) - shown
+
+    def live(self, label: str, text: str) -> None:
+        """A line still being written (a progress bar's ``\\r`` update): shown now and then, never held."""
+        now = self.clock()
+        if now - self._live_shown.get(label, -LIVE_EVERY_S) >= LIVE_EVERY_S:
+            self._live_shown[label] = now
+            self.write(f"[{label}] {text}", False)
+
+    def note(self, text: str, stderr: bool = False) -> None:
+        """The launcher's own line: always shown."""
+        self.write(text, stderr)
+
+    def tick(self) -> None:
+        """Every few seconds while lines are held back: each source's latest line and the count."""
+        if self._held and self.clock() - self._last_report >= HELD_REPORT_EVERY_S:
+            self._report()
+
+    def _report(self) -> None:
+        for label, held in sorted(self._held.items()):
+            self.write(f"[{label}] {held.latest}   ({held.count} lines held back)", False)
+        self._held.clear()
+        self._last_report = self.clock()
+        self.write(
+            f"[ddp_helpers] {self._held_total} lines so far printed faster than a cell can show; "
+            f"every line is kept in result.logs and under {self.where}",
+            False,
+        )
+
+    def close(self) -> None:
+        if self._held:
+            self._report()
+
+    @property
+    def held_back(self) -> int:
+        """How many lines were not shown in the cell."""
+        return self._held_total

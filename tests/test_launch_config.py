@@ -1,0 +1,171 @@
+"""LaunchConfig, the magic's and the CLI's parsing, the echo and the follower: in-process, no torchrun."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddp_helpers import InvalidLaunchArguments, LaunchError, LaunchInterrupted, launch_config
+from ddp_helpers.__main__ import main
+from ddp_helpers.echo import CellEcho
+from ddp_helpers.launch_config import LaunchConfig, loopback_visible_devices, make_config, threads_per_rank
+from ddp_helpers.log_tail import FileFollower, RankLogTail
+from ddp_helpers.magics import parse_magic_line
+
+
+@pytest.fixture
+def worker(tmp_path):
+    path = tmp_path / "s.py"
+    path.write_text("print(1)\n")
+    return path
+
+
+def test_defaults_pick_gloo_and_two_processes_without_gpus(worker, monkeypatch):
+    monkeypatch.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", raising=False)
+    config = make_config(worker, gpus=0)
+    assert (config.nproc, config.backend, config.device) == (2, "gloo", "cpu")
+    env = config.environment()
+    assert env["DDP_BACKEND"] == "gloo" and env["PYTHONUNBUFFERED"] == "1"
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in env
+    config.max_restarts = 1  # restarts get a fresh rendezvous store: no stale peer addresses
+    assert config.environment()["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    config = make_config(worker, gpus=4)
+    assert (config.nproc, config.backend, config.device) == (4, "nccl", "cuda")
+
+
+def test_nccl_needs_one_gpu_per_process(worker):
+    with pytest.raises(InvalidLaunchArguments, match="needs CUDA GPUs"):
+        make_config(worker, backend="nccl", gpus=0)
+    with pytest.raises(InvalidLaunchArguments, match="only 1 GPU"):
+        make_config(worker, backend="nccl", nproc=2, gpus=1)
+    assert make_config(worker, backend="gloo", nproc=3, gpus=1).device == "cpu"  # N gloo ranks instead
+
+
+@pytest.mark.parametrize(
+    "gpus, nproc, cores, threads", [(0, 2, 16, 8), (8, 8, 16, 2), (1, 1, 16, 16), (4, 3, 2, 1)]
+)
+def test_threads_are_the_cores_shared_out_on_every_backend(worker, monkeypatch, gpus, nproc, cores, threads):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(launch_config, "cpu_cores", lambda: cores)
+    config = make_config(worker, nproc=nproc, gpus=gpus)
+    assert config.environment()["OMP_NUM_THREADS"] == str(threads)
+    assert threads_per_rank(nproc, cores) == threads
+
+
+def test_loopback_nodes_get_gpus_of_their_own():
+    assert loopback_visible_devices(0, 2, 4) == "0,1"
+    assert loopback_visible_devices(1, 2, 4) == "2,3"
+    assert loopback_visible_devices(1, 1, 2) == "1"
+    assert loopback_visible_devices(1, 2, 3) is None  # too few: the demo runs on gloo instead
+    assert loopback_visible_devices(0, 1, 0) is None
+    # each node's LOCAL_RANK j takes cuda:j of its own list: no physical GPU is used twice
+    physical = [
+        loopback_visible_devices(node, 4, 8).split(",")[local] for node in (0, 1) for local in range(4)
+    ]
+    assert sorted(physical, key=int) == [str(i) for i in range(8)]
+
+
+def test_multinode_waits_120s_by_default_and_keeps_script_args_from_torchrun(worker):
+    config = make_config(worker, ["--max", 3], nnodes=2, node_rank=1, rdzv_endpoint="h:29500", gpus=0)
+    assert config.rdzv_timeout == 120
+    command = config.command()
+    assert "join_timeout=120" in command
+    assert command[-4:] == ["--", str(worker), "--max", "3"]
+    assert make_config(worker, nnodes=2, rdzv_endpoint="h:1", rdzv_timeout=5, gpus=0).rdzv_timeout == 5
+
+
+def test_every_option_has_one_default():
+    # launch(), the magic and the CLI take their defaults from LaunchConfig, never restate them
+    import inspect
+
+    from ddp_helpers.launch import launch
+
+    assert list(inspect.signature(launch).parameters) == ["script", "script_args", "options"]
+    assert LaunchConfig.__dataclass_fields__["grace_s"].default == 5.0
+
+
+def test_magic_line_splits_like_a_shell():
+    run_dir, args, options = parse_magic_line(
+        "--nproc 2 --args '--steps 5 --name \"a b\"' --run-dir 'my runs'"
+    )
+    assert args == ["--steps", "5", "--name", "a b"]
+    assert str(run_dir) == "my runs"
+    assert options == {"nproc": 2}  # nothing else given: launch's defaults apply
+    assert parse_magic_line("--show-ranks 0,1")[2] == {"show_ranks": [0, 1]}
+    with pytest.raises(InvalidLaunchArguments, match="comma-separated ranks"):
+        parse_magic_line("--show-ranks 0,x")
+    with pytest.raises(InvalidLaunchArguments, match="unrecognized arguments"):
+        parse_magic_line("--nprocs 2")
+
+
+def test_cli_options_before_the_script_and_its_arguments_after(worker, capsys):
+    assert main(["launch", "--nproc", "0", str(worker)]) == 1
+    assert "nproc must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["launch", "--nope", str(worker)])
+    # after the script, they are the script's own arguments (a missing script: refused before spawning)
+    assert main(["launch", str(worker.with_name("missing.py")), "--nproc", "0", "--backend", "x"]) == 1
+    err = capsys.readouterr().err
+    assert "note: --backend, --nproc after the script go to the script" in err and "script not found" in err
+
+
+def test_launch_interrupted_is_both_an_interrupt_and_a_launch_error():
+    with pytest.raises(KeyboardInterrupt):
+        raise LaunchInterrupted("stopped")
+    assert isinstance(LaunchInterrupted("x"), LaunchError)
+
+
+def test_the_follower_holds_partial_lines_and_keeps_what_a_terminal_shows(tmp_path):
+    path = tmp_path / "f.log"
+    follower = FileFollower(path)
+    assert follower.read().nbytes == 0  # not there yet
+    path.write_bytes(b"one\ntw")
+    read = follower.read()
+    assert (read.lines, read.partial) == (["one"], "tw")
+    with open(path, "ab") as fh:
+        fh.write(b"o\r 10%\r 50%")
+    read = follower.read()
+    assert (read.lines, read.partial, read.nbytes) == ([], " 50%", 11)
+    with open(path, "ab") as fh:
+        fh.write(b"\r100%\r\nlast")
+    assert follower.read().lines == ["100%"]
+    assert follower.read(final=True).lines == ["last"]
+
+
+def test_multinode_lines_wait_for_the_workers_own_rank(tmp_path):
+    log = tmp_path / "logs" / "r_1" / "attempt_0" / "0" / "stdout.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("hello\n")
+    tail = RankLogTail(tmp_path / "logs", rank_offset=0, ranks_known_up_front=False)
+    assert tail.read_new() == []  # node_rank 0 may well hold ranks 2.. under c10d: wait
+    tail.learn_ranks({0: 2})
+    assert [(line.rank, line.text) for line in tail.read_new()] == [(2, "hello")]
+    assert tail.rank_file(2, "stdout.log") == log
+
+
+def test_the_echo_is_bounded_and_says_what_it_held_back():
+    now = [0.0]
+    shown: list[str] = []
+    echo = CellEcho(
+        "/runs/x/logs",
+        write=lambda text, stderr: shown.append(text),
+        lines_per_s=10,
+        burst=5,
+        clock=lambda: now[0],
+    )
+    for i in range(100):
+        echo.line("rank 0", f"line {i}")
+    assert shown == [f"[rank 0] line {i}" for i in range(5)]
+    now[0] = 10.0
+    echo.tick()  # the latest line and the count, then a note on where every line is
+    assert shown[5] == "[rank 0] line 99   (95 lines held back)"
+    assert "under /runs/x/logs" in shown[6] and echo.held_back == 95
+    echo.line("rank 1", "after the pause")  # the bucket refilled
+    assert shown[-1] == "[rank 1] after the pause"
+
+
+@pytest.mark.skipif(launch_config.visible_gpus() > 0, reason="checks the machine without a GPU")
+def test_gpu_sampling_says_not_sampled_without_nvml_or_a_driver():
+    from ddp_helpers.resources import nvml_handles
+
+    handles, state = nvml_handles()
+    assert handles == [] and state.startswith("not sampled: ")
