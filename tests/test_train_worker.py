@@ -12,7 +12,7 @@ import torch
 
 from ddp_helpers import WorkerFailed, launch
 from ddp_helpers.workers import worker_path
-from ddp_helpers.workers.train import build_model
+from ddp_helpers.workers.train import RESUME_PARTS, build_model, parse_args
 
 TRAIN = str(worker_path("train"))
 TINY = ["--num-samples", "256", "--hidden", "32", "--log-every", "1"]
@@ -144,6 +144,22 @@ def test_bad_flags_are_refused(tmp_path, args, message):
     proc = run_plain(*args, run_dir=tmp_path)
     assert proc.returncode == 2
     assert message in proc.stderr
+
+
+@pytest.mark.parametrize("flag", ["--steps", "--stop-at-step"])
+def test_a_count_of_zero_is_refused_not_read_as_unset(flag, capsys, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(SystemExit) as info:
+        parse_args([flag, "0"])
+    assert info.value.code == 2
+    assert f"{flag} must be >= 1" in capsys.readouterr().err
+
+
+def test_resume_ignore_names_each_part_on_its_own(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    args = parse_args(["--checkpoint-dir", "c", "--resume", "--resume-ignore", "scheduler", "scaler"])
+    assert args.resume_ignore == ["scheduler", "scaler"]
+    assert set(RESUME_PARTS) == {"rng", "optimizer", "scheduler", "scaler"}
 
 
 @pytest.mark.gpu

@@ -1,0 +1,81 @@
+"""single_device.py made DDP: one process per device, started by torchrun.
+
+    torchrun --nproc-per-node 2 ddp.py --epochs 3
+
+Self-contained on purpose (torch only): copy it anywhere. It differs from single_device.py only
+where DDP needs it; each difference has a comment saying why.
+"""
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+
+def make_dataset(size=2048, features=20, classes=4, seed=0):
+    """Points around one centre per class: built from a seed, so no download and the same everywhere."""
+    gen = torch.Generator().manual_seed(seed)
+    centres = 2 * torch.randn(classes, features, generator=gen)
+    labels = torch.randint(classes, (size,), generator=gen)
+    return TensorDataset(centres[labels] + torch.randn(size, features, generator=gen), labels)
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Train a small classifier with DDP (start with torchrun).")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=32)  # per process: the global batch is N times it
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--save", default="model.pt")
+    args = parser.parse_args()
+    if "LOCAL_RANK" not in os.environ:
+        parser.error(
+            "start it with torchrun, which sets RANK and LOCAL_RANK: torchrun --nproc-per-node 2 ddp.py"
+        )
+
+    # torchrun starts one process per device and tells each who it is. LOCAL_RANK numbers the
+    # processes on this machine: it picks the GPU (RANK counts across machines: cuda:8 won't exist).
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):  # a GPU for every process
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)  # before init: NCCL binds this process to its GPU
+        dist.init_process_group("nccl", device_id=device)  # device_id: connect now, not at first use
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    try:
+        torch.manual_seed(0)
+        dataset = make_dataset()
+        sampler = DistributedSampler(dataset)  # each rank its own disjoint shard, shuffled
+        loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
+        model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 4)).to(device)
+        # DDP copies rank 0's weights to every rank, then averages gradients during backward()
+        model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+
+        for epoch in range(args.epochs):
+            sampler.set_epoch(epoch)  # without it, every epoch repeats the first one's shuffle
+            for x, y in loader:
+                x, y = x.to(device), y.to(device)
+                loss = F.cross_entropy(model(x), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            if rank == 0:  # one process prints: N copies of each line help nobody
+                print(f"epoch {epoch}: loss {loss.item():.4f} (rank 0's last batch)")
+
+        if rank == 0:  # one writer: N processes writing one file would corrupt it
+            torch.save(model.module.state_dict(), args.save)  # .module: the plain model, no "module." prefix
+            print(f"saved {args.save}")
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

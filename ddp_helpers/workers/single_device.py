@@ -1,0 +1,53 @@
+"""Train a small classifier on one device: the program that ddp.py turns into DDP.
+
+    python single_device.py --epochs 3
+
+Self-contained on purpose (torch only): copy it anywhere. Compare it with ddp.py line by line.
+"""
+
+import argparse
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def make_dataset(size=2048, features=20, classes=4, seed=0):
+    """Points around one centre per class: built from a seed, so no download and the same everywhere."""
+    gen = torch.Generator().manual_seed(seed)
+    centres = 2 * torch.randn(classes, features, generator=gen)
+    labels = torch.randint(classes, (size,), generator=gen)
+    return TensorDataset(centres[labels] + torch.randn(size, features, generator=gen), labels)
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Train a small classifier on one device.")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--save", default="model.pt")
+    args = parser.parse_args()
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    dataset = make_dataset()
+    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True)
+    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 4)).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+
+    for epoch in range(args.epochs):
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        print(f"epoch {epoch}: loss {loss.item():.4f}")
+
+    torch.save(model.state_dict(), args.save)
+    print(f"saved {args.save}")
+
+
+if __name__ == "__main__":
+    main()

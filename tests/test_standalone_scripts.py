@@ -1,0 +1,96 @@
+"""single_device.py and ddp.py stand alone: copied where ddp_helpers cannot be imported, they run
+under plain `python` and plain torchrun, and the DDP one picks gloo by itself on the CPU."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+from ddp_helpers.workers import worker_path
+
+# A sitecustomize that makes `import ddp_helpers` fail, as on a machine without this package
+# (the editable install would otherwise find it from any folder)
+BLOCK = """
+import sys
+
+class _NoDdpHelpers:
+    def find_spec(self, name, path=None, target=None):
+        if name == "ddp_helpers" or name.startswith("ddp_helpers."):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return None
+
+sys.meta_path.insert(0, _NoDdpHelpers())
+"""
+
+
+@pytest.fixture
+def elsewhere(tmp_path):
+    """A folder holding copies of both scripts, and an environment where ddp_helpers is absent."""
+    for name in ("single_device.py", "ddp.py"):
+        shutil.copy(worker_path(name), tmp_path / name)
+    (tmp_path / "block").mkdir()
+    (tmp_path / "block" / "sitecustomize.py").write_text(BLOCK)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DDP_", "RANK", "LOCAL_", "WORLD_"))}
+    env["PYTHONPATH"] = str(tmp_path / "block")
+    return tmp_path, env
+
+
+def run(cmd: list[str], folder: Path, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=240)
+
+
+def accuracy(state_dict: dict, folder: Path) -> float:
+    """The saved model's accuracy on the scripts' own dataset, built by the copied script."""
+    sys.path.insert(0, str(folder))
+    try:
+        import single_device  # the copy: its make_dataset is the one both scripts train on
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop("single_device", None)
+    x, y = single_device.make_dataset().tensors
+    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 4))
+    model.load_state_dict(state_dict)  # strict: a "module." prefix would fail here
+    with torch.no_grad():
+        return (model(x).argmax(dim=1) == y).float().mean().item()
+
+
+def test_the_copies_cannot_import_ddp_helpers(elsewhere):
+    folder, env = elsewhere
+    proc = run([sys.executable, "-c", "import ddp_helpers"], folder, env)
+    assert proc.returncode != 0 and "No module named 'ddp_helpers'" in proc.stderr
+    for name in ("single_device.py", "ddp.py"):
+        assert "ddp_helpers" not in (folder / name).read_text().split('"""', 2)[2]  # code, not docstring
+
+
+def test_single_device_trains_with_plain_python(elsewhere):
+    folder, env = elsewhere
+    proc = run([sys.executable, "single_device.py", "--epochs", "2", "--save", "one.pt"], folder, env)
+    assert proc.returncode == 0, proc.stderr
+    assert [line.split(":")[0] for line in proc.stdout.splitlines()] == ["epoch 0", "epoch 1", "saved one.pt"]
+    assert accuracy(torch.load(folder / "one.pt"), folder) > 0.9
+
+
+def test_ddp_trains_under_plain_torchrun_with_two_processes(elsewhere):
+    folder, env = elsewhere
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "ddp.py",
+           "--epochs", "2", "--save", "ddp.pt"]  # fmt: skip
+    proc = run(cmd, folder, env)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    # rank 0 alone prints and saves: one line per epoch, not two
+    assert [line.split(":")[0] for line in lines] == ["epoch 0", "epoch 1", "saved ddp.pt"]
+    assert accuracy(torch.load(folder / "ddp.pt"), folder) > 0.9
+
+
+def test_ddp_without_torchrun_says_what_is_missing(elsewhere):
+    folder, env = elsewhere
+    proc = run([sys.executable, "ddp.py"], folder, env)
+    assert proc.returncode == 2
+    assert "start it with torchrun" in proc.stderr
