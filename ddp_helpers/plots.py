@@ -86,20 +86,50 @@ def loss_curves(runs, x: str = "samples_seen", title: str = "training loss"):
     return fig
 
 
-def resource_usage(resources, title: str = "per-rank CPU use"):
-    """CPU % per rank over the run (and GPU utilisation per GPU where sampled)."""
+_NOT_SAMPLED = {
+    "CPU": "CPU per rank: not sampled (the run ended before the first sample)",
+    "GPU": "GPU utilisation: not sampled\n(no NVML here: pip install nvidia-ml-py; or the run ended first)",
+}
+
+
+def _sampled(resources, column: str):
+    """The rows that carry `column` ("rank" for CPU rows, "gpu" for GPU rows), or None if there are none."""
+    if column not in resources:
+        return None
+    rows = resources.dropna(subset=[column])
+    return None if rows.empty else rows
+
+
+def not_sampled(resources, gpus_expected: bool = False) -> list[str]:
+    """What the launcher's resource sampler did not record: "CPU", "GPU", both or neither."""
+    missing = [] if _sampled(resources, "rank") is not None else ["CPU"]
+    if gpus_expected and _sampled(resources, "gpu") is None:
+        missing.append("GPU")
+    return missing
+
+
+def resource_usage(resources, title: str = "per-rank CPU use", gpus_expected: bool = False):
+    """CPU % per rank over the run, and GPU utilisation per GPU where NVML sampled it.
+
+    A series that was not sampled is written on the figure as "not sampled", with the reason,
+    rather than drawn as an empty axis: e.g. `gpus_expected=True` where NVML (nvidia-ml-py) is absent.
+    """
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    if "rank" in resources:
-        for rank, rows in resources.dropna(subset=["rank"]).groupby("rank"):
-            ax.plot(rows["elapsed_s"], rows["cpu_percent"], label=f"rank {int(rank)} CPU %")
-    if "gpu" in resources:
-        for gpu, rows in resources.dropna(subset=["gpu"]).groupby("gpu"):
-            ax.plot(rows["elapsed_s"], rows["gpu_util_percent"], "--", label=f"GPU {int(gpu)} util %")
+    cpu, gpu = _sampled(resources, "rank"), _sampled(resources, "gpu")
+    for rank, rows in cpu.groupby("rank") if cpu is not None else ():
+        ax.plot(rows["elapsed_s"], rows["cpu_percent"], label=f"rank {int(rank)} CPU %")
+    for index, rows in gpu.groupby("gpu") if gpu is not None else ():
+        ax.plot(rows["elapsed_s"], rows["gpu_util_percent"], "--", label=f"GPU {int(index)} util %")
+    missing = not_sampled(resources, gpus_expected)
+    if missing:
+        text = "\n".join(_NOT_SAMPLED[kind] for kind in missing)
+        ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="#a33")
     ax.set_xlabel("seconds since launch")
     ax.set_ylabel("%")
     ax.set_title(title)
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
     fig.tight_layout()
     return fig
