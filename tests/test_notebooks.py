@@ -58,6 +58,7 @@ def test_notebook_is_stored_without_outputs(notebook):
 
 
 @pytest.mark.notebooks
+@pytest.mark.timeout(900)  # a notebook is many launches; pytest's 300 s suits one test, not a chapter
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_in_smoke_mode(notebook, tmp_path, monkeypatch):
     _execute(notebook, tmp_path, monkeypatch, {"smoke": True})
