@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import shutil
 import subprocess
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .echo import CellEcho
 from .errors import LaunchError, LaunchFailed, LaunchInterrupted, LaunchTimeout, WorkerFailed
 from .failure import diagnose, strip_rank_prefix
-from .launch_config import RUN_OUTPUTS, LaunchConfig, make_config
+from .launch_config import RUN_OUTPUTS, LaunchConfig, make_config, options_signature
 from .log_tail import FileFollower, LogChunk, RankLogTail
 from .metrics import MetricsFollower, read_metrics, read_summary
 from .process_tree import ProcessTree
@@ -291,6 +292,14 @@ def launch(
     """
     config = make_config(script, script_args, **options)
     return execute(config)
+
+
+launch.__signature__ = options_signature(  # type: ignore[attr-defined]
+    [
+        inspect.Parameter("script", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        inspect.Parameter("script_args", inspect.Parameter.VAR_POSITIONAL),
+    ]
+)
 
 
 def keep_previous_outputs(run_dir: Path) -> Path | None:

@@ -7,6 +7,7 @@ bad input is refused before a process is spawned, and turns into a torchrun comm
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import re
@@ -15,7 +16,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -323,6 +324,22 @@ class LaunchConfig:
 OPTION_NAMES = tuple(
     f.name for f in fields(LaunchConfig) if f.init and f.name not in ("script", "script_args")
 )
+
+
+def options_signature(leading: list[inspect.Parameter]) -> inspect.Signature:
+    """`leading` parameters, then every launch option as a keyword with `LaunchConfig`'s default.
+
+    `launch(script, *args, **options)` keeps one source of defaults; this gives it back the signature
+    that Jupyter's Shift-Tab and `help()` show.
+    """
+    options = []
+    for f in fields(LaunchConfig):
+        if f.name in OPTION_NAMES:
+            default = f.default_factory() if f.default_factory is not MISSING else f.default
+            options.append(
+                inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=f.type)
+            )
+    return inspect.Signature([*leading, *options])
 
 
 def make_config(

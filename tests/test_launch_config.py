@@ -169,3 +169,19 @@ def test_gpu_sampling_says_not_sampled_without_nvml_or_a_driver():
 
     handles, state = nvml_handles()
     assert handles == [] and state.startswith("not sampled: ")
+
+
+def test_launch_shows_every_option_with_the_configs_default():
+    """launch() takes **options (one source of defaults), yet Shift-Tab and help() list them all."""
+    import dataclasses
+    import inspect
+
+    from ddp_helpers.launch import launch
+    from ddp_helpers.launch_config import OPTION_NAMES, LaunchConfig
+
+    params = inspect.signature(launch).parameters
+    assert list(params)[:2] == ["script", "script_args"]
+    defaults = {f.name: f.default for f in dataclasses.fields(LaunchConfig) if f.name in OPTION_NAMES}
+    assert set(params) - {"script", "script_args"} == set(OPTION_NAMES)
+    assert params["timeout"].default is None and params["grace_s"].default == defaults["grace_s"]
+    assert params["backend"].kind is inspect.Parameter.KEYWORD_ONLY
