@@ -205,7 +205,9 @@ def uneven(rank, world, device, fix):
             train()
     else:
         train()
-    print(f"rank {rank}: trained on {batches} batches")
+    # .item() waits for the GPU: on NCCL the collectives run asynchronously, and only this line
+    # shows whether they ever finished
+    print(f"rank {rank}: trained on {batches} batches, weight sum {model.module.weight.sum().item():.4f}")
 
 
 def oom(rank, world, device, fix):
