@@ -212,7 +212,8 @@ def uneven(rank, world, device, fix):
 
 def oom(rank, world, device, fix):
     if device.type != "cuda":
-        raise SystemExit(
+        # an exception, not SystemExit: @record writes it to the error file, and the launcher shows it
+        raise RuntimeError(
             "the oom case needs a GPU: on the CPU the kernel's OOM killer ends the process instead"
         )
     if rank == 0:
@@ -258,7 +259,7 @@ def main():
             "run the pitfalls under torchrun: torchrun --nproc-per-node 2 pitfalls.py --case ..."
         )
     if info.world_size < 2 and args.case != "oom":
-        raise SystemExit(f"the {args.case} case needs two ranks or more; this run has {info.world_size}")
+        raise ValueError(f"the {args.case} case needs two ranks or more; this run has {info.world_size}")
     CASES[args.case](info.rank, info.world_size, info.device, args.fix)
 
 
