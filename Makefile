@@ -11,7 +11,7 @@ COMPAT_PY := $(COMPAT_VENV)/bin/python
 COMPAT_STAMP := $(COMPAT_VENV)/.installed-stamp
 COMPAT_TORCH := constraints/torch-2.7.txt
 
-.PHONY: venv lab test test-compat test-browser notebooks bench lint gpu-check clean
+.PHONY: venv lab test test-shapes test-compat test-browser notebooks bench lint gpu-check clean
 
 # Rebuilt when pyproject.toml changes, so `make test` always runs against the declared dependencies.
 # $(1): the venv's folder; $(2): extra pip arguments (a constraints file)
@@ -50,6 +50,12 @@ lab: venv
 test: venv
 	$(call run_pytest,$(PY),make test,-n 2)
 
+# The notebooks on the machine shapes a CPU can stand in for: nproc=1 (a one-GPU box) and nproc=3 (an odd
+# world), in smoke mode, and the multi-node notebook at full size. Slower than `make test`; CI runs both.
+test-shapes: export DDP_TEST_SHAPES = 1
+test-shapes: venv
+	$(call run_pytest,$(PY),make test-shapes,-n 2 tests/test_notebooks.py -k "nproc or full_size")
+
 # Every test, notebooks included, against the oldest supported torch (the container's).
 test-compat: $(COMPAT_STAMP)
 	$(call run_pytest,$(COMPAT_PY),make test-compat,-n 2)
@@ -72,15 +78,24 @@ notebooks: venv
 bench: venv
 	$(PY) benchmarks/bench_launch.py
 	$(PY) benchmarks/bench_training.py
+	$(PY) benchmarks/bench_live_ranks.py
 
 lint: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-# For a GPU machine with torch but no venv and no internet: uses the venv only if there is one.
+# For a GPU machine with torch but no venv and no internet: uses the venv only if there is one. Runs the
+# doctor, every notebook (smoke, then full size) and ResNet-50 training within GPU_CHECK_DEADLINE_S seconds.
+# Without a venv, papermill comes from wheels in .whl/ (fetch them where there is internet: scripts/gpu_wheels.sh).
 GPU_PY := $(if $(wildcard $(PY)),$(PY),python3)
+GPU_CHECK_DEADLINE_S ?= 420
+GPU_CHECK_ARGS ?=
 gpu-check:
-	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_PY) -m ddp_helpers.gpu_check
+	@if [ ! -x "$(PY)" ] && ls .whl/*.whl >/dev/null 2>&1; then \
+		python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+			--target /tmp/gpu-check-site .whl/*.whl; fi
+	PYTHONPATH="$(CURDIR)$$([ -d /tmp/gpu-check-site ] && echo :/tmp/gpu-check-site)$${PYTHONPATH:+:$$PYTHONPATH}" \
+		$(GPU_PY) -m ddp_helpers.gpu_check --deadline-s $(GPU_CHECK_DEADLINE_S) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf runs notebooks/runs .pytest_cache $(COMPAT_VENV)

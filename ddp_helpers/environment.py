@@ -5,9 +5,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from importlib import metadata
@@ -46,26 +48,51 @@ def shm_bytes(path: str = "/dev/shm") -> int | None:
     return stat.f_frsize * stat.f_blocks
 
 
+# Run in a child process: asking torch for device properties initialises CUDA in the asking
+# process, and the notebook kernel must never do that (the ranks own the GPUs).
+_CUDA_FACTS = """
+import json, torch, torch.distributed as dist
+gpus = []
+for index in range(torch.cuda.device_count()):
+    p = torch.cuda.get_device_properties(index)
+    gpus.append({"index": index, "name": p.name, "capability": f"{p.major}.{p.minor}",
+                 "memory_bytes": p.total_memory})
+nccl = ".".join(map(str, torch.cuda.nccl.version())) if dist.is_nccl_available() else None
+print(json.dumps({"gpus": gpus, "cudnn": torch.backends.cudnn.version(), "nccl": nccl}))
+"""
+
+
+def cuda_facts(timeout: float = 120) -> dict[str, Any]:
+    """GPUs (index, name, capability, memory), cuDNN and NCCL versions, read in a child process.
+
+    Empty where no GPU is visible. This process never initialises CUDA.
+    """
+    if not torch.cuda.is_available():  # reads the device count only: no CUDA initialisation
+        return {"gpus": [], "cudnn": None, "nccl": None}
+    proc = subprocess.run(
+        [sys.executable, "-c", _CUDA_FACTS], capture_output=True, text=True, timeout=timeout
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"reading the GPUs' properties failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def gpu_facts() -> list[dict[str, Any]]:
-    if not torch.cuda.is_available():
-        return []
-    gpus = []
-    for index in range(torch.cuda.device_count()):
-        props = torch.cuda.get_device_properties(index)
-        gpus.append({
-            "index": index, "name": props.name, "capability": f"{props.major}.{props.minor}",
-            "memory_bytes": props.total_memory,
-        })  # fmt: skip
-    return gpus
+    """One dict per visible GPU (see `cuda_facts`)."""
+    return cuda_facts()["gpus"]
 
 
 def collect_facts() -> dict[str, Any]:
-    """Everything the checks look at, as plain values (also saved by gpu-check)."""
+    """Everything the checks look at, as plain values (also saved by gpu-check).
+
+    Safe in a notebook kernel: CUDA is queried in a child process (see `cuda_facts`).
+    """
     cuda = torch.cuda.is_available()
     try:
         torchvision_version = metadata.version("torchvision")  # no import: it is slow and may be broken
     except metadata.PackageNotFoundError:
         torchvision_version = None
+    gpu = cuda_facts()
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -73,9 +100,9 @@ def collect_facts() -> dict[str, Any]:
         "torchvision": torchvision_version,
         "cuda_build": torch.version.cuda,
         "cuda_available": cuda,
-        "cudnn": torch.backends.cudnn.version() if cuda else None,
-        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda and dist.is_nccl_available() else None,
-        "gpus": gpu_facts(),
+        "cudnn": gpu["cudnn"],
+        "nccl": gpu["nccl"],
+        "gpus": gpu["gpus"],
         "backends": {
             "gloo": dist.is_gloo_available(),
             "nccl": dist.is_nccl_available(),

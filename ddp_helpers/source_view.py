@@ -3,6 +3,7 @@
     show_source("train", "train_step")              # a bundled worker, by name
     show_source(worker_path, "Trainer._run_batch")  # a file, a method by dotted name
     show_source("ddp")                              # the whole file
+    show_diff("single_device", "ddp")               # two files side by side, changes marked
 
 Names are found with `ast`, so an excerpt moves with its function when the file changes, and a
 name that no longer exists is an error rather than a silently wrong excerpt.
@@ -11,6 +12,7 @@ name that no longer exists is an error rather than a silently wrong excerpt.
 from __future__ import annotations
 
 import ast
+import difflib
 import os
 from pathlib import Path
 
@@ -70,3 +72,36 @@ def show_source(target: str | os.PathLike[str], *names: str) -> None:
         display(Code(text, language="python"))
     else:
         print(text)
+
+
+def added_lines(old: str | os.PathLike[str], new: str | os.PathLike[str]) -> list[str]:
+    """The lines of `new` that `old` does not have (difflib's "+" lines), stripped."""
+    a, b = source_of(old).splitlines(), source_of(new).splitlines()
+    return [line[1:].strip() for line in difflib.ndiff(a, b) if line.startswith("+ ")]
+
+
+def show_diff(old: str | os.PathLike[str], new: str | os.PathLike[str], context: int = 3) -> None:
+    """Show two workers (or files) side by side with the changes marked; a unified diff outside IPython."""
+    a_path, b_path = _resolve(old), _resolve(new)
+    a, b = a_path.read_text().splitlines(), b_path.read_text().splitlines()
+    try:
+        from IPython import get_ipython
+        from IPython.display import HTML, display
+    except ImportError:
+        get_ipython = None  # noqa: N806
+    if get_ipython is not None and get_ipython() is not None:
+        table = difflib.HtmlDiff(wrapcolumn=80).make_table(
+            a, b, a_path.name, b_path.name, context=True, numlines=context
+        )
+        display(HTML(_DIFF_STYLE + table))
+    else:
+        print("\n".join(difflib.unified_diff(a, b, a_path.name, b_path.name, lineterm="", n=context)))
+
+
+# difflib's own colours, and a monospace font so the two columns line up
+_DIFF_STYLE = """<style>
+table.diff {font-family: monospace; font-size: 85%; border: none}
+table.diff td {white-space: pre-wrap; padding: 0 4px}
+.diff_add {background-color: #aaffaa} .diff_chg {background-color: #ffff77} .diff_sub {background-color: #ffaaaa}
+.diff_header {color: #888} .diff_next {display: none}
+</style>"""

@@ -26,7 +26,9 @@ def test_write_worker_copies_the_bundled_file(tmp_path):
 def test_write_worker_from_source_and_refuses_unknown_names(tmp_path):
     path = write_worker("mine", tmp_path, source="print('hi')", show=False)
     assert path.name == "mine.py" and path.read_text() == "print('hi')\n"
-    with pytest.raises(FileNotFoundError, match=r"no bundled worker .nope.; available: allreduce_bench, .*train"):
+    with pytest.raises(
+        FileNotFoundError, match=r"no bundled worker .nope.; available: allreduce_bench, .*train"
+    ):
         write_worker("nope", tmp_path, show=False)
 
 

@@ -5,27 +5,78 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tarfile
 
+import nbformat
 import pytest
 import torch
 
-from ddp_helpers.gpu_check import NO_GPU_EXIT
+from ddp_helpers.gpu_check import NO_GPU_EXIT, KernelWatch
+
+
+def _gpu_check(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ddp_helpers.gpu_check", *args], capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a CPU machine")
 def test_refuses_politely_without_a_gpu(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "ddp_helpers.gpu_check", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    proc = _gpu_check("--out", str(tmp_path), timeout=60)
     assert proc.returncode == NO_GPU_EXIT
     assert "needs a CUDA GPU" in proc.stdout and "nothing was run" in proc.stdout
     assert not (tmp_path / "gpu-check.json").exists()
 
 
-def test_cpu_smoke_writes_the_report(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "ddp_helpers.gpu_check", "--cpu-smoke", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+@pytest.mark.notebooks
+@pytest.mark.timeout(600)
+def test_cpu_smoke_writes_the_report_and_the_executed_notebook(tmp_path):
+    out, work = tmp_path / "out", tmp_path / "work"
+    proc = _gpu_check("--cpu-smoke", "--notebooks", "00_*", "--out", str(out), "--work", str(work))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads((tmp_path / "gpu-check.json").read_text())
+    report = json.loads((out / "gpu-check.json").read_text())
     assert report["allreduce"]["all_correct"]
     assert [r["name"] for r in report["training"]] == ["mlp-ws2-bf16"]
     assert all(r["samples_per_s"] > 0 for r in report["training"])
+    (row,) = report["notebooks"]
+    assert (row["notebook"], row["mode"], row["status"]) == ("00_environment_check", "smoke", "ok"), row
+    assert row["parameters"] == {"smoke": True} and row["kernel_cuda_context"] == "not checked: no GPU"
+    assert set(report["timings_s"]) == {"checks", "allreduce", "notebooks", "training"}
+    with tarfile.open(out / "notebooks.tar.gz") as archive:
+        executed = archive.extractfile("executed/00_environment_check-smoke.ipynb").read()
+    nb = nbformat.reads(executed.decode(), as_version=4)
+    assert any(cell.get("outputs") for cell in nb.cells if cell.cell_type == "code")  # it really ran
+    assert sorted(p.name for p in out.iterdir()) == ["gpu-check.json", "notebooks.tar.gz"]  # few files: $OUT
+
+
+def test_a_notebook_still_running_at_the_deadline_is_interrupted(tmp_path):
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("smoke = False", metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell("import time\ntime.sleep(600)")]  # fmt: skip
+    nb.metadata["kernelspec"] = {"name": "python3", "language": "python", "display_name": "Python 3"}
+    nbformat.write(nb, folder / "99_sleeps.ipynb")
+    proc = _gpu_check("--cpu-smoke", "--parts", "notebooks", "--notebook-dir", str(folder), "--modes", "smoke,full",
+                      "--deadline-s", "60", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
+    statuses = [(r["mode"], r["status"]) for r in report["notebooks"]]
+    assert statuses == [("smoke", "stopped: time budget"), ("full", "skipped: time budget")], report[
+        "notebooks"
+    ]
+    assert report["notebooks"][0]["error"].startswith(("KeyboardInterrupt", "DeadKernelError"))
+
+
+def test_unknown_parts_are_refused(tmp_path):
+    proc = _gpu_check("--cpu-smoke", "--parts", "checks,bogus", "--out", str(tmp_path), timeout=60)
+    assert proc.returncode == 2 and "unknown parts: bogus" in proc.stderr
+
+
+def test_kernel_watch_says_unknown_unless_the_gpu_lists_this_runs_processes():
+    watch = KernelWatch(deadline=0, gpus=True)
+    assert watch.result()["kernel_cuda_context"].startswith("unknown")  # nothing listed: cannot tell
+    watch.gpu_pids_seen = {101}  # a rank was listed, the kernel was not
+    assert watch.result()["kernel_cuda_context"] is False
+    watch.kernel_with_cuda = {100}
+    assert watch.result() == {"kernel_cuda_context": True, "gpu_processes_seen": 1}
+    assert KernelWatch(deadline=0, gpus=False).result()["kernel_cuda_context"] == "not checked: no GPU"

@@ -1,7 +1,15 @@
-"""Every notebook runs headless under papermill in smoke mode, and is stored without outputs."""
+"""Every notebook runs headless under papermill in smoke mode, and is stored without outputs.
+
+`make test` runs each notebook once, with its default ranks. `make test-shapes` (DDP_TEST_SHAPES=1)
+also runs each with ``nproc=1`` (a one-GPU box) and ``nproc=3`` (an odd world), and the multi-node
+notebook at full size.
+"""
 
 from __future__ import annotations
 
+import ast
+import os
+import re
 from pathlib import Path
 
 import nbformat
@@ -9,6 +17,31 @@ import papermill
 import pytest
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+SHAPES_ENV = "DDP_TEST_SHAPES"
+shapes = pytest.mark.skipif(
+    not os.environ.get(SHAPES_ENV), reason=f"make test-shapes ({SHAPES_ENV}=1) runs these"
+)
+MULTINODE = next((nb for nb in NOTEBOOKS if "multinode" in nb.stem), None)
+
+
+def _parameters_cell(notebook: Path) -> str:
+    nb = nbformat.read(notebook, as_version=4)
+    (tagged,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    return tagged.source
+
+
+def _execute(notebook: Path, tmp_path: Path, monkeypatch, parameters: dict, timeout: int = 600) -> None:
+    monkeypatch.setenv("DDP_HELPERS_PROGRESS", "text")  # papermill stores text, not widget state
+    monkeypatch.chdir(tmp_path)  # the notebook's runs/ folder lands here, not in the repo
+    papermill.execute_notebook(
+        str(notebook),
+        str(tmp_path / notebook.name),
+        parameters=parameters,
+        cwd=str(tmp_path),
+        kernel_name="python3",
+        progress_bar=False,
+        execution_timeout=timeout,
+    )
 
 
 def test_there_are_notebooks():
@@ -27,14 +60,143 @@ def test_notebook_is_stored_without_outputs(notebook):
 @pytest.mark.notebooks
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_in_smoke_mode(notebook, tmp_path, monkeypatch):
-    monkeypatch.setenv("DDP_HELPERS_PROGRESS", "text")  # papermill stores text, not widget state
-    monkeypatch.chdir(tmp_path)  # the notebook's runs/ folder lands here, not in the repo
-    papermill.execute_notebook(
-        str(notebook),
-        str(tmp_path / notebook.name),
-        parameters={"smoke": True},
-        cwd=str(tmp_path),
-        kernel_name="python3",
-        progress_bar=False,
-        execution_timeout=600,
+    _execute(notebook, tmp_path, monkeypatch, {"smoke": True})
+
+
+# ------------------------------------------------------------------------ the kernel never touches CUDA
+# torch.cuda calls that do not initialise CUDA in the calling process (get_device_name and friends
+# do: ask `ddp_helpers.environment.collect_facts()["gpus"]`, which reads them in a child process)
+CUDA_QUERIES = {"is_available", "device_count", "is_initialized"}
+RANK_CELL_MAGICS = ("%%ranks", "%%torchrun")  # these cells run in the ranks, not in the kernel
+
+
+def _names_cuda(node: ast.AST) -> bool:
+    """A literal "cuda..." device, or torch.device("cuda"...)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value.startswith("cuda")
+    if isinstance(node, ast.Call) and ast.unparse(node.func) in ("torch.device", "device") and node.args:
+        return _names_cuda(node.args[0])
+    return False
+
+
+def cuda_calls_in_kernel(source: str) -> list[str]:
+    """The calls in one code cell that would create a CUDA context in the notebook kernel.
+
+    Worker sources inside strings are not code here, and %%ranks / %%torchrun cells run in the ranks.
+    """
+    first_line = source.lstrip().split("\n", 1)[0]
+    if first_line.startswith(RANK_CELL_MAGICS):
+        return []
+    if first_line.startswith("%%"):  # %%time and friends run the rest of the cell in the kernel
+        source = source.lstrip().split("\n", 1)[1] if "\n" in source.lstrip() else ""
+    # line magics and shell escapes are not Python: keep the line count, drop the text
+    source = re.sub(r"(?m)^(\s*)[%!].*$", r"\1pass", source)
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        func = ast.unparse(node.func)
+        text = ast.unparse(node)
+        if func.startswith("torch.cuda.") and func.split(".")[2] not in CUDA_QUERIES:
+            found.append(text)
+        elif func.endswith(".cuda"):  # model.cuda(), x.cuda(rank)
+            found.append(text)
+        elif func.endswith((".to", "set_default_device")) and node.args and _names_cuda(node.args[0]):
+            found.append(text)
+        elif any(k.arg == "device" and _names_cuda(k.value) for k in node.keywords):
+            found.append(text)
+    return found
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "torch.cuda.set_device(0)",
+        "x = model.cuda()",
+        "x = torch.ones(2).to('cuda')",
+        "x = torch.ones(2).to(torch.device('cuda', 0))",
+        "torch.cuda.synchronize()",
+        "free, total = torch.cuda.mem_get_info()",
+        "torch.cuda.memory_allocated()",
+        'print(f"on {torch.cuda.get_device_name(0)}")',
+        "torch.zeros(3, device='cuda:0')",
+        "%%time\ny = torch.randn(2, device=torch.device('cuda'))",
+        "%matplotlib inline\ntorch.set_default_device('cuda')",
+    ],
+)
+def test_the_cuda_scan_catches_kernel_side_cuda(source):
+    assert cuda_calls_in_kernel(source), source
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "n = torch.cuda.device_count() if torch.cuda.is_available() else 0",
+        "%%ranks\ntorch.cuda.set_device(local_rank)\nx = torch.ones(1).cuda()",
+        "%%torchrun --nproc 2\nx = torch.zeros(1, device='cuda')",
+        'worker = write_worker("w", source="""\nimport torch\ntorch.cuda.set_device(0)\n""")',
+        "x = torch.ones(2).to('cpu')\ny = torch.zeros(2, device=device)",
+    ],
+)
+def test_the_cuda_scan_leaves_ranks_workers_and_queries_alone(source):
+    assert cuda_calls_in_kernel(source) == []
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_kernel_never_creates_a_cuda_context(notebook):
+    """Found by reading the cells, so this holds without a GPU: the ranks own the GPUs."""
+    nb = nbformat.read(notebook, as_version=4)
+    found = {
+        i: calls
+        for i, cell in enumerate(nb.cells)
+        if cell.cell_type == "code" and (calls := cuda_calls_in_kernel(cell.source))
+    }
+    assert not found, f"{notebook.name}: these cells would create a CUDA context in the kernel: {found}"
+
+
+# ------------------------------------------------------------------------------------ machine shapes
+def _local_world_sizes(run_root: Path) -> set[int]:
+    """Ranks per torchrun agent (or per one-process run), read from the per-rank log folders it left."""
+    sizes = set()
+    for attempt in run_root.rglob("attempt_0"):
+        ranks = [p for p in attempt.iterdir() if p.is_dir() and p.name.isdigit()]
+        if ranks:
+            sizes.add(len(ranks))
+    return sizes
+
+
+@shapes
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_parameters_cell_declares_nproc(notebook):
+    assigned = {
+        target.id
+        for node in ast.parse(_parameters_cell(notebook)).body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    assert "nproc" in assigned, f"{notebook.name}: its parameters cell has no `nproc`"
+
+
+@shapes
+@pytest.mark.notebooks
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("nproc", [1, 3])
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_with_nproc(notebook, nproc, tmp_path, monkeypatch):
+    """One GPU gives nproc=1; an odd world catches `world // 2` and hard-coded pairs."""
+    test_parameters_cell_declares_nproc(notebook)  # a notebook without it would pass without using it
+    _execute(notebook, tmp_path, monkeypatch, {"smoke": True, "nproc": nproc})
+    sizes = _local_world_sizes(tmp_path)
+    assert nproc in sizes, (
+        f"{notebook.name}: no launch ran {nproc} ranks (saw {sorted(sizes)}); is nproc used?"
     )
+
+
+@shapes
+@pytest.mark.notebooks
+@pytest.mark.timeout(1200)
+@pytest.mark.skipif(MULTINODE is None, reason="no multi-node notebook")
+def test_multinode_notebook_runs_at_full_size(tmp_path, monkeypatch):
+    """As a learner runs it (smoke=False): two agents, the full bandwidth sweep, the 20 s lonely node."""
+    _execute(MULTINODE, tmp_path, monkeypatch, {}, timeout=900)

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ddp_helpers import teardown
+from ddp_helpers.distributed import setup_distributed, under_torchrun
 from ddp_helpers.metrics import MetricsWriter
 
 
@@ -46,13 +47,14 @@ def sizes(min_bytes, max_bytes):
 @record
 def main():
     args = parse_args()
-    backend = os.environ.get("DDP_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-    device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend=backend)
-    world_size = dist.get_world_size()
+    if not under_torchrun():
+        raise SystemExit(
+            "allreduce_bench.py needs several processes: run it with torchrun --nproc-per-node N"
+        )
+    # nccl on cuda:LOCAL_RANK where GPUs exist (set_device, then init_process_group with device_id),
+    # gloo on the CPU otherwise; the launcher's choice arrives in DDP_BACKEND
+    info = setup_distributed()
+    rank, world_size, device, backend = info.rank, info.world_size, info.device, info.backend
     writer = MetricsWriter(args.run_dir, rank)
     plan = list(sizes(args.min_bytes, args.max_bytes))
     writer.write_plan(len(plan))

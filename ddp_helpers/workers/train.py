@@ -6,13 +6,19 @@
 
 Each rank appends one JSON line per logged step to <run-dir>/metrics/rank{R}.jsonl, and
 rank 0 writes <run-dir>/summary.json at the end. The notebooks read those files.
+
+Read it from `main()` down: setup, data, model, resume, wrap, the loop (`train`, `train_step`),
+then the results. ddp.py is the same idea in 70 lines, without the measuring and checkpointing.
 """
+
+from __future__ import annotations
 
 import argparse
 import os
 import resource
 import statistics
 import time
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -20,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from ddp_helpers import teardown
 from ddp_helpers.checkpoint import capture_rng, load_latest, restore_rng, save_checkpoint
@@ -28,14 +34,15 @@ from ddp_helpers.data import DATASETS, ResumableDistributedSampler, build_datase
 from ddp_helpers.distributed import DistInfo, setup_distributed
 from ddp_helpers.metrics import MetricsWriter
 
-# -----------------------------------------------------------------------------
-# config
-
 # what --resume-ignore can leave out of a resume: each name drops that state and nothing else
 RESUME_PARTS = ("rng", "optimizer", "scheduler", "scaler")
 
 
-def parse_args(argv=None):
+# -----------------------------------------------------------------------------
+# config
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     under_torchrun = int(os.environ.get("RANK", -1)) != -1
     p.add_argument("--mode", choices=["single", "dp", "ddp"], default="ddp" if under_torchrun else "single")
@@ -68,8 +75,13 @@ def parse_args(argv=None):
     p.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps (and at the end)")
     p.add_argument("--keep-checkpoints", type=int, default=3, help="how many recent checkpoints to keep")
     p.add_argument("--resume", action="store_true", help="continue from the latest good checkpoint, if any")
-    p.add_argument("--resume-ignore", nargs="*", choices=RESUME_PARTS, default=[],
-                   help="teaching aid: resume without these parts (each names exactly one), to watch the run drift")  # fmt: skip
+    p.add_argument(
+        "--resume-ignore",
+        nargs="*",
+        choices=RESUME_PARTS,
+        default=[],
+        help="teaching aid: resume without these states (each drops only its own), to watch the run drift",
+    )
     p.add_argument("--stop-at-step", type=int, default=None, help="stop after this step, as if interrupted")
     p.add_argument("--fail-at-step", type=int, default=None, help="fault injection: raise at this step...")
     p.add_argument("--fail-rank", type=int, default=0, help="...on this rank (first attempt only)")
@@ -84,21 +96,112 @@ def parse_args(argv=None):
         p.error(f"--mode {args.mode} is one process; start it with python, not torchrun --nproc-per-node > 1")
     if args.mode == "ddp" and not under_torchrun:
         p.error(
-            "--mode ddp needs torchrun (it sets RANK, WORLD_SIZE, MASTER_ADDR): torchrun --nproc-per-node 2 train.py"
+            "--mode ddp needs torchrun, which sets RANK and WORLD_SIZE: torchrun --nproc-per-node 2 train.py"
         )
     if args.resume and not args.checkpoint_dir:
         p.error("--resume needs --checkpoint-dir")
-    for name in ("batch_size", "epochs", "log_every", "save_every", "keep_checkpoints", "steps", "stop_at_step"):
+    counts = ("batch_size", "epochs", "steps", "stop_at_step", "log_every", "save_every", "keep_checkpoints")
+    for name in counts:
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     return args
 
 
+def tensorboard_installed() -> bool:
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 # -----------------------------------------------------------------------------
-# helpers
+# the pieces of a run
 
 
-def build_model(name, shape, num_classes, hidden, dropout=0.0):
+@dataclass
+class Position:
+    """Where the run is: with the states below, all a checkpoint needs to continue exactly."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+
+
+@dataclass
+class Data:
+    name: str
+    dataset: Dataset
+    shape: tuple[int, int, int]
+    num_classes: int
+    channels: int
+    sampler: ResumableDistributedSampler
+    loader: DataLoader
+
+
+@dataclass
+class Training:
+    """The model and everything that updates it."""
+
+    model: nn.Module  # what the loop calls: DDP- or DataParallel-wrapped once wrap() ran
+    raw_model: nn.Module  # the plain model: what is saved, evaluated and resumed
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    amp_dtype: torch.dtype | None  # autocast's dtype, None for full precision
+    memory_format: torch.memory_format
+    device: torch.device
+
+
+def setup(args: argparse.Namespace) -> DistInfo:
+    """Join the process group under DDP; describe the one process otherwise."""
+    if args.mode == "ddp":
+        # nccl for GPUs, gloo for CPUs (the launcher says which through DDP_BACKEND); the
+        # device comes from LOCAL_RANK, and init_process_group gets it as device_id on GPUs
+        return setup_distributed()
+    use_cuda = torch.cuda.is_available() and os.environ.get("DDP_DEVICE", "cuda") != "cpu"
+    return DistInfo(0, 0, 1, 1, "none", torch.device("cuda" if use_cuda else "cpu"))
+
+
+def build_data(args: argparse.Namespace, world: DistInfo) -> Data:
+    """Every mode goes through a DistributedSampler (num_replicas=1 without DDP), so N ranks at
+    batch B see exactly the samples one process sees at batch N*B."""
+    channels = 3 if args.model.startswith("resnet") else 1 if args.dataset == "digits" else 3
+    info = build_dataset(
+        args.dataset,
+        num_samples=args.num_samples,
+        image_size=args.image_size,
+        channels=channels,
+        seed=args.seed,
+    )
+    sampler = ResumableDistributedSampler(
+        info.dataset,
+        num_replicas=world.world_size,
+        rank=world.rank,
+        shuffle=True,
+        seed=args.seed,
+        drop_last=True,
+    )
+    loader = DataLoader(
+        info.dataset,
+        batch_size=args.batch_size,
+        sampler=sampler,
+        drop_last=True,
+        num_workers=args.num_workers,
+        persistent_workers=args.num_workers > 0,
+        pin_memory=world.device.type == "cuda",  # page-locked host memory makes non_blocking copies real
+        generator=torch.Generator().manual_seed(args.seed + world.rank),  # loader workers' seeds: per rank
+    )
+    if len(loader) == 0:
+        raise SystemExit(
+            f"{len(info.dataset)} samples are too few for batch {args.batch_size} x {world.world_size} ranks"
+        )
+    return Data(info.name, info.dataset, info.shape, info.num_classes, channels, sampler, loader)
+
+
+def build_model(
+    name: str, shape: tuple[int, int, int], num_classes: int, hidden: int, dropout: float = 0.0
+) -> nn.Module:
     if name == "mlp":
         c, h, w = shape
         return nn.Sequential(
@@ -115,117 +218,18 @@ def build_model(name, shape, num_classes, hidden, dropout=0.0):
     return model
 
 
-def evaluate(model, dataset, rank, world_size, device, amp_dtype, batch_size):
-    """Accuracy over the whole test split, exact under DDP.
-
-    Each rank scores rank::world_size, with no padding, and the counts are summed. (A
-    DistributedSampler would pad with repeated samples when the size does not divide.)
-    """
-    shard = Subset(dataset, range(rank, len(dataset), world_size))
-    counts = torch.zeros(2, device=device)  # correct, seen
-    model.eval()
-    with torch.no_grad(), torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-        for x, y in DataLoader(shard, batch_size=batch_size):
-            x, y = x.to(device), y.to(device)
-            counts[0] += (model(x).argmax(dim=1) == y).sum()
-            counts[1] += len(y)
-    if dist.is_initialized():
-        dist.all_reduce(counts)
-    model.train()
-    return (counts[0] / counts[1]).item(), int(counts[1].item())
-
-
-def synchronize(device):
-    # CUDA kernels run asynchronously: without this a timer measures the launch, not the work
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def tensorboard_installed():
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def open_tensorboard(run_dir):
-    from torch.utils.tensorboard import SummaryWriter
-
-    return SummaryWriter(os.path.join(run_dir, "tensorboard"))
-
-
-def peak_memory(device):
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device), "cuda_max_memory_allocated"
-    # ru_maxrss is in KiB on Linux: the whole process's peak resident set, not just tensors
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "cpu_peak_rss"
-
-
-# -----------------------------------------------------------------------------
-# main
-
-
-@record  # on failure torchelastic writes this rank's traceback to its error file
-def main():
-    args = parse_args()
-    t_start = time.time()
-
-    # ---- process group: one process per device under torchrun
-    ddp = args.mode == "ddp"
-    if ddp:
-        # nccl for GPUs, gloo for CPUs (the launcher says which through DDP_BACKEND); the
-        # device comes from LOCAL_RANK, and init_process_group gets it as device_id on GPUs
-        info = setup_distributed()
-    else:
-        use_cuda = torch.cuda.is_available() and os.environ.get("DDP_DEVICE", "cuda") != "cpu"
-        info = DistInfo(0, 0, 1, 1, "none", torch.device("cuda" if use_cuda else "cpu"))
-    backend, rank, local_rank, world_size, device = (
-        info.backend, info.rank, info.local_rank, info.world_size, info.device
-    )  # fmt: skip
-    master_process = rank == 0  # prints, plans and summaries come from rank 0 only
-
-    run(args, ddp, backend, rank, local_rank, world_size, device, master_process, t_start)
-
-
-def run(args, ddp, backend, rank, local_rank, world_size, device, master_process, t_start):
-    # same seed on every rank: identical initial weights (DDP broadcasts rank 0's anyway)
+def build_training(args: argparse.Namespace, world: DistInfo, data: Data, total_steps: int) -> Training:
+    """Model, optimizer, schedule and loss scaler, not wrapped yet."""
+    device = world.device
+    # the same seed on every rank: identical initial weights (DDP broadcasts rank 0's anyway)
     torch.manual_seed(args.seed)
-    if args.deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-        torch.backends.cudnn.benchmark = False
-    else:
-        torch.backends.cudnn.benchmark = device.type == "cuda"
-    if args.amp == "fp16" and device.type != "cuda":
-        raise SystemExit("--amp fp16 needs a CUDA GPU: on the CPU use --amp bf16 (no loss scaling needed)")
+    model = build_model(args.model, data.shape, data.num_classes, args.hidden, args.dropout)
+    channels_last = device.type == "cuda" and args.model != "mlp"  # faster convolutions on GPUs
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    model = model.to(device, memory_format=memory_format)
+    # from here on each rank draws its own dropout masks: seed + rank
+    torch.manual_seed(args.seed + world.rank)
 
-    # ---- data: every mode goes through a DistributedSampler (num_replicas=1 without DDP), so
-    # N ranks at batch B see exactly the samples one process sees at batch N*B
-    channels = 3 if args.model.startswith("resnet") else 1 if args.dataset == "digits" else 3
-    info = build_dataset(args.dataset, num_samples=args.num_samples, image_size=args.image_size,
-                         channels=channels, seed=args.seed)  # fmt: skip
-    sampler = ResumableDistributedSampler(info.dataset, num_replicas=world_size, rank=rank, shuffle=True,
-                                          seed=args.seed, drop_last=True)  # fmt: skip
-    loader = DataLoader(
-        info.dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True,
-        num_workers=args.num_workers, persistent_workers=args.num_workers > 0,
-        pin_memory=device.type == "cuda",  # page-locked host memory makes non_blocking copies real
-        generator=torch.Generator().manual_seed(args.seed + rank),  # worker seeds: per rank, apart from the model's
-    )  # fmt: skip
-    steps_per_epoch = len(loader)
-    if steps_per_epoch == 0:
-        raise SystemExit(
-            f"{len(info.dataset)} samples are too few for batch {args.batch_size} x {world_size} ranks"
-        )
-    total_steps = args.steps or args.epochs * steps_per_epoch
-
-    # ---- model, optimizer, schedule, loss scaler
-    model = build_model(args.model, info.shape, info.num_classes, args.hidden, args.dropout).to(device)
-    memory_format = (
-        torch.channels_last if device.type == "cuda" and args.model != "mlp" else torch.contiguous_format
-    )
-    model = model.to(memory_format=memory_format)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     if args.lr_schedule == "cosine":
         scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
@@ -234,144 +238,268 @@ def run(args, ddp, backend, rank, local_rank, world_size, device, master_process
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp)
     # fp16 has a narrow range: scale the loss so small gradients do not flush to zero
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
+    return Training(model, model, optimizer, scheduler, scaler, amp_dtype, memory_format, device)
 
-    # the same seed built the same weights on every rank; from here on each rank draws its own
-    # dropout masks (and its DataLoader workers their own augmentations): seed + rank
-    torch.manual_seed(args.seed + rank)
 
-    # ---- resume before wrapping: DDP then broadcasts the restored weights from rank 0
-    step, epoch, batch_in_epoch = 0, 0, 0
-    if args.resume:
-        step, epoch, batch_in_epoch = resume(args, model, optimizer, scheduler, scaler, rank, world_size,
-                                             device, steps_per_epoch)  # fmt: skip
-
-    raw_model = model
-    if ddp:
+def wrap(args: argparse.Namespace, world: DistInfo, training: Training) -> None:
+    """DDP: one process per device, gradients averaged during backward. DP: one process, all GPUs."""
+    if args.mode == "ddp":
+        on_gpu = world.device.type == "cuda"
         # gradient_as_bucket_view: grads live inside DDP's all-reduce buckets, saving a copy
-        model = DDP(
-            model, device_ids=[local_rank] if device.type == "cuda" else None, gradient_as_bucket_view=True
+        training.model = DDP(
+            training.raw_model,
+            device_ids=[world.local_rank] if on_gpu else None,
+            gradient_as_bucket_view=True,
         )
     elif args.mode == "dp":
-        if master_process and torch.cuda.device_count() < 2:
-            print(
-                f"DataParallel sees {torch.cuda.device_count()} GPU(s): it runs the module on one device, unsplit"
-            )
-        model = nn.DataParallel(model)
+        gpus = torch.cuda.device_count()
+        if gpus < 2:
+            print(f"DataParallel sees {gpus} GPU(s): it runs the module on one device, unsplit")
+        training.model = nn.DataParallel(training.raw_model)
 
-    writer = MetricsWriter(args.run_dir, rank)
-    writer.write_plan(total_steps, mode=args.mode, world_size=world_size)
-    tensorboard = open_tensorboard(args.run_dir) if args.tensorboard and master_process else None
-    if master_process:
-        print(f"{args.mode}: world_size={world_size} backend={backend} device={device} model={args.model} "
-              f"dataset={info.name} batch={args.batch_size}/rank steps={total_steps}"
-              + (f" (resuming at step {step})" if step else ""))  # fmt: skip
-    if ddp:  # every rank trains on a shard of its own, and says which
-        print(f"rank {rank} of {world_size} on {device}: {len(sampler)} of {len(info.dataset)} samples per epoch, "
-              f"{steps_per_epoch} steps")  # fmt: skip
 
-    # ---- training loop
+# -----------------------------------------------------------------------------
+# the loop
+
+
+def train_step(training: Training, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """One optimizer step on one batch; returns the loss (on the device, not synchronised)."""
+    device, amp_dtype = training.device, training.amp_dtype
+    x = x.to(device, non_blocking=True, memory_format=training.memory_format)
+    y = y.to(device, non_blocking=True)
+    with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+        loss = F.cross_entropy(training.model(x), y)
+    training.optimizer.zero_grad(set_to_none=True)
+    training.scaler.scale(loss).backward()  # DDP all-reduces gradient buckets during backward
+    training.scaler.step(training.optimizer)  # skipped, and the scale halved, if any gradient is inf/NaN
+    training.scaler.update()
+    training.scheduler.step()
+    return loss
+
+
+def train(args: argparse.Namespace, world: DistInfo, data: Data, training: Training, pos: Position,
+          reporter: Reporter) -> torch.Tensor:  # fmt: skip
+    """Run steps until `reporter.last_step`, logging and checkpointing on the way; the last loss."""
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
-    stop_step = min(total_steps, args.stop_at_step or total_steps)
-    skipped_steps, last_scale = 0, None
-    window_start, window_step, step_times = None, step, []
-    loss = torch.zeros((), device=device)
-    model.train()
-    while step < stop_step:
-        sampler.set_epoch(epoch)  # a new shuffle each epoch, the same one on every rank
-        sampler.start_at(batch_in_epoch * args.batch_size)  # after a mid-epoch resume: the very next batch
-        for x, y in loader:
-            x = x.to(device, non_blocking=True, memory_format=memory_format)
-            y = y.to(device, non_blocking=True)
-            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                loss = F.cross_entropy(model(x), y)
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()  # DDP all-reduces gradient buckets during backward
-            scaler.step(optimizer)  # skipped, and the scale halved, if any gradient is inf/NaN
-            scaler.update()
-            scheduler.step()
-            step += 1
-            batch_in_epoch += 1
-
-            if args.fail_at_step == step and rank == args.fail_rank and attempt == 0:
-                raise RuntimeError(f"injected fault on rank {rank} at step {step}")
-
-            if step == args.warmup_steps or (window_start is None and step > args.warmup_steps):
-                synchronize(device)
-                window_start, window_step = time.perf_counter(), step
-            if step % args.log_every == 0 or step == stop_step:
-                synchronize(device)  # the one sync per log window: timing needs it
-                now = time.perf_counter()
-                step_time = None
-                if window_start is not None and step > window_step and step > args.warmup_steps:
-                    step_time = (now - window_start) / (step - window_step)
-                    step_times.extend([step_time] * (step - window_step))
-                    window_start, window_step = now, step
-                loss_value, lr = loss.item(), optimizer.param_groups[0]["lr"]
-                scale = scaler.get_scale() if scaler.is_enabled() else None
-                if scale is not None and last_scale is not None and scale < last_scale:
-                    skipped_steps += (
-                        1  # the scale only drops when a step was skipped (exact with --log-every 1)
-                    )
-                last_scale = scale
-                writer.log(step=step, epoch=epoch, loss=loss_value, samples=step * args.batch_size,
-                           global_samples=step * args.batch_size * world_size, step_time_s=step_time,
-                           lr=lr, grad_scale=scale, attempt=attempt)  # fmt: skip
-                if tensorboard:
-                    tensorboard.add_scalar("loss", loss_value, step)
-                    tensorboard.add_scalar("lr", lr, step)
-                    if step_time:
-                        tensorboard.add_scalar(
-                            "samples_per_s", args.batch_size * world_size / step_time, step
-                        )
-
-            if args.checkpoint_dir and (step % args.save_every == 0 or step == stop_step):
-                save(args, raw_model, optimizer, scheduler, scaler, step, epoch, batch_in_epoch,
-                     ddp, master_process, world_size)  # fmt: skip
-            if step >= stop_step:
+    loss = torch.zeros((), device=world.device)
+    training.model.train()
+    while pos.step < reporter.last_step:
+        data.sampler.set_epoch(pos.epoch)  # a new shuffle each epoch, the same one on every rank
+        # after a mid-epoch resume, the epoch starts at the very next batch
+        data.sampler.start_at(pos.batch_in_epoch * args.batch_size)
+        for x, y in data.loader:
+            loss = train_step(training, x, y)
+            pos.step += 1
+            pos.batch_in_epoch += 1
+            if args.fail_at_step == pos.step and world.rank == args.fail_rank and attempt == 0:
+                raise RuntimeError(f"injected fault on rank {world.rank} at step {pos.step}")
+            reporter.after_step(pos, loss, training)
+            if args.checkpoint_dir and (pos.step % args.save_every == 0 or pos.step == reporter.last_step):
+                save(args, world, training, pos)
+            if pos.step >= reporter.last_step:
                 break
         else:
-            epoch, batch_in_epoch = epoch + 1, 0  # the epoch ran to its end
+            pos.epoch, pos.batch_in_epoch = pos.epoch + 1, 0  # the epoch ran to its end
+    return loss
 
-    # ---- results
-    final_loss = loss.detach().float().clone()
-    if ddp:
-        dist.all_reduce(final_loss, op=dist.ReduceOp.SUM)  # SUM then divide: every backend has SUM
-        final_loss /= world_size
+
+@dataclass
+class StepTimer:
+    """Seconds per step, leaving out the first `warmup_steps`; reads the clock only when asked to."""
+
+    device: torch.device
+    warmup_steps: int
+    step_times: list[float] = field(default_factory=list)
+    _start: float | None = None
+    _start_step: int = 0
+
+    def _now(self) -> float:
+        # CUDA kernels run asynchronously: without this a timer measures the launch, not the work
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def after_step(self, step: int, read: bool) -> float | None:
+        """The mean step time since the last read, when `read` (and a window is open); else None."""
+        if self._start is None and step >= self.warmup_steps:
+            self._start, self._start_step = self._now(), step
+        if not read:
+            return None
+        now = self._now()  # the one synchronisation per log window
+        if self._start is None or step == self._start_step:
+            return None
+        step_time = (now - self._start) / (step - self._start_step)
+        self.step_times.extend([step_time] * (step - self._start_step))
+        self._start, self._start_step = now, step
+        return step_time
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.step_times) if self.step_times else None
+
+
+class Reporter:
+    """Every rank's metrics (JSON lines), rank 0's TensorBoard scalars, and the step timer."""
+
+    def __init__(self, args: argparse.Namespace, world: DistInfo, last_step: int) -> None:
+        self.last_step = last_step
+        self.log_every = args.log_every
+        self.batch_size, self.world_size = args.batch_size, world.world_size
+        self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+        self.timer = StepTimer(world.device, args.warmup_steps)
+        self.writer = MetricsWriter(args.run_dir, world.rank)
+        self.tensorboard = None
+        if args.tensorboard and world.is_main:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tensorboard = SummaryWriter(os.path.join(args.run_dir, "tensorboard"))
+        self.skipped_steps = 0
+        self._last_scale: float | None = None
+
+    def after_step(self, pos: Position, loss: torch.Tensor, training: Training) -> None:
+        log_now = pos.step % self.log_every == 0 or pos.step == self.last_step
+        step_time = self.timer.after_step(pos.step, read=log_now)
+        if not log_now:
+            return
+        loss_value, lr = loss.item(), training.optimizer.param_groups[0]["lr"]
+        scale = training.scaler.get_scale() if training.scaler.is_enabled() else None
+        if scale is not None and self._last_scale is not None and scale < self._last_scale:
+            self.skipped_steps += 1  # the scale only drops when a step was skipped (exact with --log-every 1)
+        self._last_scale = scale
+        samples = pos.step * self.batch_size
+        self.writer.log(
+            step=pos.step, epoch=pos.epoch, loss=loss_value, samples=samples,
+            global_samples=samples * self.world_size, step_time_s=step_time, lr=lr, grad_scale=scale,
+            attempt=self.attempt,
+        )  # fmt: skip
+        if self.tensorboard:
+            self.tensorboard.add_scalar("loss", loss_value, pos.step)
+            self.tensorboard.add_scalar("lr", lr, pos.step)
+            if step_time:
+                self.tensorboard.add_scalar(
+                    "samples_per_s", self.batch_size * self.world_size / step_time, pos.step
+                )
+
+    def close(self) -> None:
+        self.writer.close()
+        if self.tensorboard:
+            self.tensorboard.close()
+
+
+# -----------------------------------------------------------------------------
+# results
+
+
+def evaluate(training: Training, dataset: Dataset, world: DistInfo, batch_size: int) -> tuple[float, int]:
+    """Accuracy over the whole test split, exact under DDP, and the number of samples scored.
+
+    Each rank scores rank::world_size, with no padding, and the counts are summed. (A
+    DistributedSampler would pad with repeated samples when the size does not divide.)
+    """
+    shard = Subset(dataset, range(world.rank, len(dataset), world.world_size))
+    model, device, amp_dtype = training.raw_model, training.device, training.amp_dtype
+    counts = torch.zeros(2, device=device)  # correct, seen
+    model.eval()
+    with torch.no_grad(), torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+        for x, y in DataLoader(shard, batch_size=batch_size):
+            x, y = x.to(device), y.to(device)
+            counts[0] += (model(x).argmax(dim=1) == y).sum()
+            counts[1] += len(y)
+    if world.distributed:
+        dist.all_reduce(counts)
+    model.train()
+    return (counts[0] / counts[1]).item(), int(counts[1].item())
+
+
+def mean_over_ranks(value: torch.Tensor, world: DistInfo) -> torch.Tensor:
+    value = value.detach().float().clone()
+    if world.distributed:
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)  # SUM then divide: every backend has SUM
+        value /= world.world_size
+    return value
+
+
+def peak_memory(device: torch.device) -> tuple[int, str]:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device), "cuda_max_memory_allocated"
+    # ru_maxrss is in KiB on Linux: the whole process's peak resident set, not just tensors
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "cpu_peak_rss"
+
+
+def summarize(args: argparse.Namespace, world: DistInfo, data: Data, training: Training, pos: Position,
+              reporter: Reporter) -> dict:  # fmt: skip
+    """The summary.json fields that need no collective (the caller adds loss and accuracy)."""
+    global_batch = args.batch_size * world.world_size
+    median_step = reporter.timer.median
+    peak_bytes, peak_kind = peak_memory(world.device)
+    return {
+        "mode": args.mode, "world_size": world.world_size, "backend": world.backend, "device": str(world.device),
+        "amp": args.amp, "model": args.model, "dataset": data.name,
+        "batch_size": args.batch_size, "global_batch_size": global_batch, "steps": pos.step,
+        "epochs": round(pos.step / len(data.loader), 3),
+        "lr": args.lr, "seed": args.seed, "deterministic": args.deterministic, "attempt": reporter.attempt,
+        "samples_per_s": global_batch / median_step if median_step else None,
+        "samples_per_s_per_rank": args.batch_size / median_step if median_step else None,
+        "step_time_median_s": median_step, "timed_steps": len(reporter.timer.step_times),
+        "peak_mem_bytes": peak_bytes, "peak_mem_kind": peak_kind,
+        "grad_scale": training.scaler.get_scale() if training.scaler.is_enabled() else None,
+        "skipped_steps": reporter.skipped_steps, "num_threads": torch.get_num_threads(),
+        "torch_version": torch.__version__,
+    }  # fmt: skip
+
+
+# -----------------------------------------------------------------------------
+# main
+
+
+@record  # on failure torchelastic writes this rank's traceback to its error file
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    t_start = time.time()
+    world = setup(args)
+    if args.amp == "fp16" and world.device.type != "cuda":
+        raise SystemExit("--amp fp16 needs a CUDA GPU: on the CPU use --amp bf16 (no loss scaling needed)")
+    if args.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = world.device.type == "cuda" and not args.deterministic
+
+    data = build_data(args, world)
+    total_steps = args.steps or args.epochs * len(data.loader)
+    training = build_training(args, world, data, total_steps)
+    # resume before wrapping: DDP then broadcasts the restored weights from rank 0
+    pos = resume(args, world, training, len(data.loader)) if args.resume else Position()
+    wrap(args, world, training)
+
+    reporter = Reporter(args, world, last_step=min(total_steps, args.stop_at_step or total_steps))
+    reporter.writer.write_plan(total_steps, mode=args.mode, world_size=world.world_size)
+    if world.is_main:  # prints, plans and summaries come from rank 0 only
+        resuming = f" (resuming at step {pos.step})" if pos.step else ""
+        print(f"{args.mode}: world_size={world.world_size} backend={world.backend} device={world.device} "
+              f"model={args.model} dataset={data.name} batch={args.batch_size}/rank steps={total_steps}{resuming}")  # fmt: skip
+    if world.distributed:  # every rank trains on a shard of its own, and says which
+        print(f"rank {world.rank} of {world.world_size} on {world.device}: {len(data.sampler)} of "
+              f"{len(data.dataset)} samples per epoch, {len(data.loader)} steps")  # fmt: skip
+
+    loss = train(args, world, data, training, pos, reporter)
+
+    final_loss = mean_over_ranks(loss, world).item()
     accuracy, eval_samples = None, 0
     if args.eval:
         test = build_dataset(args.dataset, num_samples=max(256, args.num_samples // 4), image_size=args.image_size,
-                             channels=channels, seed=args.seed, split="test")  # fmt: skip
-        accuracy, eval_samples = evaluate(
-            raw_model, test.dataset, rank, world_size, device, amp_dtype, args.batch_size
-        )
-    peak_bytes, peak_kind = peak_memory(device)
-    median_step = statistics.median(step_times) if step_times else None
-    global_batch = args.batch_size * world_size
-    if master_process:
-        if args.save_final:
-            torch.save(
-                raw_model.state_dict(), args.save_final
-            )  # no "module." prefix: loads into a plain model
-        writer.write_summary({
-            "mode": args.mode, "world_size": world_size, "backend": backend, "device": str(device),
-            "amp": args.amp, "model": args.model, "dataset": info.name,
-            "batch_size": args.batch_size, "global_batch_size": global_batch, "steps": step, "epochs": round(step / steps_per_epoch, 3),
-            "lr": args.lr, "seed": args.seed, "deterministic": args.deterministic, "attempt": attempt,
-            "samples_per_s": global_batch / median_step if median_step else None,
-            "samples_per_s_per_rank": args.batch_size / median_step if median_step else None,
-            "step_time_median_s": median_step, "timed_steps": len(step_times),
-            "peak_mem_bytes": peak_bytes, "peak_mem_kind": peak_kind,
-            "final_loss": final_loss.item(), "eval_accuracy": accuracy, "eval_samples": eval_samples,
-            "grad_scale": scaler.get_scale() if scaler.is_enabled() else None,
-            "skipped_steps": skipped_steps, "num_threads": torch.get_num_threads(),
-            "torch_version": torch.__version__, "wall_s": time.time() - t_start,
-        })  # fmt: skip
+                             channels=data.channels, seed=args.seed, split="test")  # fmt: skip
+        accuracy, eval_samples = evaluate(training, test.dataset, world, args.batch_size)
+    if world.is_main:
+        if args.save_final:  # the plain model's weights: no "module." prefix, loads into a plain model
+            torch.save(training.raw_model.state_dict(), args.save_final)
+        summary = summarize(args, world, data, training, pos, reporter)
+        summary.update(final_loss=final_loss, eval_accuracy=accuracy, eval_samples=eval_samples,
+                       wall_s=time.time() - t_start)  # fmt: skip
+        reporter.writer.write_summary(summary)
         scored = f", test accuracy {accuracy:.1%} on {eval_samples} samples" if args.eval else ""
-        print(f"done: {step} steps, final loss {final_loss.item():.4f}{scored}")
-    writer.close()
-    if tensorboard:
-        tensorboard.close()
-    if ddp:
+        print(f"done: {pos.step} steps, final loss {final_loss:.4f}{scored}")
+    reporter.close()
+    if world.distributed:
         dist.barrier()  # nobody tears the group down while rank 0 still writes
 
 
@@ -379,61 +507,70 @@ def run(args, ddp, backend, rank, local_rank, world_size, device, master_process
 # checkpoints: everything needed to continue as if nothing had happened
 
 
-def save(
-    args, model, optimizer, scheduler, scaler, step, epoch, batch_in_epoch, ddp, master_process, world_size
-):
-    rng = capture_rng()
-    rng_per_rank = [rng]
-    if ddp:
+def save(args: argparse.Namespace, world: DistInfo, training: Training, pos: Position) -> None:
+    """Rank 0 writes one checkpoint holding every rank's RNG states; every rank must call it."""
+    rng_per_rank = [capture_rng()]
+    if world.distributed:
         # every rank has its own generator states: collect them all (every rank must take part)
-        rng_per_rank = [None] * world_size
-        dist.all_gather_object(rng_per_rank, rng)
-    if master_process:  # one writer: N ranks writing one file would corrupt it
-        path = save_checkpoint({
-            "model": model.state_dict(),  # the plain module's: no "module." prefix
-            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-            "step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "world_size": world_size,
-            "batch_size": args.batch_size, "rng": rng_per_rank, "config": vars(args),
-        }, args.checkpoint_dir, step, keep=args.keep_checkpoints)  # fmt: skip
+        gathered: list = [None] * world.world_size
+        dist.all_gather_object(gathered, rng_per_rank[0])
+        rng_per_rank = gathered
+    if world.is_main:  # one writer: N ranks writing one file would corrupt it
+        state = {
+            "model": training.raw_model.state_dict(),  # the plain module's: no "module." prefix
+            "optimizer": training.optimizer.state_dict(),
+            "scheduler": training.scheduler.state_dict(),
+            "scaler": training.scaler.state_dict(),
+            "step": pos.step, "epoch": pos.epoch, "batch_in_epoch": pos.batch_in_epoch,
+            "world_size": world.world_size, "batch_size": args.batch_size,
+            "rng": rng_per_rank, "config": vars(args),
+        }  # fmt: skip
+        path = save_checkpoint(state, args.checkpoint_dir, pos.step, keep=args.keep_checkpoints)
         print(f"checkpoint saved: {path.name}")
-    if ddp:
+    if world.distributed:
         dist.barrier()  # no rank races ahead (or reads) before the file is complete
 
 
-def resume(args, model, optimizer, scheduler, scaler, rank, world_size, device, steps_per_epoch):
+def resume(args: argparse.Namespace, world: DistInfo, training: Training, steps_per_epoch: int) -> Position:
+    """Load the latest good checkpoint into the unwrapped model and its helpers; where to continue."""
     # weights_only=True: a checkpoint is data, and unpickling arbitrary objects can run code.
     # map_location: tensors land on this rank's device, not on the device that saved them.
-    ckpt, path = load_latest(args.checkpoint_dir, map_location=device)
+    ckpt, path = load_latest(args.checkpoint_dir, map_location=world.device)
     if ckpt is None:
-        if rank == 0:
+        if world.is_main:
             print(f"no checkpoint in {args.checkpoint_dir}: starting from scratch")
-        return 0, 0, 0
-    model.load_state_dict(ckpt["model"])
-    for part, target in (("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler)):
+        return Position()
+    training.raw_model.load_state_dict(ckpt["model"])
+    parts = {"optimizer": training.optimizer, "scheduler": training.scheduler, "scaler": training.scaler}
+    for part, target in parts.items():
         if part not in args.resume_ignore:
             target.load_state_dict(ckpt[part])
     if "optimizer" in args.resume_ignore and "scheduler" not in args.resume_ignore:
         # the current lr lives in the optimizer's state: put the schedule's back, so that only
         # the momentum buffers are lost
-        for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr(), strict=True):
+        for group, lr in zip(training.optimizer.param_groups, training.scheduler.get_last_lr(), strict=True):
             group["lr"] = lr
     if "rng" not in args.resume_ignore:
         states = ckpt["rng"]
-        if len(states) == world_size:
-            restore_rng(states[rank])
-        elif rank == 0:  # another world size: each rank keeps its fresh seed + rank generator
-            print(f"the checkpoint holds {len(states)} RNG states for {world_size} ranks: not restoring them")
-    step, epoch, batch_in_epoch = ckpt["step"], ckpt["epoch"], ckpt["batch_in_epoch"]
-    if ckpt["world_size"] != world_size:
+        if len(states) == world.world_size:
+            restore_rng(states[world.rank])
+        elif world.is_main:  # another world size: each rank keeps its fresh seed + rank generator
+            print(
+                f"the checkpoint holds {len(states)} RNG states for {world.world_size} ranks: not restoring them"
+            )
+    pos = Position(ckpt["step"], ckpt["epoch"], ckpt["batch_in_epoch"])
+    if ckpt["world_size"] != world.world_size:
         # the world changed size: keep the position in samples, not in per-rank batches
-        done = batch_in_epoch * ckpt["batch_size"] * ckpt["world_size"]
-        batch_in_epoch = done // (args.batch_size * world_size)
-    if batch_in_epoch >= steps_per_epoch:
-        epoch, batch_in_epoch = epoch + 1, 0  # saved at the end of an epoch
-    if rank == 0:
+        done = pos.batch_in_epoch * ckpt["batch_size"] * ckpt["world_size"]
+        pos.batch_in_epoch = done // (args.batch_size * world.world_size)
+    if pos.batch_in_epoch >= steps_per_epoch:
+        pos.epoch, pos.batch_in_epoch = pos.epoch + 1, 0  # saved at the end of an epoch
+    if world.is_main:
         ignored = f" (ignoring {', '.join(args.resume_ignore)})" if args.resume_ignore else ""
-        print(f"resumed from {path.name}: step {step}, epoch {epoch}, batch {batch_in_epoch}{ignored}")
-    return step, epoch, batch_in_epoch
+        print(
+            f"resumed from {path.name}: step {pos.step}, epoch {pos.epoch}, batch {pos.batch_in_epoch}{ignored}"
+        )
+    return pos
 
 
 if __name__ == "__main__":

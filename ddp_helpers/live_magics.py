@@ -1,0 +1,101 @@
+"""``%ranks`` and ``%%ranks``: live DDP ranks from notebook cells.
+
+%load_ext ddp_helpers
+%ranks start --nproc 2          # binds the LiveRanks object as `ranks` in the notebook
+%%ranks                         # this cell runs on every rank
+x = torch.ones(1) * (rank + 1)
+dist.all_reduce(x)
+x.item()
+%%ranks --rank 0                # on some ranks only
+%ranks stop
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from .errors import InvalidLaunchArguments
+from .live_ranks import LiveRanks, start_ranks
+
+_current: LiveRanks | None = None
+
+
+def current_ranks() -> LiveRanks:
+    """The ranks that ``%ranks start`` started in this kernel."""
+    if _current is None or not _current.alive:
+        raise InvalidLaunchArguments("no live ranks are running: start them with %ranks start --nproc 2")
+    return _current
+
+
+def _parse_ranks(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise InvalidLaunchArguments(
+            f"--rank takes comma-separated rank numbers, e.g. 0,1; got {text!r}"
+        ) from None
+
+
+@magics_class
+class RanksMagics(Magics):
+    @magic_arguments()
+    @argument("action", nargs="?", default=None, help="line form: start, stop, restart or status")
+    @argument("--nproc", type=int, default=None, help="ranks to start (default: GPUs, or 2 on the CPU)")
+    @argument("--backend", default="auto", help="auto, gloo or nccl")
+    @argument(
+        "--timeout", type=float, default=None, help="seconds of silence in a cell before it counts as hung"
+    )
+    @argument("--rank", default=None, help="cell form: run on these ranks only, e.g. 0 or 0,2")
+    @argument("--name", default="ranks", help="the notebook variable that holds the ranks")
+    @line_cell_magic
+    def ranks(self, line: str, cell: str | None = None):
+        """Start, stop and use live DDP ranks; see `ddp_helpers.start_ranks`."""
+        opts = parse_argstring(self.ranks, " ".join(shlex.split(line)))
+        if cell is None:
+            return self._line(opts)
+        if opts.action is not None:
+            raise InvalidLaunchArguments(f"%%ranks takes options only (e.g. --rank 0), not {opts.action!r}")
+        ranks = current_ranks()
+        timeout = ... if opts.timeout is None else opts.timeout
+        results = ranks.run(cell, ranks=_parse_ranks(opts.rank), timeout=timeout)
+        for rank, value in sorted(results.items()):
+            if value is not None:
+                print(f"[rank {rank}] Out: {value!r}")
+        self.shell.user_ns["_ranks_out"] = results
+        return None
+
+    def _line(self, opts):
+        global _current
+        if opts.action == "start":
+            if _current is not None and _current.alive:
+                _current.shutdown()  # one set of live ranks per kernel: a second start replaces the first
+            _current = start_ranks(nproc=opts.nproc, backend=opts.backend, timeout=opts.timeout)
+            self.shell.user_ns[opts.name] = _current
+            print(
+                f"{_current.world_size} live rank(s) on {_current.backend}, bound to `{opts.name}`; "
+                f"logs in {_current.run_dir}/logs"
+            )
+            return None
+        if opts.action == "stop":
+            if _current is not None:
+                _current.shutdown()
+                print("every rank has exited")
+            return None
+        if opts.action == "restart":
+            if _current is None:
+                raise InvalidLaunchArguments("no live ranks to restart: start them with %ranks start")
+            _current.restart()
+            print(f"{_current.world_size} fresh rank(s) started")
+            return None
+        if opts.action in (None, "status"):
+            return _current
+        raise InvalidLaunchArguments(f"%ranks takes start, stop, restart or status, not {opts.action!r}")
+
+
+def load_ipython_extension(ipython) -> None:
+    ipython.register_magics(RanksMagics)

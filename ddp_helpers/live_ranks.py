@@ -1,0 +1,587 @@
+"""Live ranks: DDP processes that stay up between notebook cells.
+
+    ranks = start_ranks(nproc=2)                 # torchrun + init_process_group, once
+    ranks.run("x = torch.ones(1) * (rank + 1)\\ndist.all_reduce(x)\\nx.item()")
+    ranks.gather("x")                            # [tensor([3.]), tensor([3.])]
+    ranks.shutdown()
+
+Built from the launcher's parts: the ranks run under torchrun in a session of their own, their output
+goes to torchrun's per-rank log files, which are echoed as ``[rank N]`` lines, and failures are
+diagnosed as `launch` diagnoses them. Each rank runs `ddp_helpers.rank_server`, which takes code over
+an authenticated Unix socket. The ranks exit by themselves when that socket closes, so a killed
+kernel leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import queue
+import re
+import secrets
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
+from pathlib import Path
+from typing import Any
+
+from . import live_channel
+from .errors import InvalidLaunchArguments, LaunchError, LaunchTimeout, RankError, WorkerFailed
+from .launch import LaunchInterrupted, _drain, _pump, _Run
+from .launch_config import LaunchConfig, default_run_dir, make_config
+from .process_tree import ProcessTree
+
+POLL_S = 0.02
+RANK_SERVER = Path(__file__).with_name("rank_server.py")  # what torchrun runs on each rank
+STARTUP_TIMEOUT_S = 180.0  # importing torch and the rendezvous, on a loaded 2-core machine
+INTERRUPT_WAIT_S = 5.0  # how long an interrupted rank gets to come back before the ranks are stopped
+CHECK_TIMEOUT_S = 10.0  # the barrier that tells whether an interrupt left the process group usable
+STACK_WAIT_S = 1.0
+
+
+class _Shown:
+    """A value that could not travel to the kernel: shown by the repr the rank sent."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+class RankResults(dict):
+    """The value of a cell's last expression on each rank that ran it: ``{rank: value}``.
+
+    None where the cell ended in a statement. Values that cannot be unpickled in the kernel (an
+    object of a class defined in a cell) are shown by their repr on the rank.
+    """
+
+    wall_s: float = 0.0
+
+    def __repr__(self) -> str:
+        return "\n".join(f"[rank {rank}] {value!r}" for rank, value in sorted(self.items()))
+
+
+@dataclass
+class _Rank:
+    rank: int
+    pid: int
+    conn: Connection
+
+
+def _decode(data: bytes | None, text: str) -> Any:
+    if data is None:
+        return _Shown(text)
+    try:
+        return pickle.loads(data)
+    except Exception:  # e.g. a class that exists only on the rank
+        return _Shown(text)
+
+
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+class LiveRanks:
+    """DDP ranks that keep running between cells. Make them with `start_ranks`."""
+
+    def __init__(self, config: LaunchConfig, timeout: float | None, startup_timeout: float) -> None:
+        self._config = config
+        self.timeout = timeout
+        self._startup_timeout = startup_timeout
+        self._base_run_dir = config.run_dir
+        self._starts = 0
+        self._cells: dict[int, str] = {}  # cell id -> code, to show a stuck rank's line
+        self._next_id = 0
+        self._ranks: dict[int, _Rank] = {}
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._closed = True
+        self._start()
+        atexit.register(_shutdown_quietly, weakref.ref(self))
+
+    # ------------------------------------------------------------------ start and stop
+    @property
+    def world_size(self) -> int:
+        return self._config.nproc
+
+    @property
+    def backend(self) -> str:
+        return self._config.backend
+
+    @property
+    def run_dir(self) -> Path:
+        """Where this start's logs are (``logs/``), with the per-rank stack dumps (``stacks/``)."""
+        return self._config.run_dir
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed and self._proc is not None and self._proc.poll() is None
+
+    def _start(self) -> None:
+        if self._starts:
+            self._config.run_dir = self._base_run_dir / f"restart-{self._starts}"
+        self._starts += 1
+        config = self._config
+        self._socket_dir = Path(tempfile.mkdtemp(prefix="ddp-ranks-"))  # 0700: only this user
+        address = str(self._socket_dir / "control.sock")
+        authkey = secrets.token_bytes(32)
+        stacks = config.run_dir / "stacks"
+        stacks.mkdir(parents=True, exist_ok=True)
+        config.log_dir.mkdir(parents=True, exist_ok=True)
+        config.extra_env.update(
+            {
+                live_channel.ADDRESS_ENV: address,
+                live_channel.AUTHKEY_ENV: authkey.hex(),
+                live_channel.STACKS_ENV: str(stacks),
+            }
+        )
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(address)
+        listener.listen(config.nproc)
+        self._run = _Run(config, "off")
+        self._agent_lines: Any = queue.Queue()
+        self._proc = subprocess.Popen(
+            config.command(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=config.environment(),
+            start_new_session=True,  # signalled as a group, never by the kernel's own Ctrl-C
+        )
+        config.extra_env.pop(live_channel.AUTHKEY_ENV)  # the key lives in the ranks' environment only
+        self._tree = ProcessTree(self._proc.pid)
+        threading.Thread(target=_pump, args=(self._proc.stdout, self._agent_lines), daemon=True).start()
+        self._closed = False
+        try:
+            self._accept(listener, authkey)
+        except BaseException:
+            self._stop()
+            raise
+        finally:
+            listener.close()
+
+    def _accept(self, listener: socket.socket, authkey: bytes) -> None:
+        """Wait until every rank has joined the process group and connected back."""
+        deadline = time.monotonic() + self._startup_timeout
+        ranks: dict[int, _Rank] = {}
+        try:
+            while len(ranks) < self._config.nproc:
+                self._follow()
+                if self._proc.poll() is not None:
+                    raise self._run.failure(self._proc.returncode)
+                if time.monotonic() > deadline:
+                    raise LaunchTimeout(
+                        f"the ranks did not start within {self._startup_timeout:g}s: "
+                        f"{len(ranks)} of {self._config.nproc} connected. Logs: {self._config.log_dir}",
+                        silent_ranks=sorted(set(range(self._config.nproc)) - set(ranks)),
+                        run_dir=str(self._config.run_dir),
+                    )
+                readable, _, _ = select.select([listener], [], [], 0.1)
+                if not readable:
+                    continue
+                sock, _ = listener.accept()
+                conn = Connection(sock.detach())
+                deliver_challenge(conn, authkey)
+                answer_challenge(conn, authkey)
+                _, rank, _local, pid, _backend, _device = conn.recv()
+                ranks[rank] = _Rank(rank, pid, conn)
+        except KeyboardInterrupt:
+            raise LaunchInterrupted(
+                "interrupted while the ranks started; every process was stopped"
+            ) from None
+        self._ranks = dict(sorted(ranks.items()))
+        self._follow(final=True)
+
+    def _follow(self, final: bool = False) -> None:
+        _drain(self._agent_lines, self._run)
+        self._run.poll_files(final=final)
+
+    def _stop(self) -> None:
+        """Stop every process of the ranks (SIGTERM, then SIGKILL) and close the channel."""
+        for r in self._ranks.values():
+            try:
+                r.conn.close()
+            except OSError:
+                pass
+        self._ranks = {}
+        if self._proc is not None:
+            self._tree.terminate(self._config.grace_s)
+            try:
+                self._proc.wait(timeout=self._config.grace_s + 5)
+            except subprocess.TimeoutExpired:
+                pass
+            if self._proc.stdout:
+                self._proc.stdout.close()
+        shutil.rmtree(self._socket_dir, ignore_errors=True)
+        self._closed = True
+
+    def shutdown(self) -> None:
+        """Ask every rank to exit, then make sure that every process is gone."""
+        if self._closed:
+            return
+        for r in self._ranks.values():
+            try:
+                r.conn.send(("shutdown", 0))
+            except OSError:
+                pass
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout=self._config.grace_s + 5)
+            except subprocess.TimeoutExpired:
+                pass
+            self._follow(final=True)
+        self._stop()
+
+    def restart(self) -> LiveRanks:
+        """Stop the ranks, whatever their state, and start fresh ones (new namespaces, new group)."""
+        self._stop()
+        self._start()
+        return self
+
+    def __enter__(self) -> LiveRanks:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        state = "running" if self.alive else "stopped"
+        return (
+            f"LiveRanks({state}, world_size={self.world_size}, backend={self.backend!r}, "
+            f"logs='{self._config.log_dir}')"
+        )
+
+    # ------------------------------------------------------------------ the public calls
+    def run(
+        self, code: str, ranks: Iterable[int] | int | None = None, timeout: float | None = ...
+    ) -> RankResults:
+        """Run `code` on `ranks` (default: every rank) and wait until each has finished it.
+
+        Each rank's output streams in as ``[rank N]`` lines. Returns each rank's value of the last
+        expression. Raises `RankError` if the code raised on any rank (the ranks keep running),
+        `LaunchTimeout` if a rank still in the cell printed nothing for `timeout` seconds,
+        `WorkerFailed` if a rank died, and `LaunchInterrupted` on a kernel interrupt.
+        """
+        if not isinstance(code, str):
+            raise InvalidLaunchArguments(f"code must be a string, got {type(code).__name__}")
+        compile(code, "<cell>", "exec")  # a syntax error is reported here, before anything is sent
+        targets = self._targets(ranks)
+        cell_id = self._new_id(code)
+        started = time.monotonic()
+        replies = self._request(("run", cell_id, code), targets, self._timeout(timeout))
+        failed = {r: reply for r, reply in replies.items() if reply[0] == "error"}
+        if failed:
+            first = min(failed)
+            message = f"rank {first} failed: {failed[first][2]}\n\n{failed[first][3]}"
+            others = [r for r in sorted(failed) if r != first]
+            if others:
+                message += "\n\nalso failed on rank(s) " + ", ".join(
+                    f"{r} ({failed[r][2].splitlines()[0]})" for r in others
+                )
+            message += "\n\nThe ranks are still running, with their state."
+            raise RankError(message, errors={r: reply[3] for r, reply in failed.items()})
+        results = RankResults({r: _decode(reply[2], reply[3]) for r, reply in replies.items()})
+        results.wall_s = time.monotonic() - started
+        return results
+
+    def gather(self, name: str, ranks: Iterable[int] | int | None = None) -> list[Any]:
+        """The value bound to `name` on each rank, in rank order (tensors moved to the CPU)."""
+        if not isinstance(name, str) or not name.isidentifier():
+            raise InvalidLaunchArguments(f"gather takes a variable name, got {name!r}")
+        targets = self._targets(ranks)
+        replies = self._request(("gather", self._new_id(""), name), targets, self._timeout(...))
+        missing = [r for r, reply in replies.items() if reply[0] == "error"]
+        if missing:
+            raise NameError(f"{replies[missing[0]][2]} on rank(s) {', '.join(map(str, missing))}")
+        return [pickle.loads(replies[r][2]) for r in targets]
+
+    def push(self, **values: Any) -> None:
+        """Bind each keyword to the same value on every rank, e.g. ``ranks.push(lr=0.1)``."""
+        if not values:
+            raise InvalidLaunchArguments("push takes keyword arguments, e.g. ranks.push(lr=0.1)")
+        try:
+            data = pickle.dumps(values)
+        except Exception as error:
+            raise InvalidLaunchArguments(f"push: the values cannot be pickled: {error}") from None
+        self._request(("push", self._new_id(""), data), list(self._ranks), self._timeout(...))
+
+    # ------------------------------------------------------------------ internals
+    def _timeout(self, timeout: Any) -> float | None:
+        return _check_timeout(self.timeout if timeout is ... else timeout)
+
+    def _new_id(self, code: str) -> int:
+        self._next_id += 1
+        self._cells[self._next_id] = code
+        return self._next_id
+
+    def _targets(self, ranks: Iterable[int] | int | None) -> list[int]:
+        if self._closed or not self._ranks:
+            raise InvalidLaunchArguments(
+                "the ranks are not running (shut down, or stopped after a failure): "
+                "ranks.restart() or start_ranks() starts new ones"
+            )
+        if ranks is None:
+            return list(self._ranks)
+        chosen = [ranks] if isinstance(ranks, int) else list(ranks)
+        bad = [r for r in chosen if isinstance(r, bool) or not isinstance(r, int) or r not in self._ranks]
+        if bad or not chosen:
+            raise InvalidLaunchArguments(
+                f"ranks must be among 0..{self.world_size - 1} (world size {self.world_size}), got {ranks!r}"
+            )
+        return sorted(set(chosen))
+
+    def _request(self, message: tuple, targets: list[int], timeout: float | None) -> dict[int, tuple]:
+        for rank in targets:
+            self._ranks[rank].conn.send(message)
+        pending = set(targets)
+        replies: dict[int, tuple] = {}
+        started = time.monotonic()
+        try:
+            self._wait(pending, replies, started, timeout, message[1])
+        except KeyboardInterrupt:
+            raise self._interrupted(pending, replies) from None
+        self._follow(final=True)  # every line the cell printed is on disk by now: show the rest
+        return replies
+
+    def _wait(
+        self, pending: set[int], replies: dict, started: float, timeout: float | None, cell_id: int
+    ) -> None:
+        by_conn = {self._ranks[r].conn: r for r in pending}
+        while pending:
+            for conn in wait([self._ranks[r].conn for r in pending], timeout=POLL_S):
+                rank = by_conn[conn]
+                try:
+                    replies[rank] = conn.recv()
+                except (EOFError, OSError):
+                    raise self._died(rank) from None
+                pending.discard(rank)
+            self._follow()
+            if self._proc.poll() is not None:
+                raise self._died(None)
+            if timeout is not None and pending:
+                now = time.monotonic()
+                stuck = [r for r in sorted(pending) if now - self._last_heard(r, started) > timeout]
+                if stuck:
+                    raise self._hung(stuck, sorted(set(replies)), timeout, cell_id)
+
+    def _last_heard(self, rank: int, since: float) -> float:
+        state = self._run.ranks.get(rank)
+        heard = state.last_heard if state is not None and state.last_heard is not None else since
+        return max(heard, since)
+
+    def _died(self, rank: int | None) -> LaunchError:
+        """A rank is gone: let torchrun finish its report, stop the rest, and say who died and how."""
+        try:
+            self._proc.wait(timeout=self._config.grace_s + 10)
+        except subprocess.TimeoutExpired:
+            pass
+        self._follow(final=True)
+        returncode = self._proc.poll()
+        error: LaunchError
+        if returncode not in (None, 0):
+            error = self._run.failure(returncode)
+        else:
+            error = WorkerFailed(
+                rank if rank is not None else -1,
+                -1,
+                "the rank's connection closed without a report from torchrun",
+                "",
+                run_dir=str(self._config.run_dir),
+            )
+        self._stop()
+        message = f"{error}\n\nThe other ranks were stopped: ranks.restart() starts afresh."
+        error.args = (message,)
+        return error
+
+    def _interrupted(self, pending: set[int], replies: dict[int, tuple]) -> LaunchInterrupted:
+        """Ctrl-C in the kernel: interrupt the ranks still in the cell, keep them if the group survived."""
+        came_back = self._interrupt(pending, replies)
+        if not came_back:
+            self._stop()
+            return LaunchInterrupted(
+                f"interrupted: rank(s) {', '.join(map(str, sorted(pending)))} did not return from the cell within "
+                f"{INTERRUPT_WAIT_S:g}s (a rank blocked inside a collective cannot be interrupted), so every "
+                "rank was stopped. ranks.restart() starts afresh."
+            )
+        return LaunchInterrupted(self._check_group("interrupted: every rank stopped the cell"))
+
+    def _interrupt(self, pending: set[int], replies: dict[int, tuple]) -> bool:
+        """SIGINT the ranks in `pending`; True if each came back within INTERRUPT_WAIT_S."""
+        for rank in pending:
+            try:
+                os.kill(self._ranks[rank].pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + INTERRUPT_WAIT_S
+        while pending and time.monotonic() < deadline:
+            for conn in wait([self._ranks[r].conn for r in pending], timeout=POLL_S):
+                rank = next(r for r in pending if self._ranks[r].conn is conn)
+                try:
+                    replies[rank] = conn.recv()
+                except (EOFError, OSError):
+                    return False
+                pending.discard(rank)
+            self._follow()
+        self._follow(final=True)
+        return not pending
+
+    def _check_group(self, what: str) -> str:
+        """A barrier with a deadline: after an interrupt, is the process group still usable?"""
+        cell_id = self._new_id("")
+        for r in self._ranks.values():
+            r.conn.send(("check", cell_id))
+        pending = set(self._ranks)
+        deadline = time.monotonic() + CHECK_TIMEOUT_S
+        while pending and time.monotonic() < deadline:
+            for conn in wait([self._ranks[r].conn for r in pending], timeout=POLL_S):
+                rank = next(r for r in pending if self._ranks[r].conn is conn)
+                try:
+                    reply = conn.recv()
+                except (EOFError, OSError):
+                    reply = ("error",)
+                if reply[0] == "ok":
+                    pending.discard(rank)
+                else:
+                    deadline = 0  # broken for sure
+        if pending:
+            self._stop()
+            return (
+                f"{what}, but the process group is no longer usable (a barrier did not complete within "
+                f"{CHECK_TIMEOUT_S:g}s: a collective was cut short on some rank). The ranks were stopped: "
+                "ranks.restart() starts afresh."
+            )
+        return f"{what}; the ranks are still running, with their state, and the process group is usable."
+
+    def _hung(self, stuck: list[int], finished: list[int], timeout: float, cell_id: int) -> LaunchTimeout:
+        stacks = self._stacks(stuck)
+        lines = [
+            f"the cell hung: rank(s) {', '.join(map(str, stuck))} printed nothing for {timeout:g}s "
+            f"and did not finish the cell.",
+            f"ranks that finished the cell: {', '.join(map(str, finished)) or 'none'}",
+        ]
+        for rank in stuck:
+            lines += [
+                "",
+                f"rank {rank} is waiting here (most recent call first):",
+                stacks.get(rank, "  (no stack)"),
+            ]
+        pending = set(stuck)
+        came_back = self._interrupt(pending, {})
+        if came_back:
+            lines += ["", self._check_group("The stuck ranks were interrupted")]
+        else:
+            self._stop()
+            lines += [
+                "",
+                f"The stuck ranks did not answer an interrupt within {INTERRUPT_WAIT_S:g}s (they are blocked "
+                "inside a collective), so every rank was stopped. ranks.restart() starts afresh.",
+            ]
+        return LaunchTimeout("\n".join(lines), silent_ranks=stuck, run_dir=str(self._config.run_dir))
+
+    def _stacks(self, ranks: list[int]) -> dict[int, str]:
+        """Each rank's current Python stack, from faulthandler on SIGUSR1, trimmed to the cell's frames."""
+        files = {r: self._config.run_dir / "stacks" / f"rank{r}.txt" for r in ranks}
+        offsets = {r: files[r].stat().st_size if files[r].exists() else 0 for r in ranks}
+        for rank in ranks:
+            try:
+                os.kill(self._ranks[rank].pid, live_channel.STACK_SIGNAL)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + STACK_WAIT_S
+        while time.monotonic() < deadline and not all(
+            files[r].exists() and files[r].stat().st_size > offsets[r] for r in ranks
+        ):
+            time.sleep(0.05)
+        time.sleep(0.1)  # let the dump finish
+        stacks = {}
+        for rank in ranks:
+            try:
+                with open(files[rank]) as fh:
+                    fh.seek(offsets[rank])
+                    stacks[rank] = self._format_stack(fh.read())
+            except FileNotFoundError:
+                continue
+        return stacks
+
+    def _format_stack(self, dump: str) -> str:
+        frames = [m for m in _FRAME.finditer(dump)]
+        cell_frames = [i for i, m in enumerate(frames) if m["file"].startswith("<cell ")]
+        if cell_frames:
+            frames = frames[: cell_frames[-1] + 1]  # drop the server's own frames below the cell
+        out = []
+        for m in frames:
+            out.append(f'  File "{m["file"]}", line {m["line"]} in {m["func"]}')
+            cell = re.fullmatch(r"<cell (\d+)>", m["file"])
+            if cell:
+                source = self._cells.get(int(cell[1]), "").splitlines()
+                number = int(m["line"])
+                if 0 < number <= len(source):
+                    out.append(f"    {source[number - 1].strip()}")
+        return "\n".join(out)
+
+
+def _check_timeout(timeout: Any) -> float | None:
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
+    ):
+        raise InvalidLaunchArguments(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+    return None if timeout is None else float(timeout)
+
+
+def _shutdown_quietly(ref: weakref.ref[LiveRanks]) -> None:
+    ranks = ref()
+    if ranks is not None:
+        try:
+            ranks.shutdown()
+        except Exception:
+            pass
+
+
+def start_ranks(
+    nproc: int | None = None,
+    backend: str = "auto",
+    timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    run_dir: str | os.PathLike[str] | None = None,
+    show_ranks: object = "all",
+    startup_timeout: float = STARTUP_TIMEOUT_S,
+) -> LiveRanks:
+    """Start `nproc` DDP ranks under torchrun that stay up between cells.
+
+    Returns once every rank has run ``init_process_group`` (nccl with one GPU per rank where GPUs
+    exist, gloo on the CPU, as `launch` chooses). Each rank's namespace starts with ``torch``,
+    ``dist``, ``nn``, ``rank``, ``local_rank``, ``world_size`` and ``device``.
+
+    Args:
+        nproc: ranks; default one per visible GPU, or 2 on the CPU.
+        backend: "auto", "gloo" or "nccl".
+        timeout: default for `run`: seconds without output from a rank still in a cell before the
+            cell is declared hung. None waits for ever.
+        env: extra environment variables for the ranks.
+        run_dir: where the logs go; default ``runs/<time>-ranks-<id>``.
+        show_ranks: which ranks' output to echo ("all", "none", a rank or a list).
+        startup_timeout: seconds for every rank to import torch and join the group.
+    """
+    timeout = _check_timeout(timeout)
+    if (
+        isinstance(startup_timeout, bool)
+        or not isinstance(startup_timeout, int | float)
+        or startup_timeout <= 0
+    ):
+        raise InvalidLaunchArguments(f"startup_timeout must be a positive number, got {startup_timeout!r}")
+    config = make_config(
+        RANK_SERVER, (), nproc=nproc, backend=backend, timeout=None,
+        run_dir=run_dir if run_dir is not None else default_run_dir("ranks"), env=env, max_restarts=0,
+        show_ranks=show_ranks, grace_s=3.0, nnodes=1, node_rank=0, rdzv_endpoint=None,
+    )  # fmt: skip
+    return LiveRanks(config, timeout=timeout, startup_timeout=float(startup_timeout))

@@ -1,0 +1,206 @@
+"""One live rank: join the process group, then run the code the notebook sends, cell after cell.
+
+torchrun starts this file once per rank (see `ddp_helpers.live_ranks`). Each rank:
+
+1. joins the process group with `setup_distributed()` (nccl + cuda:LOCAL_RANK on GPUs, gloo on the CPU);
+2. connects to the notebook kernel over an authenticated Unix socket (`multiprocessing.connection`,
+   a random key per session, given in the environment);
+3. runs each cell it receives in a namespace of its own that persists between cells, and replies with
+   the value of the cell's last expression, or the traceback.
+
+Output is not sent over the socket: print() goes to the rank's log file, as in any torchrun job, and the
+notebook follows those files. The rank exits when the kernel says so, or when its socket closes
+(the kernel died), so no rank outlives its notebook.
+"""
+
+from __future__ import annotations
+
+import ast
+import faulthandler
+import linecache
+import os
+import pickle
+import select
+import signal
+import socket
+import sys
+import threading
+import traceback
+import types
+from multiprocessing.connection import Client, Connection
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from ddp_helpers.distributed import setup_distributed
+from ddp_helpers.live_channel import ADDRESS_ENV, AUTHKEY_ENV, STACK_SIGNAL, STACKS_ENV
+
+
+def to_cpu(value: Any) -> Any:
+    """Tensors (also inside lists, tuples and dicts) moved to the CPU, so the kernel never touches CUDA."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, list | tuple):
+        return type(value)(to_cpu(v) for v in value) if not hasattr(value, "_fields") else value
+    if isinstance(value, dict):
+        return {k: to_cpu(v) for k, v in value.items()}
+    return value
+
+
+def encode(value: Any) -> tuple[bytes | None, str]:
+    """The value pickled (None where it cannot be), and its repr for display."""
+    value = to_cpu(value)
+    try:
+        text = repr(value)
+    except Exception as error:  # a broken __repr__ must not kill the rank
+        text = f"<repr failed: {error!r}>"
+    try:
+        return pickle.dumps(value), text
+    except Exception:
+        return None, text
+
+
+class Cells:
+    """Runs cells in one persistent namespace, IPython-style: the last expression's value is returned."""
+
+    def __init__(self, info) -> None:
+        self.namespace: dict[str, Any] = {
+            "__name__": "__main__",
+            "torch": torch,
+            "dist": dist,
+            "nn": nn,
+            "rank": info.rank,
+            "local_rank": info.local_rank,
+            "world_size": info.world_size,
+            "device": info.device,
+        }
+        # Classes defined in a cell live in this module, so pickle can find them.
+        module = types.ModuleType("__main__")
+        module.__dict__.update(self.namespace)
+        self.namespace = module.__dict__
+        sys.modules["__main__"] = module
+        self.running = False  # SIGINT raises KeyboardInterrupt only inside a cell
+
+    def run(self, cell_id: int, code: str) -> Any:
+        filename = f"<cell {cell_id}>"
+        # tracebacks then show the cell's own lines
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        tree = ast.parse(code, filename=filename)
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        self.running = True
+        try:
+            exec(compile(tree, filename, "exec"), self.namespace)
+            if last is not None:
+                return eval(compile(ast.Expression(last.value), filename, "eval"), self.namespace)
+            return None
+        finally:
+            self.running = False
+            sys.stdout.flush()
+            sys.stderr.flush()
+
+
+def cell_traceback(error: BaseException) -> str:
+    """The traceback from the cell's own frames on (the server's frames are noise to the learner)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    first = next((i for i, f in enumerate(frames) if f.filename.startswith("<cell ")), 0)
+    lines = ["Traceback (most recent call last):\n"]
+    lines += traceback.format_list(frames[first:])
+    lines += traceback.format_exception_only(type(error), error)
+    return "".join(lines).rstrip()
+
+
+def watch_for_kernel_exit(conn: Connection) -> None:
+    """Exit as soon as the kernel's end of the socket closes, even in the middle of a long cell."""
+    with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        while True:
+            readable, _, _ = select.select([sock], [], [], 1.0)
+            if readable:
+                try:
+                    data = sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    data = b"x"
+                except OSError:
+                    data = b""
+                if not data:  # EOF: the kernel is gone
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    os._exit(0)
+                threading.Event().wait(0.5)  # a message waits for the main thread; do not spin on it
+
+
+def handle(cells: Cells, message: tuple) -> tuple:
+    kind, cell_id = message[0], message[1]
+    if kind == "run":
+        try:
+            value = cells.run(cell_id, message[2])
+        except KeyboardInterrupt:
+            return ("interrupted", cell_id)
+        except BaseException as error:  # SystemExit too: a cell must not end the rank
+            # one line in the log; the whole traceback goes to the notebook's RankError
+            print(f"[cell {cell_id} failed: {type(error).__name__}: {error}]", file=sys.stderr, flush=True)
+            return ("error", cell_id, f"{type(error).__name__}: {error}", cell_traceback(error))
+        return ("ok", cell_id, *encode(value))
+    if kind == "gather":
+        name = message[2]
+        if name not in cells.namespace:
+            return ("error", cell_id, f"NameError: name {name!r} is not defined", "")
+        data, text = encode(cells.namespace[name])
+        if data is None:
+            return ("error", cell_id, f"TypeError: {name} ({text[:80]}) cannot be pickled", "")
+        return ("ok", cell_id, data, text)
+    if kind == "check":  # after an interrupt: is the process group still usable?
+        dist.barrier()
+        return ("ok", cell_id, None, "None")
+    if kind == "push":
+        cells.namespace.update(pickle.loads(message[2]))
+        return ("ok", cell_id, None, "None")
+    raise ValueError(f"unknown message {kind!r}")
+
+
+def serve(conn: Connection, cells: Cells) -> None:
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return  # the kernel is gone
+        except KeyboardInterrupt:
+            continue  # an interrupt that arrived after the cell ended
+        if message[0] == "shutdown":
+            return
+        try:
+            reply = handle(cells, message)
+        except KeyboardInterrupt:
+            reply = ("interrupted", message[1])
+        conn.send(reply)
+
+
+def main() -> None:
+    info = setup_distributed()
+    cells = Cells(info)
+
+    def on_sigint(signum, frame):
+        if cells.running:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    stack_file = open(os.path.join(os.environ[STACKS_ENV], f"rank{info.rank}.txt"), "w")  # noqa: SIM115
+    faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=False)
+
+    conn = Client(os.environ[ADDRESS_ENV], authkey=bytes.fromhex(os.environ.pop(AUTHKEY_ENV)))
+    conn.send(("hello", info.rank, info.local_rank, os.getpid(), info.backend, str(info.device)))
+    threading.Thread(target=watch_for_kernel_exit, args=(conn,), daemon=True).start()
+    try:
+        serve(conn, cells)
+    finally:
+        conn.close()
+        if dist.is_initialized():
+            # Leave without a final collective: a rank interrupted mid-collective would hang it.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,339 @@
+"""Look inside torch's DDP: where the time goes, bucket sizes, no_sync(), comm hooks, DDP's options.
+
+    torchrun --nproc-per-node 2 inside_ddp.py --experiments profile,buckets,no_sync,hooks,options
+
+Each experiment writes its results under its own name in <run-dir>/summary.json (rank 0):
+  profile   a few DDP steps under torch.profiler: one Chrome/Perfetto trace per rank, <run-dir>/traces/
+  buckets   the median step time for each --bucket-caps value, and the buckets DDP reduced
+  no_sync   gradient accumulation with and without no_sync(): all-reduces counted by the profiler,
+            step times, and whether the weights came out equal
+  hooks     register_comm_hook: none, fp16 and bf16 compression, and a hook that records each bucket
+  options   find_unused_parameters, static_graph, gradient_as_bucket_view: step time, gradient memory
+The model, data and timing are handmade_ddp.py's, so the numbers compare with that worker's.
+"""
+
+import argparse
+import contextlib
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from ddp_helpers import teardown
+from ddp_helpers.distributed import setup_distributed
+from ddp_helpers.metrics import MetricsWriter
+from ddp_helpers.workers.handmade_ddp import build_model, make_batches, slowest, synchronize
+
+EXPERIMENTS = ("profile", "buckets", "no_sync", "hooks", "options")
+
+
+# ---------------------------------------------------------------------------- a hook of our own
+
+
+def record_buckets_hook(log: list, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The default all-reduce (average the bucket), plus a note of each bucket's size and time.
+
+    DDP calls this once per bucket, as soon as the bucket's gradients are ready, and waits for the
+    returned future before step(). On GPUs the time is until the all-reduce is queued on its stream.
+    """
+    start = time.perf_counter()
+    buffer = bucket.buffer().div_(dist.get_world_size())
+    future = dist.all_reduce(buffer, async_op=True).get_future()
+
+    def note(done: torch.futures.Future) -> torch.Tensor:
+        log.append({"bucket": bucket.index(), "bytes": buffer.numel() * buffer.element_size(),
+                    "tensors": len(bucket.gradients()), "seconds": time.perf_counter() - start})  # fmt: skip
+        return done.value()[0]
+
+    return future.then(note)
+
+
+HOOKS = {
+    "none": None,
+    "fp16": default_hooks.fp16_compress_hook,  # halve the bytes sent: cast to fp16, reduce, cast back
+    "bf16": default_hooks.bf16_compress_hook,  # the same in bf16: fp32's range, less precision
+    "record": record_buckets_hook,
+}
+
+
+# ---------------------------------------------------------------------------- training
+
+
+def make_ddp(args, info, cap_mb: float | None = None, **ddp_options) -> DDP:
+    """DDP around the seeded model; `cap_mb` None keeps DDP's default buckets (with its small first one)."""
+    if cap_mb is not None:
+        ddp_options["bucket_cap_mb"] = cap_mb
+    torch.manual_seed(args.seed)  # the same initial weights in every experiment
+    model = build_model(args.model, args.width, args.depth).to(info.device)
+    device_ids = [info.device.index] if info.device.type == "cuda" else None
+    return DDP(model, device_ids=device_ids, **ddp_options)
+
+
+def train_step(model, optimizer, inputs, targets) -> torch.Tensor:
+    with record_function("forward"):
+        loss = F.cross_entropy(model(inputs), targets)
+    with record_function("backward"):
+        loss.backward()  # DDP all-reduces buckets while this runs
+    with record_function("optimizer"):
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def train(model, batches, args, info) -> tuple[float, float]:
+    """Train on `batches`; the median step time after warm-up (slowest rank) and the last loss."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    times = []
+    for inputs, targets in batches:
+        synchronize(info.device)
+        start = time.perf_counter()
+        loss = train_step(model, optimizer, inputs, targets)
+        synchronize(info.device)
+        times.append(time.perf_counter() - start)
+    return slowest(statistics.median(times[args.warmup_steps :]), info.device), loss.item()
+
+
+def activities(info) -> list:
+    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if info.device.type == "cuda" else [])
+
+
+def count_allreduces(prof) -> int:
+    """All-reduces issued in a profiled window: c10d's op is recorded once per call, on any backend."""
+    return sum(event.count for event in prof.key_averages() if event.key == "c10d::allreduce_")
+
+
+def ddp_logging(model: DDP) -> dict:
+    """The bucket and timing fields of DDP's own logging data (a private API: guarded)."""
+    data = model._get_ddp_logging_data() if hasattr(model, "_get_ddp_logging_data") else {}
+    keys = ("bucket_cap_bytes", "bucket_sizes", "has_rebuilt_buckets", "num_buckets_reduced",
+            "avg_backward_compute_time", "avg_backward_comm_time", "avg_backward_compute_comm_overlap_time")  # fmt: skip
+    return {key: data[key] for key in keys if key in data}
+
+
+# ---------------------------------------------------------------------------- experiments
+
+
+def experiment_profile(args, info, batches) -> dict:
+    """Warm up (DDP rebuilds its buckets after the first step), then profile a few steps."""
+    model = make_ddp(args, info, args.bucket_cap_mb)
+    if hasattr(model, "_set_ddp_runtime_logging_sample_rate"):
+        model._set_ddp_runtime_logging_sample_rate(1)  # DDP's own timers, every step
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    for inputs, targets in batches[: args.warmup_steps]:
+        train_step(model, optimizer, inputs, targets)
+    with profile(activities=activities(info)) as prof:
+        for step, (inputs, targets) in enumerate(batches[args.warmup_steps :][: args.profile_steps]):
+            with record_function(f"step {step}"):
+                train_step(model, optimizer, inputs, targets)
+            synchronize(info.device)
+    trace = Path(args.run_dir) / "traces" / f"rank{info.rank}.json"
+    trace.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(trace))
+    dist.barrier()  # every rank's trace is on disk before rank 0 reports
+    return {"traces": str(trace.parent), "steps": args.profile_steps, "allreduces": count_allreduces(prof),
+            "ddp_logging": ddp_logging(model)}  # fmt: skip
+
+
+def bucket_layout(args, info, cap_mb, batches) -> list[dict]:
+    """The buckets DDP reduces once it has rebuilt them (from the second step on), seen by our hook."""
+    model = make_ddp(args, info, cap_mb)
+    log: list[dict] = []
+    model.register_comm_hook(log, record_buckets_hook)
+    for inputs, targets in batches[:2]:
+        log.clear()
+        F.cross_entropy(model(inputs), targets).backward()
+    return sorted(log, key=lambda entry: entry["bucket"])
+
+
+def experiment_buckets(args, info, batches) -> dict:
+    rows = []
+    for cap in [None, *args.bucket_caps]:  # None: DDP's default, first bucket included
+        model = make_ddp(args, info, cap)
+        step_time, _ = train(model, batches, args, info)
+        layout = bucket_layout(args, info, cap, batches)
+        rows.append({"bucket_cap_mb": "default" if cap is None else cap, "step_time_s": step_time,
+                     "buckets": len(layout), "bucket_bytes": [b["bytes"] for b in layout],
+                     "ddp_logging": ddp_logging(model)})  # fmt: skip
+        if info.is_main:
+            print(f"bucket_cap_mb={rows[-1]['bucket_cap_mb']}: {len(layout)} bucket(s), "
+                  f"{step_time * 1e3:.2f} ms/step", flush=True)  # fmt: skip
+    return {"rows": rows, "default_first_bucket_bytes": getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", None)}
+
+
+def accumulate(model, optimizer, micro_batches, use_no_sync: bool) -> None:
+    """One optimizer step over several micro-batches; with no_sync(), only the last one all-reduces."""
+    for i, (inputs, targets) in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        with model.no_sync() if use_no_sync and not last else contextlib.nullcontext():
+            loss = F.cross_entropy(model(inputs), targets) / len(micro_batches)
+            loss.backward()  # without no_sync(), every backward all-reduces every bucket
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def experiment_no_sync(args, info, batches) -> dict:
+    groups = [batches[i : i + args.accumulate] for i in range(0, len(batches), args.accumulate)]
+    groups = [group for group in groups if len(group) == args.accumulate]
+    results, weights = {}, {}
+    for use_no_sync in (False, True):
+        model = make_ddp(args, info, args.bucket_cap_mb)
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+        times = []
+        for group in groups[:-1]:
+            synchronize(info.device)
+            start = time.perf_counter()
+            accumulate(model, optimizer, group, use_no_sync)
+            synchronize(info.device)
+            times.append(time.perf_counter() - start)
+        with profile(activities=activities(info)) as prof:  # the last step, to count the all-reduces
+            accumulate(model, optimizer, groups[-1], use_no_sync)
+        name = "no_sync" if use_no_sync else "sync_every_micro_batch"
+        warm = min(args.warmup_steps, len(times) - 1)
+        results[name] = {"step_time_s": slowest(statistics.median(times[warm:]), info.device),
+                         "allreduces_per_step": count_allreduces(prof)}  # fmt: skip
+        weights[name] = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
+    max_diff = (weights["no_sync"] - weights["sync_every_micro_batch"]).abs().max().item()
+    equal = torch.allclose(
+        weights["no_sync"], weights["sync_every_micro_batch"], rtol=args.rtol, atol=args.atol
+    )
+    return {**results, "accumulate": args.accumulate, "optimizer_steps": len(groups),
+            "max_abs_diff": slowest(max_diff, info.device), "equal": slowest(float(not equal), info.device) == 0}  # fmt: skip
+
+
+def experiment_hooks(args, info, batches) -> dict:
+    results = {}
+    for name in args.hooks:
+        model = make_ddp(args, info, args.bucket_cap_mb)
+        log: list[dict] = []
+        if HOOKS[name] is not None:
+            model.register_comm_hook(log if name == "record" else None, HOOKS[name])
+        try:
+            step_time, final_loss = train(model, batches, args, info)
+        except (RuntimeError, ValueError) as error:  # a backend that cannot reduce this dtype
+            results[name] = {"error": type(error).__name__, "message": str(error).splitlines()[0][:300]}
+            continue
+        results[name] = {"step_time_s": step_time, "final_loss": slowest(final_loss, info.device)}
+        if name == "record":  # one more backward, to keep one step's buckets
+            log.clear()
+            inputs, targets = batches[0]
+            F.cross_entropy(model(inputs), targets).backward()
+            results[name]["buckets"] = sorted(log, key=lambda entry: entry["bucket"])
+    return results
+
+
+OPTIONS = {
+    "default": {},
+    "find_unused_parameters": {"find_unused_parameters": True},  # walks the graph every step
+    "static_graph": {"static_graph": True},  # walks it once, then trusts it
+    "gradient_as_bucket_view": {"gradient_as_bucket_view": True},  # .grad points into the buckets
+}
+
+
+def gradient_memory(model: DDP, bucket_bytes: int) -> dict:
+    """Bytes that hold gradients: DDP's buckets, plus the .grad tensors unless they are views of them."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    grad_bytes = sum(g.numel() * g.element_size() for g in grads)
+    storages = {g.untyped_storage().data_ptr() for g in grads}
+    views = len(storages) < len(grads)  # several .grad share a storage: the bucket's
+    return {"grad_storages": len(storages), "grad_bytes": grad_bytes, "bucket_bytes": bucket_bytes,
+            "grads_are_bucket_views": views, "gradient_memory_bytes": bucket_bytes + (0 if views else grad_bytes)}  # fmt: skip
+
+
+def experiment_options(args, info, batches) -> dict:
+    results = {}
+    for name, options in OPTIONS.items():
+        model = make_ddp(args, info, args.bucket_cap_mb, **options)
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+        if info.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(info.device)
+        step_time, _ = train(model, batches, args, info)
+        inputs, targets = batches[0]  # one more backward, to look at the gradients DDP left
+        F.cross_entropy(model(inputs), targets).backward()
+        bucket_bytes = sum(b["bytes"] for b in bucket_layout(args, info, args.bucket_cap_mb, batches))
+        results[name] = {"step_time_s": step_time, **gradient_memory(model, bucket_bytes)}
+        if info.device.type == "cuda":
+            results[name]["peak_cuda_bytes"] = torch.cuda.max_memory_allocated(info.device)
+        del optimizer
+    return results
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--experiments", default=",".join(EXPERIMENTS), help=f"comma-separated: {', '.join(EXPERIMENTS)}"
+    )
+    p.add_argument("--model", default="mlp", help="mlp, or a torchvision model such as resnet50")
+    p.add_argument("--width", type=int, default=512, help="MLP width (and input features)")
+    p.add_argument("--depth", type=int, default=6, help="MLP hidden layers")
+    p.add_argument("--image-size", type=int, default=64, help="image side for the ResNets")
+    p.add_argument("--batch-size", type=int, default=32, help="per rank (per micro-batch for no_sync)")
+    p.add_argument("--steps", type=int, default=10, help="training steps per measured configuration")
+    p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the median")
+    p.add_argument("--profile-steps", type=int, default=3)
+    p.add_argument("--bucket-cap-mb", type=float, default=None, help="all but buckets; default: DDP's")
+    p.add_argument("--bucket-caps", default="1,5,25,100", help="the bucket_cap_mb values to sweep")
+    p.add_argument("--accumulate", type=int, default=4, help="micro-batches per optimizer step (no_sync)")
+    p.add_argument("--hooks", default=",".join(HOOKS), help=f"comma-separated: {', '.join(HOOKS)}")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rtol", type=float, default=1e-4)
+    p.add_argument("--atol", type=float, default=1e-6)
+    p.add_argument("--run-dir", default=os.environ.get("DDP_RUN_DIR", "runs/inside_ddp"))
+    args = p.parse_args()
+    args.experiments = [e for e in args.experiments.split(",") if e]
+    args.hooks = [h for h in args.hooks.split(",") if h]
+    args.bucket_caps = [float(c) for c in args.bucket_caps.split(",") if c]
+    if set(args.experiments) - set(EXPERIMENTS) or set(args.hooks) - set(HOOKS):
+        p.error(f"experiments come from {', '.join(EXPERIMENTS)}; hooks from {', '.join(HOOKS)}")
+    if args.steps <= args.warmup_steps or args.accumulate < 1:
+        p.error("need --steps > --warmup-steps and --accumulate >= 1")
+    return args
+
+
+@record
+def main():
+    args = parse_args()
+    info = setup_distributed()
+    if not info.distributed:
+        raise SystemExit("run me under torchrun: DDP needs a process group")
+    writer = MetricsWriter(args.run_dir, info.rank)
+    writer.write_plan(len(args.experiments))
+    # enough batches for the longest experiment: no_sync takes `accumulate` per optimizer step
+    n_batches = max(args.steps, args.warmup_steps + args.profile_steps) * max(1, args.accumulate)
+    batches = make_batches(
+        args.model, args.width, args.image_size, args.batch_size, n_batches, info.rank, info.device
+    )
+    summary = {"world_size": info.world_size, "backend": info.backend, "device": info.device.type,
+               "torch_version": torch.__version__, "model": args.model, "bucket_cap_mb": args.bucket_cap_mb}  # fmt: skip
+    for step, name in enumerate(args.experiments, start=1):
+        start = time.perf_counter()
+        # every experiment but no_sync trains on the first --steps batches
+        data = (
+            batches
+            if name == "no_sync"
+            else batches[: max(args.steps, args.warmup_steps + args.profile_steps)]
+        )
+        summary[name] = globals()[f"experiment_{name}"](args, info, data)
+        writer.log(step=step, experiment=name, seconds=time.perf_counter() - start)
+        if info.is_main:
+            print(f"{name}: done in {time.perf_counter() - start:.1f} s", flush=True)
+    writer.write_summary(summary)
+    writer.close()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        teardown.destroy_process_group()  # after @record has written any error (see teardown.py)

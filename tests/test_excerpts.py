@@ -1,0 +1,144 @@
+"""Every code excerpt a notebook shows with `show_source(...)` contains the call it is there to show.
+
+The table maps each (worker, name) a notebook may show to a piece of code that must be in it. An
+excerpt that no longer holds its call (the code moved to another function) fails here, and so does
+an excerpt missing from the table: a new excerpt must be registered with what it shows.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import nbformat
+import pytest
+from IPython.core.inputtransformer2 import TransformerManager
+
+from ddp_helpers.source_view import source_of
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+# (worker, function or class name; None for the whole file) -> a call the excerpt must contain
+EXCERPTS: dict[tuple[str, str | None], str] = {
+    ("single_device", None): "loss.backward()",
+    ("ddp", None): "DDP(",
+    ("train", "setup"): "setup_distributed()",
+    ("train", "build_data"): "ResumableDistributedSampler(",
+    ("train", "build_training"): "torch.amp.GradScaler(",
+    ("train", "wrap"): "DDP(",
+    ("train", "train_step"): "scaler.scale(loss).backward()",
+    ("train", "train"): "set_epoch",
+    ("train", "evaluate"): "dist.all_reduce(counts)",
+    ("train", "save"): "barrier",
+    ("train", "resume"): "load_latest(",
+    ("train", "main"): "setup(",
+    # notebook 07
+    ("handmade_ddp", "broadcast_from_rank0"): "dist.broadcast(",
+    ("handmade_ddp", "NaiveDDP"): "dist.all_reduce(",
+    ("handmade_ddp", "FlatDDP"): "dist.all_reduce(",
+    ("handmade_ddp", "OverlapDDP"): "register_post_accumulate_grad_hook",
+    ("handmade_ddp", "BucketedDDP"): "bucket_cap_mb",
+    ("handmade_ddp", "train_variant"): "finish_gradient_synchronization()",
+    ("inside_ddp", "train_step"): "backward()",
+    ("inside_ddp", "experiment_profile"): "profile",
+    ("inside_ddp", "bucket_layout"): "register_comm_hook",
+    ("inside_ddp", "experiment_buckets"): "bucket_cap_mb",
+    ("inside_ddp", "accumulate"): "no_sync()",
+    ("inside_ddp", "record_buckets_hook"): "dist.all_reduce(",
+    ("inside_ddp", "gradient_memory"): "untyped_storage()",
+    ("inside_ddp", "experiment_options"): "gradient_memory(",
+}
+
+
+def _worker_name(node: ast.expr, assignments: dict[str, str]) -> str | None:
+    """The worker a show_source target names: a string, or a variable assigned from a call on one."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return Path(node.value).stem
+    if isinstance(node, ast.Name):
+        return assignments.get(node.id)
+    return None
+
+
+def excerpts_shown(notebook: Path) -> list[tuple[str | None, str | None, str]]:
+    """(worker, name, the call as written) for each show_source call in the notebook's code cells."""
+    nb = nbformat.read(notebook, as_version=4)
+    trees = []
+    for cell in nb.cells:
+        if cell.cell_type != "code" or cell.source.lstrip().startswith("%%"):
+            continue  # a cell magic's body runs elsewhere (on the ranks, under torchrun)
+        trees.append(ast.parse(TransformerManager().transform_cell(cell.source)))
+    # variables bound to a worker, e.g. `train = write_worker("train", ...)`, or
+    # `a, b = worker_path("x"), worker_path("y")`
+    assignments: dict[str, str] = {}
+    for tree in trees:
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Assign):
+                continue
+            for target in node.targets:
+                pairs = [(target, node.value)]
+                if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
+                    pairs = list(zip(target.elts, node.value.elts, strict=False))
+                for name, value in pairs:
+                    if isinstance(name, ast.Name) and isinstance(value, ast.Call) and value.args:
+                        first = value.args[0]
+                        if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                            assignments[name.id] = Path(first.value).stem
+    found = []
+    for tree in trees:
+        for node in ast.walk(tree):
+            func = node.func if isinstance(node, ast.Call) else None
+            called = getattr(func, "id", None) or getattr(func, "attr", None)
+            if called != "show_source" or not node.args:
+                continue
+            worker = _worker_name(node.args[0], assignments)
+            names = [a.value if isinstance(a, ast.Constant) else None for a in node.args[1:]] or [None]
+            for name in names:
+                found.append((worker, name, ast.unparse(node)))
+    return found
+
+
+def test_every_registered_excerpt_contains_its_call():
+    for (worker, name), needed in EXCERPTS.items():
+        text = source_of(worker, name) if name else source_of(worker)
+        assert needed in text, f"show_source({worker!r}, {name!r}) no longer contains {needed!r}"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_excerpt_a_notebook_shows_is_registered(notebook):
+    for worker, name, call in excerpts_shown(notebook):
+        assert worker is not None, (
+            f"{notebook.name}: {call}: name the worker with a string (or a variable set from one)"
+        )
+        assert (worker, name) in EXCERPTS, (
+            f"{notebook.name}: {call} is not in tests/test_excerpts.py's EXCERPTS: register it with the call it shows"
+        )
+
+
+def test_the_first_program_notebook_shows_both_scripts():
+    shown = {
+        (w, n)
+        for w, n, _ in excerpts_shown(
+            Path(__file__).resolve().parent.parent / "notebooks" / "01_first_ddp_program.ipynb"
+        )
+    }
+    assert ("single_device", None) in shown
+
+
+def test_the_finder_reads_variables_and_skips_cell_magics(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell('%load_ext ddp_helpers\ntrain = ddp_helpers.write_worker("train", "runs")'),
+        nbformat.v4.new_code_cell('a, b = worker_path("inside_ddp"), worker_path("handmade_ddp")'),
+        nbformat.v4.new_code_cell(
+            'show_source(train, "train_step", "wrap")\nshow_source("ddp")\nshow_source(b, "x")'
+        ),
+        nbformat.v4.new_code_cell('%%ranks\nshow_source("nope", "x")'),
+    ]
+    path = tmp_path / "07_example.ipynb"
+    nbformat.write(nb, path)
+    assert [(w, n) for w, n, _ in excerpts_shown(path)] == [
+        ("train", "train_step"),
+        ("train", "wrap"),
+        ("ddp", None),
+        ("handmade_ddp", "x"),
+    ]
