@@ -3,14 +3,19 @@
     torchrun --nproc-per-node 2 pitfalls.py --case hang            # goes wrong
     torchrun --nproc-per-node 2 pitfalls.py --case hang --fix      # goes right
 
-Cases: crash, hang, monitored_barrier, mismatch, set_epoch, eval, unused, batchnorm, uneven.
-Every case works on the CPU with gloo (and on GPUs with nccl).
+Cases: crash, hang, monitored_barrier, mismatch, set_epoch, evaluate, unused, batchnorm, uneven, oom.
+Every case but oom needs two ranks or more; oom needs a GPU. They run on the CPU with gloo and on
+GPUs with nccl, but the two backends fail differently (mismatch and uneven: see the notebook).
+Cases that measure something write what they saw to <run-dir>/summary.json, so the notebook can
+check it rather than trust a printed line.
 """
 
 import argparse
+import json
 import os
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -21,6 +26,23 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
 from ddp_helpers import teardown
+from ddp_helpers.distributed import setup_distributed
+
+# -----------------------------------------------------------------------------
+# reporting: every rank's facts, gathered, written by rank 0
+
+
+def report(rank, world, **facts):
+    """Gather `facts` from every rank; rank 0 writes them, as a list by rank, to summary.json."""
+    gathered = [None] * world
+    dist.all_gather_object(gathered, facts)  # every rank must take part
+    if rank == 0:
+        run_dir = Path(os.environ.get("DDP_RUN_DIR", "runs/pitfalls"))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = run_dir / ".summary.json.tmp"
+        tmp.write_text(json.dumps({"world_size": world, "backend": dist.get_backend(), "ranks": gathered}))
+        os.replace(tmp, run_dir / "summary.json")  # the notebook never sees half a file
+
 
 # -----------------------------------------------------------------------------
 # the cases: each takes (rank, world_size, device, fix)
@@ -39,7 +61,8 @@ def hang(rank, world, device, fix):
     x = torch.ones(1, device=device)
     if rank == 1 and not fix:
         print("rank 1: skipping the all_reduce (e.g. an `if loss is nan: continue` on one rank only)")
-        time.sleep(3600)  # ...and never reaches the collective that rank 0 waits in
+        time.sleep(3600)  # ...and never reaches the collective that the other ranks wait in
+    print(f"rank {rank}: waiting in all_reduce")
     dist.all_reduce(x)
     print(f"rank {rank}: all_reduce gave {x.item():g}")
 
@@ -47,29 +70,36 @@ def hang(rank, world, device, fix):
 def monitored_barrier(rank, world, device, fix):
     if rank == 1 and not fix:
         time.sleep(3600)  # rank 1 is stuck somewhere before the barrier
-    # gloo only: unlike barrier(), it reports *which* rank did not arrive
-    dist.monitored_barrier(timeout=timedelta(seconds=5))
+    # gloo only: unlike barrier(), rank 0 reports *which* rank did not arrive. The other ranks
+    # wait longer than rank 0, so that rank 0's report is the first failure.
+    dist.monitored_barrier(timeout=timedelta(seconds=5 if rank == 0 else 60))
     print(f"rank {rank}: everyone reached the barrier")
 
 
 def mismatch(rank, world, device, fix):
     # rank 1 sends a tensor of another shape: without checks this can hang or corrupt data silently
-    size = 4 if fix or rank == 0 else 5
+    size = 4 if fix or rank != 1 else 5
     x = torch.ones(size, device=device)
+    print(f"rank {rank}: all-reducing {size} elements")
     dist.all_reduce(x)
     print(f"rank {rank}: all_reduce of {size} elements gave {x.tolist()}")
+    report(rank, world, values=x.tolist())
 
 
 def set_epoch(rank, world, device, fix):
     # not an error, so one run shows both: the wrong loop, then the right one
+    orders = {}
     for call_set_epoch in (False, True):
+        label = "with set_epoch" if call_set_epoch else "without set_epoch"
         sampler = DistributedSampler(range(32), num_replicas=world, rank=rank, shuffle=True, seed=0)
+        orders[label] = []
         for epoch in range(3):
             if call_set_epoch:
                 sampler.set_epoch(epoch)  # reseeds the shuffle with seed + epoch
+            orders[label].append(list(sampler))
             if rank == 0:
-                label = "with set_epoch   " if call_set_epoch else "without set_epoch"
-                print(f"{label} epoch {epoch}: rank 0 starts with samples {list(sampler)[:6]}")
+                print(f"{label:<17} epoch {epoch}: rank 0 starts with samples {orders[label][-1][:6]}")
+    report(rank, world, orders=orders)
 
 
 def evaluate(rank, world, device, fix):
@@ -77,19 +107,19 @@ def evaluate(rank, world, device, fix):
     correct_on = (torch.arange(299) % 2 == 0).float()
     shards = {
         # naive: a DistributedSampler pads 299 up to a multiple of world_size by repeating samples
-        "naive (DistributedSampler)": list(
-            DistributedSampler(range(299), num_replicas=world, rank=rank, shuffle=False)
-        ),  # fmt: skip
+        "naive": list(DistributedSampler(range(299), num_replicas=world, rank=rank, shuffle=False)),
         # exact: every sample once (rank::world), with the counts summed across ranks
-        "exact (rank::world, summed counts)": list(range(rank, 299, world)),
+        "exact": list(range(rank, 299, world)),
     }
+    results = {}
     for label, shard in shards.items():
         stats = torch.tensor([correct_on[shard].sum().item(), float(len(shard))], device=device)
         dist.all_reduce(stats)
+        results[label] = {"correct": stats[0].item(), "counted": int(stats[1].item())}
         if rank == 0:
-            print(
-                f"{label}: accuracy {stats[0].item() / stats[1].item():.6f} over {int(stats[1].item())} samples"
-            )
+            accuracy = stats[0].item() / stats[1].item()
+            print(f"{label}: accuracy {accuracy:.6f} over {int(stats[1].item())} samples")
+    report(rank, world, **results)
 
 
 class TwoHeads(nn.Module):
@@ -109,6 +139,7 @@ def unused(rank, world, device, fix):
         "find_unused_parameters=True": {"find_unused_parameters": True},  # walks the graph every step
         "static_graph=True": {"static_graph": True},  # learns the unused set once, in the first step
     }  # fmt: skip
+    timings = {}
     for label, kwargs in options.items():
         torch.manual_seed(0)
         ddp = DDP(TwoHeads().to(device), **kwargs)
@@ -119,28 +150,49 @@ def unused(rank, world, device, fix):
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+        timings[label] = (time.perf_counter() - start) / 50 * 1e3
         if rank == 0:
-            print(f"{label}: {(time.perf_counter() - start) / 50 * 1e3:.2f} ms/step")
+            print(f"{label}: {timings[label]:.2f} ms/step")
+    report(rank, world, ms_per_step=timings)
 
 
 def batchnorm(rank, world, device, fix):
-    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)).to(device)
+    model = nn.Sequential(nn.BatchNorm1d(4)).to(device)
     if fix:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # statistics over the global batch
-    ddp = DDP(model)
-    # each rank's data has its own mean (rank 0 around 0, rank 1 around 10): a skewed shard
+    ddp = DDP(model)  # broadcast_buffers=True (the default): rank 0's buffers go to all before each forward
+    norm = ddp.module[0]
+    seen = {}
+    # runs inside DDP's forward, after DDP has broadcast the buffers and before BatchNorm updates them
+    norm.register_forward_pre_hook(lambda module, args: seen.update(start=module.running_mean.tolist()))
+    # each rank's data has its own mean (rank r around 10 r): skewed shards
     torch.manual_seed(rank)
-    for _ in range(5):
-        ddp(torch.randn(32, 4, device=device) + 10 * rank).sum().backward()
-    mean = ddp.module[1].running_mean.mean().item()
-    print(f"rank {rank}: BatchNorm running mean {mean:.3f}")
+    batches = [torch.randn(32, 4, device=device) + 10 * rank for _ in range(5)]
+    for x in batches:
+        out = ddp(x)
+        out.sum().backward()
+    print(f"rank {rank}: input mean {x.mean().item():7.3f}, output mean {out.mean().item():7.3f}, "
+          f"running mean {norm.running_mean.mean().item():7.3f}")  # fmt: skip
+
+    # what a plain BatchNorm would have kept: fed this rank's batches only, or every rank's
+    everyone = [torch.empty_like(torch.stack(batches)) for _ in range(world)]
+    dist.all_gather(everyone, torch.stack(batches))
+    own, whole = nn.BatchNorm1d(4).to(device), nn.BatchNorm1d(4).to(device)
+    for step, batch in enumerate(batches):
+        own(batch)
+        whole(torch.cat([shard[step] for shard in everyone]))
+    report(rank, world, input_mean=x.mean().item(), output_mean=out.mean(dim=0).tolist(),
+           running_mean_at_forward=seen["start"], running_mean=norm.running_mean.tolist(),
+           own_data_running_mean=own.running_mean.tolist(),
+           global_data_running_mean=whole.running_mean.tolist())  # fmt: skip
 
 
 def uneven(rank, world, device, fix):
     model = DDP(nn.Linear(4, 1).to(device))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    batches = 6 if rank == 0 else 4  # rank 1 runs out of data first
+    batches = 6 if rank == 0 else 4  # the other ranks run out of data first
     data = [torch.randn(8, 4, device=device) for _ in range(batches)]
+    print(f"rank {rank}: {batches} batches to train on")
 
     def train():
         for x in data:
@@ -153,33 +205,62 @@ def uneven(rank, world, device, fix):
             train()
     else:
         train()
-    print(f"rank {rank}: trained on {batches} batches")
+    # .item() waits for the GPU: on NCCL the collectives run asynchronously, and only this line
+    # shows whether they ever finished
+    print(f"rank {rank}: trained on {batches} batches, weight sum {model.module.weight.sum().item():.4f}")
+
+
+def oom(rank, world, device, fix):
+    if device.type != "cuda":
+        # an exception, not SystemExit: @record writes it to the error file, and the launcher shows it
+        raise RuntimeError(
+            "the oom case needs a GPU: on the CPU the kernel's OOM killer ends the process instead"
+        )
+    if rank == 0:
+        total = torch.cuda.get_device_properties(device).total_memory
+        kept = torch.empty(2**28, dtype=torch.uint8, device=device)  # 256 MiB that stays allocated
+        try:
+            torch.empty(2 * total, dtype=torch.uint8, device=device)  # twice the whole GPU
+        except torch.OutOfMemoryError as err:
+            first_line = str(err).splitlines()[0]
+            print("OutOfMemoryError:", first_line)
+            print(torch.cuda.memory_summary(device, abbreviated=True))
+            report_oom = {"error": first_line, "total": total,
+                          "allocated": torch.cuda.memory_allocated(device),
+                          "reserved": torch.cuda.memory_reserved(device), "kept": kept.numel()}  # fmt: skip
+        else:
+            report_oom = {"error": None}
+    else:
+        report_oom = {}
+    report(rank, world, **report_oom)
 
 
 CASES = {f.__name__: f for f in (crash, hang, monitored_barrier, mismatch, set_epoch, evaluate, unused,
-                                 batchnorm, uneven)}  # fmt: skip
+                                 batchnorm, uneven, oom)}  # fmt: skip
 
 
 @record
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--case", choices=sorted(CASES), required=True)
-    p.add_argument("--fix", nargs="?", const="yes", default=None,
-                   help="apply the fix (unused: --fix find_unused or --fix static_graph)")  # fmt: skip
+    p.add_argument("--fix", action="store_true", help="apply the fix")
     p.add_argument(
         "--pg-timeout", type=float, default=None, help="seconds before a stuck collective errors out"
     )
     args = p.parse_args()
-    backend = os.environ.get("DDP_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
-    if args.case == "monitored_barrier":
-        backend = "gloo"  # monitored_barrier exists only on gloo
-    local_rank = int(os.environ["LOCAL_RANK"])
-    device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    # monitored_barrier exists only on gloo; everything else uses the launcher's choice.
+    # On GPUs setup_distributed sets the device and passes device_id, so NCCL connects at once and its
+    # watchdog (and Flight Recorder) exists before the first collective.
+    backend = "gloo" if args.case == "monitored_barrier" else None
     timeout = timedelta(seconds=args.pg_timeout) if args.pg_timeout else None
-    dist.init_process_group(backend, timeout=timeout)
-    CASES[args.case](dist.get_rank(), dist.get_world_size(), device, args.fix)
+    info = setup_distributed(backend=backend, timeout=timeout)
+    if not info.distributed:
+        raise SystemExit(
+            "run the pitfalls under torchrun: torchrun --nproc-per-node 2 pitfalls.py --case ..."
+        )
+    if info.world_size < 2 and args.case != "oom":
+        raise ValueError(f"the {args.case} case needs two ranks or more; this run has {info.world_size}")
+    CASES[args.case](info.rank, info.world_size, info.device, args.fix)
 
 
 if __name__ == "__main__":
