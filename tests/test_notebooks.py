@@ -189,6 +189,14 @@ def test_notebook_runs_with_nproc(notebook, nproc, tmp_path, monkeypatch):
     test_parameters_cell_declares_nproc(notebook)  # a notebook without it would pass without using it
     _execute(notebook, tmp_path, monkeypatch, {"smoke": True, "nproc": nproc})
     sizes = _local_world_sizes(tmp_path)
+    if nproc == 1 and 1 not in sizes:
+        # a demo that needs two ranks runs two at nproc=1, and must say so (shapes.backend_for's line)
+        executed = nbformat.read(tmp_path / notebook.name, as_version=4)
+        said = "".join(o.get("text", "") for c in executed.cells for o in c.get("outputs", []))
+        assert 2 in sizes and "2 rank" in said, (
+            f"{notebook.name}: at nproc=1 no launch ran 1 rank, nor 2 ranks with a line saying so (saw {sorted(sizes)})"
+        )
+        return
     assert nproc in sizes, (
         f"{notebook.name}: no launch ran {nproc} ranks (saw {sorted(sizes)}); is nproc used?"
     )
