@@ -409,13 +409,17 @@ class LiveRanks:
             )
         return LaunchInterrupted(self._check_group("interrupted: every rank stopped the cell"))
 
-    def _interrupt(self, pending: set[int], replies: dict[int, tuple]) -> bool:
-        """SIGINT the ranks in `pending`; True if each came back within INTERRUPT_WAIT_S."""
-        for rank in pending:
+    def _signal(self, ranks: Iterable[int], sig: int) -> None:
+        """Signal the rank processes themselves: never torchrun's agent, which would stop the job."""
+        for rank in ranks:
             try:
-                os.kill(self._ranks[rank].pid, signal.SIGINT)
+                os.kill(self._ranks[rank].pid, sig)
             except ProcessLookupError:
                 pass
+
+    def _interrupt(self, pending: set[int], replies: dict[int, tuple]) -> bool:
+        """SIGINT the ranks in `pending`; True if each came back within INTERRUPT_WAIT_S."""
+        self._signal(pending, signal.SIGINT)
         deadline = time.monotonic() + INTERRUPT_WAIT_S
         while pending and time.monotonic() < deadline:
             for conn in wait([self._ranks[r].conn for r in pending], timeout=POLL_S):
@@ -486,11 +490,7 @@ class LiveRanks:
         """Each rank's current Python stack, from faulthandler on SIGUSR1, trimmed to the cell's frames."""
         files = {r: self._config.run_dir / "stacks" / f"rank{r}.txt" for r in ranks}
         offsets = {r: files[r].stat().st_size if files[r].exists() else 0 for r in ranks}
-        for rank in ranks:
-            try:
-                os.kill(self._ranks[rank].pid, live_channel.STACK_SIGNAL)
-            except ProcessLookupError:
-                pass
+        self._signal(ranks, live_channel.STACK_SIGNAL)
         deadline = time.monotonic() + STACK_WAIT_S
         while time.monotonic() < deadline and not all(
             files[r].exists() and files[r].stat().st_size > offsets[r] for r in ranks

@@ -255,15 +255,20 @@ def slowest(value: float, device) -> float:
 # ---------------------------------------------------------------------------- main
 
 
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """The model options `build_model` reads (shared with inside_ddp.py)."""
+    p.add_argument("--model", default="mlp", help="mlp, or a torchvision model such as resnet50")
+    p.add_argument("--width", type=int, default=512, help="MLP width (and input features)")
+    p.add_argument("--depth", type=int, default=6, help="MLP hidden layers")
+    p.add_argument("--image-size", type=int, default=64, help="image side for the ResNets")
+
+
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--variants", default=",".join(VARIANTS), help=f"comma-separated, from {', '.join(VARIANTS)}"
     )
-    p.add_argument("--model", default="mlp", help="mlp, or a torchvision model such as resnet50")
-    p.add_argument("--width", type=int, default=512, help="MLP width (and input features)")
-    p.add_argument("--depth", type=int, default=6, help="MLP hidden layers")
-    p.add_argument("--image-size", type=int, default=64, help="image side for the ResNets")
+    add_model_arguments(p)
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the median")

@@ -30,7 +30,13 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from ddp_helpers import teardown
 from ddp_helpers.distributed import setup_distributed
 from ddp_helpers.metrics import MetricsWriter
-from ddp_helpers.workers.handmade_ddp import build_model, make_batches, slowest, synchronize
+from ddp_helpers.workers.handmade_ddp import (
+    add_model_arguments,
+    build_model,
+    make_batches,
+    slowest,
+    synchronize,
+)
 
 EXPERIMENTS = ("profile", "buckets", "no_sync", "hooks", "options")
 
@@ -273,10 +279,7 @@ def parse_args():
     p.add_argument(
         "--experiments", default=",".join(EXPERIMENTS), help=f"comma-separated: {', '.join(EXPERIMENTS)}"
     )
-    p.add_argument("--model", default="mlp", help="mlp, or a torchvision model such as resnet50")
-    p.add_argument("--width", type=int, default=512, help="MLP width (and input features)")
-    p.add_argument("--depth", type=int, default=6, help="MLP hidden layers")
-    p.add_argument("--image-size", type=int, default=64, help="image side for the ResNets")
+    add_model_arguments(p)
     p.add_argument("--batch-size", type=int, default=32, help="per rank (per micro-batch for no_sync)")
     p.add_argument("--steps", type=int, default=10, help="training steps per measured configuration")
     p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the median")
