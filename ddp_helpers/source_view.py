@@ -23,7 +23,13 @@ def _resolve(target: str | os.PathLike[str]) -> Path:
     candidate = Path(target)
     if candidate.suffix == ".py" and candidate.is_file():
         return candidate
-    return worker_path(str(target))
+    module = Path(__file__).with_name(f"{target}.py")  # a module of this package, e.g. "checkpoint"
+    try:
+        return worker_path(str(target))
+    except FileNotFoundError:
+        if isinstance(target, str) and target.isidentifier() and module.is_file():
+            return module
+        raise
 
 
 def _find(tree: ast.AST, dotted: str) -> ast.AST:
@@ -43,7 +49,8 @@ def _find(tree: ast.AST, dotted: str) -> ast.AST:
 def source_of(target: str | os.PathLike[str], *names: str) -> str:
     """The source of each named function or class in `target` (decorators included), or the whole file.
 
-    `target` is a bundled worker's name ("train") or a path to a ``.py`` file. Raises LookupError
+    `target` is a bundled worker's name ("train"), a module of ddp_helpers ("checkpoint"), or a path to
+    a ``.py`` file. Raises LookupError
     for a name the file does not define.
     """
     path = _resolve(target)

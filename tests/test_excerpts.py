@@ -32,6 +32,19 @@ EXCERPTS: dict[tuple[str, str | None], str] = {
     ("train", "save"): "barrier",
     ("train", "resume"): "load_latest(",
     ("train", "main"): "setup(",
+    # notebook 04
+    ("checkpoint", "save_checkpoint"): "os.replace(",
+    # notebook 05
+    ("pitfalls", "crash"): "dist.all_reduce(",
+    ("pitfalls", "hang"): "dist.all_reduce(x)",
+    ("pitfalls", "monitored_barrier"): "dist.monitored_barrier(",
+    ("pitfalls", "mismatch"): "dist.all_reduce(x)",
+    ("pitfalls", "set_epoch"): "sampler.set_epoch(epoch)",
+    ("pitfalls", "evaluate"): "DistributedSampler(",
+    ("pitfalls", "TwoHeads"): "self.head_b",
+    ("pitfalls", "unused"): "find_unused_parameters",
+    ("pitfalls", "batchnorm"): "SyncBatchNorm",
+    ("pitfalls", "uneven"): "Join(",
     # notebook 07
     ("handmade_ddp", "broadcast_from_rank0"): "dist.broadcast(",
     ("handmade_ddp", "NaiveDDP"): "dist.all_reduce(",
