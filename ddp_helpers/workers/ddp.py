@@ -73,6 +73,7 @@ def main():
         if rank == 0:  # one writer: N processes writing one file would corrupt it
             torch.save(model.module.state_dict(), args.save)  # .module: the plain model, no "module." prefix
             print(f"saved {args.save}")
+        dist.barrier()  # the others wait until the file is whole, and every rank ends together
     finally:
         dist.destroy_process_group()
 
