@@ -21,21 +21,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-BACKENDS = ("auto", "gloo", "nccl")
-
-
-def resolve_backend(requested: str, gpus: int) -> tuple[str, str]:
-    """("nccl", "cuda") or ("gloo", "cpu") for `requested` ("auto", "gloo" or "nccl") and `gpus` visible.
-
-    Raises ValueError for an unknown backend, or for nccl without a GPU.
-    """
-    if requested not in BACKENDS:
-        raise ValueError(f"unknown backend {requested!r}; choose one of {', '.join(BACKENDS)}")
-    if requested == "auto":
-        requested = "nccl" if gpus > 0 else "gloo"
-    if requested == "nccl" and gpus == 0:
-        raise ValueError("backend 'nccl' needs CUDA GPUs and none are visible; use 'gloo' on the CPU")
-    return requested, ("cuda" if requested == "nccl" else "cpu")
+from .backends import BACKENDS, resolve_backend  # noqa: F401  (re-exported: the rule lives there)
 
 
 def worker_backend() -> tuple[str, str]:

@@ -20,6 +20,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .backends import BACKENDS, resolve_backend  # the one rule, shared with every worker
 from .errors import InvalidLaunchArguments
 
 LAUNCHERS = ("torchrun", "python")
@@ -152,8 +153,6 @@ def _check_run_dir(run_dir: Path) -> Path:
 
 
 def _resolve_backend(backend: object, nproc: object, gpus: int) -> tuple[str, str, int]:
-    from .distributed import resolve_backend  # the one rule, shared with every worker
-
     try:
         backend, device = resolve_backend(backend, gpus)  # type: ignore[arg-type]
     except ValueError as err:
@@ -202,6 +201,24 @@ class LaunchConfig:
     shown_ranks: set[int] | None = field(init=False)  # None: every rank
 
     def __post_init__(self) -> None:
+        # Every check that needs no torch comes first: a typo is refused in milliseconds, not after
+        # the seconds that `import torch` takes to count the GPUs.
+        self._check_arguments()
+        self.gpus = visible_gpus() if self.gpus is None else self.gpus
+        if self.launcher == "python" and self.nproc is None:
+            self.nproc = 1
+        self.backend, self.device, self.nproc = _resolve_backend(self.backend, self.nproc, self.gpus)
+        if self.launcher == "python" and (self.nproc != 1 or self.nnodes != 1 or self.max_restarts):
+            raise InvalidLaunchArguments(
+                "launcher='python' runs one process without torchrun's agent: it needs nproc=1, nnodes=1 and "
+                f"max_restarts=0 (got nproc={self.nproc}, nnodes={self.nnodes}, max_restarts={self.max_restarts})"
+            )
+        self.shown_ranks = _check_show_ranks(self.show_ranks, self.nproc * self.nnodes)
+        run_dir = Path(self.run_dir).expanduser().resolve() if self.run_dir is not None else None
+        self.run_dir = _check_run_dir(run_dir or default_run_dir(self.script.stem))
+
+    def _check_arguments(self) -> None:
+        """The checks that need neither torch nor the machine's GPUs."""
         script = Path(self.script).expanduser()
         if not script.is_file():
             raise InvalidLaunchArguments(f"script not found: {script} (cwd is {Path.cwd()})")
@@ -215,10 +232,14 @@ class LaunchConfig:
             raise InvalidLaunchArguments(
                 f"progress must be one of {', '.join(PROGRESS_CHOICES)}, got {self.progress!r}"
             )
-        self.gpus = visible_gpus() if self.gpus is None else _check_int("gpus", self.gpus, 0)
-        if self.launcher == "python" and self.nproc is None:
-            self.nproc = 1
-        self.backend, self.device, self.nproc = _resolve_backend(self.backend, self.nproc, self.gpus)
+        if self.backend not in BACKENDS:
+            raise InvalidLaunchArguments(
+                f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}"
+            )
+        if self.nproc is not None:
+            self.nproc = _check_int("nproc", self.nproc, 1)
+        if self.gpus is not None:
+            self.gpus = _check_int("gpus", self.gpus, 0)
         self.timeout = _check_seconds("timeout", self.timeout, allow_none=True)
         self.startup_timeout = _check_seconds("startup_timeout", self.startup_timeout, allow_none=True)
         self.grace_s = _check_seconds("grace_s", self.grace_s, allow_none=False, allow_zero=True)  # type: ignore[assignment]
@@ -240,14 +261,8 @@ class LaunchConfig:
         self.rdzv_timeout = _check_seconds("rdzv_timeout", self.rdzv_timeout, allow_none=True)
         if self.rdzv_timeout is None and self.nnodes > 1:
             self.rdzv_timeout = MULTINODE_RDZV_TIMEOUT_S
-        if self.launcher == "python" and (self.nproc != 1 or self.nnodes != 1 or self.max_restarts):
-            raise InvalidLaunchArguments(
-                "launcher='python' runs one process without torchrun's agent: it needs nproc=1, nnodes=1 and "
-                f"max_restarts=0 (got nproc={self.nproc}, nnodes={self.nnodes}, max_restarts={self.max_restarts})"
-            )
-        self.shown_ranks = _check_show_ranks(self.show_ranks, self.nproc * self.nnodes)
-        run_dir = Path(self.run_dir).expanduser().resolve() if self.run_dir is not None else None
-        self.run_dir = _check_run_dir(run_dir or default_run_dir(self.script.stem))
+        if self.show_ranks not in ("all", "none", None) and self.nproc is not None:
+            _check_show_ranks(self.show_ranks, self.nproc * self.nnodes)
 
     # ------------------------------------------------------------------ derived
     @property

@@ -190,3 +190,34 @@ def test_launch_shows_every_option_with_the_configs_default():
     assert set(params) - {"script", "script_args"} == set(OPTION_NAMES)
     assert params["timeout"].default is None and params["grace_s"].default == defaults["grace_s"]
     assert params["backend"].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+BAD_OPTIONS = [
+    "nproc=0",
+    "nproc=2, show_ranks=[5]",
+    "timeout=-1",
+    "backend='mpi'",
+    "launcher='x'",
+    "max_restarts=-1",
+    "nnodes=2",
+    "env={'A': 1}",
+]
+
+
+@pytest.mark.parametrize("options", BAD_OPTIONS)
+def test_bad_arguments_are_refused_before_torch_is_imported(options, tmp_path):
+    """`import torch` costs seconds; a typo must not (the refusal's speed is measured in make bench)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "job.py"
+    script.write_text("print('never runs')\n")
+    code = (
+        "import sys, ddp_helpers\n"
+        f"try:\n    ddp_helpers.launch({str(script)!r}, {options})\n"
+        "except ddp_helpers.InvalidLaunchArguments as err:\n    print('refused:', err)\n"
+        "print('torch imported:', 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "refused:" in out.stdout, out.stdout + out.stderr
+    assert "torch imported: False" in out.stdout, out.stdout
