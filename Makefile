@@ -38,7 +38,7 @@ endef
 $(STAMP): pyproject.toml
 	$(call make_venv,$(VENV),)
 
-# A second venv with the seed container's torch 2.7.1 and torchvision 0.22.1.
+# A second venv with the container guide's torch 2.7.1 and torchvision 0.22.1.
 $(COMPAT_STAMP): pyproject.toml $(COMPAT_TORCH)
 	$(call make_venv,$(COMPAT_VENV),--constraint $(COMPAT_TORCH))
 
@@ -50,13 +50,14 @@ lab: venv
 test: venv
 	$(call run_pytest,$(PY),make test,-n 2)
 
-# The notebooks on the machine shapes a CPU can stand in for: nproc=1 (a one-GPU box) and nproc=3 (an odd
-# world), in smoke mode, and the multi-node notebook at full size. Slower than `make test`; CI runs both.
+# The notebooks on a machine shape a CPU can stand in for: nproc=1 (a one-GPU box), in smoke mode, and the
+# multi-node notebook at full size. The odd world (nproc=3) runs in test-compat, so no stage repeats a shape.
 test-shapes: export DDP_TEST_SHAPES = 1
 test-shapes: venv
 	$(call run_pytest,$(PY),make test-shapes,-n 2 tests/test_notebooks.py -k "nproc or full_size")
 
-# Every test, notebooks included, against the oldest supported torch (the container's).
+# Every test against the oldest supported torch (the container's); the notebooks there run at nproc=3.
+test-compat: export DDP_TEST_NPROC = 3
 test-compat: $(COMPAT_STAMP)
 	$(call run_pytest,$(COMPAT_PY),make test-compat,-n 2)
 

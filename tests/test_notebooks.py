@@ -1,8 +1,10 @@
 """Every notebook runs headless under papermill in smoke mode, and is stored without outputs.
 
-`make test` runs each notebook once, with its default ranks. `make test-shapes` (DDP_TEST_SHAPES=1)
-also runs each with ``nproc=1`` (a one-GPU box) and ``nproc=3`` (an odd world), and the multi-node
-notebook at full size.
+Each stage of CI runs every notebook once, at a shape no other stage repeats:
+- `make test`: the notebook's default ranks (2 on the CPU), on the newest torch;
+- `make test-shapes` (DDP_TEST_SHAPES=1): ``nproc=1`` (a one-GPU box), and the multi-node notebook at
+  full size, on the newest torch;
+- `make test-compat` (DDP_TEST_NPROC=3): ``nproc=3`` (an odd world), on the container's torch 2.7.1.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 SHAPES_ENV = "DDP_TEST_SHAPES"
+NPROC_ENV = "DDP_TEST_NPROC"  # the smoke run's nproc; unset: the notebook's own default
 shapes = pytest.mark.skipif(
     not os.environ.get(SHAPES_ENV), reason=f"make test-shapes ({SHAPES_ENV}=1) runs these"
 )
@@ -61,7 +64,11 @@ def test_notebook_is_stored_without_outputs(notebook):
 @pytest.mark.timeout(900)  # a notebook is many launches; pytest's 300 s suits one test, not a chapter
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_in_smoke_mode(notebook, tmp_path, monkeypatch):
-    _execute(notebook, tmp_path, monkeypatch, {"smoke": True})
+    nproc = os.environ.get(NPROC_ENV)
+    if nproc:
+        check_notebook_runs_with_nproc(notebook, int(nproc), tmp_path, monkeypatch)
+    else:
+        _execute(notebook, tmp_path, monkeypatch, {"smoke": True})
 
 
 # ------------------------------------------------------------------------ the kernel never touches CUDA
@@ -182,10 +189,14 @@ def test_parameters_cell_declares_nproc(notebook):
 @shapes
 @pytest.mark.notebooks
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("nproc", [1, 3])
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs_with_nproc(notebook, nproc, tmp_path, monkeypatch):
-    """One GPU gives nproc=1; an odd world catches `world // 2` and hard-coded pairs."""
+def test_notebook_runs_with_nproc_1(notebook, tmp_path, monkeypatch):
+    """One GPU gives nproc=1. (nproc=3, an odd world, runs in make test-compat: DDP_TEST_NPROC=3.)"""
+    check_notebook_runs_with_nproc(notebook, 1, tmp_path, monkeypatch)
+
+
+def check_notebook_runs_with_nproc(notebook: Path, nproc: int, tmp_path: Path, monkeypatch) -> None:
+    """An odd world catches `world // 2` and hard-coded pairs; nproc=1 the demos that need two ranks."""
     test_parameters_cell_declares_nproc(notebook)  # a notebook without it would pass without using it
     _execute(notebook, tmp_path, monkeypatch, {"smoke": True, "nproc": nproc})
     sizes = _local_world_sizes(tmp_path)
@@ -209,3 +220,19 @@ def test_notebook_runs_with_nproc(notebook, nproc, tmp_path, monkeypatch):
 def test_multinode_notebook_runs_at_full_size(tmp_path, monkeypatch):
     """As a learner runs it (smoke=False): two agents, the full bandwidth sweep, the 20 s lonely node."""
     _execute(MULTINODE, tmp_path, monkeypatch, {}, timeout=900)
+
+
+# ------------------------------------------------------------------------- words a learner misreads
+# "the seed" once meant the container guide, which a learner reads as a random seed: say "the container guide".
+GUIDE_AS_SEED = re.compile(
+    r"\bseed's\b|\bseed (?:container|guide|template|image|claims?|says)\b|\bthe seed\b(?= (?:says|claims|promises|shows))",
+    re.IGNORECASE,
+)
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+@pytest.mark.parametrize("document", [*NOTEBOOKS, README], ids=lambda p: p.stem)
+def test_the_container_guide_is_never_called_the_seed(document):
+    text = document.read_text()
+    found = sorted({m.group(0) for m in GUIDE_AS_SEED.finditer(text)})
+    assert not found, f"{document.name} calls the container guide {found}: say 'the container guide'"
