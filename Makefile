@@ -11,7 +11,7 @@ COMPAT_PY := $(COMPAT_VENV)/bin/python
 COMPAT_STAMP := $(COMPAT_VENV)/.installed-stamp
 COMPAT_TORCH := constraints/torch-2.7.txt
 
-.PHONY: venv lab test test-shapes test-compat test-browser notebooks bench lint gpu-check clean
+.PHONY: venv lab test test-shapes test-compat test-browser notebooks notebook-times bench lint gpu-check clean
 
 # Rebuilt when pyproject.toml changes, so `make test` always runs against the declared dependencies.
 # $(1): the venv's folder; $(2): extra pip arguments (a constraints file)
@@ -75,6 +75,10 @@ notebooks: venv
 		DDP_HELPERS_PROGRESS=text $(PY) -m papermill "$$nb" "runs/executed/$$(basename $$nb)" \
 			--cwd runs/executed -k python3 || exit 1; \
 	done
+
+# A learner's wait: each notebook's wall time in smoke mode, and its slowest cells (ARGS=--full: full size).
+notebook-times: venv
+	$(PY) benchmarks/notebook_times.py $(ARGS)
 
 bench: venv
 	$(PY) benchmarks/bench_launch.py

@@ -1,0 +1,91 @@
+"""How long a learner waits: each notebook under papermill, one after the other, with its slowest cells.
+
+    python benchmarks/notebook_times.py [--full] [--nproc N] [--cells 3] [notebooks ...]
+
+Smoke mode by default (what CI runs; the target is at most 60 s a notebook and 400 s for all of them);
+``--full`` runs them as a learner does (smoke=False; target: 5 minutes a notebook). Prints a Markdown table
+of wall times, then each notebook's slowest cells as papermill timed them, and writes the figures to
+``runs/notebook-times.json``. A failing notebook is reported with its error and timed all the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nbformat
+import papermill
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def slowest_cells(executed: Path, count: int) -> list[tuple[float, int, str]]:
+    """(seconds, cell index, first line) of the `count` slowest code cells, from papermill's metadata."""
+    nb = nbformat.read(executed, as_version=4)
+    timed = []
+    for index, cell in enumerate(nb.cells):
+        duration = cell.metadata.get("papermill", {}).get("duration")
+        if cell.cell_type == "code" and duration is not None:
+            first_line = next((line for line in cell.source.splitlines() if line.strip()), "")
+            timed.append((float(duration), index, first_line[:70]))
+    return sorted(timed, reverse=True)[:count]
+
+
+def time_notebook(notebook: Path, parameters: dict, out_dir: Path) -> dict:
+    executed = out_dir / notebook.name
+    started = time.perf_counter()
+    error = None
+    try:
+        papermill.execute_notebook(
+            str(notebook), str(executed), parameters=parameters, cwd=str(out_dir),
+            kernel_name="python3", progress_bar=False,
+        )  # fmt: skip
+    except Exception as err:  # report it and go on: one broken chapter must not hide the others' times
+        error = str(err).strip().splitlines()[-1][:200] if str(err).strip() else type(err).__name__
+    seconds = time.perf_counter() - started
+    cells = slowest_cells(executed, 50) if executed.exists() else []
+    return {"notebook": notebook.stem, "seconds": round(seconds, 1), "error": error, "slowest_cells": cells}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--full", action="store_true", help="smoke=False, as a learner runs them")
+    parser.add_argument("--nproc", type=int, default=None, help="the notebooks' nproc (default: their own)")
+    parser.add_argument("--cells", type=int, default=3, help="slowest cells to list per notebook")
+    parser.add_argument("notebooks", nargs="*", type=Path, default=NOTEBOOKS)
+    args = parser.parse_args(argv)
+    parameters: dict = {"smoke": not args.full}
+    if args.nproc is not None:
+        parameters["nproc"] = args.nproc
+    os.environ.setdefault("DDP_HELPERS_PROGRESS", "text")  # papermill stores text, not widget state
+
+    results = []
+    with tempfile.TemporaryDirectory(prefix="notebook-times-") as tmp:
+        for notebook in args.notebooks:
+            print(f"running {notebook.name} ...", file=sys.stderr, flush=True)
+            results.append(time_notebook(notebook.resolve(), parameters, Path(tmp)))
+
+    mode = "full size" if args.full else "smoke mode"
+    print(f"\n| notebook ({mode}) | seconds | result |\n|---|---:|---|")
+    for r in results:
+        print(f"| {r['notebook']} | {r['seconds']:.1f} | {'FAILED: ' + r['error'] if r['error'] else 'ok'} |")
+    print(f"| **all** | **{sum(r['seconds'] for r in results):.1f}** | |")
+    for r in results:
+        print(f"\n{r['notebook']}: slowest cells")
+        for seconds, index, first_line in r["slowest_cells"][: args.cells]:
+            print(f"  {seconds:7.1f} s  cell {index:>3}  {first_line}")
+    out = REPO / "runs" / "notebook-times.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"mode": mode, "parameters": parameters, "results": results}, indent=1))
+    print(f"\nwritten to {out.relative_to(REPO)}")
+    return 1 if any(r["error"] for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
