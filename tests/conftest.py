@@ -21,6 +21,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def pytest_collection_modifyitems(config, items):
+    # The notebooks are the longest tests: started first, they do not leave one xdist worker running a
+    # chapter alone at the end while the other sits idle.
+    items.sort(key=lambda item: "notebooks" not in item.keywords)
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; this machine has none")
