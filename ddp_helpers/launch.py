@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .agent import OWNER_FD_ENV
 from .echo import CellEcho
 from .errors import LaunchError, LaunchFailed, LaunchInterrupted, LaunchTimeout, WorkerFailed
 from .failure import diagnose, strip_rank_prefix
@@ -328,19 +329,36 @@ def _start(config: LaunchConfig) -> subprocess.Popen[bytes]:
     # no agent: the process writes straight into the files torchrun's --redirects would write
     stdout = open(out_dir / "stdout.log" if direct else config.agent_log, "wb")
     stderr = open(out_dir / "stderr.log", "wb") if direct else subprocess.STDOUT
+    env = config.environment()
+    # The agent's lifeline: it holds the read end, this process the only write end. However this
+    # process dies (a kernel SIGKILLed, a CLI whose terminal closed), the agent reads end-of-file and
+    # stops the run (see agent.py). os.pipe's ends are not inherited by anything else we start.
+    lifeline_read, lifeline_write = (None, None) if direct else os.pipe()
+    if lifeline_read is not None:
+        env[OWNER_FD_ENV] = str(lifeline_read)
     try:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             config.command(),
             stdout=stdout,
             stderr=stderr,
             stdin=subprocess.DEVNULL,
-            env=config.environment(),
+            env=env,
             start_new_session=True,  # the whole run can be signalled without touching the kernel
+            pass_fds=() if lifeline_read is None else (lifeline_read,),
         )
+    except BaseException:
+        if lifeline_write is not None:
+            os.close(lifeline_write)
+        raise
     finally:
         stdout.close()  # the child holds its own copies
         if direct:
             stderr.close()  # type: ignore[union-attr]
+        if lifeline_read is not None:
+            os.close(lifeline_read)
+    # kept open as long as the Popen lives: closed by `_stop`, or by the garbage collector with it
+    proc.lifeline = None if lifeline_write is None else open(lifeline_write, "wb", buffering=0)  # type: ignore[attr-defined]
+    return proc
 
 
 def execute(config: LaunchConfig, progress: str | None = None) -> LaunchResult:
@@ -413,4 +431,7 @@ def _stop(tree: ProcessTree, proc: subprocess.Popen[bytes], grace_s: float) -> l
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+    lifeline = getattr(proc, "lifeline", None)
+    if lifeline is not None:
+        lifeline.close()
     return killed

@@ -216,6 +216,9 @@ class LiveRanks:
                 pass
             if self._proc.stdout:
                 self._proc.stdout.close()
+            lifeline = getattr(self._proc, "lifeline", None)  # the agent's: see launch._start
+            if lifeline is not None:
+                lifeline.close()
         shutil.rmtree(self._socket_dir, ignore_errors=True)
         self._closed = True
 
