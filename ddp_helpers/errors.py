@@ -99,3 +99,17 @@ class RankError(LaunchError):
         self.errors = errors  # rank -> that rank's formatted traceback
         self.ranks = sorted(errors)
         super().__init__(message)
+
+
+class ValueNotReturned(LaunchError, TypeError):
+    """A live rank's value could not be brought back to the kernel (`LiveRanks.gather`).
+
+    It cannot be pickled on the rank (a lock, an open file), or unpickled in the kernel (an object of
+    a class defined in a cell, which exists only on the ranks). `reprs` maps each such rank to the
+    value's repr there, which a cell's value would show instead.
+    """
+
+    def __init__(self, message: str, *, reprs: dict[int, str]) -> None:
+        self.reprs = reprs
+        self.ranks = sorted(reprs)
+        super().__init__(message)

@@ -143,11 +143,15 @@ class _RankReport:
     stderr_tail: list[str] | None = None
 
 
-def _rank_report(tail: RankLogTail, rank: int, exitcode: int) -> _RankReport:
-    """This rank's exception line and traceback, from its error file or else its stderr."""
+def _rank_report(tail: RankLogTail, rank: int, exitcode: int, since: int = 0) -> _RankReport:
+    """This rank's exception line and traceback, from its error file or else its stderr (from byte `since`)."""
     error, traceback = _from_error_file(tail, rank, None)  # the latest attempt made torchrun give up
     path = tail.rank_file(rank, "stderr.log")
-    stderr_text = path.read_text(errors="replace") if path is not None else ""
+    stderr_text = ""
+    if path is not None:
+        with open(path, "rb") as fh:
+            fh.seek(since)
+            stderr_text = fh.read().decode(errors="replace")
     if not traceback:
         traceback, last_line = _last_traceback(stderr_text)
         error = error or last_line
@@ -174,11 +178,14 @@ def diagnose(
     nranks: int,
     cuda_available: bool,
     exitcodes: dict[int, int] | None = None,
+    stderr_since: dict[int, int] | None = None,
 ) -> Diagnosis | None:
     """Find the failing rank. Returns None when no worker can be blamed.
 
     `exitcodes` adds rank exit codes known without torchrun's report (a run with no agent).
+    `stderr_since` reads each rank's stderr from that byte on: live ranks' earlier cells are history.
     """
+    since = stderr_since or {}
     exitcodes = {
         **(exitcodes or {}),
         **{int(m["rank"]): int(m["exitcode"]) for m in _FAILURE.finditer(agent_output)},
@@ -189,7 +196,7 @@ def diagnose(
         rank = int(match["rank"])
         exitcodes.setdefault(rank, int(match["exitcode"]))
     candidates = sorted(set(exitcodes) | set(tail.global_ranks(nranks)))
-    reports = {r: _rank_report(tail, r, exitcodes.get(r, 1)) for r in candidates}
+    reports = {r: _rank_report(tail, r, exitcodes.get(r, 1), since.get(r, 0)) for r in candidates}
     if rank is None:
         # no report (e.g. torchrun itself was killed): blame a rank that left a traceback
         rank = next((r for r in candidates if reports[r].error), None)

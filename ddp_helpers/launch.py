@@ -216,12 +216,18 @@ class _Run:
         )
         return LaunchTimeout(message, silent_ranks=silent, run_dir=str(self.config.run_dir))
 
-    def failure(self, returncode: int) -> LaunchError:
+    def failure(self, returncode: int, stderr_since: dict[int, int] | None = None) -> LaunchError:
+        """The error for a run that ended with `returncode`; `stderr_since`: read each rank's stderr from there."""
         agent_output = "\n".join(self.agent_lines)
         # without an agent there is no torchrun report: the one process's own exit code is the rank's
         known = {self.config.rank_offset: returncode} if self.config.launcher == "python" else None
         diagnosis = diagnose(
-            agent_output, self.tail, self.config.nproc, cuda_available=self.config.gpus > 0, exitcodes=known
+            agent_output,
+            self.tail,
+            self.config.nproc,
+            cuda_available=self.config.gpus > 0,
+            exitcodes=known,
+            stderr_since=stderr_since,
         )
         if diagnosis is None and "RendezvousTimeoutError" in agent_output:
             return LaunchFailed(
@@ -330,6 +336,10 @@ def _start(config: LaunchConfig) -> subprocess.Popen[bytes]:
     stdout = open(out_dir / "stdout.log" if direct else config.agent_log, "wb")
     stderr = open(out_dir / "stderr.log", "wb") if direct else subprocess.STDOUT
     env = config.environment()
+    if env.get("MPLBACKEND", "").startswith("module://") and "MPLBACKEND" not in config.env:
+        # the kernel's inline backend means nothing in a worker (plt.show() would print
+        # "Figure(640x480)"): workers draw off-screen and save their figures to files
+        env["MPLBACKEND"] = "Agg"
     # The agent's lifeline: it holds the read end, this process the only write end. However this
     # process dies (a kernel SIGKILLed, a CLI whose terminal closed), the agent reads end-of-file and
     # stops the run (see agent.py). os.pipe's ends are not inherited by anything else we start.
