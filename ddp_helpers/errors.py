@@ -37,6 +37,8 @@ class WorkerFailed(LaunchError):
         run_dir: str | None = None,
         logs: dict[int, list[str]] | None = None,
         stderr_tail: str = "",
+        headline: str = "",
+        traceback_title: str = "root-cause traceback:",
     ) -> None:
         self.rank = rank
         self.exitcode = exitcode
@@ -46,11 +48,11 @@ class WorkerFailed(LaunchError):
         self.run_dir = run_dir
         self.logs = logs or {}
         self.stderr_tail = stderr_tail
-        lines = [f"rank {rank} failed: {error}", f"exit code {exitcode}"]
+        lines = [headline or f"rank {rank} failed: {error}", f"exit code {exitcode}"]
         if hint:
             lines.append(f"hint: {hint}")
         if traceback:
-            lines += ["", "root-cause traceback:", traceback.rstrip()]
+            lines += ["", traceback_title, traceback.rstrip()]
         elif stderr_tail:
             lines += ["", f"the last lines of rank {rank}'s stderr:", stderr_tail.rstrip()]
         if run_dir:

@@ -47,6 +47,7 @@ class Diagnosis:
     traceback: str
     hint: str = ""
     stderr_tail: str = ""  # the rank's last stderr lines, when they are the only explanation
+    waiting_rank: int | None = None  # `rank` left early (code 0); this rank then lost its peer
 
 
 def strip_rank_prefix(text: str) -> str:
@@ -210,6 +211,17 @@ def diagnose(
         primary = [r for r in candidates if reports[r].error and not _is_secondary(reports[r].error)]
         if primary:
             rank = primary[0]
+    left = _left_early(rank, reports, exitcodes, candidates, has_report=match is not None)
+    if left is not None:
+        return Diagnosis(
+            left,
+            0,
+            f"exited with code 0 while rank {rank} still waited in a collective; rank {rank} then failed: "
+            f"{reports[rank].error.splitlines()[0][:200]}",
+            reports[rank].traceback,
+            UNEVEN_HINT,
+            waiting_rank=rank,
+        )
     exitcode = exitcodes.get(rank, 1)
     report = reports[rank]
     error = report.error
@@ -225,3 +237,31 @@ def diagnose(
         _hint(error, exitcode, cuda_available),
         "\n".join(stderr_tail),
     )
+
+
+UNEVEN_HINT = (
+    "a rank that leaves while another still calls collectives: uneven inputs (a different number of "
+    "batches or steps per rank) or a skipped collective. Give every rank the same number of steps "
+    "(DistributedSampler(drop_last=True)) or wrap the loop in torch.distributed.algorithms.Join."
+)
+
+
+def _left_early(
+    rank: int,
+    reports: dict[int, _RankReport],
+    exitcodes: dict[int, int],
+    candidates: list[int],
+    has_report: bool,
+) -> int | None:
+    """The rank that exited with code 0 and left `rank` waiting, when `rank` only lost its peer.
+
+    torchrun's report lists the ranks that failed, and not one that exited with code 0 (its
+    `SubprocessContext._poll` counts exit code 0 as done): a rank missing from the report, while the
+    blamed rank only lost a peer and no rank failed for a reason of its own, is the one that left.
+    """
+    if not has_report or not _is_secondary(reports[rank].error):
+        return None
+    if any(reports[r].error and not _is_secondary(reports[r].error) for r in candidates):
+        return None
+    gone = [r for r in candidates if r not in exitcodes and r != rank]
+    return gone[0] if gone else None

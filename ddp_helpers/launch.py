@@ -245,6 +245,17 @@ class _Run:
                 returncode=returncode,
                 output=agent_output,
             )
+        headline, title = "", "root-cause traceback:"
+        if diagnosis.waiting_rank is not None:  # it left early: say when, with its last line
+            state = self.ranks.get(diagnosis.rank, _RankState())
+            when = (
+                ""
+                if state.last_heard is None
+                else f" (its last line, {state.last_heard - self.started:.1f}s in"
+            )
+            when += f": {state.last_line[:80]!r})" if when and state.last_line else (")" if when else "")
+            headline = f"rank {diagnosis.rank} left early{when}: it {diagnosis.error}"
+            title = f"rank {diagnosis.waiting_rank}'s traceback (the collective it waited in):"
         return WorkerFailed(
             diagnosis.rank,
             diagnosis.exitcode,
@@ -254,6 +265,8 @@ class _Run:
             run_dir=str(self.config.run_dir),
             logs=self.logs,
             stderr_tail=diagnosis.stderr_tail,
+            headline=headline,
+            traceback_title=title,
         )
 
 

@@ -27,7 +27,9 @@ def test_a_rank_that_exits_is_reported_by_this_cell_and_its_code(ranks):
     with pytest.raises(RankError):  # history: an earlier cell's failure and stderr line
         ranks.run("import os, sys\nprint('an earlier cell wrote this', file=sys.stderr)\nraise SystemExit(0)")
     with pytest.raises(WorkerFailed) as died:
-        ranks.run("if rank == 1:\n    print('this cell wrote this', file=sys.stderr)\n    os._exit(3)\ntime = 1")
+        ranks.run(
+            "if rank == 1:\n    print('this cell wrote this', file=sys.stderr)\n    os._exit(3)\ntime = 1"
+        )
     message = str(died.value)
     assert died.value.rank == 1 and died.value.exitcode == 3
     assert message.startswith("rank 1 exited with code 3 during the cell"), message
