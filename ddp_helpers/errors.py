@@ -39,8 +39,10 @@ class WorkerFailed(LaunchError):
         stderr_tail: str = "",
         headline: str = "",
         traceback_title: str = "root-cause traceback:",
+        left_early: list[int] | None = None,
     ) -> None:
         self.rank = rank
+        self.left_early = left_early or []  # ranks that exited with code 0 while `rank` still waited
         self.exitcode = exitcode
         self.error = error
         self.traceback = traceback

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .log_tail import RankLogTail
 
@@ -47,7 +47,7 @@ class Diagnosis:
     traceback: str
     hint: str = ""
     stderr_tail: str = ""  # the rank's last stderr lines, when they are the only explanation
-    waiting_rank: int | None = None  # `rank` left early (code 0); this rank then lost its peer
+    left_early: list[int] = field(default_factory=list)  # ranks that exited with code 0 first: the cause
 
 
 def strip_rank_prefix(text: str) -> str:
@@ -212,16 +212,6 @@ def diagnose(
         if primary:
             rank = primary[0]
     left = _left_early(rank, reports, exitcodes, candidates, has_report=match is not None)
-    if left is not None:
-        return Diagnosis(
-            left,
-            0,
-            f"exited with code 0 while rank {rank} still waited in a collective; rank {rank} then failed: "
-            f"{reports[rank].error.splitlines()[0][:200]}",
-            reports[rank].traceback,
-            UNEVEN_HINT,
-            waiting_rank=rank,
-        )
     exitcode = exitcodes.get(rank, 1)
     report = reports[rank]
     error = report.error
@@ -234,8 +224,9 @@ def diagnose(
         exitcode,
         error,
         report.traceback,
-        _hint(error, exitcode, cuda_available),
+        UNEVEN_HINT if left else _hint(error, exitcode, cuda_available),
         "\n".join(stderr_tail),
+        left_early=left,
     )
 
 
@@ -252,16 +243,15 @@ def _left_early(
     exitcodes: dict[int, int],
     candidates: list[int],
     has_report: bool,
-) -> int | None:
-    """The rank that exited with code 0 and left `rank` waiting, when `rank` only lost its peer.
+) -> list[int]:
+    """The ranks that exited with code 0 and left `rank` waiting, when `rank` only lost its peer.
 
     torchrun's report lists the ranks that failed, and not one that exited with code 0 (its
     `SubprocessContext._poll` counts exit code 0 as done): a rank missing from the report, while the
-    blamed rank only lost a peer and no rank failed for a reason of its own, is the one that left.
+    blamed rank only lost a peer and no rank failed for a reason of its own, is one that left.
     """
     if not has_report or not _is_secondary(reports[rank].error):
-        return None
+        return []
     if any(reports[r].error and not _is_secondary(reports[r].error) for r in candidates):
-        return None
-    gone = [r for r in candidates if r not in exitcodes and r != rank]
-    return gone[0] if gone else None
+        return []
+    return [r for r in candidates if r not in exitcodes and r != rank]

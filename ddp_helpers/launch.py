@@ -246,16 +246,22 @@ class _Run:
                 output=agent_output,
             )
         headline, title = "", "root-cause traceback:"
-        if diagnosis.waiting_rank is not None:  # it left early: say when, with its last line
-            state = self.ranks.get(diagnosis.rank, _RankState())
-            when = (
-                ""
-                if state.last_heard is None
-                else f" (its last line, {state.last_heard - self.started:.1f}s in"
+        if diagnosis.left_early:  # the cause: ranks that left while this one still waited; say when
+            gone = []
+            for rank in diagnosis.left_early:
+                state = self.ranks.get(rank, _RankState())
+                last = (
+                    ""
+                    if state.last_heard is None
+                    else f", its last line {state.last_heard - self.started:.1f}s in"
+                )
+                last += f": {state.last_line[:80]!r}" if last and state.last_line else ""
+                gone.append(f"rank {rank} exited with code 0{last}")
+            headline = (
+                f"rank {diagnosis.rank} failed because {'; '.join(gone)}, while rank {diagnosis.rank} still "
+                f"waited in a collective. Rank {diagnosis.rank}'s error: {diagnosis.error.splitlines()[0][:160]}"
             )
-            when += f": {state.last_line[:80]!r})" if when and state.last_line else (")" if when else "")
-            headline = f"rank {diagnosis.rank} left early{when}: it {diagnosis.error}"
-            title = f"rank {diagnosis.waiting_rank}'s traceback (the collective it waited in):"
+            title = f"rank {diagnosis.rank}'s traceback (the collective it waited in):"
         return WorkerFailed(
             diagnosis.rank,
             diagnosis.exitcode,
@@ -267,6 +273,7 @@ class _Run:
             stderr_tail=diagnosis.stderr_tail,
             headline=headline,
             traceback_title=title,
+            left_early=diagnosis.left_early,
         )
 
 
