@@ -95,6 +95,7 @@ class _Run:
         self.last_progress = self.started
         self.heard_any = False  # any byte from a rank, or a metrics line
         self.last_waiting_note = self.started
+        self.label_note = ""  # live ranks: e.g. " (after cell 3)", for lines printed between cells
 
     # ---------------------------------------------------------------- following
     def on_rank_output(self, chunk: LogChunk) -> None:
@@ -104,7 +105,9 @@ class _Run:
         state.last_heard = now
         self.last_progress, self.heard_any = now, True
         shown = self.config.shown_ranks is None or chunk.rank in self.config.shown_ranks
-        label = f"rank {chunk.rank}" + (f" (restart {chunk.attempt})" if chunk.attempt else "")
+        label = (
+            f"rank {chunk.rank}" + (f" (restart {chunk.attempt})" if chunk.attempt else "") + self.label_note
+        )
         if chunk.lines:
             state.last_line = chunk.lines[-1]
             self.logs.setdefault(chunk.rank, []).extend(chunk.lines)

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import shlex
 
+from IPython.core.displayhook import DisplayHook
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from .errors import InvalidLaunchArguments
-from .live_ranks import LiveRanks, start_ranks
+from .live_ranks import LiveRanks, shown_value, start_ranks
 
 _current: LiveRanks | None = None
 
@@ -63,9 +64,10 @@ class RanksMagics(Magics):
         ranks = current_ranks()
         timeout = ... if opts.timeout is None else opts.timeout
         results = ranks.run(cell, ranks=_parse_ranks(opts.rank), timeout=timeout)
+        quiet = DisplayHook.semicolon_at_end_of_expression(cell)  # `x;` shows no Out, as in IPython
         for rank, value in sorted(results.items()):
-            if value is not None:
-                print(f"[rank {rank}] Out: {value!r}")
+            if value is not None and not quiet:
+                print(f"[rank {rank}] Out: {shown_value(value)}")
         self.shell.user_ns["_ranks_out"] = results
         return None
 
@@ -82,9 +84,11 @@ class RanksMagics(Magics):
             )
             return None
         if opts.action == "stop":
-            if _current is not None:
-                _current.shutdown()
-                print("every rank has exited")
+            if _current is None or not _current.alive:
+                print("no live ranks were running: nothing to stop")
+                return None
+            _current.shutdown()
+            print("every rank has exited")
             return None
         if opts.action == "restart":
             if _current is None:

@@ -36,6 +36,7 @@ from typing import Any
 import psutil
 
 from . import live_channel
+from .echo import shown_text
 from .errors import (
     InvalidLaunchArguments,
     LaunchError,
@@ -51,6 +52,7 @@ from .launch_config import LaunchConfig, default_run_dir, make_config
 from .process_tree import ProcessTree
 
 POLL_S = 0.02
+MAX_VALUE_CHARS = 10_000  # a cell's value shown in the notebook: list(range(10**6)) would be 6.9 MB
 RANK_SERVER = Path(__file__).with_name("rank_server.py")  # what torchrun runs on each rank
 STARTUP_TIMEOUT_S = 180.0  # importing torch and the rendezvous, on a loaded 2-core machine
 INTERRUPT_WAIT_S = 5.0  # how long an interrupted rank gets to come back before the ranks are stopped
@@ -79,7 +81,12 @@ class RankResults(dict):
     wall_s: float = 0.0
 
     def __repr__(self) -> str:
-        return "\n".join(f"[rank {rank}] {value!r}" for rank, value in sorted(self.items()))
+        return "\n".join(f"[rank {rank}] {shown_value(value)}" for rank, value in sorted(self.items()))
+
+
+def shown_value(value: Any) -> str:
+    """A cell's value as the cell shows it: its repr, cut where it would flood the notebook."""
+    return shown_text(repr(value), MAX_VALUE_CHARS, "the value itself is whole: ranks.gather(name) brings it")
 
 
 @dataclass
@@ -114,6 +121,7 @@ class LiveRanks:
         self._next_id = 0
         self._ranks: dict[int, _Rank] = {}
         self._stderr_at: dict[int, int] = {}  # each rank's stderr.log size when the current cell began
+        self._last_cell = 0  # the id of the last request sent
         self._proc: subprocess.Popen[bytes] | None = None
         self._closed = True
         self._start()
@@ -159,6 +167,10 @@ class LiveRanks:
         listener.bind(address)
         listener.listen(config.nproc)
         self._run = _Run(config, "off")
+        # live ranks have no result.logs: the held-back note names the files
+        self._run.echo.kept_in = (
+            f"each rank's stdout.log and stderr.log under {config.log_dir}/*/attempt_0/<rank>/"
+        )
         self._proc = _start(config)  # in a session of its own: never signalled by the kernel's own Ctrl-C
         config.env.pop(live_channel.AUTHKEY_ENV)  # the key lives in the ranks' environment only
         self._tree = ProcessTree(self._proc.pid)
@@ -366,7 +378,16 @@ class LiveRanks:
         return sorted(set(chosen))
 
     def _request(self, message: tuple, targets: list[int], timeout: float | None) -> dict[int, tuple]:
-        self._follow()  # what earlier cells printed is theirs: read it before this cell starts
+        # Lines printed since the last cell ended (a thread of an earlier cell) are not this cell's:
+        # they are shown first, labelled with the cell they came after.
+        self._run.label_note = f" (after cell {self._last_cell})" if self._last_cell else ""
+        try:
+            self._follow(final=True)
+        finally:
+            self._run.label_note = ""
+        self._run.echo.close()
+        self._run.echo.new_cell()
+        self._last_cell = message[1]
         self._stderr_at = self._stderr_sizes()  # a death is explained by what *this* cell wrote
         for rank in targets:
             self._ranks[rank].conn.send(message)
@@ -378,6 +399,7 @@ class LiveRanks:
         except KeyboardInterrupt:
             raise self._interrupted(pending, replies) from None
         self._follow(final=True)  # every line the cell printed is on disk by now: show the rest
+        self._run.echo.close()  # and what was held back, with its count: this cell's output ends here
         return replies
 
     def _wait(
