@@ -114,3 +114,11 @@ def test_bad_launcher_arguments_are_refused(tmp_path, kwargs, message):
     with pytest.raises(InvalidLaunchArguments, match=message):
         launch(script, run_dir=tmp_path / "never", **kwargs)
     assert not (tmp_path / "never").exists()
+
+
+def test_a_last_line_without_a_newline_is_shown_once_and_kept_once(tmp_path, capsys):
+    # an input() prompt, print('x', end=''): shown live while the run waits, then not again at the end
+    script = write(tmp_path, "import time\nprint('no newline here', end='', flush=True)\ntime.sleep(2.5)\n")
+    result = launch(script, launcher="python", run_dir=tmp_path / "run", timeout=60)
+    assert capsys.readouterr().out.count("no newline here") == 1
+    assert result.logs[0] == ["no newline here"]
