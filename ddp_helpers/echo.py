@@ -99,13 +99,13 @@ class CellEcho:
             held.latest = shown_text(texts[-1])
             self._held_total += len(texts) - shown
 
-    def live(self, label: str, text: str) -> None:
+    def live(self, label: str, text: str, stderr: bool = False) -> None:
         """A line still being written (a progress bar's ``\\r`` update): shown now and then, never held."""
         now = self.clock()
         if now - self._live_shown.get(label, -LIVE_EVERY_S) >= LIVE_EVERY_S:
             self._live_shown[label] = now
             self._live_text[label] = text
-            self.write(f"[{label}] {shown_text(text)}", False)
+            self.write(f"[{label}] {shown_text(text)}", stderr)  # tqdm draws on stderr: so do its updates
 
     def note(self, text: str, stderr: bool = False) -> None:
         """The launcher's own line: always shown."""

@@ -116,8 +116,8 @@ class _Run:
                 self.echo.lines(label, texts, stderr=chunk.stream == "stderr")
         if chunk.partial is not None:
             state.last_line = chunk.partial
-            if shown:  # a progress bar redrawing its line: alive, and shown now and then
-                self.echo.live(label, chunk.partial)
+            if shown:  # a progress bar redrawing its line: alive, and shown now and then, on its own stream
+                self.echo.live(label, chunk.partial, stderr=chunk.stream == "stderr")
 
     def on_metrics(self, records: list[dict[str, Any]]) -> None:
         now = time.monotonic()

@@ -13,6 +13,7 @@ x.item()
 from __future__ import annotations
 
 import shlex
+import traceback
 
 from IPython.core.displayhook import DisplayHook
 from IPython.core.magic import Magics, line_cell_magic, magics_class
@@ -42,6 +43,20 @@ def _parse_ranks(text: str | None) -> list[int] | None:
         ) from None
 
 
+class CellSyntaxError(Exception):
+    """A ``%%ranks`` cell that does not compile: shown as Python shows a SyntaxError, without our frames.
+
+    (IPython prints a SyntaxError raised inside a magic with the magic's whole call stack.)
+    """
+
+    def __init__(self, error: SyntaxError) -> None:
+        self.error = error
+        super().__init__(str(error))
+
+    def _render_traceback_(self) -> list[str]:
+        return "".join(traceback.format_exception_only(type(self.error), self.error)).rstrip().splitlines()
+
+
 @magics_class
 class RanksMagics(Magics):
     @magic_arguments()
@@ -63,7 +78,10 @@ class RanksMagics(Magics):
             raise InvalidLaunchArguments(f"%%ranks takes options only (e.g. --rank 0), not {opts.action!r}")
         ranks = current_ranks()
         timeout = ... if opts.timeout is None else opts.timeout
-        results = ranks.run(cell, ranks=_parse_ranks(opts.rank), timeout=timeout)
+        try:
+            results = ranks.run(cell, ranks=_parse_ranks(opts.rank), timeout=timeout)
+        except SyntaxError as error:
+            raise CellSyntaxError(error) from None
         quiet = DisplayHook.semicolon_at_end_of_expression(cell)  # `x;` shows no Out, as in IPython
         for rank, value in sorted(results.items()):
             if value is not None and not quiet:

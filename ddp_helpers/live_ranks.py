@@ -289,7 +289,7 @@ class LiveRanks:
         """
         if not isinstance(code, str):
             raise InvalidLaunchArguments(f"code must be a string, got {type(code).__name__}")
-        compile(code, "<cell>", "exec")  # a syntax error is reported here, before anything is sent
+        check_syntax(code)  # a syntax error is reported here, before anything is sent
         targets = self._targets(ranks)
         cell_id = self._new_id(code)
         started = time.monotonic()
@@ -618,6 +618,18 @@ class LiveRanks:
                 if 0 < number <= len(source):
                     out.append(f"    {source[number - 1].strip()}")
         return "\n".join(out)
+
+
+def check_syntax(code: str) -> None:
+    """Raise the cell's SyntaxError, with its source line (the compiler leaves it out for ``return``, ``await``)."""
+    try:
+        compile(code, "<cell>", "exec")
+    except SyntaxError as error:
+        lines = code.splitlines()
+        if not error.text and error.lineno and 0 < error.lineno <= len(lines):
+            error.text = lines[error.lineno - 1] + "\n"
+            error.offset = error.offset or 1
+        raise error.with_traceback(None) from None
 
 
 def _why_not_returned(error: Exception) -> str:

@@ -68,3 +68,16 @@ def test_the_magic_honours_a_semicolon_and_says_when_nothing_ran(ranks, capsys, 
     monkeypatch.setattr(live_magics, "_current", None)
     magics.ranks("stop")
     assert "no live ranks were running" in capsys.readouterr().out
+
+
+def test_a_syntax_error_shows_its_line_and_none_of_our_frames(ranks, monkeypatch):
+    with pytest.raises(SyntaxError) as caught:
+        ranks.run("x = 1\nreturn x")
+    assert caught.value.text == "return x\n" and caught.value.lineno == 2
+    magics = live_magics.RanksMagics(shell=InteractiveShell.instance())
+    monkeypatch.setattr(live_magics, "_current", ranks)
+    with pytest.raises(live_magics.CellSyntaxError) as shown:
+        magics.ranks("", "await something()")
+    rendered = "\n".join(shown.value._render_traceback_())
+    assert "await something()" in rendered and "SyntaxError" in rendered, rendered
+    assert "live_ranks" not in rendered and "live_magics" not in rendered, rendered
