@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 
 
@@ -31,7 +32,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from .errors import LaunchError
+    from .errors import LaunchError, LaunchInterrupted
     from .launch import launch
 
     options = {name: getattr(args, name) for name in LAUNCH_OPTIONS if getattr(args, name) is not None}
@@ -43,8 +44,13 @@ def _launch(args: argparse.Namespace) -> int:
             f"note: {', '.join(ours)} after the script go to the script; launch options go before it",
             file=sys.stderr,
         )
+    stopped_by = _stop_cleanly_on_signals()
     try:
         result = launch(args.script, *args.script_args, **options)
+    except LaunchInterrupted as err:
+        signum = stopped_by[-1] if stopped_by else signal.SIGINT
+        print(f"{type(err).__name__}: {signal.Signals(signum).name}: {err}", file=sys.stderr)
+        return 128 + signum  # what a shell reports for a job that a signal stopped
     except LaunchError as err:
         print(f"{type(err).__name__}: {err}", file=sys.stderr)
         return 1
@@ -52,7 +58,24 @@ def _launch(args: argparse.Namespace) -> int:
     return 0
 
 
-LAUNCH_OPTIONS = ("nproc", "backend", "timeout", "run_dir", "max_restarts")
+def _stop_cleanly_on_signals() -> list[int]:
+    """Make SIGTERM and SIGHUP (a scheduler's cancel, a closed terminal) stop the run as Ctrl-C does.
+
+    Returns the list that each such signal is appended to, so the exit status can name it.
+    """
+    received: list[int] = []
+
+    def interrupt(signum: int, frame: object) -> None:
+        received.append(signum)
+        raise KeyboardInterrupt  # launch() stops every process of the run, then raises LaunchInterrupted
+
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is not None:
+            signal.signal(sig, interrupt)
+    return received
+
+
+LAUNCH_OPTIONS = ("nproc", "backend", "timeout", "startup_timeout", "run_dir", "max_restarts")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,11 +96,15 @@ def main(argv: list[str] | None = None) -> int:
     # every default is None: launch() (LaunchConfig) holds the real ones
     run.add_argument("--nproc", type=int)
     run.add_argument("--backend", help="auto, gloo or nccl")
-    run.add_argument("--timeout", type=float)
+    run.add_argument("--timeout", type=float, help="seconds without any output before the run counts as hung")
+    run.add_argument(
+        "--startup-timeout", type=float, help="seconds allowed before the first output (default: --timeout)"
+    )
     run.add_argument("--run-dir")
     run.add_argument("--max-restarts", type=int)
     run.add_argument("script")
-    run.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    script_args = run.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    script_args.required = False  # a script may take none: the usage error must not ask for them
     run.set_defaults(func=_launch)
     args = parser.parse_args(argv)
     return args.func(args)

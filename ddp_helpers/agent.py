@@ -9,6 +9,12 @@ this process, which runs torchrun's own ``main`` in-process, first makes itself 
 When torchrun returns, whatever is still a child here is stopped: SIGTERM, then SIGKILL after the grace
 period (``DDP_HELPERS_GRACE_S``). Elsewhere than Linux it is plain torchrun.
 
+The agent must not outlive its owner either (a kernel killed by the OOM killer, a CLI whose terminal
+closed). The owner passes the read end of a pipe (``DDP_HELPERS_OWNER_FD``) and keeps the only write
+end: when the owner dies, however it dies, the read sees end-of-file, and the agent stops the run as a
+SIGTERM would. A pipe rather than ``PR_SET_PDEATHSIG``, which fires when the parent *thread* that
+started us exits (a kernel may launch from a thread that ends long before the run), and exists on Linux only.
+
 Imports only the standard library and torch (the agent is on every launch's critical path).
 """
 
@@ -22,6 +28,7 @@ import time
 
 PR_SET_CHILD_SUBREAPER = 36
 GRACE_ENV = "DDP_HELPERS_GRACE_S"
+OWNER_FD_ENV = "DDP_HELPERS_OWNER_FD"
 
 
 def become_subreaper() -> bool:
@@ -93,25 +100,67 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
+class OwnerGone(Exception):
+    """Raised in the main thread by SIGTERM: the owner died, or someone asked the agent to stop."""
+
+
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    # until torchrun installs its own handler (it stops its workers, then raises), and after it
+    # restores ours: unwind into main's `finally`, which stops every child
+    raise OwnerGone(f"signal {signum}")
+
+
+def watch_owner(fd: int, grace_s: float) -> None:
+    """Block until the owner's end of the pipe closes, then stop the run (in a daemon thread)."""
+    try:
+        while os.read(fd, 4096):  # the owner never writes: only end-of-file (its death) returns b""
+            pass
+    except OSError:
+        pass
+    print("[ddp_helpers] the launcher that owns this run is gone: stopping the run", file=sys.stderr)
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGTERM)  # torchrun stops its workers as on any SIGTERM
+    # If torchrun's own shutdown waits longer than the grace period (a worker that ignores SIGTERM
+    # makes it wait 30 s), kill what is left from here and leave.
+    time.sleep(grace_s + 1.0)
+    stop_children(0.0)
+    os._exit(128 + signal.SIGTERM)
+
+
+def _watch_owner_if_asked(grace_s: float) -> None:
+    fd_text = os.environ.pop(OWNER_FD_ENV, None)  # popped: the workers must not read a stale number
+    if not fd_text:
+        return
+    fd = int(fd_text)
+    os.set_inheritable(fd, False)  # only the agent holds the read end
+    import threading
+
+    threading.Thread(target=watch_owner, args=(fd, grace_s), name="watch-owner", daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
     become_subreaper()
-    from torch.distributed.run import main as torchrun_main
-
+    grace_s = float(os.environ.get(GRACE_ENV, "5"))
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    _watch_owner_if_asked(grace_s)
     code = 0
     try:
+        from torch.distributed.run import main as torchrun_main
+
         torchrun_main(argv)
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     except Exception as error:  # noqa: BLE001 - torchrun's ChildFailedError etc.: report like torchrun
         import traceback
 
-        traceback.print_exc()
-        code = 1
+        code = 128 + signal.SIGTERM if isinstance(error, OwnerGone) else 1
+        if not isinstance(error, OwnerGone):
+            traceback.print_exc()
         del error
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        stop_children(float(os.environ.get(GRACE_ENV, "5")))
+        stop_children(grace_s)
     return code
 
 

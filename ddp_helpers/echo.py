@@ -3,7 +3,8 @@
 Ranks can print far faster than anyone reads, and a flood of output trips Jupyter's IOPub data-rate
 limit and freezes the browser. So the cell gets a bounded view: lines pass as they come up to a rate
 (with a burst allowance); past it, lines are held back, counted, and every few seconds the latest
-line of each rank is shown with the count. Every line is still in the log files and `LaunchResult.logs`.
+line of each rank is shown with the count. A line longer than MAX_LINE_CHARS is shown cut, so the bound
+holds in bytes too (``print('y' * 3_000_000)`` is one line). Every line, whole, is still in the log files.
 
 Lines are written whole under one lock, so two launches running in two threads of one kernel never
 write into each other's lines.
@@ -23,6 +24,14 @@ LINES_PER_S = 100.0
 BURST_LINES = 1000
 HELD_REPORT_EVERY_S = 5.0
 LIVE_EVERY_S = 1.0  # at most one live (\r) update per rank per second
+MAX_LINE_CHARS = 1000  # x BURST_LINES: at most about 1 MB in a burst, Jupyter's IOPub limit per second
+
+
+def shown_text(text: str, limit: int = MAX_LINE_CHARS, whole: str = "the whole line is in the log") -> str:
+    """`text`, cut to `limit` characters with a note of how long it really is and where `whole` it is."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]} ... ({len(text):,} characters; {whole})"
 
 
 def write_line(text: str, stderr: bool = False) -> None:
@@ -46,7 +55,7 @@ class CellEcho:
     `write` is how a line reaches the cell (the progress bar's writer, which keeps a text bar intact).
     """
 
-    where: str  # where every line is kept, for the "held back" note
+    where: str  # where every line is kept, for the "held back" note ("result.logs and under <where>")
     write: Callable[[str, bool], None] = write_line
     lines_per_s: float = LINES_PER_S
     burst: int = BURST_LINES
@@ -57,6 +66,8 @@ class CellEcho:
     _held_total: int = 0
     _last_report: float = field(init=False)
     _live_shown: dict[str, float] = field(default_factory=dict)
+    _live_text: dict[str, str] = field(default_factory=dict)  # the part line last shown live, per source
+    kept_in: str = ""  # overrides the note's "result.logs and under <where>"
 
     def __post_init__(self) -> None:
         self._tokens = float(self.burst)
@@ -71,25 +82,30 @@ class CellEcho:
         if not texts:
             return
         self._live_shown.pop(label, None)
+        if self._live_text.pop(label, None) == texts[0]:
+            texts = texts[1:]  # the line was shown whole while it waited for its newline: not twice
+            if not texts:
+                return
         now = self.clock()
         self._tokens = min(self.burst, self._tokens + (now - self._refilled) * self.lines_per_s)
         self._refilled = now
         shown = min(len(texts), int(self._tokens))
         self._tokens -= shown
         for text in texts[:shown]:
-            self.write(f"[{label}] {text}", stderr)
+            self.write(f"[{label}] {shown_text(text)}", stderr)
         if shown < len(texts):
             held = self._held.setdefault(label, _Held())
             held.count += len(texts) - shown
-            held.latest = texts[-1]
+            held.latest = shown_text(texts[-1])
             self._held_total += len(texts) - shown
 
-    def live(self, label: str, text: str) -> None:
+    def live(self, label: str, text: str, stderr: bool = False) -> None:
         """A line still being written (a progress bar's ``\\r`` update): shown now and then, never held."""
         now = self.clock()
         if now - self._live_shown.get(label, -LIVE_EVERY_S) >= LIVE_EVERY_S:
             self._live_shown[label] = now
-            self.write(f"[{label}] {text}", False)
+            self._live_text[label] = text
+            self.write(f"[{label}] {shown_text(text)}", stderr)  # tqdm draws on stderr: so do its updates
 
     def note(self, text: str, stderr: bool = False) -> None:
         """The launcher's own line: always shown."""
@@ -107,13 +123,18 @@ class CellEcho:
         self._last_report = self.clock()
         self.write(
             f"[ddp_helpers] {self._held_total} lines so far printed faster than a cell can show; "
-            f"every line is kept in result.logs and under {self.where}",
+            f"every line is kept in {self.kept_in or f'result.logs and under {self.where}'}",
             False,
         )
 
     def close(self) -> None:
+        """The end of the output (a run, or one live-ranks cell): each held source's last line and count."""
         if self._held:
             self._report()
+
+    def new_cell(self) -> None:
+        """Live ranks: a new cell starts, with its own held-back count."""
+        self._held_total = 0
 
     @property
     def held_back(self) -> int:

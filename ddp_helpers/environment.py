@@ -211,18 +211,21 @@ def live_allreduce(
     timeout: float = 120,
 ) -> tuple[list[Check], dict[str, Any]]:
     """Run workers/allreduce_bench.py through `launch` and turn it into checks plus the raw summary."""
-    from .errors import LaunchError
+    from .errors import InvalidLaunchArguments, LaunchError
     from .launch import launch
     from .workers import worker_path
 
     try:
         result = launch(worker_path("allreduce_bench"), "--max-bytes", max_bytes, "--iters", iters,
                         nproc=nproc, run_dir=run_dir, progress=progress, timeout=timeout, show_ranks="none")  # fmt: skip
+    except InvalidLaunchArguments as err:
+        advice = "nothing was started: change the argument this names (--no-live skips the live check)"
+        return [Check("all_reduce (live)", FAIL, str(err).splitlines()[0], advice)], {}
     except LaunchError as err:
-        first_line = str(err).splitlines()[0]
-        return [
-            Check("all_reduce (live)", FAIL, first_line, "see the error above; rerun with show_ranks='all'")
-        ], {}
+        # the ranks were not echoed (show_ranks="none"): say where their output is, not "above"
+        logs = getattr(err, "run_dir", None)
+        advice = f"every rank's output is under {logs}/logs" if logs else " ".join(str(err).splitlines()[1:4])
+        return [Check("all_reduce (live)", FAIL, str(err).splitlines()[0], advice)], {}
     summary = result.summary
     n = summary["world_size"]
     correct = summary["all_correct"]

@@ -37,8 +37,12 @@ class WorkerFailed(LaunchError):
         run_dir: str | None = None,
         logs: dict[int, list[str]] | None = None,
         stderr_tail: str = "",
+        headline: str = "",
+        traceback_title: str = "root-cause traceback:",
+        left_early: list[int] | None = None,
     ) -> None:
         self.rank = rank
+        self.left_early = left_early or []  # ranks that exited with code 0 while `rank` still waited
         self.exitcode = exitcode
         self.error = error
         self.traceback = traceback
@@ -46,11 +50,11 @@ class WorkerFailed(LaunchError):
         self.run_dir = run_dir
         self.logs = logs or {}
         self.stderr_tail = stderr_tail
-        lines = [f"rank {rank} failed: {error}", f"exit code {exitcode}"]
+        lines = [headline or f"rank {rank} failed: {error}", f"exit code {exitcode}"]
         if hint:
             lines.append(f"hint: {hint}")
         if traceback:
-            lines += ["", "root-cause traceback:", traceback.rstrip()]
+            lines += ["", traceback_title, traceback.rstrip()]
         elif stderr_tail:
             lines += ["", f"the last lines of rank {rank}'s stderr:", stderr_tail.rstrip()]
         if run_dir:
@@ -98,4 +102,18 @@ class RankError(LaunchError):
     def __init__(self, message: str, *, errors: dict[int, str]) -> None:
         self.errors = errors  # rank -> that rank's formatted traceback
         self.ranks = sorted(errors)
+        super().__init__(message)
+
+
+class ValueNotReturned(LaunchError, TypeError):
+    """A live rank's value could not be brought back to the kernel (`LiveRanks.gather`).
+
+    It cannot be pickled on the rank (a lock, an open file), or unpickled in the kernel (an object of
+    a class defined in a cell, which exists only on the ranks). `reprs` maps each such rank to the
+    value's repr there, which a cell's value would show instead.
+    """
+
+    def __init__(self, message: str, *, reprs: dict[int, str]) -> None:
+        self.reprs = reprs
+        self.ranks = sorted(reprs)
         super().__init__(message)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .log_tail import RankLogTail
 
@@ -47,6 +47,7 @@ class Diagnosis:
     traceback: str
     hint: str = ""
     stderr_tail: str = ""  # the rank's last stderr lines, when they are the only explanation
+    left_early: list[int] = field(default_factory=list)  # ranks that exited with code 0 first: the cause
 
 
 def strip_rank_prefix(text: str) -> str:
@@ -143,11 +144,15 @@ class _RankReport:
     stderr_tail: list[str] | None = None
 
 
-def _rank_report(tail: RankLogTail, rank: int, exitcode: int) -> _RankReport:
-    """This rank's exception line and traceback, from its error file or else its stderr."""
+def _rank_report(tail: RankLogTail, rank: int, exitcode: int, since: int = 0) -> _RankReport:
+    """This rank's exception line and traceback, from its error file or else its stderr (from byte `since`)."""
     error, traceback = _from_error_file(tail, rank, None)  # the latest attempt made torchrun give up
     path = tail.rank_file(rank, "stderr.log")
-    stderr_text = path.read_text(errors="replace") if path is not None else ""
+    stderr_text = ""
+    if path is not None:
+        with open(path, "rb") as fh:
+            fh.seek(since)
+            stderr_text = fh.read().decode(errors="replace")
     if not traceback:
         traceback, last_line = _last_traceback(stderr_text)
         error = error or last_line
@@ -174,11 +179,14 @@ def diagnose(
     nranks: int,
     cuda_available: bool,
     exitcodes: dict[int, int] | None = None,
+    stderr_since: dict[int, int] | None = None,
 ) -> Diagnosis | None:
     """Find the failing rank. Returns None when no worker can be blamed.
 
     `exitcodes` adds rank exit codes known without torchrun's report (a run with no agent).
+    `stderr_since` reads each rank's stderr from that byte on: live ranks' earlier cells are history.
     """
+    since = stderr_since or {}
     exitcodes = {
         **(exitcodes or {}),
         **{int(m["rank"]): int(m["exitcode"]) for m in _FAILURE.finditer(agent_output)},
@@ -189,7 +197,7 @@ def diagnose(
         rank = int(match["rank"])
         exitcodes.setdefault(rank, int(match["exitcode"]))
     candidates = sorted(set(exitcodes) | set(tail.global_ranks(nranks)))
-    reports = {r: _rank_report(tail, r, exitcodes.get(r, 1)) for r in candidates}
+    reports = {r: _rank_report(tail, r, exitcodes.get(r, 1), since.get(r, 0)) for r in candidates}
     if rank is None:
         # no report (e.g. torchrun itself was killed): blame a rank that left a traceback
         rank = next((r for r in candidates if reports[r].error), None)
@@ -203,6 +211,7 @@ def diagnose(
         primary = [r for r in candidates if reports[r].error and not _is_secondary(reports[r].error)]
         if primary:
             rank = primary[0]
+    left = _left_early(rank, reports, exitcodes, candidates, has_report=match is not None)
     exitcode = exitcodes.get(rank, 1)
     report = reports[rank]
     error = report.error
@@ -215,6 +224,34 @@ def diagnose(
         exitcode,
         error,
         report.traceback,
-        _hint(error, exitcode, cuda_available),
+        UNEVEN_HINT if left else _hint(error, exitcode, cuda_available),
         "\n".join(stderr_tail),
+        left_early=left,
     )
+
+
+UNEVEN_HINT = (
+    "a rank that leaves while another still calls collectives: uneven inputs (a different number of "
+    "batches or steps per rank) or a skipped collective. Give every rank the same number of steps "
+    "(DistributedSampler(drop_last=True)) or wrap the loop in torch.distributed.algorithms.Join."
+)
+
+
+def _left_early(
+    rank: int,
+    reports: dict[int, _RankReport],
+    exitcodes: dict[int, int],
+    candidates: list[int],
+    has_report: bool,
+) -> list[int]:
+    """The ranks that exited with code 0 and left `rank` waiting, when `rank` only lost its peer.
+
+    torchrun's report lists the ranks that failed, and not one that exited with code 0 (its
+    `SubprocessContext._poll` counts exit code 0 as done): a rank missing from the report, while the
+    blamed rank only lost a peer and no rank failed for a reason of its own, is one that left.
+    """
+    if not has_report or not _is_secondary(reports[rank].error):
+        return []
+    if any(reports[r].error and not _is_secondary(reports[r].error) for r in candidates):
+        return []
+    return [r for r in candidates if r not in exitcodes and r != rank]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .agent import OWNER_FD_ENV
 from .echo import CellEcho
 from .errors import LaunchError, LaunchFailed, LaunchInterrupted, LaunchTimeout, WorkerFailed
 from .failure import diagnose, strip_rank_prefix
@@ -94,6 +95,7 @@ class _Run:
         self.last_progress = self.started
         self.heard_any = False  # any byte from a rank, or a metrics line
         self.last_waiting_note = self.started
+        self.label_note = ""  # live ranks: e.g. " (after cell 3)", for lines printed between cells
 
     # ---------------------------------------------------------------- following
     def on_rank_output(self, chunk: LogChunk) -> None:
@@ -103,7 +105,9 @@ class _Run:
         state.last_heard = now
         self.last_progress, self.heard_any = now, True
         shown = self.config.shown_ranks is None or chunk.rank in self.config.shown_ranks
-        label = f"rank {chunk.rank}" + (f" (restart {chunk.attempt})" if chunk.attempt else "")
+        label = (
+            f"rank {chunk.rank}" + (f" (restart {chunk.attempt})" if chunk.attempt else "") + self.label_note
+        )
         if chunk.lines:
             state.last_line = chunk.lines[-1]
             self.logs.setdefault(chunk.rank, []).extend(chunk.lines)
@@ -112,8 +116,8 @@ class _Run:
                 self.echo.lines(label, texts, stderr=chunk.stream == "stderr")
         if chunk.partial is not None:
             state.last_line = chunk.partial
-            if shown:  # a progress bar redrawing its line: alive, and shown now and then
-                self.echo.live(label, chunk.partial)
+            if shown:  # a progress bar redrawing its line: alive, and shown now and then, on its own stream
+                self.echo.live(label, chunk.partial, stderr=chunk.stream == "stderr")
 
     def on_metrics(self, records: list[dict[str, Any]]) -> None:
         now = time.monotonic()
@@ -215,12 +219,18 @@ class _Run:
         )
         return LaunchTimeout(message, silent_ranks=silent, run_dir=str(self.config.run_dir))
 
-    def failure(self, returncode: int) -> LaunchError:
+    def failure(self, returncode: int, stderr_since: dict[int, int] | None = None) -> LaunchError:
+        """The error for a run that ended with `returncode`; `stderr_since`: read each rank's stderr from there."""
         agent_output = "\n".join(self.agent_lines)
         # without an agent there is no torchrun report: the one process's own exit code is the rank's
         known = {self.config.rank_offset: returncode} if self.config.launcher == "python" else None
         diagnosis = diagnose(
-            agent_output, self.tail, self.config.nproc, cuda_available=self.config.gpus > 0, exitcodes=known
+            agent_output,
+            self.tail,
+            self.config.nproc,
+            cuda_available=self.config.gpus > 0,
+            exitcodes=known,
+            stderr_since=stderr_since,
         )
         if diagnosis is None and "RendezvousTimeoutError" in agent_output:
             return LaunchFailed(
@@ -238,6 +248,23 @@ class _Run:
                 returncode=returncode,
                 output=agent_output,
             )
+        headline, title = "", "root-cause traceback:"
+        if diagnosis.left_early:  # the cause: ranks that left while this one still waited; say when
+            gone = []
+            for rank in diagnosis.left_early:
+                state = self.ranks.get(rank, _RankState())
+                last = (
+                    ""
+                    if state.last_heard is None
+                    else f", its last line {state.last_heard - self.started:.1f}s in"
+                )
+                last += f": {state.last_line[:80]!r}" if last and state.last_line else ""
+                gone.append(f"rank {rank} exited with code 0{last}")
+            headline = (
+                f"rank {diagnosis.rank} failed because {'; '.join(gone)}, while rank {diagnosis.rank} still "
+                f"waited in a collective. Rank {diagnosis.rank}'s error: {diagnosis.error.splitlines()[0][:160]}"
+            )
+            title = f"rank {diagnosis.rank}'s traceback (the collective it waited in):"
         return WorkerFailed(
             diagnosis.rank,
             diagnosis.exitcode,
@@ -247,6 +274,9 @@ class _Run:
             run_dir=str(self.config.run_dir),
             logs=self.logs,
             stderr_tail=diagnosis.stderr_tail,
+            headline=headline,
+            traceback_title=title,
+            left_early=diagnosis.left_early,
         )
 
 
@@ -328,19 +358,40 @@ def _start(config: LaunchConfig) -> subprocess.Popen[bytes]:
     # no agent: the process writes straight into the files torchrun's --redirects would write
     stdout = open(out_dir / "stdout.log" if direct else config.agent_log, "wb")
     stderr = open(out_dir / "stderr.log", "wb") if direct else subprocess.STDOUT
+    env = config.environment()
+    if env.get("MPLBACKEND", "").startswith("module://") and "MPLBACKEND" not in config.env:
+        # the kernel's inline backend means nothing in a worker (plt.show() would print
+        # "Figure(640x480)"): workers draw off-screen and save their figures to files
+        env["MPLBACKEND"] = "Agg"
+    # The agent's lifeline: it holds the read end, this process the only write end. However this
+    # process dies (a kernel SIGKILLed, a CLI whose terminal closed), the agent reads end-of-file and
+    # stops the run (see agent.py). os.pipe's ends are not inherited by anything else we start.
+    lifeline_read, lifeline_write = (None, None) if direct else os.pipe()
+    if lifeline_read is not None:
+        env[OWNER_FD_ENV] = str(lifeline_read)
     try:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             config.command(),
             stdout=stdout,
             stderr=stderr,
             stdin=subprocess.DEVNULL,
-            env=config.environment(),
+            env=env,
             start_new_session=True,  # the whole run can be signalled without touching the kernel
+            pass_fds=() if lifeline_read is None else (lifeline_read,),
         )
+    except BaseException:
+        if lifeline_write is not None:
+            os.close(lifeline_write)
+        raise
     finally:
         stdout.close()  # the child holds its own copies
         if direct:
             stderr.close()  # type: ignore[union-attr]
+        if lifeline_read is not None:
+            os.close(lifeline_read)
+    # kept open as long as the Popen lives: closed by `_stop`, or by the garbage collector with it
+    proc.lifeline = None if lifeline_write is None else open(lifeline_write, "wb", buffering=0)  # type: ignore[attr-defined]
+    return proc
 
 
 def execute(config: LaunchConfig, progress: str | None = None) -> LaunchResult:
@@ -413,4 +464,7 @@ def _stop(tree: ProcessTree, proc: subprocess.Popen[bytes], grace_s: float) -> l
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+    lifeline = getattr(proc, "lifeline", None)
+    if lifeline is not None:
+        lifeline.close()
     return killed

@@ -13,12 +13,14 @@ x.item()
 from __future__ import annotations
 
 import shlex
+import traceback
 
+from IPython.core.displayhook import DisplayHook
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from .errors import InvalidLaunchArguments
-from .live_ranks import LiveRanks, start_ranks
+from .live_ranks import LiveRanks, shown_value, start_ranks
 
 _current: LiveRanks | None = None
 
@@ -39,6 +41,20 @@ def _parse_ranks(text: str | None) -> list[int] | None:
         raise InvalidLaunchArguments(
             f"--rank takes comma-separated rank numbers, e.g. 0,1; got {text!r}"
         ) from None
+
+
+class CellSyntaxError(Exception):
+    """A ``%%ranks`` cell that does not compile: shown as Python shows a SyntaxError, without our frames.
+
+    (IPython prints a SyntaxError raised inside a magic with the magic's whole call stack.)
+    """
+
+    def __init__(self, error: SyntaxError) -> None:
+        self.error = error
+        super().__init__(str(error))
+
+    def _render_traceback_(self) -> list[str]:
+        return "".join(traceback.format_exception_only(type(self.error), self.error)).rstrip().splitlines()
 
 
 @magics_class
@@ -62,10 +78,14 @@ class RanksMagics(Magics):
             raise InvalidLaunchArguments(f"%%ranks takes options only (e.g. --rank 0), not {opts.action!r}")
         ranks = current_ranks()
         timeout = ... if opts.timeout is None else opts.timeout
-        results = ranks.run(cell, ranks=_parse_ranks(opts.rank), timeout=timeout)
+        try:
+            results = ranks.run(cell, ranks=_parse_ranks(opts.rank), timeout=timeout)
+        except SyntaxError as error:
+            raise CellSyntaxError(error) from None
+        quiet = DisplayHook.semicolon_at_end_of_expression(cell)  # `x;` shows no Out, as in IPython
         for rank, value in sorted(results.items()):
-            if value is not None:
-                print(f"[rank {rank}] Out: {value!r}")
+            if value is not None and not quiet:
+                print(f"[rank {rank}] Out: {shown_value(value)}")
         self.shell.user_ns["_ranks_out"] = results
         return None
 
@@ -82,9 +102,11 @@ class RanksMagics(Magics):
             )
             return None
         if opts.action == "stop":
-            if _current is not None:
-                _current.shutdown()
-                print("every rank has exited")
+            if _current is None or not _current.alive:
+                print("no live ranks were running: nothing to stop")
+                return None
+            _current.shutdown()
+            print("every rank has exited")
             return None
         if opts.action == "restart":
             if _current is None:

@@ -33,25 +33,32 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from . import live_channel
+from .echo import shown_text
 from .errors import (
     InvalidLaunchArguments,
     LaunchError,
     LaunchInterrupted,
     LaunchTimeout,
     RankError,
+    ValueNotReturned,
     WorkerFailed,
 )
+from .failure import STDERR_TAIL_LINES
 from .launch import _Run, _start
 from .launch_config import LaunchConfig, default_run_dir, make_config
 from .process_tree import ProcessTree
 
 POLL_S = 0.02
+MAX_VALUE_CHARS = 10_000  # a cell's value shown in the notebook: list(range(10**6)) would be 6.9 MB
 RANK_SERVER = Path(__file__).with_name("rank_server.py")  # what torchrun runs on each rank
 STARTUP_TIMEOUT_S = 180.0  # importing torch and the rendezvous, on a loaded 2-core machine
 INTERRUPT_WAIT_S = 5.0  # how long an interrupted rank gets to come back before the ranks are stopped
 CHECK_TIMEOUT_S = 10.0  # the barrier that tells whether an interrupt left the process group usable
 STACK_WAIT_S = 1.0
+EXIT_REPORT_WAIT_S = 1.0  # torchrun polls its workers every 0.1 s: a failure is reported well within this
 
 
 class _Shown:
@@ -74,7 +81,12 @@ class RankResults(dict):
     wall_s: float = 0.0
 
     def __repr__(self) -> str:
-        return "\n".join(f"[rank {rank}] {value!r}" for rank, value in sorted(self.items()))
+        return "\n".join(f"[rank {rank}] {shown_value(value)}" for rank, value in sorted(self.items()))
+
+
+def shown_value(value: Any) -> str:
+    """A cell's value as the cell shows it: its repr, cut where it would flood the notebook."""
+    return shown_text(repr(value), MAX_VALUE_CHARS, "the value itself is whole: ranks.gather(name) brings it")
 
 
 @dataclass
@@ -108,6 +120,8 @@ class LiveRanks:
         self._cells: dict[int, str] = {}  # cell id -> code, to show a stuck rank's line
         self._next_id = 0
         self._ranks: dict[int, _Rank] = {}
+        self._stderr_at: dict[int, int] = {}  # each rank's stderr.log size when the current cell began
+        self._last_cell = 0  # the id of the last request sent
         self._proc: subprocess.Popen[bytes] | None = None
         self._closed = True
         self._start()
@@ -153,6 +167,10 @@ class LiveRanks:
         listener.bind(address)
         listener.listen(config.nproc)
         self._run = _Run(config, "off")
+        # live ranks have no result.logs: the held-back note names the files
+        self._run.echo.kept_in = (
+            f"each rank's stdout.log and stderr.log under {config.log_dir}/*/attempt_0/<rank>/"
+        )
         self._proc = _start(config)  # in a session of its own: never signalled by the kernel's own Ctrl-C
         config.env.pop(live_channel.AUTHKEY_ENV)  # the key lives in the ranks' environment only
         self._tree = ProcessTree(self._proc.pid)
@@ -216,6 +234,9 @@ class LiveRanks:
                 pass
             if self._proc.stdout:
                 self._proc.stdout.close()
+            lifeline = getattr(self._proc, "lifeline", None)  # the agent's: see launch._start
+            if lifeline is not None:
+                lifeline.close()
         shutil.rmtree(self._socket_dir, ignore_errors=True)
         self._closed = True
 
@@ -268,7 +289,7 @@ class LiveRanks:
         """
         if not isinstance(code, str):
             raise InvalidLaunchArguments(f"code must be a string, got {type(code).__name__}")
-        compile(code, "<cell>", "exec")  # a syntax error is reported here, before anything is sent
+        check_syntax(code)  # a syntax error is reported here, before anything is sent
         targets = self._targets(ranks)
         cell_id = self._new_id(code)
         started = time.monotonic()
@@ -289,15 +310,37 @@ class LiveRanks:
         return results
 
     def gather(self, name: str, ranks: Iterable[int] | int | None = None) -> list[Any]:
-        """The value bound to `name` on each rank, in rank order (tensors moved to the CPU)."""
+        """The value bound to `name` on each rank, in rank order (tensors moved to the CPU).
+
+        Raises `NameError` where `name` is unbound, and `ValueNotReturned` (sorted ranks, each
+        value's repr) where a value cannot travel: it does not pickle, or its class was defined in a cell.
+        """
         if not isinstance(name, str) or not name.isidentifier():
             raise InvalidLaunchArguments(f"gather takes a variable name, got {name!r}")
         targets = self._targets(ranks)
         replies = self._request(("gather", self._new_id(""), name), targets, self._timeout(...))
-        missing = [r for r, reply in replies.items() if reply[0] == "error"]
+        missing = sorted(r for r, reply in replies.items() if reply[0] == "error")
         if missing:
             raise NameError(f"{replies[missing[0]][2]} on rank(s) {', '.join(map(str, missing))}")
-        return [pickle.loads(replies[r][2]) for r in targets]
+        values, reprs, reasons = [], {}, {}
+        for rank in targets:
+            _, _, data, text = replies[rank]
+            try:
+                if data is None:
+                    raise pickle.PicklingError("it cannot be pickled on the rank")
+                values.append(pickle.loads(data))
+            except Exception as error:  # noqa: BLE001 - any unpickling failure means the same thing here
+                reprs[rank], reasons[rank] = text, _why_not_returned(error)
+        if reprs:
+            first = min(reprs)
+            shown = "\n".join(f"[rank {r}] {reprs[r][:200]}" for r in sorted(reprs))
+            raise ValueNotReturned(
+                f"{name} cannot be brought back from rank(s) {', '.join(map(str, sorted(reprs)))}: "
+                f"{reasons[first]}. Its repr there (what a cell ending in {name} shows):\n{shown}\n"
+                f"Gather something that pickles instead: numbers, tensors, or lists and dicts of them.",
+                reprs=reprs,
+            )
+        return values
 
     def push(self, **values: Any) -> None:
         """Bind each keyword to the same value on every rank, e.g. ``ranks.push(lr=0.1)``."""
@@ -335,6 +378,17 @@ class LiveRanks:
         return sorted(set(chosen))
 
     def _request(self, message: tuple, targets: list[int], timeout: float | None) -> dict[int, tuple]:
+        # Lines printed since the last cell ended (a thread of an earlier cell) are not this cell's:
+        # they are shown first, labelled with the cell they came after.
+        self._run.label_note = f" (after cell {self._last_cell})" if self._last_cell else ""
+        try:
+            self._follow(final=True)
+        finally:
+            self._run.label_note = ""
+        self._run.echo.close()
+        self._run.echo.new_cell()
+        self._last_cell = message[1]
+        self._stderr_at = self._stderr_sizes()  # a death is explained by what *this* cell wrote
         for rank in targets:
             self._ranks[rank].conn.send(message)
         pending = set(targets)
@@ -345,6 +399,7 @@ class LiveRanks:
         except KeyboardInterrupt:
             raise self._interrupted(pending, replies) from None
         self._follow(final=True)  # every line the cell printed is on disk by now: show the rest
+        self._run.echo.close()  # and what was held back, with its count: this cell's output ends here
         return replies
 
     def _wait(
@@ -358,6 +413,8 @@ class LiveRanks:
                     replies[rank] = conn.recv()
                 except (EOFError, OSError):
                     raise self._died(rank) from None
+                if replies[rank][0] == "exited":  # the cell called os._exit(code)
+                    raise self._died(rank, exitcode=replies[rank][2])
                 pending.discard(rank)
             self._follow()
             if self._proc.poll() is not None:
@@ -368,34 +425,73 @@ class LiveRanks:
                 if stuck:
                     raise self._hung(stuck, sorted(set(replies)), timeout, cell_id)
 
+    def _stderr_sizes(self) -> dict[int, int]:
+        sizes = {}
+        for rank in self._ranks:
+            path = self._run.tail.rank_file(rank, "stderr.log")
+            try:
+                sizes[rank] = path.stat().st_size if path is not None else 0
+            except OSError:
+                sizes[rank] = 0
+        return sizes
+
     def _last_heard(self, rank: int, since: float) -> float:
         state = self._run.ranks.get(rank)
         heard = state.last_heard if state is not None and state.last_heard is not None else since
         return max(heard, since)
 
-    def _died(self, rank: int | None) -> LaunchError:
-        """A rank is gone: let torchrun finish its report, stop the rest, and say who died and how."""
-        try:
-            self._proc.wait(timeout=self._config.grace_s + 10)
-        except subprocess.TimeoutExpired:
-            pass
+    def _died(self, rank: int | None, exitcode: int | None = None) -> LaunchError:
+        """A rank is gone: say who left, with which code, and what this cell wrote; stop the rest.
+
+        `exitcode` is known when the cell called ``os._exit`` (the rank said so). Otherwise torchrun
+        reports a rank that failed, but not one that exited with code 0: when the rank's process is
+        gone and torchrun, still running, has reported nothing, that silence means code 0.
+        """
+        pid = self._ranks[rank].pid if rank is not None and rank in self._ranks else None
+        deadline = time.monotonic() + self._config.grace_s + 10
+        gone_since: float | None = None
+        while exitcode is None and self._proc.poll() is None and time.monotonic() < deadline:
+            if pid is not None and not _running(pid):
+                gone_since = gone_since or time.monotonic()
+                if time.monotonic() - gone_since > EXIT_REPORT_WAIT_S:
+                    exitcode = 0
+            time.sleep(POLL_S)
         self._follow(final=True)
         returncode = self._proc.poll()
         error: LaunchError
-        if returncode not in (None, 0):
-            error = self._run.failure(returncode)
+        if exitcode is None and returncode not in (None, 0):
+            error = self._run.failure(returncode, stderr_since=self._stderr_at)
         else:
+            said = self._cell_stderr(rank)
             error = WorkerFailed(
                 rank if rank is not None else -1,
-                -1,
-                "the rank's connection closed without a report from torchrun",
+                exitcode if exitcode is not None else -1,
+                f"exited with code {exitcode} during the cell"
+                if exitcode is not None
+                else "the rank's connection closed without a report from torchrun",
                 "",
                 run_dir=str(self._config.run_dir),
+                stderr_tail="\n".join(said),
             )
         self._stop()
-        message = f"{error}\n\nThe other ranks were stopped: ranks.restart() starts afresh."
+        message = str(error)
+        if (
+            exitcode is not None
+        ):  # not a failure of its own making, maybe: it left, and the others could not go on
+            message = message.replace(f"rank {rank} failed: exited", f"rank {rank} exited", 1)
+        message += "\n\nThe other ranks were stopped: ranks.restart() starts afresh."
         error.args = (message,)
         return error
+
+    def _cell_stderr(self, rank: int | None) -> list[str]:
+        """The last lines `rank` wrote to stderr during this cell (never an earlier cell's)."""
+        path = self._run.tail.rank_file(rank, "stderr.log") if rank is not None else None
+        if path is None:
+            return []
+        with open(path, "rb") as fh:
+            fh.seek(self._stderr_at.get(rank, 0))
+            lines = fh.read().decode(errors="replace").splitlines()
+        return [line for line in lines if line.strip()][-STDERR_TAIL_LINES:]
 
     def _interrupted(self, pending: set[int], replies: dict[int, tuple]) -> LaunchInterrupted:
         """Ctrl-C in the kernel: interrupt the ranks still in the cell, keep them if the group survived."""
@@ -522,6 +618,34 @@ class LiveRanks:
                 if 0 < number <= len(source):
                     out.append(f"    {source[number - 1].strip()}")
         return "\n".join(out)
+
+
+def check_syntax(code: str) -> None:
+    """Raise the cell's SyntaxError, with its source line (the compiler leaves it out for ``return``, ``await``)."""
+    try:
+        compile(code, "<cell>", "exec")
+    except SyntaxError as error:
+        lines = code.splitlines()
+        if not error.text and error.lineno and 0 < error.lineno <= len(lines):
+            error.text = lines[error.lineno - 1] + "\n"
+            error.offset = error.offset or 1
+        raise error.with_traceback(None) from None
+
+
+def _why_not_returned(error: Exception) -> str:
+    if isinstance(error, pickle.PicklingError) and str(error) == "it cannot be pickled on the rank":
+        return str(error)
+    if isinstance(error, AttributeError | ModuleNotFoundError | ImportError):
+        # pickle stores a class by name: one defined in a cell exists only on the ranks
+        return f"its class is not importable in the kernel ({error}): a class defined in a cell exists only on the ranks"
+    return f"it cannot be unpickled in the kernel ({type(error).__name__}: {error})"
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _check_timeout(timeout: Any) -> float | None:

@@ -37,6 +37,22 @@ import torch.nn as nn
 from ddp_helpers.distributed import setup_distributed
 from ddp_helpers.live_channel import ADDRESS_ENV, AUTHKEY_ENV, STACK_SIGNAL, STACKS_ENV
 
+REAL_EXIT = os._exit  # the server's own way out; a cell's os._exit is announced first (see announce_exits)
+NO_STDIN = (
+    "breakpoint() cannot stop here: a rank has no stdin, so pdb could not read a command. Instead, print "
+    "the values you want to see (each rank's output comes back as [rank N] lines), look at them after "
+    "the cell with ranks.gather('name') or a %%ranks cell, or step through the code in one process "
+    "(a plain python script, or launch(..., launcher='python'))."
+)
+
+
+class NoDebuggerOnRanks(RuntimeError):
+    """breakpoint() in a cell: a rank has no terminal to debug from."""
+
+
+def refuse_breakpoint(*args: Any, **kwargs: Any) -> None:
+    raise NoDebuggerOnRanks(NO_STDIN)
+
 
 def to_cpu(value: Any) -> Any:
     """Tensors (also inside lists, tuples and dicts) moved to the CPU, so the kernel never touches CUDA."""
@@ -82,8 +98,10 @@ class Cells:
         self.namespace = module.__dict__
         sys.modules["__main__"] = module
         self.running = False  # SIGINT raises KeyboardInterrupt only inside a cell
+        self.cell_id = 0  # the cell running now (or last run)
 
     def run(self, cell_id: int, code: str) -> Any:
+        self.cell_id = cell_id
         filename = f"<cell {cell_id}>"
         # tracebacks then show the cell's own lines
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
@@ -104,9 +122,12 @@ class Cells:
 def cell_traceback(error: BaseException) -> str:
     """The traceback from the cell's own frames on (the server's frames are noise to the learner)."""
     frames = traceback.extract_tb(error.__traceback__)
-    first = next((i for i, f in enumerate(frames) if f.filename.startswith("<cell ")), 0)
+    in_cell = [i for i, f in enumerate(frames) if f.filename.startswith("<cell ")]
+    first = in_cell[0] if in_cell else 0
+    # our own refusal is raised below the cell's line: that line is the whole story
+    last = in_cell[-1] + 1 if in_cell and isinstance(error, NoDebuggerOnRanks) else len(frames)
     lines = ["Traceback (most recent call last):\n"]
-    lines += traceback.format_list(frames[first:])
+    lines += traceback.format_list(frames[first:last])
     lines += traceback.format_exception_only(type(error), error)
     return "".join(lines).rstrip()
 
@@ -126,8 +147,26 @@ def watch_for_kernel_exit(conn: Connection) -> None:
                 if not data:  # EOF: the kernel is gone
                     sys.stdout.flush()
                     sys.stderr.flush()
-                    os._exit(0)
+                    REAL_EXIT(0)
                 threading.Event().wait(0.5)  # a message waits for the main thread; do not spin on it
+
+
+def announce_exits(conn: Connection, cells: Cells) -> None:
+    """Make a cell's ``os._exit(code)`` tell the kernel which cell it left in, and with which code.
+
+    torchrun reports failed workers only: without this, a rank leaving with code 0 is silence.
+    """
+
+    def exit_announced(code: int) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            conn.send(("exited", cells.cell_id, code))
+        except Exception:  # noqa: BLE001 - leaving anyway
+            pass
+        REAL_EXIT(code)
+
+    os._exit = exit_announced
 
 
 def handle(cells: Cells, message: tuple) -> tuple:
@@ -147,9 +186,7 @@ def handle(cells: Cells, message: tuple) -> tuple:
         if name not in cells.namespace:
             return ("error", cell_id, f"NameError: name {name!r} is not defined", "")
         data, text = encode(cells.namespace[name])
-        if data is None:
-            return ("error", cell_id, f"TypeError: {name} ({text[:80]}) cannot be pickled", "")
-        return ("ok", cell_id, data, text)
+        return ("ok", cell_id, data, text)  # data None: it cannot be pickled here; the kernel says so
     if kind == "check":  # after an interrupt: is the process group still usable?
         dist.barrier()
         return ("ok", cell_id, None, "None")
@@ -191,6 +228,8 @@ def main() -> None:
     conn = Client(os.environ[ADDRESS_ENV], authkey=bytes.fromhex(os.environ.pop(AUTHKEY_ENV)))
     conn.send(("hello", info.rank, info.local_rank, os.getpid(), info.backend, str(info.device)))
     threading.Thread(target=watch_for_kernel_exit, args=(conn,), daemon=True).start()
+    announce_exits(conn, cells)
+    sys.breakpointhook = refuse_breakpoint
     try:
         serve(conn, cells)
     finally:
@@ -199,7 +238,7 @@ def main() -> None:
             # Leave without a final collective: a rank interrupted mid-collective would hang it.
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(0)
+            REAL_EXIT(0)
 
 
 if __name__ == "__main__":

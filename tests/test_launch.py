@@ -280,3 +280,17 @@ def test_two_launches_in_two_threads_never_share_a_line(script, tmp_path, capsys
     assert len(lines) >= 800
     assert all(line.count("[rank") == 1 for line in lines)
     assert all(LINE.match(line.split("] ", 1)[1]) for line in lines if " line " in line)
+
+
+def test_uneven_inputs_name_the_rank_that_left_early(script, tmp_path):
+    # rank 1 runs 5 all-reduces and exits 0; rank 0 wants 8 and loses its peer: rank 1 is the cause
+    with pytest.raises(WorkerFailed) as info:
+        ddp_helpers.launch(
+            script("uneven.py"), nproc=2, run_dir=tmp_path / "run", timeout=60, show_ranks="none"
+        )
+    message = str(info.value)
+    assert info.value.rank == 0 and info.value.left_early == [1], message
+    first = message.splitlines()[0]
+    assert first.startswith("rank 0 failed because rank 1 exited with code 0, its last line "), first
+    assert "'rank 1 done after 5 steps', while rank 0 still waited in a collective" in first, first
+    assert "Join" in message and "rank 0's traceback" in message and "dist.all_reduce(grad)" in message

@@ -114,3 +114,21 @@ def test_bad_launcher_arguments_are_refused(tmp_path, kwargs, message):
     with pytest.raises(InvalidLaunchArguments, match=message):
         launch(script, run_dir=tmp_path / "never", **kwargs)
     assert not (tmp_path / "never").exists()
+
+
+def test_a_last_line_without_a_newline_is_shown_once_and_kept_once(tmp_path, capsys):
+    # an input() prompt, print('x', end=''): shown live while the run waits, then not again at the end
+    script = write(tmp_path, "import time\nprint('no newline here', end='', flush=True)\ntime.sleep(2.5)\n")
+    result = launch(script, launcher="python", run_dir=tmp_path / "run", timeout=60)
+    assert capsys.readouterr().out.count("no newline here") == 1
+    assert result.logs[0] == ["no newline here"]
+
+
+def test_a_progress_bar_on_stderr_is_shown_on_stderr_while_it_redraws(tmp_path, capsys):
+    # tqdm draws on stderr: its unfinished updates must not go to stdout and its last line to stderr
+    body = "import sys, time\nsys.stderr.write('\\rbar 1'); sys.stderr.flush()\ntime.sleep(2.5)\n"
+    launch(
+        write(tmp_path, body + "sys.stderr.write('\\rbar 2\\n')\n"), launcher="python", run_dir=tmp_path / "r"
+    )
+    captured = capsys.readouterr()
+    assert "bar 1" in captured.err and "bar" not in captured.out, captured

@@ -1,0 +1,78 @@
+"""Live ranks: each failure names its real cause, from what *this* cell did."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import assert_no_processes_left
+
+import ddp_helpers
+from ddp_helpers import RankError, WorkerFailed
+from ddp_helpers.errors import ValueNotReturned
+
+PROMPT_S = 8.0  # a rank that left is reported this soon (the old report waited 13 s for torchrun)
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("failure-ranks")
+    live = ddp_helpers.start_ranks(nproc=2, backend="gloo", run_dir=run_dir, timeout=60)
+    yield live
+    live.shutdown()
+    assert_no_processes_left(str(run_dir))
+
+
+def test_a_rank_that_exits_is_reported_by_this_cell_and_its_code(ranks):
+    with pytest.raises(RankError):  # history: an earlier cell's failure and stderr line
+        ranks.run("import os, sys\nprint('an earlier cell wrote this', file=sys.stderr)\nraise SystemExit(0)")
+    with pytest.raises(WorkerFailed) as died:
+        ranks.run(
+            "if rank == 1:\n    print('this cell wrote this', file=sys.stderr)\n    os._exit(3)\ntime = 1"
+        )
+    message = str(died.value)
+    assert died.value.rank == 1 and died.value.exitcode == 3
+    assert message.startswith("rank 1 exited with code 3 during the cell"), message
+    assert "this cell wrote this" in message, message
+    assert "SystemExit" not in message and "an earlier cell" not in message, message
+
+    ranks.restart()
+    started = time.monotonic()
+    with pytest.raises(WorkerFailed) as left:
+        ranks.run("import os, time\nif rank == 0:\n    os._exit(0)\ntime.sleep(60)")
+    assert time.monotonic() - started < PROMPT_S
+    assert str(left.value).startswith("rank 0 exited with code 0 during the cell"), str(left.value)
+    assert left.value.exitcode == 0 and not ranks.alive
+    ranks.restart()
+
+
+def test_a_value_that_cannot_come_back_raises_one_error_with_its_repr(ranks):
+    ranks.run("import threading\nclass Box:\n    def __repr__(self):\n        return f'Box({rank})'\n"
+              "box = Box()\nlock = threading.Lock()")  # fmt: skip
+    for name, reason in (("box", "defined in a cell"), ("lock", "cannot be pickled")):
+        with pytest.raises(ValueNotReturned) as caught:
+            ranks.gather(name)
+        assert caught.value.ranks == [0, 1]
+        assert f"{name} cannot be brought back from rank(s) 0, 1" in str(caught.value)
+        assert reason in str(caught.value)
+    assert caught.value.reprs[0].startswith("<unlocked _thread.lock")
+    assert "[rank 1] Box(1)" in str(pytest.raises(ValueNotReturned, ranks.gather, "box").value)
+    assert repr(ranks.run("box")) == "[rank 0] Box(0)\n[rank 1] Box(1)"  # a cell's value: the same repr
+    with pytest.raises(NameError, match="on rank\\(s\\) 0, 1"):
+        ranks.gather("never_bound")
+
+
+def test_breakpoint_says_that_ranks_have_no_stdin(ranks):
+    with pytest.raises(RankError) as caught:
+        ranks.run("x = 1\nbreakpoint()")
+    message = str(caught.value)
+    assert "no stdin" in message and "print" in message, message
+    assert "Bdb" not in message and "rank_server" not in message, message
+    assert ranks.run("x") == {0: 1, 1: 1}  # the ranks carry on
+
+
+def test_matplotlib_in_a_rank_draws_off_screen_not_inline(tmp_path, monkeypatch):
+    # what a Jupyter kernel puts in the environment its children inherit
+    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    with ddp_helpers.start_ranks(nproc=1, backend="gloo", run_dir=tmp_path / "r") as live:
+        assert live.run("import matplotlib\nmatplotlib.get_backend().lower()") == {0: "agg"}

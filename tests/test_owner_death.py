@@ -1,0 +1,83 @@
+"""Whatever kills the owner of a run (a kernel's SIGKILL, a closed terminal, a scheduler's cancel), no
+process of the run outlives it: the agent watches a pipe whose write end only the owner holds."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import psutil
+import pytest
+from conftest import REPO, SCRIPTS, assert_no_processes_left, processes_matching
+
+STARTED_S = 60.0  # a loaded 2-core machine may take long to import torch in the agent
+LEFT_WITHIN_S = 10.0  # the issue's bound: nothing of the run is alive this long after the owner died
+
+
+def _start_owner(command: list[str], marker: str, tmp_path) -> subprocess.Popen[bytes]:
+    owner = subprocess.Popen(
+        command,
+        cwd=REPO,
+        stdout=open(tmp_path / "owner.out", "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # the test signals the owner alone, as a kernel manager or a scheduler would
+    )
+    deadline = time.monotonic() + STARTED_S
+    while time.monotonic() < deadline:
+        # the agent and both workers carry the marker on their command lines (the script's argument)
+        workers = [p for p in processes_matching(marker) if "tick.py" in " ".join(p.cmdline())]
+        if len(workers) >= 3 and owner.poll() is None:
+            time.sleep(1.0)  # the workers are printing their ticks
+            return owner
+        assert owner.poll() is None, (tmp_path / "owner.out").read_text()
+        time.sleep(0.2)
+    owner.kill()
+    raise AssertionError(f"the run did not start within {STARTED_S}s")
+
+
+def _kill_and_check(owner: subprocess.Popen[bytes], sig: int, marker: str) -> None:
+    try:
+        owner.send_signal(sig)
+        owner.wait(timeout=LEFT_WITHIN_S)
+        assert_no_processes_left(marker, wait_s=LEFT_WITHIN_S)
+    finally:
+        for proc in processes_matching(marker):  # never leave the machine busy, even when the test fails
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
+def test_a_killed_kernel_leaves_no_process_of_its_launch(tmp_path):
+    # a Python process that calls launch() and is SIGKILLed: what an out-of-memory kill does to a kernel
+    marker = f"owner-{uuid.uuid4().hex}"
+    code = (
+        "import ddp_helpers\n"
+        f"ddp_helpers.launch({str(SCRIPTS / 'tick.py')!r}, {marker!r}, nproc=2, timeout=None, progress='off')"
+    )
+    owner = _start_owner([sys.executable, "-c", code], marker, tmp_path)
+    _kill_and_check(owner, signal.SIGKILL, marker)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=lambda s: s.name)
+def test_the_cli_leaves_no_process_of_its_run_whatever_stops_it(tmp_path, sig):
+    marker = f"owner-{uuid.uuid4().hex}"
+    command = [
+        sys.executable,
+        "-m",
+        "ddp_helpers",
+        "launch",
+        "--nproc",
+        "2",
+        str(SCRIPTS / "tick.py"),
+        marker,
+    ]
+    owner = _start_owner(command, marker, tmp_path)
+    _kill_and_check(owner, sig, marker)
+    if sig != signal.SIGKILL:  # a clean stop, as Ctrl-C gives: it says so, with the signal's exit status
+        output = (tmp_path / "owner.out").read_text()
+        assert owner.returncode == 128 + sig, output
+        assert "every process of the run was stopped" in output, output
