@@ -74,6 +74,7 @@ def test_single_device_trains_with_plain_python(elsewhere):
     proc = run([sys.executable, "single_device.py", "--epochs", "2", "--save", "one.pt"], folder, env)
     assert proc.returncode == 0, proc.stderr
     assert [line.split(":")[0] for line in proc.stdout.splitlines()] == ["epoch 0", "epoch 1", "saved one.pt"]
+    assert "(mean over 2048 samples)" in proc.stdout.splitlines()[0], proc.stdout  # the whole epoch
     assert accuracy(torch.load(folder / "one.pt"), folder) > 0.9
 
 
@@ -86,6 +87,8 @@ def test_ddp_trains_under_plain_torchrun_with_two_processes(elsewhere):
     lines = proc.stdout.splitlines()
     # rank 0 alone prints and saves: one line per epoch, not two
     assert [line.split(":")[0] for line in lines] == ["epoch 0", "epoch 1", "saved ddp.pt"]
+    # the loss is averaged over every rank's samples (all_reduce), not over rank 0's 1024 alone
+    assert "(mean over 2048 samples)" in lines[0], lines
     assert accuracy(torch.load(folder / "ddp.pt"), folder) > 0.9
 
 
@@ -94,3 +97,14 @@ def test_ddp_without_torchrun_says_what_is_missing(elsewhere):
     proc = run([sys.executable, "ddp.py"], folder, env)
     assert proc.returncode == 2
     assert "start it with torchrun" in proc.stderr
+
+
+def test_both_scripts_train_in_a_function_of_the_same_name():
+    """The notebook diffs single_device.py against ddp.py: their training lives in train(args, device)."""
+    import ast
+
+    for name in ("single_device.py", "ddp.py"):
+        tree = ast.parse(worker_path(name).read_text())
+        functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+        assert {"make_dataset", "train", "main"} <= set(functions), (name, sorted(functions))
+        assert [a.arg for a in functions["train"].args.args] == ["args", "device"], name

@@ -26,6 +26,38 @@ def make_dataset(size=2048, features=20, classes=4, seed=0):
     return TensorDataset(centres[labels] + torch.randn(size, features, generator=gen), labels)
 
 
+def train(args, device):
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    dataset = make_dataset()
+    sampler = DistributedSampler(dataset)  # each rank its own disjoint shard, shuffled
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
+    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 4)).to(device)
+    # DDP copies rank 0's weights to every rank, then averages gradients during backward()
+    model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)  # index = LOCAL_RANK
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)  # without it, every epoch repeats the first one's shuffle
+        totals = torch.zeros(2, device=device)  # the epoch's summed loss and its sample count
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            totals += torch.stack([loss.detach() * len(y), torch.tensor(len(y), device=device)])
+        # each rank saw its own shard: sum every rank's totals, or rank 0 reports its shard alone
+        dist.all_reduce(totals)  # SUM, then divide: gloo on torch 2.7 has no ReduceOp.AVG
+        if rank == 0:  # one process prints: N copies of each line help nobody
+            print(f"epoch {epoch}: loss {totals[0] / totals[1]:.4f} (mean over {int(totals[1])} samples)")
+
+    if rank == 0:  # one writer: N processes writing one file would corrupt it
+        torch.save(model.module.state_dict(), args.save)  # .module: the plain model, no "module." prefix
+        print(f"saved {args.save}")
+    dist.barrier()  # the others wait until the file is whole, and every rank ends together
+
+
 def main():
     parser = argparse.ArgumentParser(description="Train a small classifier with DDP (start with torchrun).")
     parser.add_argument("--epochs", type=int, default=3)
@@ -43,37 +75,13 @@ def main():
     local_rank = int(os.environ["LOCAL_RANK"])
     if torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):  # a GPU for every process
         device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)  # before init: NCCL binds this process to its GPU
-        dist.init_process_group("nccl", device_id=device)  # device_id: connect now, not at first use
+        torch.cuda.set_device(device)  # before init: this process's NCCL work and barrier() go to its GPU
+        dist.init_process_group("nccl", device_id=device)  # device_id: NCCL connects now, not at first use
     else:
         device = torch.device("cpu")
-        dist.init_process_group("gloo")
-    rank = dist.get_rank()
+        dist.init_process_group("gloo")  # gloo connects every pair of ranks here
     try:
-        torch.manual_seed(0)
-        dataset = make_dataset()
-        sampler = DistributedSampler(dataset)  # each rank its own disjoint shard, shuffled
-        loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
-        model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 4)).to(device)
-        # DDP copies rank 0's weights to every rank, then averages gradients during backward()
-        model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
-        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-
-        for epoch in range(args.epochs):
-            sampler.set_epoch(epoch)  # without it, every epoch repeats the first one's shuffle
-            for x, y in loader:
-                x, y = x.to(device), y.to(device)
-                loss = F.cross_entropy(model(x), y)
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-            if rank == 0:  # one process prints: N copies of each line help nobody
-                print(f"epoch {epoch}: loss {loss.item():.4f} (rank 0's last batch)")
-
-        if rank == 0:  # one writer: N processes writing one file would corrupt it
-            torch.save(model.module.state_dict(), args.save)  # .module: the plain model, no "module." prefix
-            print(f"saved {args.save}")
-        dist.barrier()  # the others wait until the file is whole, and every rank ends together
+        train(args, device)
     finally:
         dist.destroy_process_group()
 

@@ -21,6 +21,28 @@ def make_dataset(size=2048, features=20, classes=4, seed=0):
     return TensorDataset(centres[labels] + torch.randn(size, features, generator=gen), labels)
 
 
+def train(args, device):
+    torch.manual_seed(0)
+    dataset = make_dataset()
+    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True)
+    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 4)).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+
+    for epoch in range(args.epochs):
+        totals = torch.zeros(2, device=device)  # the epoch's summed loss and its sample count
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            totals += torch.stack([loss.detach() * len(y), torch.tensor(len(y), device=device)])
+        print(f"epoch {epoch}: loss {totals[0] / totals[1]:.4f} (mean over {int(totals[1])} samples)")
+
+    torch.save(model.state_dict(), args.save)
+    print(f"saved {args.save}")
+
+
 def main():
     parser = argparse.ArgumentParser(description="Train a small classifier on one device.")
     parser.add_argument("--epochs", type=int, default=3)
@@ -30,23 +52,7 @@ def main():
     args = parser.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    torch.manual_seed(0)
-    dataset = make_dataset()
-    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True)
-    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 4)).to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-
-    for epoch in range(args.epochs):
-        for x, y in loader:
-            x, y = x.to(device), y.to(device)
-            loss = F.cross_entropy(model(x), y)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-        print(f"epoch {epoch}: loss {loss.item():.4f}")
-
-    torch.save(model.state_dict(), args.save)
-    print(f"saved {args.save}")
+    train(args, device)
 
 
 if __name__ == "__main__":
