@@ -183,7 +183,9 @@ def phase_times(metrics: pd.DataFrame, skip_steps: int = 0) -> pd.DataFrame:
     train_step_ms (forward, backward with DDP's collectives, optimizer), wait_ms (train_step_ms
     minus the least train_step_ms of any rank at the same step: the rank that reached the
     all-reduce last waited least, so the others' excess is time spent waiting for it), and
-    whole_step_ms (data + train step: in synchronous DDP it is about equal on every rank).
+    whole_step_ms (data + train step: in synchronous DDP about equal on every rank). The whole
+    step is a mean, not a median: each rank's step ends after its own optimizer step, so one
+    step's boundaries differ between ranks, but over many steps those offsets cancel in a sum.
     """
     missing = [c for c in ("rank", "step", *PHASES) if c not in metrics]
     if missing:
@@ -198,8 +200,9 @@ def phase_times(metrics: pd.DataFrame, skip_steps: int = 0) -> pd.DataFrame:
         * 1e3,
         whole_step_ms=(timed["data_time_s"] + timed["train_step_time_s"]) * 1e3,
     )
-    columns = ["data_ms", "train_step_ms", "wait_ms", "whole_step_ms"]
-    return timed.groupby("rank")[columns].median().rename_axis("rank")
+    per_rank = timed.groupby("rank")
+    medians = per_rank[["data_ms", "train_step_ms", "wait_ms"]].median()
+    return medians.assign(whole_step_ms=per_rank["whole_step_ms"].mean()).rename_axis("rank")
 
 
 def straggler(phases: pd.DataFrame) -> int | None:

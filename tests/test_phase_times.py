@@ -108,3 +108,16 @@ def test_process_scan_finds_a_marked_child_and_not_after_it_ends():
         child.kill()
         child.wait()
     assert processes_marked("SCAN_TEST", marker) == []
+
+
+def test_whole_step_is_a_mean_so_per_step_offsets_cancel():
+    # rank 0 ends one step late and the next early: per step the ranks differ, over the run they do not
+    rows = pd.DataFrame(
+        [
+            {"rank": 0, "step": s, "data_time_s": 0.0, "train_step_time_s": t}
+            for s, t in ((1, 0.01), (2, 0.01), (3, 0.04))
+        ]
+        + [{"rank": 1, "step": s, "data_time_s": 0.0, "train_step_time_s": 0.02} for s in (1, 2, 3)]
+    )
+    whole = metrics.phase_times(rows)["whole_step_ms"]
+    assert whole[0] == pytest.approx(whole[1]) == pytest.approx(20.0)

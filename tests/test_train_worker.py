@@ -200,7 +200,7 @@ def test_straggler_shows_in_its_own_data_time_and_in_the_others_wait(tmp_path):
     assert phases.loc[1, "data_ms"] - phases.loc[0, "data_ms"] >= 0.75 * ms  # time.sleep sleeps at least MS
     assert phases.loc[0, "wait_ms"] - phases.loc[1, "wait_ms"] >= 0.5 * ms  # rank 0 waits for rank 1
     whole = phases["whole_step_ms"]
-    assert abs(whole[0] - whole[1]) < 0.25 * ms, whole  # the whole step cannot tell them apart
+    assert abs(whole[0] - whole[1]) < 0.5 * ms, whole  # the whole step (a mean) cannot tell them apart
     assert straggler(phases) == 1
 
 
