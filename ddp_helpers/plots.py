@@ -70,6 +70,30 @@ def step_time_per_rank(metrics, title: str = "step time per rank"):
     return fig
 
 
+def phase_times_per_rank(phases, title: str = "where each rank's step goes"):
+    """One stacked bar per rank from `metrics.phase_times`: its own data time, the train step's
+    work (forward, backward, communication), and the time it waited for the slowest rank."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 0.6 * len(phases) + 1.8))
+    labels = [f"rank {int(r)}" for r in phases.index]
+    work = phases["train_step_ms"] - phases["wait_ms"]
+    left = 0 * work
+    for values, label, color in (
+        (phases["data_ms"], "data (before any collective)", "#dd8452"),
+        (work, "forward + backward + all-reduce + optimizer", "#4c72b0"),
+        (phases["wait_ms"], "waiting for the slowest rank", "#c44e52"),
+    ):
+        ax.barh(labels, values, left=left, label=label, color=color)
+        left = left + values
+    ax.invert_yaxis()
+    ax.set_xlabel("median ms per step")
+    ax.set_title(title)
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.12), ncol=2, fontsize="small", frameon=False)
+    fig.tight_layout()
+    return fig
+
+
 def loss_curves(runs, x: str = "samples_seen", title: str = "training loss"):
     """One line per run: `runs` maps a label to a metrics DataFrame (rank 0's rows are used)."""
     import matplotlib.pyplot as plt

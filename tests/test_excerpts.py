@@ -32,6 +32,8 @@ EXCERPTS: dict[tuple[str, str | None], str] = {
     ("train", "save"): "barrier",
     ("train", "resume"): "load_latest(",
     ("train", "main"): "setup(",
+    # notebook 02
+    ("train", "PhaseTimer"): "torch.cuda.synchronize(",
     # notebook 04
     ("checkpoint", "save_checkpoint"): "os.replace(",
     # notebook 05

@@ -186,3 +186,58 @@ def test_eval_accuracy_is_exact_over_an_uneven_test_split(tmp_path):
                     nproc=2, run_dir=tmp_path)  # fmt: skip
     assert result.summary["eval_samples"] == 299
     assert 0.5 < result.summary["eval_accuracy"] <= 1.0  # real digits, learnt well above chance (0.1)
+
+
+def test_straggler_shows_in_its_own_data_time_and_in_the_others_wait(tmp_path):
+    """--straggler 1:MS: rank 1 waits MS more for each batch; in synchronous DDP rank 0 then
+    waits for rank 1 inside the step, so the whole step takes as long on both ranks."""
+    from ddp_helpers.metrics import phase_times, straggler
+
+    ms = 40
+    result = launch(TRAIN, *TINY, "--steps", 10, "--straggler", f"1:{ms}", nproc=2, run_dir=tmp_path)
+    assert {"data_time_s", "train_step_time_s"} <= set(result.metrics.columns)
+    phases = phase_times(result.metrics, skip_steps=2)  # the first steps build DDP's buckets
+    assert phases.loc[1, "data_ms"] - phases.loc[0, "data_ms"] >= 0.75 * ms  # time.sleep sleeps at least MS
+    assert phases.loc[0, "wait_ms"] - phases.loc[1, "wait_ms"] >= 0.5 * ms  # rank 0 waits for rank 1
+    whole = phases["whole_step_ms"]
+    assert abs(whole[0] - whole[1]) < 0.5 * ms, whole  # the whole step (a mean) cannot tell them apart
+    assert straggler(phases) == 1
+
+
+def test_straggler_off_by_default_leaves_no_sleep(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    assert parse_args([]).straggler is None
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert parse_args(["--straggler", "1:40"]).straggler == (1, 40.0)
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("1", "expected RANK:MS"),
+        ("one:40", "expected RANK:MS"),
+        ("1:-5", "expected RANK:MS"),
+        ("1:nan", "expected RANK:MS"),
+        ("-1:40", "expected RANK:MS"),
+        ("1:40", "there is no rank 1 among 1"),  # a plain python run is a world of one
+    ],
+)
+def test_bad_straggler_is_refused(spec, message, capsys, monkeypatch):
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(SystemExit) as info:
+        parse_args([f"--straggler={spec}"])  # "=": argparse would read "-1:40" as an option
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_summary_counts_the_devices_a_process_drives(tmp_path):
+    proc = run_plain(*TINY, "--mode", "dp", "--steps", 3, run_dir=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    gpus = torch.cuda.device_count()
+    assert summary["devices"] == (gpus if gpus > 1 else 1)
+    if gpus > 1:  # one peak per GPU, GPU 0 (outputs gathered, loss, gradients) the highest
+        peaks = summary["peak_mem_bytes_per_device"]
+        assert len(peaks) == gpus and peaks[0] == max(peaks)

@@ -88,6 +88,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--tensorboard", action="store_true", help="also write TensorBoard scalars to <run-dir>/tensorboard"
     )
+    p.add_argument(
+        "--straggler",
+        type=straggler_spec,
+        default=None,
+        metavar="RANK:MS",
+        help="fault injection: RANK waits MS milliseconds more for each batch, as a slow data loader would",
+    )
     p.add_argument("--run-dir", default=os.environ.get("DDP_RUN_DIR", "runs/train"))
     args = p.parse_args(argv)
     if args.tensorboard and not tensorboard_installed():
@@ -98,6 +105,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(
             "--mode ddp needs torchrun, which sets RANK and WORLD_SIZE: torchrun --nproc-per-node 2 train.py"
         )
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    if args.straggler and args.straggler[0] >= world_size:
+        p.error(
+            f"--straggler {args.straggler[0]}:...: there is no rank {args.straggler[0]} among {world_size}"
+        )
     if args.resume and not args.checkpoint_dir:
         p.error("--resume needs --checkpoint-dir")
     counts = ("batch_size", "epochs", "steps", "stop_at_step", "log_every", "save_every", "keep_checkpoints")
@@ -105,6 +117,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     return args
+
+
+def straggler_spec(text: str) -> tuple[int, float]:
+    """--straggler RANK:MS, e.g. 1:40, as (rank, milliseconds); anything else is refused by argparse."""
+    rank, sep, ms = text.partition(":")
+    try:
+        spec = int(rank), float(ms)
+    except ValueError:
+        spec = None
+    if not sep or spec is None or spec[0] < 0 or not 0 < spec[1] < 60_000:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected RANK:MS, a rank >= 0 and 0 < MS < 60000, e.g. 1:40"
+        )
+    return spec
 
 
 def tensorboard_installed() -> bool:
@@ -287,8 +313,13 @@ def train(args: argparse.Namespace, world: DistInfo, data: Data, training: Train
         data.sampler.set_epoch(pos.epoch)  # a new shuffle each epoch, the same one on every rank
         # after a mid-epoch resume, the epoch starts at the very next batch
         data.sampler.start_at(pos.batch_in_epoch * args.batch_size)
+        reporter.phases.start(timed=reporter.logs(pos.step + 1))  # the clock runs while the loader works
         for x, y in data.loader:
+            if args.straggler and args.straggler[0] == world.rank:
+                time.sleep(args.straggler[1] / 1000)  # injected: this rank's data loading is MS slower
+            reporter.phases.batch_ready()
             loss = train_step(training, x, y)
+            reporter.phases.step_done()
             pos.step += 1
             pos.batch_in_epoch += 1
             if args.fail_at_step == pos.step and world.rank == args.fail_rank and attempt == 0:
@@ -298,6 +329,7 @@ def train(args: argparse.Namespace, world: DistInfo, data: Data, training: Train
                 save(args, world, training, pos)
             if pos.step >= reporter.last_step:
                 break
+            reporter.phases.start(timed=reporter.logs(pos.step + 1))
         else:
             pos.epoch, pos.batch_in_epoch = pos.epoch + 1, 0  # the epoch ran to its end
     return loss
@@ -338,6 +370,46 @@ class StepTimer:
         return statistics.median(self.step_times) if self.step_times else None
 
 
+@dataclass
+class PhaseTimer:
+    """One step in two phases, on the steps that are logged (each read synchronises the device):
+
+    data_time_s: waiting for the batch. No collective runs here, so it is this rank's own time.
+    train_step_time_s: forward, backward, optimizer. DDP's collectives run here (the gradient
+        all-reduce in backward; the buffer broadcast in forward, for models with buffers), so a
+        rank that is early waits here for the last one: this phase holds the waiting.
+    """
+
+    device: torch.device
+    timed: bool = False
+    data_time_s: float | None = None
+    train_step_time_s: float | None = None
+    _marks: list[float] = field(default_factory=list)
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the GPU's work so far is done, not only queued
+        return time.perf_counter()
+
+    def start(self, timed: bool) -> None:
+        self.timed, self._marks = timed, [self._now()] if timed else []
+
+    def batch_ready(self) -> None:
+        if self.timed:
+            self._marks.append(self._now())
+
+    def step_done(self) -> None:
+        if self.timed:
+            start, ready, done = *self._marks, self._now()
+            self.data_time_s, self.train_step_time_s = ready - start, done - ready
+
+    def fields(self) -> dict[str, float | None]:
+        """The last timed step's phases, for the metrics line (None when the step was not timed)."""
+        if not self.timed:
+            return {"data_time_s": None, "train_step_time_s": None}
+        return {"data_time_s": self.data_time_s, "train_step_time_s": self.train_step_time_s}
+
+
 class Reporter:
     """Every rank's metrics (JSON lines), rank 0's TensorBoard scalars, and the step timer."""
 
@@ -347,6 +419,7 @@ class Reporter:
         self.batch_size, self.world_size = args.batch_size, world.world_size
         self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
         self.timer = StepTimer(world.device, args.warmup_steps)
+        self.phases = PhaseTimer(world.device)
         self.writer = MetricsWriter(args.run_dir, world.rank)
         self.tensorboard = None
         if args.tensorboard and world.is_main:
@@ -356,8 +429,12 @@ class Reporter:
         self.skipped_steps = 0
         self._last_scale: float | None = None
 
+    def logs(self, step: int) -> bool:
+        """Whether `step` is logged (and its phases timed)."""
+        return step % self.log_every == 0 or step == self.last_step
+
     def after_step(self, pos: Position, loss: torch.Tensor, training: Training) -> None:
-        log_now = pos.step % self.log_every == 0 or pos.step == self.last_step
+        log_now = self.logs(pos.step)
         step_time = self.timer.after_step(pos.step, read=log_now)
         if not log_now:
             return
@@ -370,7 +447,7 @@ class Reporter:
         self.writer.log(
             step=pos.step, epoch=pos.epoch, loss=loss_value, samples=samples,
             global_samples=samples * self.world_size, step_time_s=step_time, lr=lr, grad_scale=scale,
-            attempt=self.attempt,
+            attempt=self.attempt, **self.phases.fields(),
         )  # fmt: skip
         if self.tensorboard:
             self.tensorboard.add_scalar("loss", loss_value, pos.step)
@@ -426,6 +503,18 @@ def peak_memory(device: torch.device) -> tuple[int, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "cpu_peak_rss"
 
 
+def device_memory(args: argparse.Namespace, world: DistInfo) -> dict:
+    """How many devices this process drove, and each one's peak: DataParallel drives every GPU
+    from one process, and GPU 0 holds the most (the gathered outputs, the loss, the gradients)."""
+    if args.mode == "dp" and world.device.type == "cuda" and torch.cuda.device_count() > 1:
+        gpus = range(torch.cuda.device_count())
+        return {
+            "devices": len(gpus),
+            "peak_mem_bytes_per_device": [torch.cuda.max_memory_allocated(i) for i in gpus],
+        }
+    return {"devices": 1 if args.mode != "ddp" else world.world_size, "peak_mem_bytes_per_device": None}
+
+
 def summarize(args: argparse.Namespace, world: DistInfo, data: Data, training: Training, pos: Position,
               reporter: Reporter) -> dict:  # fmt: skip
     """The summary.json fields that need no collective (the caller adds loss and accuracy)."""
@@ -445,6 +534,7 @@ def summarize(args: argparse.Namespace, world: DistInfo, data: Data, training: T
         "grad_scale": training.scaler.get_scale() if training.scaler.is_enabled() else None,
         "skipped_steps": reporter.skipped_steps, "num_threads": torch.get_num_threads(),
         "torch_version": torch.__version__,
+        **device_memory(args, world),
     }  # fmt: skip
 
 
