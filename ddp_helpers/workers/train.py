@@ -299,7 +299,7 @@ def train_step(training: Training, x: torch.Tensor, y: torch.Tensor) -> torch.Te
     # all-reduces the gradient buckets during backward, in the parameters' dtype (fp32)
     training.scaler.scale(loss).backward()
     if training.max_grad_norm is not None:
-        # clip the true gradients: divide the scale out first (in place; step() then skips it)
+        # clip the true gradients: divide the scale out first (in place; step() won't again)
         training.scaler.unscale_(training.optimizer)
         torch.nn.utils.clip_grad_norm_(training.model.parameters(), training.max_grad_norm)
     scale = training.scaler.get_scale()  # 1.0 without a scaler; else a sync, as step() makes one
