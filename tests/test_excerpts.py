@@ -26,7 +26,7 @@ EXCERPTS: dict[tuple[str, str | None], str] = {
     ("train", "build_data"): "ResumableDistributedSampler(",
     ("train", "build_training"): "torch.amp.GradScaler(",
     ("train", "wrap"): "DDP(",
-    ("train", "train_step"): "scaler.scale(loss).backward()",
+    ("train", "train_step"): "scaler.unscale_(",  # notebook 03: the unscale_ before the clip
     ("train", "train"): "set_epoch",
     ("train", "evaluate"): "dist.all_reduce(counts)",
     ("train", "save"): "barrier",

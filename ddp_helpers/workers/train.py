@@ -67,6 +67,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=10, help="log (and synchronise for timing) every N steps")
     p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the throughput figure")
     p.add_argument("--amp", choices=["off", "bf16", "fp16"], default="off")
+    p.add_argument("--max-grad-norm", type=float, default=None, help="clip the gradient norm (default: off)")
+    p.add_argument(
+        "--overflow-at-steps", type=int, nargs="*", default=[], help="fault injection: inf grads..."
+    )
+    p.add_argument("--overflow-rank", type=int, default=0, help="...on this rank, at these steps of its own")
     p.add_argument(
         "--eval", action="store_true", help="report accuracy on the dataset's test split at the end"
     )
@@ -177,6 +182,8 @@ class Training:
     amp_dtype: torch.dtype | None  # autocast's dtype, None for full precision
     memory_format: torch.memory_format
     device: torch.device
+    max_grad_norm: float | None = None  # clip the gradients' global norm to this; None: no clipping
+    skipped_steps: int = 0  # steps whose optimizer step the GradScaler skipped (inf/NaN gradients)
 
 
 def setup(args: argparse.Namespace) -> DistInfo:
@@ -262,9 +269,27 @@ def build_training(args: argparse.Namespace, world: DistInfo, data: Data, total_
     else:
         scheduler = torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp)
-    # fp16 has a narrow range: scale the loss so small gradients do not flush to zero
+    # fp16 has a narrow range: scale the loss so small gradients do not flush to zero. On the CPU
+    # too: CPU autocast takes float16 and GradScaler("cpu") exists (torch 2.7 and later)
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
-    return Training(model, model, optimizer, scheduler, scaler, amp_dtype, memory_format, device)
+    if world.rank == args.overflow_rank and args.overflow_at_steps:
+        inject_overflow(model, set(args.overflow_at_steps))
+    return Training(
+        model, model, optimizer, scheduler, scaler, amp_dtype, memory_format, device, args.max_grad_norm
+    )
+
+
+def inject_overflow(model: nn.Module, steps: set[int]) -> None:
+    """Fault injection: at these steps (counted from 1 in this process) this rank's first weight
+    gets inf/NaN gradients, as an fp16 overflow gives them, before DDP all-reduces them."""
+    backward_calls = 0
+
+    def overflow(grad: torch.Tensor) -> torch.Tensor:
+        nonlocal backward_calls
+        backward_calls += 1
+        return grad * float("inf") if backward_calls in steps else grad  # 0 * inf is NaN: both kinds
+
+    next(model.parameters()).register_hook(overflow)
 
 
 def wrap(args: argparse.Namespace, world: DistInfo, training: Training) -> None:
@@ -296,9 +321,17 @@ def train_step(training: Training, x: torch.Tensor, y: torch.Tensor) -> torch.Te
     with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
         loss = F.cross_entropy(training.model(x), y)
     training.optimizer.zero_grad(set_to_none=True)
-    training.scaler.scale(loss).backward()  # DDP all-reduces gradient buckets during backward
-    training.scaler.step(training.optimizer)  # skipped, and the scale halved, if any gradient is inf/NaN
-    training.scaler.update()
+    # fp16: the loss times the scale, so small gradients stay above fp16's smallest number; DDP
+    # all-reduces the gradient buckets during backward, in the parameters' dtype (fp32)
+    training.scaler.scale(loss).backward()
+    if training.max_grad_norm is not None:
+        # clip the true gradients: divide the scale out first (in place; step() won't again)
+        training.scaler.unscale_(training.optimizer)
+        torch.nn.utils.clip_grad_norm_(training.model.parameters(), training.max_grad_norm)
+    scale = training.scaler.get_scale()  # 1.0 without a scaler; else a sync, as step() makes one
+    training.scaler.step(training.optimizer)  # no optimizer.step() if any gradient is inf/NaN...
+    training.scaler.update()  # ...and then the scale shrinks: that marks every skipped step
+    training.skipped_steps += int(training.scaler.get_scale() < scale)
     training.scheduler.step()
     return loss
 
@@ -426,8 +459,6 @@ class Reporter:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tensorboard = SummaryWriter(os.path.join(args.run_dir, "tensorboard"))
-        self.skipped_steps = 0
-        self._last_scale: float | None = None
 
     def logs(self, step: int) -> bool:
         """Whether `step` is logged (and its phases timed)."""
@@ -440,9 +471,6 @@ class Reporter:
             return
         loss_value, lr = loss.item(), training.optimizer.param_groups[0]["lr"]
         scale = training.scaler.get_scale() if training.scaler.is_enabled() else None
-        if scale is not None and self._last_scale is not None and scale < self._last_scale:
-            self.skipped_steps += 1  # the scale only drops when a step was skipped (exact with --log-every 1)
-        self._last_scale = scale
         samples = pos.step * self.batch_size
         self.writer.log(
             step=pos.step, epoch=pos.epoch, loss=loss_value, samples=samples,
@@ -515,6 +543,20 @@ def device_memory(args: argparse.Namespace, world: DistInfo) -> dict:
     return {"devices": 1 if args.mode != "ddp" else world.world_size, "peak_mem_bytes_per_device": None}
 
 
+def precision_flags(device: torch.device) -> dict:
+    """What "fp32" meant in this run: on Ampere and newer GPUs cuDNN convolutions use TF32 unless
+    cudnn.allow_tf32 is False (its default is True); matmuls do only if matmul.allow_tf32 is True."""
+    flags = {
+        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+        "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "device_capability": None,  # (8, 0) and up: Ampere or newer, where TF32 exists
+    }
+    if device.type == "cuda":
+        flags["device_capability"] = list(torch.cuda.get_device_capability(device))
+    return flags
+
+
 def summarize(args: argparse.Namespace, world: DistInfo, data: Data, training: Training, pos: Position,
               reporter: Reporter) -> dict:  # fmt: skip
     """The summary.json fields that need no collective (the caller adds loss and accuracy)."""
@@ -532,7 +574,8 @@ def summarize(args: argparse.Namespace, world: DistInfo, data: Data, training: T
         "step_time_median_s": median_step, "timed_steps": len(reporter.timer.step_times),
         "peak_mem_bytes": peak_bytes, "peak_mem_kind": peak_kind,
         "grad_scale": training.scaler.get_scale() if training.scaler.is_enabled() else None,
-        "skipped_steps": reporter.skipped_steps, "num_threads": torch.get_num_threads(),
+        "skipped_steps": training.skipped_steps, "num_threads": torch.get_num_threads(),
+        **precision_flags(world.device),
         "torch_version": torch.__version__,
         **device_memory(args, world),
     }  # fmt: skip
@@ -547,8 +590,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     t_start = time.time()
     world = setup(args)
-    if args.amp == "fp16" and world.device.type != "cuda":
-        raise SystemExit("--amp fp16 needs a CUDA GPU: on the CPU use --amp bf16 (no loss scaling needed)")
     if args.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
