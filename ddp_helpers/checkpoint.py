@@ -2,10 +2,16 @@
 
 - Only global rank 0 writes; the caller then meets the other ranks at a barrier.
 - A write goes to a temporary file in the same directory, is fsynced, then renamed over the
-  final name with `os.replace`: a crash at any moment leaves the previous checkpoint whole.
+  final name with `os.replace`: a crash at any moment leaves the previous checkpoint whole. That
+  rename is atomic on a local POSIX filesystem; NFS, Lustre and object stores (S3 has no rename)
+  may not promise it, nor that other machines see the new name at once.
+- Under DDP, rank 0 alone chooses the checkpoint to resume from and broadcasts its name
+  (`load_latest_on_every_rank`): ranks that each listed the folder could pick different files.
 - The last `keep` checkpoints are kept; older ones go only after a new one is complete.
-- Loading uses ``weights_only=True``: unpickling an untrusted file can run arbitrary code, and
-  a checkpoint needs nothing beyond tensors and plain Python values.
+- Loading uses ``weights_only=True`` (torch.load's default since torch 2.6): unpickling an
+  untrusted file can run arbitrary code, and a checkpoint needs nothing beyond tensors and plain
+  Python values. That is why the RNG states are stored as tensors and ints (`capture_rng`): a NumPy
+  array is an object that ``weights_only=True`` refuses to unpickle.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +106,31 @@ def load_latest(
             log.warning("%s; falling back to the previous checkpoint", err)
             print(f"WARNING: {err}; falling back to the previous checkpoint", flush=True)
     return None, None
+
+
+def load_latest_on_every_rank(
+    directory: str | os.PathLike[str], map_location: Any = "cpu"
+) -> tuple[dict[str, Any] | None, Path | None]:
+    """`load_latest` for a DDP job: rank 0 chooses, every rank loads the same file.
+
+    Ranks that listed the folder each on their own could pick different checkpoints (a new one
+    appearing between two listings, a shared filesystem that shows it late, a file that only one
+    rank failed to read), and resume from different steps. Every rank must call this (a collective).
+    A rank that cannot read rank 0's choice raises `CheckpointError`: better a failed start than
+    ranks at different steps.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return load_latest(directory, map_location)
+    choice: list[str | None] = [None]
+    if dist.get_rank() == 0:
+        state, path = load_latest(directory, map_location)
+        choice[0] = None if path is None else str(path)
+    dist.broadcast_object_list(choice, src=0)  # rank 0's choice reaches every rank
+    if choice[0] is None:
+        return None, None
+    if dist.get_rank() == 0:
+        return state, Path(choice[0])
+    return load_checkpoint(choice[0], map_location), Path(choice[0])
 
 
 # ---------------------------------------------------------------------------- RNG

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import subprocess
@@ -124,3 +125,37 @@ def test_sigkill_during_a_save_leaves_a_loadable_checkpoint(tmp_path):
         path.name.removeprefix("ckpt-step").removesuffix(".pt")
     )
     assert all(not p.name.endswith(".tmp") for p in ckpt.list_checkpoints(tmp_path))
+
+
+AGREE_SCRIPT = """
+import json, os, sys
+import torch.distributed as dist
+from ddp_helpers import checkpoint as ckpt
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+folder = os.path.join(sys.argv[1], f"rank{rank}")  # each rank's own view of the checkpoint folder
+own = ckpt.load_latest(folder)[0]
+agreed, path = ckpt.load_latest_on_every_rank(folder)
+with open(os.path.join(sys.argv[1], f"result{rank}.json"), "w") as fh:
+    json.dump({"own": own["step"], "agreed": agreed["step"], "path": str(path)}, fh)
+dist.destroy_process_group()
+"""
+
+
+def test_every_rank_resumes_from_the_checkpoint_rank_0_chose(tmp_path):
+    from ddp_helpers import launch
+
+    # rank 1 sees a newer file than rank 0 (written between the two listings, or shown late by a
+    # shared filesystem): each choosing for itself, the ranks would resume from different steps
+    for rank, steps in ((0, [1, 2]), (1, [1, 2, 3])):
+        for step in steps:
+            ckpt.save_checkpoint(state(step), tmp_path / f"rank{rank}", step, keep=5)
+    script = tmp_path / "agree.py"
+    script.write_text(AGREE_SCRIPT)
+    launch(script, tmp_path, nproc=2, backend="gloo", run_dir=tmp_path / "run", show_ranks="none",
+           progress="off", timeout=120)  # fmt: skip
+    results = [json.loads((tmp_path / f"result{rank}.json").read_text()) for rank in (0, 1)]
+    assert [r["own"] for r in results] == [2, 3]  # the problem: two ranks, two steps
+    assert [r["agreed"] for r in results] == [2, 2]  # rank 0's choice, on every rank
+    assert results[0]["path"] == results[1]["path"]

@@ -30,12 +30,14 @@ EXCERPTS: dict[tuple[str, str | None], str] = {
     ("train", "train"): "set_epoch",
     ("train", "evaluate"): "dist.all_reduce(counts)",
     ("train", "save"): "barrier",
-    ("train", "resume"): "load_latest(",
+    ("train", "resume"): "load_latest_on_every_rank(",
     ("train", "main"): "setup(",
     # notebook 02
     ("train", "PhaseTimer"): "torch.cuda.synchronize(",
     # notebook 04
     ("checkpoint", "save_checkpoint"): "os.replace(",
+    ("checkpoint", "load_latest_on_every_rank"): "broadcast_object_list(",
+    ("pitfalls", "sum_order"): "dist.all_reduce(flat",
     # notebook 05
     ("pitfalls", "crash"): "dist.all_reduce(",
     ("pitfalls", "hang"): "dist.all_reduce(x)",
@@ -44,7 +46,10 @@ EXCERPTS: dict[tuple[str, str | None], str] = {
     ("pitfalls", "set_epoch"): "sampler.set_epoch(epoch)",
     ("pitfalls", "evaluate"): "DistributedSampler(",
     ("pitfalls", "TwoHeads"): "self.head_b",
-    ("pitfalls", "unused"): "find_unused_parameters",
+    ("pitfalls", "unused"): "loss.backward()",
+    ("pitfalls", "time_unused_fixes"): "static_graph",
+    ("pitfalls", "slow_save"): "dist.barrier()",
+    ("rank_server", "main"): "faulthandler.register(",
     ("pitfalls", "batchnorm"): "SyncBatchNorm",
     ("pitfalls", "uneven"): "Join(",
     # notebook 07

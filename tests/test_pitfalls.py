@@ -57,3 +57,15 @@ def test_the_oom_case_reports_the_error_in_a_worker(tmp_path):
     oom = result.summary["ranks"][0]
     assert "out of memory" in oom["error"].lower()
     assert oom["allocated"] >= oom["kept"]
+
+
+def test_slow_save_passes_with_a_timeout_longer_than_the_save(tmp_path):
+    result = run("slow_save", "--save-seconds", 2, "--pg-timeout", 30, nproc=2, tmp_path=tmp_path)
+    assert all(f"rank {rank}: past the barrier" in result.logs[rank] for rank in range(2))
+
+
+def test_join_scales_late_gradients_by_the_initial_world_size_in_an_odd_world(tmp_path):
+    rank0 = run("uneven", "--fix", nproc=3, tmp_path=tmp_path).summary["ranks"][0]
+    counts = rank0["all_reduces_per_step"]
+    assert counts["inside Join"] - counts["without Join"] == 2  # join's count, DDP's sync agreement
+    assert all(abs(ratio - 1 / 3) < 1e-6 for ratio in rank0["grad_over_local"][4:])  # alone: 1/3

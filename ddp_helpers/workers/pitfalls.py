@@ -3,7 +3,8 @@
     torchrun --nproc-per-node 2 pitfalls.py --case hang            # goes wrong
     torchrun --nproc-per-node 2 pitfalls.py --case hang --fix      # goes right
 
-Cases: crash, hang, monitored_barrier, mismatch, set_epoch, evaluate, unused, batchnorm, uneven, oom.
+Cases: crash, hang, monitored_barrier, mismatch, set_epoch, evaluate, unused, batchnorm, uneven,
+slow_save, sum_order (notebook 04), oom.
 Every case but oom needs two ranks or more; oom needs a GPU. They run on the CPU with gloo and on
 GPUs with nccl, but the two backends fail differently (mismatch and uneven: see the notebook).
 Cases that measure something write what they saw to <run-dir>/summary.json, so the notebook can
@@ -43,6 +44,15 @@ def report(rank, world, **facts):
         tmp.write_text(json.dumps({"world_size": world, "backend": dist.get_backend(), "ranks": gathered}))
         os.replace(tmp, run_dir / "summary.json")  # the notebook never sees half a file
 
+
+def synchronize(device):
+    """Wait for the GPU's queued work (a no-op on the CPU), so that a clock read measures it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+WARMUP_STEPS = 5  # steps left out of a timing: the first ones set up buckets and caches
+TIMED_STEPS = 50  # steps timed: enough to average out the scheduler's noise on a busy CPU
 
 # -----------------------------------------------------------------------------
 # the cases: each takes (rank, world_size, device, fix)
@@ -134,25 +144,61 @@ class TwoHeads(nn.Module):
 
 
 def unused(rank, world, device, fix):
-    # without a fix the second step fails; with --fix, time both fixes
-    options = {"plain DDP": {}} if not fix else {
+    if fix:
+        return time_unused_fixes(rank, world, device)
+    # plain DDP: which step fails, where, and had the replicas already drifted apart by then?
+    torch.manual_seed(0)  # the same initial weights on every rank
+    ddp = DDP(TwoHeads().to(device))
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    torch.manual_seed(1 + rank)  # each rank its own batches, as under a DistributedSampler
+    failed_at, phase, error = None, None, None
+    for step in (1, 2):
+        phase = "forward"
+        try:
+            loss = ddp(torch.randn(16, 8, device=device)).pow(2).mean()
+            phase = "backward"
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()  # head_b's gradient never comes, so its bucket is never all-reduced
+        except RuntimeError as err:
+            failed_at, error = step, str(err).splitlines()[0]
+            break
+        optimizer.step()
+        print(f"rank {rank}: step {step} ran without an error")
+    print(f"rank {rank}: step {failed_at} failed in the {phase}: {error}")
+    # after step 1: do the replicas still agree? compare every rank's body weights with rank 0's
+    weights = ddp.module.body.weight.detach().clone()
+    rank0 = weights.clone()
+    dist.broadcast(rank0, src=0)
+    report(rank, world, failed_at_step=failed_at, phase=phase, error=error,
+           gap_to_rank0=(weights - rank0).abs().max().item())  # fmt: skip
+
+
+def time_unused_fixes(rank, world, device):
+    # the two fixes, timed after a warm-up: the first steps build buckets, caches and (static_graph)
+    # the unused set, and are not what every later step costs
+    options = {
         "find_unused_parameters=True": {"find_unused_parameters": True},  # walks the graph every step
         "static_graph=True": {"static_graph": True},  # learns the unused set once, in the first step
-    }  # fmt: skip
+    }
     timings = {}
     for label, kwargs in options.items():
         torch.manual_seed(0)
         ddp = DDP(TwoHeads().to(device), **kwargs)
         optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
-        start = time.perf_counter()
-        for _ in range(50):
+        for step in range(WARMUP_STEPS + TIMED_STEPS):
+            if step == WARMUP_STEPS:
+                synchronize(device)
+                start = time.perf_counter()
             loss = ddp(torch.randn(16, 8, device=device)).pow(2).mean()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-        timings[label] = (time.perf_counter() - start) / 50 * 1e3
+        synchronize(device)  # GPU work is asynchronous: wait for it before reading the clock
+        timings[label] = (time.perf_counter() - start) / TIMED_STEPS * 1e3
         if rank == 0:
-            print(f"{label}: {timings[label]:.2f} ms/step")
+            print(
+                f"{label}: {timings[label]:.2f} ms/step over {TIMED_STEPS} steps after {WARMUP_STEPS} warm-up"
+            )
     report(rank, world, ms_per_step=timings)
 
 
@@ -193,21 +239,99 @@ def uneven(rank, world, device, fix):
     batches = 6 if rank == 0 else 4  # the other ranks run out of data first
     data = [torch.randn(8, 4, device=device) for _ in range(batches)]
     print(f"rank {rank}: {batches} batches to train on")
+    scaled = []  # each step's all-reduced gradient over this rank's own local one
 
     def train():
         for x in data:
+            local = torch.autograd.grad(model.module(x).sum(), model.module.weight)[
+                0
+            ]  # no DDP: this rank only
             optimizer.zero_grad(set_to_none=True)
             model(x).sum().backward()  # each backward all-reduces: a rank that has stopped never answers
+            scaled.append((model.module.weight.grad / local).mean().item())
             optimizer.step()
 
     if fix:
+        join_cost = all_reduces_per_step(model, optimizer, data[0])
         with Join([model]):  # finished ranks shadow the others' collectives until all are done
             train()
+        report(rank, world, all_reduces_per_step=join_cost, grad_over_local=scaled)
     else:
         train()
     # .item() waits for the GPU: on NCCL the collectives run asynchronously, and only this line
     # shows whether they ever finished
     print(f"rank {rank}: trained on {batches} batches, weight sum {model.module.weight.sum().item():.4f}")
+
+
+def all_reduces_per_step(model, optimizer, x):
+    """All-reduces that one training step issues, counted by the profiler: outside Join, then inside it."""
+
+    def count_one_step():
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            optimizer.zero_grad(set_to_none=True)
+            model(x).sum().backward()
+        optimizer.zero_grad(set_to_none=True)  # a measurement, not a training step
+        # each backend records its collectives as "<backend>:all_reduce" (gloo:all_reduce, nccl:all_reduce)
+        return sum(event.name.endswith(":all_reduce") for event in prof.events())
+
+    counts = {"without Join": count_one_step()}
+    with Join([model]):  # every rank is here, so nobody joins early: only the step's own cost is counted
+        counts["inside Join"] = count_one_step()
+    return counts
+
+
+def slow_save(rank, world, device, fix, save_seconds):
+    # rank 0 writes a checkpoint (here: sleeps as long as a big save takes) while the others
+    # wait at the barrier after it, and a barrier waits at most the process group's timeout
+    if rank == 0:
+        print(f"rank 0: saving a checkpoint, {save_seconds:g} s")
+        time.sleep(save_seconds)
+    else:
+        print(f"rank {rank}: waiting at the barrier for rank 0's save")
+    dist.barrier()
+    print(f"rank {rank}: past the barrier")
+
+
+def sum_order(rank, world, device, fix):
+    # notebook 04: why a resumed run can differ from an uninterrupted one in the last bit, from 3 ranks on
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)).to(
+        device
+    )
+    ddp = DDP(model)
+    params = list(model.parameters())
+    torch.manual_seed(1 + rank)
+    x, y = torch.randn(32, 64, device=device), torch.randint(0, 10, (32,), device=device)
+    with ddp.no_sync():  # this rank's own gradients, not all-reduced
+        nn.functional.cross_entropy(ddp(x), y).backward()
+    local = [p.grad.clone() for p in params]
+    steps = []
+    for _ in range(3):  # three steps on the same batch and the same weights (no optimizer step)
+        ddp.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(ddp(x), y).backward()
+        steps.append(torch.cat([p.grad.flatten() for p in params]))
+    rebuilt = ddp._get_ddp_logging_data().get("rebuilt_per_bucket_param_indices", "")
+
+    def all_reduced(order, group=None, size=world):
+        """DDP's sum by hand: every gradient times 1/size (as the Reducer scales it), laid out in
+        one flat buffer in `order`, all-reduced."""
+        flat = torch.cat([local[i].flatten() * (1.0 / size) for i in order])
+        dist.all_reduce(flat, group=group)
+        parts = dict(zip(order, flat.split([local[i].numel() for i in order]), strict=True))
+        return torch.cat([parts[i] for i in range(len(params))])
+
+    param_order, ready_order = list(range(len(params))), list(reversed(range(len(params))))
+    in_param_order, in_ready_order = all_reduced(param_order), all_reduced(ready_order)
+    pair = dist.new_group([0, 1]) if world > 2 else None  # every rank must create the group
+    two_ranks_agree = None
+    if pair is not None and rank < 2:
+        two_ranks_agree = torch.equal(all_reduced(param_order, pair, 2), all_reduced(ready_order, pair, 2))
+    report(rank, world, first_equals_second=torch.equal(steps[0], steps[1]),
+           second_equals_third=torch.equal(steps[1], steps[2]),
+           first_gap=(steps[0] - steps[1]).abs().max().item(),
+           first_is_param_order=torch.equal(steps[0], in_param_order),
+           later_is_ready_order=torch.equal(steps[1], in_ready_order),
+           rebuilt_order=rebuilt, two_ranks_agree=two_ranks_agree)  # fmt: skip
 
 
 def oom(rank, world, device, fix):
@@ -236,7 +360,7 @@ def oom(rank, world, device, fix):
 
 
 CASES = {f.__name__: f for f in (crash, hang, monitored_barrier, mismatch, set_epoch, evaluate, unused,
-                                 batchnorm, uneven, oom)}  # fmt: skip
+                                 batchnorm, uneven, slow_save, sum_order, oom)}  # fmt: skip
 
 
 @record
@@ -247,6 +371,7 @@ def main():
     p.add_argument(
         "--pg-timeout", type=float, default=None, help="seconds before a stuck collective errors out"
     )
+    p.add_argument("--save-seconds", type=float, default=3.0, help="slow_save: how long rank 0's save takes")
     args = p.parse_args()
     # monitored_barrier exists only on gloo; everything else uses the launcher's choice.
     # On GPUs setup_distributed sets the device and passes device_id, so NCCL connects at once and its
@@ -260,7 +385,8 @@ def main():
         )
     if info.world_size < 2 and args.case != "oom":
         raise ValueError(f"the {args.case} case needs two ranks or more; this run has {info.world_size}")
-    CASES[args.case](info.rank, info.world_size, info.device, args.fix)
+    extra = {"save_seconds": args.save_seconds} if args.case == "slow_save" else {}
+    CASES[args.case](info.rank, info.world_size, info.device, args.fix, **extra)
 
 
 if __name__ == "__main__":

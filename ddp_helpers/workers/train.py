@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from ddp_helpers import teardown
-from ddp_helpers.checkpoint import capture_rng, load_latest, restore_rng, save_checkpoint
+from ddp_helpers.checkpoint import capture_rng, load_latest_on_every_rank, restore_rng, save_checkpoint
 from ddp_helpers.data import DATASETS, ResumableDistributedSampler, build_dataset
 from ddp_helpers.distributed import DistInfo, setup_distributed
 from ddp_helpers.metrics import MetricsWriter
@@ -659,14 +659,17 @@ def save(args: argparse.Namespace, world: DistInfo, training: Training, pos: Pos
         path = save_checkpoint(state, args.checkpoint_dir, pos.step, keep=args.keep_checkpoints)
         print(f"checkpoint saved: {path.name}")
     if world.distributed:
-        dist.barrier()  # no rank races ahead (or reads) before the file is complete
+        # no rank races ahead (or reads) before the file is complete. The others wait here at most
+        # the process group's timeout (init_process_group(timeout=...)): a longer save kills the job
+        dist.barrier()
 
 
 def resume(args: argparse.Namespace, world: DistInfo, training: Training, steps_per_epoch: int) -> Position:
     """Load the latest good checkpoint into the unwrapped model and its helpers; where to continue."""
     # weights_only=True: a checkpoint is data, and unpickling arbitrary objects can run code.
     # map_location: tensors land on this rank's device, not on the device that saved them.
-    ckpt, path = load_latest(args.checkpoint_dir, map_location=world.device)
+    # rank 0 picks the file and tells the others: each listing the folder could pick another one
+    ckpt, path = load_latest_on_every_rank(args.checkpoint_dir, map_location=world.device)
     if ckpt is None:
         if world.is_main:
             print(f"no checkpoint in {args.checkpoint_dir}: starting from scratch")
