@@ -199,9 +199,7 @@ class BucketedDDP(HandmadeDDP):
 # ---------------------------------------------------------------------------- model and data
 
 
-def build_model(
-    name: str, width: int, depth: int, classes: int = 10, batch_norm: bool = False
-) -> nn.Module:
+def build_model(name: str, width: int, depth: int, classes: int = 10, batch_norm: bool = False) -> nn.Module:
     """An MLP of `depth` square layers (cheap on the CPU), or a torchvision ResNet (for GPUs).
     `batch_norm` puts a BatchNorm1d after each MLP layer: buffers (running statistics) to sync."""
     if name == "mlp":
