@@ -76,9 +76,10 @@ def best_cap(
     param_bytes_in_ready_order: list[int], backward_s: float, fit: AlphaBeta, points: int = 200
 ) -> tuple[float, float]:
     """The bucket cap (bytes), on a log grid from the smallest gradient to all of them, that the model
-    says leaves the least all-reduce exposed; and that exposed time in seconds."""
+    says leaves the least all-reduce exposed; and that exposed time in seconds. Of caps that give the
+    same layout, the largest: the same buckets, with room to spare."""
     low, high = min(param_bytes_in_ready_order), sum(param_bytes_in_ready_order)
-    caps = np.geomspace(low, high, points)
+    caps = np.geomspace(low, high, points)[::-1]  # largest first: argmin keeps the first of equals
     exposed = [exposed_comm_s(bucket_sizes(param_bytes_in_ready_order, cap), backward_s, fit) for cap in caps]
     best = int(np.argmin(exposed))
     return float(caps[best]), float(exposed[best])
