@@ -106,6 +106,8 @@ def test_bad_arguments_are_refused(module, argv, monkeypatch, capsys):
 
 def test_interval_maths():
     assert timeline.union([(0, 2), (1, 3), (5, 6)]) == [(0, 3), (5, 6)]
+    # a span is cut at the end of the window it starts in; one that starts in none is dropped
+    assert timeline.clip_to_containing([(1, 9), (12, 13), (30, 31)], [(0, 5), (10, 20)]) == [(1, 5), (12, 13)]
     assert timeline.intersect([(0, 3), (5, 6)], [(2, 5.5)]) == [(2, 3), (5, 5.5)]
     assert timeline.subtract([(0, 10)], [(2, 3), (5, 6), (9, 12)]) == [(0, 2), (3, 5), (6, 9)]
     assert timeline.total([(0, 2), (1, 3)]) == 3
@@ -132,6 +134,8 @@ def test_read_trace_on_a_gloo_shaped_trace(tmp_path):
     assert t.compute == [(0.1, 0.4)]
     assert t.allreduce == [(0.3, 0.7)]
     assert t.overlap_fraction == pytest.approx(0.25)
+    assert t.allreduce_in_backward == [(0.3, 0.5)]  # cut where backward returned
+    assert t.hidden_ms == pytest.approx(0.1)
     fig = timeline.plot_timelines([t])
     assert len(fig.axes) == 1
 
