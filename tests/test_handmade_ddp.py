@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -249,3 +250,29 @@ def test_first_bucket_cap_and_exposed_time():
     assert cost_model.exposed_comm_s([8], backward_s=8.0, fit=fit) == pytest.approx(5.0)
     cap, exposed = cost_model.best_cap([4, 4], backward_s=8.0, fit=fit)
     assert exposed == pytest.approx(3.0) and 4 <= cap < 8  # two buckets, the largest cap that gives them
+
+
+# ---------------------------------------------------------------------------- notebook 07's live cells
+
+
+def test_notebook_07_live_check_holds_however_often_its_cells_rerun():
+    """Issue 24: rerunning the sync cell (or exercise 2's BucketedDDP) must not break the check cell."""
+    import nbformat
+
+    from ddp_helpers.live_ranks import start_ranks
+
+    notebook = nbformat.read(Path(__file__).resolve().parent.parent / "notebooks" / "07_inside_ddp.ipynb", 4)
+    setup, synced = [c.source.split("\n", 1)[1] for c in notebook.cells if c.source.startswith("%%ranks")]
+    check = next(c.source for c in notebook.cells if c.source.startswith("live = ranks"))
+    exercise_2 = (
+        "local_grad, synced_grad, weights, ddp_net = "
+        "synced_step(lambda net: BucketedDDP(net, bucket_cap_mb=0.0001))"
+    )
+    live = start_ranks(2, backend="gloo", show_ranks=None)
+    try:
+        live.run(setup)
+        for cell in (synced, synced, exercise_2, exercise_2):
+            live.run(cell)
+            exec(check, {"ranks": live, "torch": torch})  # raises AssertionError if a check fails
+    finally:
+        live.shutdown()
