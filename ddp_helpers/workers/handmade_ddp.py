@@ -143,8 +143,9 @@ class BucketedDDP(HandmadeDDP):
     torch/nn/parallel/distributed.py; the same in 2.7 and 2.14):
     - it launches buckets strictly in index order: a bucket that is ready early waits for the ones
       before it (`mark_bucket_ready`); here a bucket goes as soon as it is full;
-    - for its first step it puts every parameter in ONE bucket (unless find_unused_parameters), then
-      rebuilds them, at the start of the second forward, from the order the gradients arrived;
+    - for its first step it puts every parameter in ONE bucket, then rebuilds them, at the start of
+      the second forward, from the order the gradients arrived (with find_unused_parameters=True and
+      no static_graph it builds size-based buckets in reverse registration order and never rebuilds);
       the first bucket of that layout is capped at dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB) when
       bucket_cap_mb is left at its default, so that communication starts sooner;
     - it keeps the buckets allocated and copies each gradient into them (dividing on the way), so
