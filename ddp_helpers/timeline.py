@@ -11,6 +11,9 @@ What counts as what:
   they spend in DDP's bookkeeping and in handing buckets to c10d.
 The overlap fraction is the share of all-reduce time during which compute ran too, as Holistic
 Trace Analysis defines it; the exposed all-reduce time is the rest, the time communication adds.
+The hidden all-reduce time counts only what ran during compute *in the backward call that started
+it*: DDP waits for every bucket before backward returns, so a range that reaches past that is the
+collective's thread closing it late (seen on a loaded CPU, by several ms), not communication.
 """
 
 from __future__ import annotations
@@ -43,10 +46,16 @@ class Timeline:
     phases: dict[str, list[Interval]] = field(default_factory=dict)
     compute: list[Interval] = field(default_factory=list)
     allreduce: list[Interval] = field(default_factory=list)
+    allreduce_in_backward: list[Interval] = field(default_factory=list)  # clipped to its own backward
 
     @property
     def overlap(self) -> list[Interval]:
         return intersect(self.compute, self.allreduce)
+
+    @property
+    def hidden_ms(self) -> float:
+        """Milliseconds of all-reduce that ran during compute in the backward call that started it."""
+        return total(intersect(self.compute, self.allreduce_in_backward))
 
     @property
     def overlap_fraction(self) -> float:
@@ -105,6 +114,17 @@ def total(intervals: list[Interval]) -> float:
     return sum(end - start for start, end in union(intervals))
 
 
+def clip_to_containing(spans: list[Interval], windows: list[Interval]) -> list[Interval]:
+    """Each span cut at the end of the window its start lies in; spans starting in no window dropped."""
+    out = []
+    for start, end in spans:
+        for w_start, w_end in windows:
+            if w_start <= start < w_end:
+                out.append((start, min(end, w_end)))
+                break
+    return out
+
+
 # ---------------------------------------------------------------------------- reading a trace
 
 
@@ -141,6 +161,7 @@ def read_trace(path: str | os.PathLike[str], rank: int | None = None) -> Timelin
         e for e in events if e.get("cat") == ("gpu_user_annotation" if on_gpu else "user_annotation")
     ]
     annotations = annotations or events
+    backward = [span(e) for e in annotations if e["name"] == "backward"]
     return Timeline(
         rank=rank,
         device="cuda" if on_gpu else "cpu",
@@ -148,6 +169,7 @@ def read_trace(path: str | os.PathLike[str], rank: int | None = None) -> Timelin
         phases={name: union([span(e) for e in annotations if e["name"] == name]) for name in PHASES},
         compute=union(compute),
         allreduce=union(comm),
+        allreduce_in_backward=union(clip_to_containing(comm, backward)),
     )
 
 
@@ -172,6 +194,7 @@ def overlap_table(timelines: list[Timeline]) -> pd.DataFrame:
             "compute_ms": total(t.compute),
             "allreduce_ms": total(t.allreduce),
             "overlapped_ms": total(t.overlap),
+            "hidden_in_backward_ms": t.hidden_ms,
             "exposed_allreduce_ms": total(subtract(t.allreduce, t.compute)),
             "overlap_fraction": t.overlap_fraction,
         })  # fmt: skip

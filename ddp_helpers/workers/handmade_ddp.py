@@ -5,13 +5,15 @@
 1. NaiveDDP      all-reduce each gradient, one after another, after backward()
 2. FlatDDP       copy every gradient into one flat buffer and all-reduce it once
 3. OverlapDDP    start each gradient's all-reduce from a hook *during* backward; wait before step()
-4. BucketedDDP   the same, but in buckets of --bucket-cap-mb, in reverse registration order (as
-                 DDP's Reducer does)
+4. BucketedDDP   the same, but in buckets of --bucket-cap-mb, filled in reverse registration order
+                 (DDP's Reducer does more: see BucketedDDP's docstring)
 
 Every variant trains the same model from the same weights on the same data, so after --steps steps
-its weights must equal those of the real DDP (float tolerance). Rank 0 writes, per variant, the
-median step time (slowest rank), the all-reduces per step and the largest difference to DDP's
-weights to <run-dir>/summary.json; every rank logs one metrics line per step.
+its weights, and its buffers (--batch-norm), must equal those of the real DDP on every rank (float
+tolerance). Rank 0 writes, per variant, the median step time (slowest rank), the all-reduces per
+step and the largest differences to DDP's weights and buffers to <run-dir>/summary.json; every rank
+logs one metrics line per step. Each wrapper's remove() takes its hooks off the model (--rewrap
+wraps, removes and wraps again, as a rerun notebook cell would).
 """
 
 import argparse
@@ -34,26 +36,51 @@ from ddp_helpers.metrics import MetricsWriter
 VARIANTS = ("naive", "flat", "overlap", "bucketed", "ddp")
 
 
-def broadcast_from_rank0(module: nn.Module) -> None:
-    """Start every rank from rank 0's weights and buffers, as DDP's constructor does."""
-    for tensor in module.state_dict().values():
+def broadcast_from_rank0(tensors) -> None:
+    """Give every rank rank 0's values, in place: DDP does this for weights and buffers."""
+    for tensor in tensors:
         dist.broadcast(tensor, src=0)
 
 
-# ---------------------------------------------------------------------------- 1. naive
+class HandmadeDDP(nn.Module):
+    """What the four versions share: start from rank 0's state, sync buffers, and take hooks off again.
 
-
-class NaiveDDP(nn.Module):
-    """After backward(): one blocking all-reduce per gradient, then divide by the world size."""
+    DDP broadcasts weights and buffers from rank 0 when it is built, and buffers (BatchNorm's running
+    statistics) again at every forward by default. The hooks a version registers stay on the
+    *parameters*, not on the wrapper: `remove()` (or leaving a `with` block) takes them off, so that
+    wrapping the same model again does not stack a second set (two all-reduces, two divisions).
+    """
 
     def __init__(self, module: nn.Module):
         super().__init__()
         self.module = module
         self.allreduces = 0  # per step, for the table
-        broadcast_from_rank0(module)
+        self.hooks: list[torch.utils.hooks.RemovableHandle] = []
+        broadcast_from_rank0(module.state_dict().values())
 
     def forward(self, *args, **kwargs):
+        if torch.is_grad_enabled():  # as DDP's default (broadcast_buffers / forward_sync_buffers)
+            broadcast_from_rank0(self.module.buffers())
         return self.module(*args, **kwargs)
+
+    def remove(self) -> None:
+        """Take this wrapper's hooks off the model's parameters."""
+        for handle in self.hooks:
+            handle.remove()
+        self.hooks.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.remove()
+
+
+# ---------------------------------------------------------------------------- 1. naive
+
+
+class NaiveDDP(HandmadeDDP):
+    """After backward(): one blocking all-reduce per gradient, then divide by the world size."""
 
     def finish_gradient_synchronization(self) -> None:
         self.allreduces = 0
@@ -67,17 +94,8 @@ class NaiveDDP(nn.Module):
 # ---------------------------------------------------------------------------- 2. flat
 
 
-class FlatDDP(nn.Module):
+class FlatDDP(HandmadeDDP):
     """After backward(): one all-reduce of all gradients flattened into one buffer."""
-
-    def __init__(self, module: nn.Module):
-        super().__init__()
-        self.module = module
-        self.allreduces = 0
-        broadcast_from_rank0(module)
-
-    def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
 
     def finish_gradient_synchronization(self) -> None:
         grads = [p.grad for p in self.module.parameters() if p.grad is not None]
@@ -92,22 +110,16 @@ class FlatDDP(nn.Module):
 # ---------------------------------------------------------------------------- 3. overlap
 
 
-class OverlapDDP(nn.Module):
+class OverlapDDP(HandmadeDDP):
     """Each gradient's all-reduce starts, asynchronously, the moment autograd has accumulated it,
     so communication runs while backward computes the earlier layers' gradients."""
 
     def __init__(self, module: nn.Module):
-        super().__init__()
-        self.module = module
+        super().__init__(module)
         self.handles: list[dist.Work] = []
-        self.allreduces = 0
-        broadcast_from_rank0(module)
         for param in module.parameters():
-            if param.requires_grad:
-                param.register_post_accumulate_grad_hook(self._on_grad_ready)  # torch >= 2.1
-
-    def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
+            if param.requires_grad:  # keep the handle: remove() takes the hook off again
+                self.hooks.append(param.register_post_accumulate_grad_hook(self._on_grad_ready))
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
         param.grad.div_(dist.get_world_size())  # pre-divide, as DDP does: the sum is the mean
@@ -123,14 +135,29 @@ class OverlapDDP(nn.Module):
 # ---------------------------------------------------------------------------- 4. buckets
 
 
-class BucketedDDP(nn.Module):
+class BucketedDDP(HandmadeDDP):
     """Overlap, but in buckets of about `bucket_cap_mb`: fewer, larger messages. Parameters go into
-    buckets in reverse registration order, roughly the order backward produces their gradients; a
-    bucket's all-reduce starts when its last gradient is ready."""
+    buckets in reverse registration order, roughly the order backward produces their gradients, and
+    a bucket closes once it holds at least the cap (DDP's rule); its all-reduce starts when its last
+    gradient is ready. Where DDP's Reducer differs (torch/csrc/distributed/c10d/reducer.cpp,
+    torch/nn/parallel/distributed.py; the same in 2.7 and 2.14):
+    - it launches buckets strictly in index order: a bucket that is ready early waits for the ones
+      before it (`mark_bucket_ready`); here a bucket goes as soon as it is full;
+    - for its first step it puts every parameter in ONE bucket, then rebuilds them, at the start of
+      the second forward, from the order the gradients arrived (with find_unused_parameters=True and
+      no static_graph it builds size-based buckets in reverse registration order and never rebuilds);
+      the first bucket of that layout is capped at dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB) when
+      bucket_cap_mb is left at its default, so that communication starts sooner;
+    - it keeps the buckets allocated and copies each gradient into them (dividing on the way), so
+      no flatten per step;
+    - a parameter without a gradient (unused in forward) leaves its bucket incomplete: DDP raises at
+      the next forward ("Expected to have finished reduction in the prior iteration", unless
+      find_unused_parameters=True); here finish_gradient_synchronization() raises. A parameter
+      unused on one rank only would make that rank skip an all-reduce the others wait in: a hang.
+    """
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0):
-        super().__init__()
-        self.module = module
+        super().__init__(module)
         self.buckets: list[list[nn.Parameter]] = [[]]
         cap, size = bucket_cap_mb * 2**20, 0
         for param in reversed([p for p in module.parameters() if p.requires_grad]):
@@ -142,13 +169,8 @@ class BucketedDDP(nn.Module):
         self.bucket_of = {param: i for i, bucket in enumerate(self.buckets) for param in bucket}
         self.pending = [len(bucket) for bucket in self.buckets]
         self.in_flight: list[tuple[dist.Work, torch.Tensor, list[torch.Tensor]]] = []
-        self.allreduces = 0
-        broadcast_from_rank0(module)
         for param in self.bucket_of:
-            param.register_post_accumulate_grad_hook(self._on_grad_ready)
-
-    def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
+            self.hooks.append(param.register_post_accumulate_grad_hook(self._on_grad_ready))
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
         index = self.bucket_of[param]
@@ -165,18 +187,27 @@ class BucketedDDP(nn.Module):
                 grad.copy_(synced)
         self.allreduces = len(self.in_flight)
         self.in_flight.clear()
+        incomplete = [i for i, pending in enumerate(self.pending) if pending]
         self.pending = [len(bucket) for bucket in self.buckets]
+        if incomplete:  # never sent: those gradients are this rank's own, not the mean
+            raise RuntimeError(
+                f"bucket(s) {incomplete} never filled: a parameter got no gradient in this backward "
+                "(unused in forward). DDP raises here too, at the next forward, unless "
+                "find_unused_parameters=True."
+            )
 
 
 # ---------------------------------------------------------------------------- model and data
 
 
-def build_model(name: str, width: int, depth: int, classes: int = 10) -> nn.Module:
-    """An MLP of `depth` square layers (cheap on the CPU), or a torchvision ResNet (for GPUs)."""
+def build_model(name: str, width: int, depth: int, classes: int = 10, batch_norm: bool = False) -> nn.Module:
+    """An MLP of `depth` square layers (cheap on the CPU), or a torchvision ResNet (for GPUs).
+    `batch_norm` puts a BatchNorm1d after each MLP layer: buffers (running statistics) to sync."""
     if name == "mlp":
         layers: list[nn.Module] = []
         for _ in range(depth):
-            layers += [nn.Linear(width, width), nn.ReLU()]
+            norm = [nn.BatchNorm1d(width)] if batch_norm else []
+            layers += [nn.Linear(width, width), *norm, nn.ReLU()]
         return nn.Sequential(*layers, nn.Linear(width, classes))
     import torchvision
 
@@ -215,10 +246,20 @@ def synchronize(device) -> None:
         torch.cuda.synchronize(device)
 
 
+def flat_state(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """All weights, and all floating-point buffers (BatchNorm's running statistics), each as one vector."""
+    weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
+    buffers = [b.reshape(-1) for b in model.buffers() if b.is_floating_point()]
+    return weights, (torch.cat(buffers).cpu() if buffers else torch.zeros(0))
+
+
 def train_variant(variant, args, info, batches, writer, first_step=0):
-    """Train `variant` on `batches` from the seeded initial weights; its step times and final weights."""
+    """Train `variant` on `batches` from the seeded initial weights; its step times, final weights and buffers."""
     torch.manual_seed(args.seed)  # the same initial weights for every variant
-    model = build_model(args.model, args.width, args.depth).to(info.device)
+    model = build_model(args.model, args.width, args.depth, batch_norm=args.batch_norm).to(info.device)
+    if args.rewrap and variant != "ddp":
+        # a notebook cell run twice wraps the same model twice: the first wrapper's hooks must go
+        wrap(variant, model, args.bucket_cap_mb, info.device).remove()
     wrapped = wrap(variant, model, args.bucket_cap_mb, info.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     times, allreduces = [], []
@@ -241,8 +282,9 @@ def train_variant(variant, args, info, batches, writer, first_step=0):
             step_time_s=times[-1],
             samples=len(inputs),
         )
-    flat_weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
-    return times, allreduces, flat_weights, loss.item()
+    if variant != "ddp":
+        wrapped.remove()  # the model is done with; leave no hook behind on it
+    return times, allreduces, *flat_state(model), loss.item()
 
 
 def slowest(value: float, device) -> float:
@@ -261,6 +303,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--width", type=int, default=512, help="MLP width (and input features)")
     p.add_argument("--depth", type=int, default=6, help="MLP hidden layers")
     p.add_argument("--image-size", type=int, default=64, help="image side for the ResNets")
+    p.add_argument("--batch-norm", action="store_true", help="a BatchNorm1d after each MLP layer")
 
 
 def parse_args():
@@ -277,6 +320,7 @@ def parse_args():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rtol", type=float, default=None, help="weight check; default 1e-4 (CPU), 1e-3 (GPU)")
     p.add_argument("--atol", type=float, default=None, help="weight check; default 1e-6 (CPU), 1e-5 (GPU)")
+    p.add_argument("--rewrap", action="store_true", help="wrap, remove() and wrap again (a rerun cell)")
     p.add_argument("--run-dir", default=os.environ.get("DDP_RUN_DIR", "runs/handmade_ddp"))
     args = p.parse_args()
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -311,32 +355,43 @@ def main():
     results, reference = {}, None
     for index, variant in enumerate(order):
         # steps count on across variants: one series per rank for the progress bar and the metrics
-        times, allreduces, weights, final_loss = train_variant(
+        times, allreduces, weights, buffers, final_loss = train_variant(
             variant, args, info, batches, writer, index * args.steps
         )
-        reference = weights if reference is None else reference
-        max_diff = (weights - reference).abs().max().item()
-        matches = torch.allclose(weights, reference, rtol=args.rtol, atol=args.atol)
+        reference = (weights, buffers) if reference is None else reference
+        # this rank's weights and buffers against DDP's on this rank: rank 1's running statistics
+        # match DDP's only if the version broadcast rank 0's buffers before each forward, as DDP does
+        state, ddp_state = torch.cat([weights, buffers]), torch.cat(reference)
+        max_diff = (weights - reference[0]).abs().max().item()  # this rank's
+        buffer_diff = (buffers - reference[1]).abs().max().item() if len(buffers) else 0.0
+        matches = torch.allclose(state, ddp_state, rtol=args.rtol, atol=args.atol)
         all_match = slowest(0.0 if matches else 1.0, info.device) == 0.0  # every rank agrees
         results[variant] = {
             "step_time_s": slowest(statistics.median(times[args.warmup_steps :]), info.device),
             "allreduces_per_step": allreduces[-1] if allreduces else None,
             "max_abs_diff_vs_ddp": slowest(max_diff, info.device),
+            "buffer_max_abs_diff_vs_ddp": slowest(buffer_diff, info.device),
             "equal_to_ddp": all_match,
             "final_loss": final_loss,
         }
+        r = results[variant]
         if info.is_main:
-            r = results[variant]
             print(f"{variant:>9}: {r['step_time_s'] * 1e3:8.2f} ms/step, max |w - w_ddp| = "
-                  f"{r['max_abs_diff_vs_ddp']:.2e} ({'equal' if all_match else 'DIFFERENT'})", flush=True)  # fmt: skip
+                  f"{r['max_abs_diff_vs_ddp']:.2e}, buffers {r['buffer_max_abs_diff_vs_ddp']:.2e} "
+                  f"({'equal' if all_match else 'DIFFERENT'})", flush=True)  # fmt: skip
         if not all_match:
             raise AssertionError(
-                f"{variant}: weights after {args.steps} steps differ from DDP's (max {max_diff:.3e})"
+                f"{variant}: weights or buffers after {args.steps} steps differ from DDP's on some rank "
+                f"(max {r['max_abs_diff_vs_ddp']:.3e} in the weights, "
+                f"{r['buffer_max_abs_diff_vs_ddp']:.3e} in the buffers)"
             )
-    n_params = sum(p.numel() for p in build_model(args.model, args.width, args.depth).parameters())
+    reference_model = build_model(args.model, args.width, args.depth, batch_norm=args.batch_norm)
+    n_params = sum(p.numel() for p in reference_model.parameters())
+    n_buffers = sum(b.numel() for b in reference_model.buffers() if b.is_floating_point())
     writer.write_summary({
         "world_size": info.world_size, "backend": info.backend, "device": info.device.type,
         "torch_version": torch.__version__, "model": args.model, "parameters": n_params,
+        "buffer_values": n_buffers, "rewrap": args.rewrap,
         "steps": args.steps, "bucket_cap_mb": args.bucket_cap_mb, "rtol": args.rtol, "atol": args.atol,
         "variants": results,
     })  # fmt: skip

@@ -1,14 +1,17 @@
 """Look inside torch's DDP: where the time goes, bucket sizes, no_sync(), comm hooks, DDP's options.
 
-    torchrun --nproc-per-node 2 inside_ddp.py --experiments profile,buckets,no_sync,hooks,options
+    torchrun --nproc-per-node 2 inside_ddp.py --experiments profile,buckets,allreduce,no_sync,hooks,options
 
 Each experiment writes its results under its own name in <run-dir>/summary.json (rank 0):
-  profile   a few DDP steps under torch.profiler: one Chrome/Perfetto trace per rank, <run-dir>/traces/
+  profile   a few DDP steps under torch.profiler: one Chrome/Perfetto trace per rank, <run-dir>/traces/,
+            and the same steps with all gradients in one bucket (sent when backward is done), traces_one_bucket/
   buckets   the median step time for each --bucket-caps value, and the buckets DDP reduced
+  allreduce the time of one all-reduce for each of --allreduce-bytes: the data for t(n) = alpha + n*beta
   no_sync   gradient accumulation with and without no_sync(): all-reduces counted by the profiler,
             step times, and whether the weights came out equal
   hooks     register_comm_hook: none, fp16 and bf16 compression, and a hook that records each bucket
-  options   find_unused_parameters, static_graph, gradient_as_bucket_view: step time, gradient memory
+  options   find_unused_parameters, static_graph, gradient_as_bucket_view: step time, and the bytes of
+            the distinct storages that hold gradients (.grad tensors and DDP's buckets)
 The model, data and timing are handmade_ddp.py's, so the numbers compare with that worker's.
 """
 
@@ -38,10 +41,16 @@ from ddp_helpers.workers.handmade_ddp import (
     synchronize,
 )
 
-EXPERIMENTS = ("profile", "buckets", "no_sync", "hooks", "options")
+EXPERIMENTS = ("profile", "buckets", "allreduce", "no_sync", "hooks", "options")
 
 
 # ---------------------------------------------------------------------------- a hook of our own
+
+
+def storage_of(tensor: torch.Tensor) -> tuple[int, int]:
+    """(address, bytes) of the memory block behind `tensor`: views of one block share it."""
+    storage = tensor.untyped_storage()
+    return storage.data_ptr(), storage.nbytes()
 
 
 def record_buckets_hook(log: list, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -56,7 +65,8 @@ def record_buckets_hook(log: list, bucket: dist.GradBucket) -> torch.futures.Fut
 
     def note(done: torch.futures.Future) -> torch.Tensor:
         log.append({"bucket": bucket.index(), "bytes": buffer.numel() * buffer.element_size(),
-                    "tensors": len(bucket.gradients()), "seconds": time.perf_counter() - start})  # fmt: skip
+                    "tensors": len(bucket.gradients()), "seconds": time.perf_counter() - start,
+                    "storage": storage_of(buffer)})  # fmt: skip
         return done.value()[0]
 
     return future.then(note)
@@ -127,9 +137,21 @@ def ddp_logging(model: DDP) -> dict:
 # ---------------------------------------------------------------------------- experiments
 
 
+def gradient_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
 def experiment_profile(args, info, batches) -> dict:
+    """Profile DDP's own buckets, then the same steps with one bucket: every all-reduce after backward."""
+    own = profile_steps(args, info, batches, args.bucket_cap_mb, "traces")
+    size_mb = gradient_bytes(build_model(args.model, args.width, args.depth)) / 2**20
+    one = profile_steps(args, info, batches, 2 * size_mb, "traces_one_bucket")  # the cap is never reached
+    return {**own, "one_bucket": one}
+
+
+def profile_steps(args, info, batches, cap_mb, directory: str) -> dict:
     """Warm up (DDP rebuilds its buckets after the first step), then profile a few steps."""
-    model = make_ddp(args, info, args.bucket_cap_mb)
+    model = make_ddp(args, info, cap_mb)
     if hasattr(model, "_set_ddp_runtime_logging_sample_rate"):
         model._set_ddp_runtime_logging_sample_rate(1)  # DDP's own timers, every step
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
@@ -140,7 +162,7 @@ def experiment_profile(args, info, batches) -> dict:
             with record_function(f"step {step}"):
                 train_step(model, optimizer, inputs, targets)
             synchronize(info.device)
-    trace = Path(args.run_dir) / "traces" / f"rank{info.rank}.json"
+    trace = Path(args.run_dir) / directory / f"rank{info.rank}.json"
     trace.parent.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(trace))
     dist.barrier()  # every rank's trace is on disk before rank 0 reports
@@ -171,7 +193,33 @@ def experiment_buckets(args, info, batches) -> dict:
         if info.is_main:
             print(f"bucket_cap_mb={rows[-1]['bucket_cap_mb']}: {len(layout)} bucket(s), "
                   f"{step_time * 1e3:.2f} ms/step", flush=True)  # fmt: skip
-    return {"rows": rows, "default_first_bucket_bytes": getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", None)}
+    model = build_model(args.model, args.width, args.depth)
+    # the order backward produces gradients in, for a model used in registration order (a cost model's input)
+    ready_order = [p.numel() * p.element_size() for p in reversed(list(model.parameters()))]
+    return {"rows": rows, "default_first_bucket_bytes": getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", None),
+            "param_bytes_in_ready_order": ready_order}  # fmt: skip
+
+
+def experiment_allreduce(args, info, batches) -> dict:
+    """One all-reduce of each size, timed after a barrier (so a late peer is not counted), --repeats
+    rounds over all sizes: a burst of load on the machine slows every size alike, not one. Per size,
+    the median over the rounds of the slowest rank's time."""
+    buffers = [torch.ones(n_bytes // 4, device=info.device) for n_bytes in args.allreduce_bytes]  # float32
+    times = torch.zeros(args.repeats, len(buffers), dtype=torch.float64)
+    for repeat in range(-1, args.repeats):  # round -1 warms gloo up for every size, untimed
+        for index, buffer in enumerate(buffers):
+            dist.barrier()
+            synchronize(info.device)
+            start = time.perf_counter()
+            dist.all_reduce(buffer)
+            synchronize(info.device)
+            if repeat >= 0:
+                times[repeat, index] = time.perf_counter() - start
+    times = times.to(info.device)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)  # an all-reduce is done when its slowest rank is
+    medians = times.cpu().median(dim=0).values.tolist()
+    rows = [{"bytes": n, "seconds": t} for n, t in zip(args.allreduce_bytes, medians, strict=True)]
+    return {"rows": rows, "repeats": args.repeats}
 
 
 def accumulate(model, optimizer, micro_batches, use_no_sync: bool) -> None:
@@ -243,31 +291,36 @@ OPTIONS = {
 }
 
 
-def gradient_memory(model: DDP, bucket_bytes: int) -> dict:
-    """Bytes that hold gradients: DDP's buckets, plus the .grad tensors unless they are views of them."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    grad_bytes = sum(g.numel() * g.element_size() for g in grads)
-    storages = {g.untyped_storage().data_ptr() for g in grads}
-    views = len(storages) < len(grads)  # several .grad share a storage: the bucket's
-    return {"grad_storages": len(storages), "grad_bytes": grad_bytes, "bucket_bytes": bucket_bytes,
-            "grads_are_bucket_views": views, "gradient_memory_bytes": bucket_bytes + (0 if views else grad_bytes)}  # fmt: skip
+def gradient_memory(args, info, batches, options: dict) -> dict:
+    """Bytes of the distinct memory blocks that hold gradients at the end of a backward: the .grad
+    tensors' and DDP's buckets' (seen by our hook), each block counted once. Measured on a second
+    step: DDP rebuilds its buckets at the start of it, and .grad become bucket views only after it."""
+    model = make_ddp(args, info, args.bucket_cap_mb, **options)
+    log: list[dict] = []
+    model.register_comm_hook(log, record_buckets_hook)
+    for inputs, targets in batches[:2]:
+        log.clear()
+        model.zero_grad(set_to_none=True)  # as the training loop does
+        F.cross_entropy(model(inputs), targets).backward()
+    grads = {storage_of(p.grad) for p in model.parameters() if p.grad is not None}
+    buckets = {entry["storage"] for entry in log}
+    return {"grad_storages": len(grads), "bucket_storages": len(buckets),
+            "grad_bytes": sum(p.grad.numel() * p.grad.element_size() for p in model.parameters()),
+            "grads_are_bucket_views": grads <= buckets,  # every .grad lives in a bucket's block
+            "gradient_memory_bytes": sum(n_bytes for _, n_bytes in grads | buckets)}  # fmt: skip
 
 
 def experiment_options(args, info, batches) -> dict:
     results = {}
     for name, options in OPTIONS.items():
         model = make_ddp(args, info, args.bucket_cap_mb, **options)
-        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
         if info.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(info.device)
         step_time, _ = train(model, batches, args, info)
-        inputs, targets = batches[0]  # one more backward, to look at the gradients DDP left
-        F.cross_entropy(model(inputs), targets).backward()
-        bucket_bytes = sum(b["bytes"] for b in bucket_layout(args, info, args.bucket_cap_mb, batches))
-        results[name] = {"step_time_s": step_time, **gradient_memory(model, bucket_bytes)}
+        results[name] = {"step_time_s": step_time}
         if info.device.type == "cuda":
             results[name]["peak_cuda_bytes"] = torch.cuda.max_memory_allocated(info.device)
-        del optimizer
+        results[name].update(gradient_memory(args, info, batches, options))
     return results
 
 
@@ -286,6 +339,12 @@ def parse_args():
     p.add_argument("--profile-steps", type=int, default=3)
     p.add_argument("--bucket-cap-mb", type=float, default=None, help="all but buckets; default: DDP's")
     p.add_argument("--bucket-caps", default="1,5,25,100", help="the bucket_cap_mb values to sweep")
+    p.add_argument(
+        "--allreduce-bytes",
+        default=",".join(str(4**k) for k in range(6, 13)),
+        help="all-reduce sizes in bytes to time (allreduce); default 4 KiB to 16 MiB, x4",
+    )
+    p.add_argument("--repeats", type=int, default=9, help="timed rounds over the sizes (allreduce)")
     p.add_argument("--accumulate", type=int, default=4, help="micro-batches per optimizer step (no_sync)")
     p.add_argument("--hooks", default=",".join(HOOKS), help=f"comma-separated: {', '.join(HOOKS)}")
     p.add_argument("--lr", type=float, default=0.05)
@@ -297,10 +356,13 @@ def parse_args():
     args.experiments = [e for e in args.experiments.split(",") if e]
     args.hooks = [h for h in args.hooks.split(",") if h]
     args.bucket_caps = [float(c) for c in args.bucket_caps.split(",") if c]
+    args.allreduce_bytes = [int(b) for b in args.allreduce_bytes.split(",") if b]
     if set(args.experiments) - set(EXPERIMENTS) or set(args.hooks) - set(HOOKS):
         p.error(f"experiments come from {', '.join(EXPERIMENTS)}; hooks from {', '.join(HOOKS)}")
-    if args.steps <= args.warmup_steps or args.accumulate < 1:
-        p.error("need --steps > --warmup-steps and --accumulate >= 1")
+    if args.steps <= args.warmup_steps or args.accumulate < 1 or args.repeats < 1:
+        p.error("need --steps > --warmup-steps, --accumulate >= 1 and --repeats >= 1")
+    if any(n_bytes < 4 for n_bytes in args.allreduce_bytes):
+        p.error("--allreduce-bytes: each size holds at least one float32 (4 bytes)")
     return args
 
 
