@@ -58,7 +58,13 @@ def test_bytes_sent_per_step_are_the_arithmetic(trained):
     # blocks are gathered for forward and again for backward; the root's own layers once
     assert fsdp["sent_bytes"]["all_gather"] == 4 * (params + blocks)
     assert fsdp["sent_bytes"]["reduce_scatter"] == 4 * params
-    assert fsdp["calls"] == {"all_gather": 2 * 2 + 1, "reduce_scatter": 2 + 1}
+    assert fsdp["calls"] == {"all_gather": 2 * 2 + 1, "reduce_scatter": 2 + 1, "broadcast": 0}
+    # ZeRO-1: DDP's all-reduce, then each owner broadcasts the weights it stepped
+    assert (
+        trained["zero1"]["sent_bytes"]["all_reduce"]
+        == trained["zero1"]["sent_bytes"]["broadcast"]
+        == 4 * params
+    )
 
 
 def test_dcp_checkpoint_saved_on_2_ranks_resumes_on_3_and_takes_a_ddp_checkpoint(tmp_path):

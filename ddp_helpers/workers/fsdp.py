@@ -157,7 +157,7 @@ def memory_row(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
 
 
 class CollectiveCounter:
-    """Counts the bytes of each collective FSDP2 calls, by wrapping the torch.distributed functions.
+    """Counts the bytes of the collectives FSDP2 and ZeRO-1 call, by wrapping torch.distributed's functions.
 
     torch 2.7's FSDP2 calls all_gather_into_tensor / reduce_scatter_tensor, torch 2.14's
     all_gather_single / reduce_scatter_single (which may call the former): only the outermost counts.
@@ -168,11 +168,12 @@ class CollectiveCounter:
         "all_gather_single": ("all_gather", 0),
         "reduce_scatter_tensor": ("reduce_scatter", 1),
         "reduce_scatter_single": ("reduce_scatter", 1),
+        "broadcast": ("broadcast", 0),  # ZeroRedundancyOptimizer sends each rank's updated weights
     }
 
     def __init__(self):
-        self.bytes = {"all_gather": 0, "reduce_scatter": 0}
-        self.calls = {"all_gather": 0, "reduce_scatter": 0}
+        self.bytes = {"all_gather": 0, "reduce_scatter": 0, "broadcast": 0}
+        self.calls = {"all_gather": 0, "reduce_scatter": 0, "broadcast": 0}
         self._depth = 0
         self._originals = {}
 
