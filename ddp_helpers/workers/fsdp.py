@@ -224,7 +224,7 @@ def timed_steps(step_fn, steps: int, device: torch.device) -> float:
             torch.cuda.synchronize()
         if step:
             times.append(time.perf_counter() - start)
-    slowest = torch.tensor(statistics.median(times) if times else 0.0)
+    slowest = torch.tensor(statistics.median(times) if times else 0.0, device=device)  # nccl: on the GPU
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a step lasts until the slowest rank is done
     return slowest.item()
 
@@ -531,7 +531,7 @@ def main():
     if use_cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl" if use_cuda else "gloo")
-    device = torch.device(device_type, torch.cuda.current_device() if use_cuda else 0)
+    device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     world_size = dist.get_world_size()
     if args.global_batch % world_size:
         raise SystemExit(f"--global-batch {args.global_batch} does not split evenly over {world_size} ranks")
