@@ -71,6 +71,16 @@ EXCERPTS: dict[tuple[str, str | None], str] = {
     ("inside_ddp", "storage_of"): "untyped_storage()",
     ("inside_ddp", "gradient_memory"): "register_comm_hook(",
     ("inside_ddp", "experiment_options"): "gradient_memory(",
+    # notebook 08
+    ("fsdp", "BlockMLP"): "self.blocks",
+    ("fsdp", "shard"): "fully_shard(model, mesh=mesh)",
+    ("fsdp", "CollectiveCounter"): "original(*args, **kwargs)",
+    ("fsdp", "gradient_factor"): "fully_shard(probe, mesh=mesh)",
+    ("fsdp", "divide_gradients"): "set_all_reduce_hook(",
+    ("fsdp", "fsdp_versus_one_process"): "divide_gradients(model, probe)",
+    ("fsdp", "adam_run"): "ZeroRedundancyOptimizer(",
+    ("fsdp", "part_save"): "dcp.async_save(",
+    ("fsdp", "part_resume"): "set_state_dict(",
 }
 
 
