@@ -41,6 +41,15 @@ CPUS_PER_RANK = 4  # DataLoader workers and the rank itself; raise it for image 
 MAX_RESTARTS = 3  # torchrun restarts every worker this many times after a failure, then gives up
 # torchrun prefixes each tee'd line with this (its ${rank} is the global rank): the `[rank N]` of launch()
 LOG_LINE_PREFIX = "[rank${rank}]: "
+# torchrun keeps one shared TCPStore across restart rounds, so restarted workers can read the dead
+# workers' addresses and fail with "connectFullMesh ... Connection refused" or hang (seen on torch 2.14
+# on two SLURM nodes; cf. pytorch/pytorch#167288). A fresh store per round avoids it (launch() does the same).
+FRESH_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+FRESH_STORE_LINES = [
+    "# a fresh rendezvous store per restart round: with the shared one, restarted workers can read the",
+    "# dead workers' addresses (torch 2.14; pytorch/pytorch#167288)",
+    "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
+]
 
 
 def _check(nnodes: int, nproc_per_node: int, cpus_per_rank: int = 1, min_nodes: int | None = None) -> None:
@@ -116,6 +125,7 @@ def slurm_script(
         f'export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{cpus_per_rank}}}"',
         "# --tee 3 copies every rank's stdout and stderr here, each line prefixed with its global rank",
         f"export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='{LOG_LINE_PREFIX}'",
+        *(FRESH_STORE_LINES if max_restarts > 0 else []),
         "# export NCCL_SOCKET_IFNAME=ib0   # the interface NCCL should use, if the default is wrong",
         "# export NCCL_DEBUG=INFO          # print the transport NCCL picked (IB, sockets) at start",
     ]
@@ -170,6 +180,8 @@ def pytorchjob_manifest(
         "env": [
             {"name": "DDP_RUN_DIR", "value": f"{IMAGE_WORKSPACE}/runs/{name}"},  # the workers' --run-dir
             {"name": "OMP_NUM_THREADS", "value": str(cpus_per_rank)},  # torchrun would set 1
+            # a fresh rendezvous store per restart round (see FRESH_STORE)
+            *([{"name": k, "value": v} for k, v in FRESH_STORE.items()] if max_restarts > 0 else []),
         ],
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
     }
