@@ -22,6 +22,7 @@ from .echo import write_line
 
 COMMANDS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo")
 RANK_LINE = re.compile(r"^\[rank(\d+)\]:\s?(.*)$")  # cluster_templates.LOG_LINE_PREFIX
+DEFAULT_CONF = "/etc/slurm/slurm.conf"  # where the client looks when SLURM_CONF is not set
 QUERY_TIMEOUT_S = 15  # one sbatch/squeue/scontrol call; the controller answers in milliseconds when up
 
 
@@ -54,7 +55,10 @@ def missing_reason() -> str | None:
     except subprocess.TimeoutExpired:
         return "sinfo found no controller within 15 s"
     if probe.returncode != 0:
-        return f"sinfo found no controller: {(probe.stderr or probe.stdout).strip()[:200]}"
+        if "SLURM_CONF" not in os.environ and not Path(DEFAULT_CONF).exists():
+            return f"no cluster configured: SLURM_CONF is not set and {DEFAULT_CONF} does not exist"
+        first = ((probe.stderr or probe.stdout).strip().splitlines() or ["no answer"])[0]
+        return f"sinfo found no controller: {first[:200]}"
     if " up" not in probe.stdout:
         return "the SLURM controller answers, but no partition is up"
     return None

@@ -111,6 +111,15 @@ def test_without_a_slurm_client_it_says_so(monkeypatch, tmp_path):
     assert slurm.missing_reason().startswith("no SLURM client here (sbatch, squeue")
 
 
+def test_without_a_configured_cluster_it_says_so_in_one_line(monkeypatch):
+    if shutil.which("sinfo") is None or Path(slurm.DEFAULT_CONF).exists():
+        pytest.skip("needs the SLURM client and no system-wide slurm.conf")
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    assert slurm.missing_reason() == (
+        f"no cluster configured: SLURM_CONF is not set and {slurm.DEFAULT_CONF} does not exist"
+    )
+
+
 @pytest.mark.slurm
 @pytest.mark.timeout(JOB_WITHIN_S + 120)
 def test_generated_sbatch_file_runs_on_two_nodes_and_every_rank_all_reduces(cluster, tmp_path, capsys):
