@@ -147,7 +147,11 @@ def start_elastic_node(
 
 
 def wait_for_line(nodes: Sequence[ElasticNode], pattern: str, timeout_s: float) -> re.Match[str]:
-    """The first match of `pattern` in the nodes' logs, waiting up to `timeout_s`; TimeoutError names the nodes."""
+    """The first match of `pattern` in the nodes' logs, waiting up to `timeout_s`.
+
+    A wait that fails (TimeoutError past the bound, RuntimeError when every node has exited) stops
+    the nodes first, so that no agent or worker outlives the cell; the error shows their last lines.
+    """
     compiled = re.compile(pattern)
     deadline = time.monotonic() + timeout_s
     while True:
@@ -155,10 +159,14 @@ def wait_for_line(nodes: Sequence[ElasticNode], pattern: str, timeout_s: float) 
             for line in node.lines():
                 if match := compiled.search(line):
                     return match
-        if time.monotonic() > deadline:
+        timed_out = time.monotonic() > deadline
+        if timed_out or all(node.process.poll() is not None for node in nodes):
+            for node in nodes:
+                node.stop()
             tails = {node.name: node.lines()[-5:] for node in nodes}
-            raise TimeoutError(f"no line matched {pattern!r} within {timeout_s:g} s; last lines: {tails}")
-        if all(node.process.poll() is not None for node in nodes):
-            raise RuntimeError(f"every node exited before a line matched {pattern!r}: "
-                               f"{ {node.name: node.lines()[-5:] for node in nodes} }")  # fmt: skip
+            if timed_out:
+                raise TimeoutError(
+                    f"no line matched {pattern!r} within {timeout_s:g} s (nodes stopped); last lines: {tails}"
+                )
+            raise RuntimeError(f"every node exited before a line matched {pattern!r}; last lines: {tails}")
         time.sleep(0.2)

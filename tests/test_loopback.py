@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import re
 import signal
+import subprocess
 
 import pytest
 
 from ddp_helpers.launch_config import free_port
-from ddp_helpers.loopback import loopback_plan, start_elastic_node, visible_gpu_ids, wait_for_line
+from ddp_helpers.loopback import (
+    ElasticNode,
+    loopback_plan,
+    start_elastic_node,
+    visible_gpu_ids,
+    wait_for_line,
+)
 from ddp_helpers.workers import worker_path
 
 
@@ -66,6 +73,16 @@ def _steps(nodes):
         for m in map(re.compile(r"\]: step (\d+): world (\d+)$").search, node.lines())
         if m
     ]
+
+
+def test_a_wait_that_times_out_stops_the_nodes(tmp_path):
+    log = tmp_path / "n.log"
+    log.write_text("[rank0]: start: world 1, step 0, restart 0\n")
+    node = ElasticNode("n", subprocess.Popen(["sleep", "60"], start_new_session=True), log)
+    assert wait_for_line([node], r"start: world (\d+)", 1)[1] == "1"
+    with pytest.raises(TimeoutError, match=r"no line matched 'done' within 0.5 s \(nodes stopped\)"):
+        wait_for_line([node], "done", 0.5)
+    assert node.process.poll() == -signal.SIGKILL  # nothing outlives the cell
 
 
 def test_a_node_joins_a_running_job_and_a_killed_node_leaves_it(tmp_path):
