@@ -46,7 +46,10 @@ if rank == 0:
 while step < args.steps:
     if step == args.hold_at_step and world < args.hold_until_world:
         if rank == 0:
-            print(f"holding at step {step}: world {world}, waiting for {args.hold_until_world} ranks", flush=True)
+            print(
+                f"holding at step {step}: world {world}, waiting for {args.hold_until_world} ranks",
+                flush=True,
+            )
         # torchrun stops us when another node arrives and starts us again in the larger world
         time.sleep(args.hold_max_s)
         raise TimeoutError(f"no node joined within {args.hold_max_s:g} s")
