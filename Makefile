@@ -11,7 +11,7 @@ COMPAT_PY := $(COMPAT_VENV)/bin/python
 COMPAT_STAMP := $(COMPAT_VENV)/.installed-stamp
 COMPAT_TORCH := constraints/torch-2.7.txt
 
-.PHONY: venv lab test test-shapes test-compat test-browser notebooks notebook-times bench lint gpu-check clean
+.PHONY: venv lab test test-shapes test-compat test-browser test-slurm notebooks notebook-times bench lint gpu-check clean
 
 # Rebuilt when pyproject.toml changes, so `make test` always runs against the declared dependencies.
 # $(1): the venv's folder; $(2): extra pip arguments (a constraints file)
@@ -66,6 +66,12 @@ test-browser: venv
 	bash scripts/install_chromium.sh
 	$(PY) -m pip install --quiet -e '.[lab,test,browser]'
 	$(call run_pytest,$(PY),make test-browser (screenshots in runs/screenshots/),-m browser)
+
+# The generated sbatch file on a real SLURM: Debian's slurm-wlm and munge (apt, when missing and possible),
+# munged, slurmctld and two slurmd started on this machine by the test, and stopped after it.
+test-slurm: venv
+	bash scripts/install_slurm.sh
+	$(call run_pytest,$(PY),make test-slurm,-m slurm tests/test_slurm.py)
 
 # Every notebook at full size (smoke=False), outputs kept under runs/executed/.
 notebooks: venv

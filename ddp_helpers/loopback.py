@@ -5,15 +5,25 @@ Each torchrun agent numbers its ranks from ``LOCAL_RANK`` 0, and a rank's device
 NCCL refuses two ranks on one GPU. So each loopback node sees only its own GPUs, through its own
 ``CUDA_VISIBLE_DEVICES``, just as a real node sees only its own. Where the machine has fewer GPUs
 than the job has ranks, the job runs on gloo on the CPU, and the plan's line says so.
+
+`start_elastic_node` starts one agent of an elastic job (``--nnodes MIN:MAX``) as a process of its
+own, so that a notebook can add a node to a running job and kill one, as machines come and go.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from .launch_config import visible_gpus
+from .process_tree import ProcessTree
 
 
 @dataclass(frozen=True)
@@ -71,3 +81,92 @@ def loopback_plan(
         f"node {k}: CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}" for k, env in enumerate(envs)
     )
     return LoopbackPlan("auto", envs, f"{shape} with nccl, each node on GPUs of its own ({shown}).")
+
+
+# ------------------------------------------------------------------ elastic nodes on loopback
+@dataclass
+class ElasticNode:
+    """One torchrun agent of an elastic job, started in a session of its own, its output in `log`."""
+
+    name: str
+    process: subprocess.Popen
+    log: Path
+
+    def lines(self) -> list[str]:
+        """Every line the agent and its ranks wrote so far (rank lines start ``[rankN]:``)."""
+        return self.log.read_text(errors="replace").splitlines() if self.log.exists() else []
+
+    def stop(self, sig: int = signal.SIGKILL, timeout_s: float = 30) -> int:
+        """Signal the agent and every worker it started, as a machine that dies; the agent's exit code.
+
+        torchrun starts each worker in a session of its own, so signalling the agent's group alone
+        would leave its workers running: every process of the tree is signalled.
+        """
+        if self.process.poll() is None:
+            ProcessTree(self.process.pid).signal_all(sig)
+        return self.process.wait(timeout=timeout_s)
+
+
+def start_elastic_node(
+    script: str | os.PathLike[str],
+    script_args: Sequence[object] = (),
+    *,
+    name: str,
+    nproc: int,
+    min_nodes: int,
+    max_nodes: int,
+    rdzv_endpoint: str,
+    run_id: str,
+    log_dir: str | os.PathLike[str],
+    max_restarts: int = 3,
+    rdzv_conf: Mapping[str, object] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> ElasticNode:
+    """Start one agent of an elastic job: ``torchrun --nnodes min_nodes:max_nodes --max-restarts ...``.
+
+    It is the command every node of a real elastic job runs. ``--tee 3`` with a ``[rankN]:`` prefix
+    puts every rank's lines in the node's log. A fresh rendezvous store per round
+    (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``), as in the generated job files: with the shared one,
+    restarted workers can read the dead workers' addresses (torch 2.14).
+    """
+    folder = Path(log_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    conf = ",".join(f"{key}={value}" for key, value in (rdzv_conf or {}).items())
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", f"{min_nodes}:{max_nodes}",
+           "--nproc-per-node", str(nproc), "--max-restarts", str(max_restarts), "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", rdzv_endpoint, "--rdzv-id", run_id, *(["--rdzv-conf", conf] if conf else []),
+           "--tee", "3", "--log-dir", str(folder / f"{name}-torchelastic"), str(script), *map(str, script_args)]  # fmt: skip
+    child_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+                 "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]: "}  # fmt: skip
+    log = folder / f"{name}.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env, start_new_session=True
+        )
+    return ElasticNode(name, process, log)
+
+
+def wait_for_line(nodes: Sequence[ElasticNode], pattern: str, timeout_s: float) -> re.Match[str]:
+    """The first match of `pattern` in the nodes' logs, waiting up to `timeout_s`.
+
+    A wait that fails (TimeoutError past the bound, RuntimeError when every node has exited) stops
+    the nodes first, so that no agent or worker outlives the cell; the error shows their last lines.
+    """
+    compiled = re.compile(pattern)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for node in nodes:
+            for line in node.lines():
+                if match := compiled.search(line):
+                    return match
+        timed_out = time.monotonic() > deadline
+        if timed_out or all(node.process.poll() is not None for node in nodes):
+            for node in nodes:
+                node.stop()
+            tails = {node.name: node.lines()[-5:] for node in nodes}
+            if timed_out:
+                raise TimeoutError(
+                    f"no line matched {pattern!r} within {timeout_s:g} s (nodes stopped); last lines: {tails}"
+                )
+            raise RuntimeError(f"every node exited before a line matched {pattern!r}; last lines: {tails}")
+        time.sleep(0.2)

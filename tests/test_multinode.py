@@ -51,9 +51,9 @@ def test_slurm_script_starts_one_agent_per_node_at_a_c10d_rendezvous(tmp_path):
     text = slurm_script("train.py", ["--steps", 100], nnodes=4, nproc_per_node=8, partition="gpu")
     assert "#SBATCH --nodes=4" in text and "#SBATCH --ntasks-per-node=1" in text
     assert "#SBATCH --gpus-per-node=8" in text and "#SBATCH --partition=gpu" in text
-    assert 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text
+    assert "head_node=$(hostname)" in text and "MASTER_ADDR=" not in text
     srun = next(line for line in text.splitlines() if line.startswith("srun "))
-    assert "torchrun --nnodes 4 --nproc-per-node 8 --rdzv-backend c10d" in srun
+    assert "torchrun --nnodes 4 --nproc-per-node 8 --max-restarts 3 --tee 3 --rdzv-backend c10d" in srun
     assert '--rdzv-endpoint "$head_node:$rdzv_port" train.py --steps 100' in srun
     (tmp_path / "job.sh").write_text(text)
     assert subprocess.run(["bash", "-n", str(tmp_path / "job.sh")]).returncode == 0  # valid shell
@@ -66,17 +66,17 @@ def test_pytorchjob_manifest_parses_with_replicas_gpus_and_image():
     assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v1", "PyTorchJob")
     assert job["spec"]["nprocPerNode"] == "4"
     specs = job["spec"]["pytorchReplicaSpecs"]
-    assert (specs["Master"]["replicas"], specs["Worker"]["replicas"]) == (1, 2)
+    assert list(specs) == ["Worker"] and specs["Worker"]["replicas"] == 3  # elastic: Worker pods only
     for spec in specs.values():
         (container,) = spec["template"]["spec"]["containers"]
         assert container["name"] == "pytorch" and container["image"] == "img:1"
         assert container["resources"]["limits"]["nvidia.com/gpu"] == 4
         assert container["command"] == ["torchrun", "train.py", "--steps", "5"]
     single = yaml.safe_load(pytorchjob_manifest("train.py", nnodes=1, nproc_per_node=2, gpus_per_node=0))
-    assert list(single["spec"]["pytorchReplicaSpecs"]) == ["Master"]
+    assert list(single["spec"]["pytorchReplicaSpecs"]) == ["Worker"]
     assert (
         "resources"
-        not in single["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+        not in single["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     )
 
 

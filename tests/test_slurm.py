@@ -1,0 +1,181 @@
+"""The generated sbatch file, submitted to a real SLURM: munged, slurmctld and two slurmd on this machine.
+
+`make test-slurm` installs Debian's slurm-wlm (scripts/install_slurm.sh) and runs these; the cluster
+is started by scripts/start_slurm.sh in a temporary folder and stopped at the end, daemons and all.
+Where SLURM cannot be installed (not root, no apt) the tests skip and say why; CI sets
+REQUIRE_SLURM=1, and there a missing SLURM is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ddp_helpers import slurm
+from ddp_helpers.cluster_templates import write_cluster_templates
+from ddp_helpers.launch_config import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+START = REPO / "scripts" / "start_slurm.sh"
+DAEMONS = ("munged", "slurmctld", "slurmd")
+NODES_UP_WITHIN_S = 60  # slurmd registers with slurmctld in a second or two; the rest is load
+JOB_WITHIN_S = 240  # a 4-rank job imports torch in 6 processes: tens of seconds on 2 busy cores
+
+# every rank adds rank + 1: the sum over the world is world * (world + 1) / 2 only if all took part
+WORKER = """\
+import os
+import torch
+import torch.distributed as dist
+from ddp_helpers import teardown
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+total = torch.tensor([float(rank + 1)])
+dist.all_reduce(total)
+print(f"rank {rank}/{world} on {os.environ['SLURMD_NODENAME']} group {os.environ['GROUP_RANK']} sum {total.item():g}")
+teardown.destroy_process_group()
+"""
+REPORT = re.compile(r"rank (\d+)/(\d+) on (\S+) group (\d+) sum (\S+)")
+
+
+def _missing(reason: str) -> None:
+    # CI sets REQUIRE_SLURM=1: there, a missing SLURM is a failure, never a silent skip.
+    if os.environ.get("REQUIRE_SLURM") == "1":
+        pytest.fail(f"{reason}; REQUIRE_SLURM=1, so this is an error, not a skip")
+    pytest.skip(reason)
+
+
+def _daemons_of(folder: Path) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if proc.info["name"] in DAEMONS and str(folder) in cmdline:
+            found.append(proc)
+    return found
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A two-node SLURM cluster on this machine, for this module; stopped (and checked gone) after."""
+    absent = [name for name in ("sbatch", "slurmctld", "slurmd", "munged") if shutil.which(name) is None]
+    if absent:
+        _missing(
+            f"SLURM is not installed ({', '.join(absent)} missing): `make test-slurm` installs it with apt, as root"
+        )
+    if os.geteuid() != 0:
+        _missing(
+            "the one-machine SLURM cluster runs its daemons as root (SlurmUser=root); this user is not root"
+        )
+    # a folder of its own, not under pytest's basetemp: pytest prunes old basetemps, even while in use
+    folder = Path(tempfile.mkdtemp(prefix="ddp-slurm-cluster-"))
+    env = {**os.environ, "SLURM_CTLD_PORT": str(free_port()), "SLURM_NODE_PORT": str(free_port())}
+    saved = os.environ.get("SLURM_CONF")
+    try:
+        started = subprocess.run(
+            ["bash", str(START), str(folder)], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert started.returncode == 0, started.stderr
+        os.environ["SLURM_CONF"] = str(folder / "slurm.conf")
+        deadline = time.monotonic() + NODES_UP_WITHIN_S
+        while True:
+            nodes = subprocess.run(
+                ["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, timeout=15
+            )
+            states = dict(line.split() for line in nodes.stdout.splitlines())
+            if states.get("n1") == states.get("n2") == "idle":
+                break
+            assert time.monotonic() < deadline, f"nodes not idle within {NODES_UP_WITHIN_S}s: {nodes.stdout}"
+            time.sleep(0.5)
+        yield folder
+    finally:
+        subprocess.run(["bash", str(START), "--stop", str(folder)], timeout=60, check=False)
+        if saved is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = saved
+        left = _daemons_of(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+        assert not left, f"daemons left running: {[p.pid for p in left]}"
+
+
+def test_without_a_slurm_client_it_says_so(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch, no sinfo
+    assert slurm.missing_reason().startswith("no SLURM client here (sbatch, squeue")
+
+
+def test_without_a_configured_cluster_it_says_so_in_one_line(monkeypatch):
+    if shutil.which("sinfo") is None or Path(slurm.DEFAULT_CONF).exists():
+        pytest.skip("needs the SLURM client and no system-wide slurm.conf")
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    assert slurm.missing_reason() == (
+        f"no cluster configured: SLURM_CONF is not set and {slurm.DEFAULT_CONF} does not exist"
+    )
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(JOB_WITHIN_S + 120)
+def test_generated_sbatch_file_runs_on_two_nodes_and_every_rank_all_reduces(cluster, tmp_path, capsys):
+    (tmp_path / "worker.py").write_text(WORKER)
+    paths = write_cluster_templates(tmp_path / "jobs", "worker.py", nnodes=2, nproc_per_node=2, gpus_per_node=0,
+                                    cpus_per_rank=1, rdzv_port=free_port(), time_limit="00:10:00")  # fmt: skip
+    text = paths["slurm"].read_text()
+    assert "MASTER_ADDR=" not in text  # torchrun sets it for its workers; an export would do nothing
+    assert slurm.missing_reason() is None
+    job_id = slurm.submit(paths["slurm"], chdir=tmp_path, log=tmp_path / "job.log")
+    job = slurm.follow(job_id, tmp_path / "job.log", timeout_s=JOB_WITHIN_S)
+    assert (job.state, job.exit_code, job.num_nodes, job.node_list) == ("COMPLETED", "0:0", 2, "n[1-2]"), (
+        job.lines
+    )
+    reports = {
+        int(m[1]): m.groups() for lines in job.rank_lines.values() for m in map(REPORT.search, lines) if m
+    }
+    assert sorted(reports) == sorted(job.rank_lines) == [0, 1, 2, 3], job.lines  # every rank ran, once
+    assert all(world == "4" and float(total) == 10 for _, world, _, _, total in reports.values()), reports
+    nodes = {node: sorted(r for r, (_, _, n, _, _) in reports.items() if n == node) for node in ("n1", "n2")}
+    assert sorted(map(len, nodes.values())) == [2, 2], nodes  # two ranks on each SLURM node
+    # the cell's echo is launch()'s: `[rank N] ...`, one line per rank
+    echoed = re.findall(r"^\[rank (\d)\] rank \d/4", capsys.readouterr().out, re.M)
+    assert sorted(map(int, echoed)) == [0, 1, 2, 3]
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(JOB_WITHIN_S + 120)
+def test_a_failed_rank_restarts_both_nodes_and_they_resume_from_the_shared_checkpoint(cluster, tmp_path):
+    checkpoints = tmp_path / "checkpoints"  # one filesystem: both "nodes" see it, as they must
+    args = ["--steps", 6, "--save-every", 2, "--fail-at-step", 3, "--fail-rank", 1, "--log-every", 1,
+            "--num-samples", 256, "--run-dir", tmp_path / "run"]  # fmt: skip
+    paths = write_cluster_templates(tmp_path / "jobs", str(REPO / "ddp_helpers/workers/train.py"), args,
+                                    nnodes=2, nproc_per_node=1, gpus_per_node=0, cpus_per_rank=1, max_restarts=1,
+                                    checkpoint_dir=str(checkpoints), rdzv_port=free_port())  # fmt: skip
+    assert "--max-restarts 1" in paths["slurm"].read_text() and "--resume" in paths["slurm"].read_text()
+    job_id = slurm.submit(paths["slurm"], chdir=tmp_path, log=tmp_path / "job.log")
+    job = slurm.follow(job_id, tmp_path / "job.log", timeout_s=JOB_WITHIN_S, echo=False)
+    assert (job.state, job.exit_code) == ("COMPLETED", "0:0"), job.lines[-40:]
+    rank0 = job.rank_lines[0]
+    assert any(line.startswith("no checkpoint in") for line in rank0), rank0  # first attempt: from scratch
+    resumed = [line for line in rank0 if line.startswith("resumed from")]
+    assert len(resumed) == 1 and " step 2," in resumed[0], rank0  # the last checkpoint before the fault
+    assert rank0[-1].startswith("done: 6 steps"), rank0  # and the job went on to its end
+    assert any("injected fault on rank 1 at step 3" in line for line in job.rank_lines[1]), job.rank_lines[1]
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(JOB_WITHIN_S + 120)
+def test_a_job_past_its_bound_is_cancelled(cluster, tmp_path):
+    script = tmp_path / "sleep.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --nodes=1\necho started\nsleep 120\n")
+    job_id = slurm.submit(script, chdir=tmp_path, log=tmp_path / "sleep.log")
+    with pytest.raises(slurm.SlurmTimeout, match=f"job {job_id} did not end within 3 s: cancelled"):
+        slurm.follow(job_id, tmp_path / "sleep.log", timeout_s=3)
+    deadline = time.monotonic() + 30
+    while slurm.in_queue(job_id) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert slurm.job_facts(job_id)["JobState"] == "CANCELLED"
