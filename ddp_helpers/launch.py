@@ -5,7 +5,9 @@ from __future__ import annotations
 import inspect
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -350,6 +352,24 @@ def keep_previous_outputs(run_dir: Path) -> Path | None:
     return target
 
 
+def _die_with_owner(owner_pid: int):
+    """For a one-process run, which has no agent to watch the lifeline: the kernel sends the process
+    SIGKILL when the thread that started it dies (Linux's PR_SET_PDEATHSIG; launch() blocks in that
+    thread for the whole run). Elsewhere it does nothing."""
+
+    def arm() -> None:  # runs in the child, between fork and exec
+        if not sys.platform.startswith("linux"):
+            return
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+        if os.getppid() != owner_pid:  # the owner died before the line above took effect
+            os._exit(1)
+
+    return arm
+
+
 def _start(config: LaunchConfig) -> subprocess.Popen[bytes]:
     """Spawn torchrun (or the one process), its output going to files that `_Run` follows."""
     direct = config.launcher == "python"
@@ -378,6 +398,7 @@ def _start(config: LaunchConfig) -> subprocess.Popen[bytes]:
             env=env,
             start_new_session=True,  # the whole run can be signalled without touching the kernel
             pass_fds=() if lifeline_read is None else (lifeline_read,),
+            preexec_fn=_die_with_owner(os.getpid()) if direct else None,
         )
     except BaseException:
         if lifeline_write is not None:

@@ -17,7 +17,7 @@ STARTED_S = 60.0  # a loaded 2-core machine may take long to import torch in the
 LEFT_WITHIN_S = 10.0  # the bound: nothing of the run is alive this long after the owner died
 
 
-def _start_owner(command: list[str], marker: str, tmp_path) -> subprocess.Popen[bytes]:
+def _start_owner(command: list[str], marker: str, tmp_path, processes: int = 3) -> subprocess.Popen[bytes]:
     owner = subprocess.Popen(
         command,
         cwd=REPO,
@@ -28,8 +28,10 @@ def _start_owner(command: list[str], marker: str, tmp_path) -> subprocess.Popen[
     deadline = time.monotonic() + STARTED_S
     while time.monotonic() < deadline:
         # the agent and both workers carry the marker on their command lines (the script's argument)
-        workers = [p for p in processes_matching(marker) if "tick.py" in " ".join(p.cmdline())]
-        if len(workers) >= 3 and owner.poll() is None:
+        workers = [
+            p for p in processes_matching(marker) if p.pid != owner.pid and "tick.py" in " ".join(p.cmdline())
+        ]
+        if len(workers) >= processes and owner.poll() is None:
             time.sleep(1.0)  # the workers are printing their ticks
             return owner
         assert owner.poll() is None, (tmp_path / "owner.out").read_text()
@@ -51,14 +53,17 @@ def _kill_and_check(owner: subprocess.Popen[bytes], sig: int, marker: str) -> No
                 pass
 
 
-def test_a_killed_kernel_leaves_no_process_of_its_launch(tmp_path):
+@pytest.mark.parametrize("launcher, processes", [("torchrun", 3), ("python", 1)])
+def test_a_killed_kernel_leaves_no_process_of_its_launch(tmp_path, launcher, processes):
     # a Python process that calls launch() and is SIGKILLed: what an out-of-memory kill does to a kernel
     marker = f"owner-{uuid.uuid4().hex}"
+    nproc = 2 if launcher == "torchrun" else 1
     code = (
         "import ddp_helpers\n"
-        f"ddp_helpers.launch({str(SCRIPTS / 'tick.py')!r}, {marker!r}, nproc=2, timeout=None, progress='off')"
+        f"ddp_helpers.launch({str(SCRIPTS / 'tick.py')!r}, {marker!r}, nproc={nproc}, launcher={launcher!r}, "
+        "timeout=None, progress='off')"
     )
-    owner = _start_owner([sys.executable, "-c", code], marker, tmp_path)
+    owner = _start_owner([sys.executable, "-c", code], marker, tmp_path, processes)
     _kill_and_check(owner, signal.SIGKILL, marker)
 
 
