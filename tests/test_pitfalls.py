@@ -67,5 +67,7 @@ def test_slow_save_passes_with_a_timeout_longer_than_the_save(tmp_path):
 def test_join_scales_late_gradients_by_the_initial_world_size_in_an_odd_world(tmp_path):
     rank0 = run("uneven", "--fix", nproc=3, tmp_path=tmp_path).summary["ranks"][0]
     counts = rank0["all_reduces_per_step"]
-    assert counts["inside Join"] - counts["without Join"] == 2  # join's count, DDP's sync agreement
+    # one bucket's all-reduce; inside Join also Join's count and DDP's sync agreement. Counted as
+    # issued: gloo's own ranges can end after the profiler stops (CI once counted 0 without Join)
+    assert counts == {"without Join": 1, "inside Join": 3}, counts
     assert all(abs(ratio - 1 / 3) < 1e-6 for ratio in rank0["grad_over_local"][4:])  # alone: 1/3

@@ -271,8 +271,10 @@ def all_reduces_per_step(model, optimizer, x):
             optimizer.zero_grad(set_to_none=True)
             model(x).sum().backward()
         optimizer.zero_grad(set_to_none=True)  # a measurement, not a training step
-        # each backend records its collectives as "<backend>:all_reduce" (gloo:all_reduce, nccl:all_reduce)
-        return sum(event.name.endswith(":all_reduce") for event in prof.events())
+        # c10d::allreduce_ is the dispatcher op every all_reduce goes through, recorded on the calling
+        # thread as it is issued. The backend's own range (gloo:all_reduce) ends on gloo's thread, and
+        # can end after the profiler has stopped: DDP waits on the bucket's future, which completes first.
+        return sum(event.name == "c10d::allreduce_" for event in prof.events())
 
     counts = {"without Join": count_one_step()}
     with Join([model]):  # every rank is here, so nobody joins early: only the step's own cost is counted
