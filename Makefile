@@ -106,7 +106,7 @@ gpu-check:
 		python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 			--target /tmp/gpu-check-site .whl/*.whl; fi
 	PYTHONPATH="$(CURDIR)$$([ -d /tmp/gpu-check-site ] && echo :/tmp/gpu-check-site)$${PYTHONPATH:+:$$PYTHONPATH}" \
-		$(GPU_PY) -m ddp_helpers.gpu_check --deadline-s $(GPU_CHECK_DEADLINE_S) $(GPU_CHECK_ARGS)
+		$(GPU_PY) scripts/gpu_check.py --deadline-s $(GPU_CHECK_DEADLINE_S) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf runs notebooks/runs .pytest_cache $(COMPAT_VENV)

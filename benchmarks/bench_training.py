@@ -21,8 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ddp_helpers import launch
-from ddp_helpers.metrics import read_summary
+from ddp_helpers import launch, read_summary
 from ddp_helpers.workers import worker_path
 
 REFERENCE = Path(__file__).with_name("reference_torchrun.py")

@@ -13,8 +13,6 @@ writer must not pay for the launcher, psutil, tqdm or pandas.
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
@@ -28,21 +26,21 @@ from .errors import (
 )
 
 _LAZY = {
-    "LiveRanks": ".live_ranks",
-    "RankResults": ".live_ranks",
-    "start_ranks": ".live_ranks",
-    "LaunchResult": ".launch",
-    "launch": ".launch",
-    "read_metrics": ".metrics",
-    "read_summary": ".metrics",
-    "write_worker": ".worker_files",
+    "LiveRanks": ".live.ranks",
+    "RankResults": ".live.ranks",
+    "start_ranks": ".live.ranks",
+    "LaunchResult": ".launcher.runner",
+    "launch": ".launcher.runner",
+    "read_metrics": ".launcher.run_outputs",
+    "read_summary": ".launcher.run_outputs",
+    "write_worker": ".launcher.worker_files",
 }
 
 if TYPE_CHECKING:
-    from .launch import LaunchResult, launch
-    from .live_ranks import LiveRanks, RankResults, start_ranks
-    from .metrics import read_metrics, read_summary
-    from .worker_files import write_worker
+    from .launcher.run_outputs import read_metrics, read_summary
+    from .launcher.runner import LaunchResult, launch
+    from .launcher.worker_files import write_worker
+    from .live.ranks import LiveRanks, RankResults, start_ranks
 
 
 def __getattr__(name: str) -> Any:
@@ -53,25 +51,13 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class _Package(types.ModuleType):
-    def __setattr__(self, name: str, value: Any) -> None:
-        # Importing the submodule ddp_helpers.launch sets the package's `launch` to that module
-        # (the import system does so once the submodule has run): keep the function there instead.
-        if name == "launch" and isinstance(value, types.ModuleType):
-            value = value.launch
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
-
-
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
 def load_ipython_extension(ipython: Any) -> None:  # %load_ext ddp_helpers
-    from .live_magics import load_ipython_extension as load_ranks
-    from .magics import load_ipython_extension as load
+    from .launcher.torchrun_magic import load_ipython_extension as load
+    from .live.magics import load_ipython_extension as load_ranks
 
     load(ipython)
     load_ranks(ipython)

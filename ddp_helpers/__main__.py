@@ -9,7 +9,7 @@ import sys
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from .environment import collect_facts, exit_code, format_checks, live_allreduce, run_checks
+    from .lab.doctor import collect_facts, exit_code, format_checks, live_allreduce, run_checks
 
     facts = collect_facts()
     checks = run_checks(facts)
@@ -33,7 +33,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 def _launch(args: argparse.Namespace) -> int:
     from .errors import LaunchError, LaunchInterrupted
-    from .launch import launch
+    from .launcher.runner import launch
 
     options = {name: getattr(args, name) for name in LAUNCH_OPTIONS if getattr(args, name) is not None}
     ours = sorted(

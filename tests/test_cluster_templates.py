@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddp_helpers.cluster_templates import (
+from ddp_helpers.lab.cluster_templates import (
     DEFAULT_IMAGE,
     IMAGE_REPO_DIR,
     IMAGE_WORKSPACE,
@@ -28,7 +28,7 @@ from ddp_helpers.cluster_templates import (
     slurm_script,
     write_cluster_templates,
 )
-from ddp_helpers.launch_config import free_port
+from ddp_helpers.launcher.machine import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = "ddp_helpers/workers/train.py"

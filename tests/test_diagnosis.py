@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from ddp_helpers.errors import WorkerFailed
-from ddp_helpers.failure import _fault_stack, _last_traceback, diagnose, strip_rank_prefix
-from ddp_helpers.log_tail import RankLogTail
+from ddp_helpers.launcher.diagnosis import _fault_stack, _last_traceback, diagnose, strip_rank_prefix
+from ddp_helpers.launcher.log_follow import RankLogTail
 
 # torchrun's report, as torch 2.14 prints it: rank 1 raised, rank 0 was stopped with SIGTERM.
 REPORT_CURRENT = """\

@@ -1,4 +1,4 @@
-"""ddp_helpers.environment and `python -m ddp_helpers doctor`."""
+"""ddp_helpers.lab.doctor and `python -m ddp_helpers doctor`."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from ddp_helpers import environment as env
 from ddp_helpers.__main__ import main
-from ddp_helpers.metrics import bus_bandwidth, scaling_efficiency
+from ddp_helpers.lab import doctor as env
+from ddp_helpers.lab.measures import bus_bandwidth, scaling_efficiency
 
 
 def test_shm_below_one_gib_warns_with_the_docker_fix():

@@ -6,16 +6,18 @@ import json
 import subprocess
 import sys
 import tarfile
+from pathlib import Path
 
 import nbformat
 import pytest
 import torch
+from gpu_check import NO_GPU_EXIT, KernelWatch  # scripts/, on pytest's pythonpath
 
-from ddp_helpers.gpu_check import NO_GPU_EXIT, KernelWatch
+GPU_CHECK = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.py"
 
 
 def _gpu_check(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ddp_helpers.gpu_check", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, str(GPU_CHECK), *args], capture_output=True, text=True,
                           timeout=timeout)  # fmt: skip
 
 

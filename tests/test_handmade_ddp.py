@@ -12,7 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ddp_helpers import cost_model, launch, timeline
+from ddp_helpers import launch
+from ddp_helpers.lab import cost_model, timeline
 from ddp_helpers.workers import handmade_ddp, inside_ddp, worker_path
 
 # 4 hidden layers of 64x64 (+ bias) and a 64x10 head: 10 parameter tensors, 4 of 16,640 bytes
@@ -259,7 +260,7 @@ def test_notebook_07_live_check_holds_however_often_its_cells_rerun():
     """Issue 24: rerunning the sync cell (or exercise 2's BucketedDDP) must not break the check cell."""
     import nbformat
 
-    from ddp_helpers.live_ranks import start_ranks
+    from ddp_helpers.live.ranks import start_ranks
 
     notebook = nbformat.read(Path(__file__).resolve().parent.parent / "notebooks" / "07_inside_ddp.ipynb", 4)
     setup, synced = [c.source.split("\n", 1)[1] for c in notebook.cells if c.source.startswith("%%ranks")]

@@ -21,8 +21,8 @@ from ddp_helpers import (
     LaunchTimeout,
     WorkerFailed,
     launch,
-    launch_config,
 )
+from ddp_helpers.launcher import machine
 from ddp_helpers.workers import worker_path
 
 LINE = re.compile(r"^rank (\d) line (\d+) x{300}$")
@@ -93,7 +93,7 @@ def test_killed_rank_reports_the_signal(script, tmp_path):
     assert "out-of-memory" in info.value.hint
 
 
-@pytest.mark.skipif(launch_config.visible_gpus() > 0, reason="checks the CPU-only message")
+@pytest.mark.skipif(machine.visible_gpus() > 0, reason="checks the CPU-only message")
 def test_hard_coded_cuda_script_on_cpu_gets_a_hint(script, tmp_path):
     with pytest.raises(WorkerFailed) as info:
         launch(script("hardcoded_cuda.py"), nproc=2, run_dir=tmp_path / "run", backend="gloo")

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from ddp_helpers import InvalidLaunchArguments, LaunchError, LaunchInterrupted, launch_config
+from ddp_helpers import InvalidLaunchArguments, LaunchError, LaunchInterrupted
 from ddp_helpers.__main__ import main
-from ddp_helpers.echo import CellEcho
-from ddp_helpers.launch_config import LaunchConfig, loopback_visible_devices, make_config, threads_per_rank
-from ddp_helpers.log_tail import FileFollower, RankLogTail
-from ddp_helpers.magics import parse_magic_line
+from ddp_helpers.launcher import machine
+from ddp_helpers.launcher.cell_output import CellEcho
+from ddp_helpers.launcher.config import LaunchConfig, make_config
+from ddp_helpers.launcher.log_follow import FileFollower, RankLogTail
+from ddp_helpers.launcher.machine import threads_per_rank
+from ddp_helpers.launcher.torchrun_magic import parse_magic_line
 
 
 @pytest.fixture
@@ -45,23 +47,10 @@ def test_nccl_needs_one_gpu_per_process(worker):
 )
 def test_threads_are_the_cores_shared_out_on_every_backend(worker, monkeypatch, gpus, nproc, cores, threads):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(launch_config, "cpu_cores", lambda: cores)
+    monkeypatch.setattr(machine, "cpu_cores", lambda: cores)
     config = make_config(worker, nproc=nproc, gpus=gpus)
     assert config.environment()["OMP_NUM_THREADS"] == str(threads)
     assert threads_per_rank(nproc, cores) == threads
-
-
-def test_loopback_nodes_get_gpus_of_their_own():
-    assert loopback_visible_devices(0, 2, 4) == "0,1"
-    assert loopback_visible_devices(1, 2, 4) == "2,3"
-    assert loopback_visible_devices(1, 1, 2) == "1"
-    assert loopback_visible_devices(1, 2, 3) is None  # too few: the demo runs on gloo instead
-    assert loopback_visible_devices(0, 1, 0) is None
-    # each node's LOCAL_RANK j takes cuda:j of its own list: no physical GPU is used twice
-    physical = [
-        loopback_visible_devices(node, 4, 8).split(",")[local] for node in (0, 1) for local in range(4)
-    ]
-    assert sorted(physical, key=int) == [str(i) for i in range(8)]
 
 
 def test_multinode_waits_120s_by_default_and_keeps_script_args_from_torchrun(worker):
@@ -77,7 +66,7 @@ def test_every_option_has_one_default():
     # launch(), the magic and the CLI take their defaults from LaunchConfig, never restate them
     import inspect
 
-    from ddp_helpers.launch import launch
+    from ddp_helpers.launcher.runner import launch
 
     code = launch.__code__  # the function itself restates no option; its shown signature is built
     assert code.co_flags & inspect.CO_VARKEYWORDS and code.co_varnames[:3] == (
@@ -168,9 +157,9 @@ def test_the_echo_is_bounded_and_says_what_it_held_back():
     assert shown[-1] == "[rank 1] after the pause"
 
 
-@pytest.mark.skipif(launch_config.visible_gpus() > 0, reason="checks the machine without a GPU")
+@pytest.mark.skipif(machine.visible_gpus() > 0, reason="checks the machine without a GPU")
 def test_gpu_sampling_says_not_sampled_without_nvml_or_a_driver():
-    from ddp_helpers.resources import nvml_handles
+    from ddp_helpers.launcher.resources import nvml_handles
 
     handles, state = nvml_handles()
     assert handles == [] and state.startswith("not sampled: ")
@@ -181,8 +170,8 @@ def test_launch_shows_every_option_with_the_configs_default():
     import dataclasses
     import inspect
 
-    from ddp_helpers.launch import launch
-    from ddp_helpers.launch_config import OPTION_NAMES, LaunchConfig
+    from ddp_helpers.launcher.config import OPTION_NAMES, LaunchConfig
+    from ddp_helpers.launcher.runner import launch
 
     params = inspect.signature(launch).parameters
     assert list(params)[:2] == ["script", "script_args"]

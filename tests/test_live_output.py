@@ -9,7 +9,7 @@ from conftest import assert_no_processes_left
 from IPython.core.interactiveshell import InteractiveShell
 
 import ddp_helpers
-from ddp_helpers import live_magics
+from ddp_helpers.live import magics as live_magics
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from conftest import assert_no_processes_left
 
 import ddp_helpers
 from ddp_helpers import InvalidLaunchArguments, LaunchTimeout, RankError, WorkerFailed
-from ddp_helpers.launch import LaunchInterrupted
+from ddp_helpers.launcher.runner import LaunchInterrupted
 
 
 @pytest.fixture(scope="module")

@@ -8,14 +8,14 @@ import subprocess
 
 import pytest
 
-from ddp_helpers.launch_config import free_port
-from ddp_helpers.loopback import (
+from ddp_helpers.launcher.loopback import (
     ElasticNode,
     loopback_plan,
     start_elastic_node,
     visible_gpu_ids,
     wait_for_line,
 )
+from ddp_helpers.launcher.machine import free_port
 from ddp_helpers.workers import worker_path
 
 

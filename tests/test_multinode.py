@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from ddp_helpers import LaunchFailed, launch
-from ddp_helpers.cluster_templates import pytorchjob_manifest, slurm_script, write_cluster_templates
-from ddp_helpers.launch_config import free_port
+from ddp_helpers.lab.cluster_templates import pytorchjob_manifest, slurm_script, write_cluster_templates
+from ddp_helpers.launcher.machine import free_port
 
 
 def test_two_nodes_on_loopback_form_one_world(script, tmp_path):

@@ -73,7 +73,7 @@ def test_notebook_runs_in_smoke_mode(notebook, tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------------ the kernel never touches CUDA
 # torch.cuda calls that do not initialise CUDA in the calling process (get_device_name and friends
-# do: ask `ddp_helpers.environment.collect_facts()["gpus"]`, which reads them in a child process)
+# do: ask `ddp_helpers.lab.doctor.collect_facts()["gpus"]`, which reads them in a child process)
 CUDA_QUERIES = {"is_available", "device_count", "is_initialized"}
 RANK_CELL_MAGICS = ("%%ranks", "%%torchrun")  # these cells run in the ranks, not in the kernel
 

@@ -13,9 +13,9 @@ import matplotlib
 import pandas as pd
 import pytest
 
-from ddp_helpers import metrics, plots
-from ddp_helpers.process_scan import processes_marked
-from ddp_helpers.tensorboard_view import scalar_points, servers_started_here, tensorboard_binary
+from ddp_helpers.lab import measures, plots
+from ddp_helpers.lab.tensorboard_view import scalar_points, servers_started_here, tensorboard_binary
+from ddp_helpers.launcher.process_scan import processes_marked
 
 matplotlib.use("Agg")
 
@@ -32,32 +32,32 @@ def phase_rows(data_ms: dict[int, float], work_ms: float = 10.0, steps: int = 4)
 
 
 def test_phase_times_split_own_time_from_waiting():
-    phases = metrics.phase_times(phase_rows({0: 1.0, 1: 41.0, 2: 1.0}))
+    phases = measures.phase_times(phase_rows({0: 1.0, 1: 41.0, 2: 1.0}))
     assert phases["data_ms"].round(6).tolist() == [1.0, 41.0, 1.0]
     assert phases["wait_ms"].round(6).tolist() == [40.0, 0.0, 40.0]
     assert phases["whole_step_ms"].round(6).tolist() == [51.0, 51.0, 51.0]
-    assert metrics.straggler(phases) == 1
+    assert measures.straggler(phases) == 1
 
 
 def test_phase_times_skip_warmup_and_untimed_steps():
     rows = phase_rows({0: 1.0, 1: 5.0})
     rows.loc[rows["step"] == 1, "data_time_s"] = 9.0  # a slow first step, to be skipped
     rows.loc[rows["step"] == 3, ["data_time_s", "train_step_time_s"]] = None  # not timed
-    phases = metrics.phase_times(rows, skip_steps=1)
+    phases = measures.phase_times(rows, skip_steps=1)
     assert phases.loc[0, "data_ms"] == pytest.approx(1.0)
 
 
 def test_no_straggler_with_one_rank_or_when_the_signs_disagree():
-    assert metrics.straggler(metrics.phase_times(phase_rows({0: 3.0}))) is None
+    assert measures.straggler(measures.phase_times(phase_rows({0: 3.0}))) is None
     disagree = pd.DataFrame({"data_ms": [5.0, 1.0], "wait_ms": [3.0, 0.0]}, index=[0, 1])
-    assert metrics.straggler(disagree) is None
+    assert measures.straggler(disagree) is None
 
 
 def test_phase_times_refuse_metrics_without_them():
     with pytest.raises(ValueError, match="no phase timings"):
-        metrics.phase_times(pd.DataFrame({"rank": [0], "step": [1], "loss": [1.0]}))
+        measures.phase_times(pd.DataFrame({"rank": [0], "step": [1], "loss": [1.0]}))
     with pytest.raises(ValueError, match="no timed step after step 9"):
-        metrics.phase_times(phase_rows({0: 1.0, 1: 2.0}), skip_steps=9)
+        measures.phase_times(phase_rows({0: 1.0, 1: 2.0}), skip_steps=9)
 
 
 def run(samples_per_s, world_size, devices=None, peaks=None):
@@ -73,7 +73,7 @@ def test_efficiency_is_per_device_for_dataparallel_too():
         "dp": run(250.0, 1, devices=4, peaks=[4 * 2**20, 2**20, 2**20, 2**20]),
         "ddp": run(380.0, 4),  # an older summary without "devices": the world size counts
     }
-    table = metrics.results_table(runs, baseline="single")
+    table = measures.results_table(runs, baseline="single")
     assert table.loc["dp", "scaling_efficiency"] == pytest.approx(0.625)  # not 2.5: 4 GPUs did it
     assert table.loc["ddp", "scaling_efficiency"] == pytest.approx(0.95)
     assert table.loc["dp", "samples_per_s_per_device"] == pytest.approx(62.5)
@@ -81,7 +81,7 @@ def test_efficiency_is_per_device_for_dataparallel_too():
 
 
 def test_phase_plot_draws_three_parts_per_rank():
-    fig = plots.phase_times_per_rank(metrics.phase_times(phase_rows({0: 1.0, 1: 41.0})))
+    fig = plots.phase_times_per_rank(measures.phase_times(phase_rows({0: 1.0, 1: 41.0})))
     ax = fig.axes[0]
     assert len(ax.patches) == 3 * 2
     assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1"]
@@ -119,5 +119,5 @@ def test_whole_step_is_a_mean_so_per_step_offsets_cancel():
         ]
         + [{"rank": 1, "step": s, "data_time_s": 0.0, "train_step_time_s": 0.02} for s in (1, 2, 3)]
     )
-    whole = metrics.phase_times(rows)["whole_step_ms"]
+    whole = measures.phase_times(rows)["whole_step_ms"]
     assert whole[0] == pytest.approx(whole[1]) == pytest.approx(20.0)

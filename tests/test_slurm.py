@@ -19,9 +19,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ddp_helpers import slurm
-from ddp_helpers.cluster_templates import write_cluster_templates
-from ddp_helpers.launch_config import free_port
+from ddp_helpers.lab.cluster_templates import write_cluster_templates
+from ddp_helpers.launcher import slurm
+from ddp_helpers.launcher.machine import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 START = REPO / "scripts" / "start_slurm.sh"

@@ -184,7 +184,7 @@ def test_eval_accuracy_is_exact_over_an_uneven_test_split(tmp_path):
 def test_straggler_shows_in_its_own_data_time_and_in_the_others_wait(tmp_path):
     """--straggler 1:MS: rank 1 waits MS more for each batch; in synchronous DDP rank 0 then
     waits for rank 1 inside the step, so the whole step takes as long on both ranks."""
-    from ddp_helpers.metrics import phase_times, straggler
+    from ddp_helpers.lab.measures import phase_times, straggler
 
     ms = 40
     result = launch(TRAIN, *TINY, "--steps", 10, "--straggler", f"1:{ms}", nproc=2, run_dir=tmp_path)

@@ -15,7 +15,7 @@ import re
 import signal
 from dataclasses import dataclass, field
 
-from .log_tail import RankLogTail
+from .log_follow import RankLogTail
 
 _ROOT_CAUSE = re.compile(
     r"Root Cause \(first observed failure\):.*?rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*\d+\)"

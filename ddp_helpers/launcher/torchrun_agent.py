@@ -1,6 +1,6 @@
 """torchrun's agent, run so that no process of the run can outlive it.
 
-    python -m ddp_helpers.agent [torchrun options] -- script.py [args]
+    python -m ddp_helpers.launcher.torchrun_agent [torchrun options] -- script.py [args]
 
 A worker may start a helper that leaves its session (``start_new_session=True``) or double-forks, then
 exit: the helper is re-parented to init and escapes any tree or process group the launcher knows. So

@@ -13,21 +13,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .agent import OWNER_FD_ENV
-from .echo import CellEcho
-from .errors import LaunchError, LaunchFailed, LaunchInterrupted, LaunchTimeout, WorkerFailed
-from .failure import diagnose, strip_rank_prefix
-from .launch_config import RUN_OUTPUTS, LaunchConfig, make_config, options_signature
-from .log_tail import FileFollower, LogChunk, RankLogTail
-from .metrics import MetricsFollower, read_metrics, read_summary
+from ..errors import LaunchError, LaunchFailed, LaunchInterrupted, LaunchTimeout, WorkerFailed
+from .cell_output import CellEcho
+from .config import RUN_OUTPUTS, LaunchConfig, make_config, options_signature
+from .diagnosis import diagnose, strip_rank_prefix
+from .log_follow import FileFollower, LogChunk, RankLogTail
 from .process_tree import ProcessTree
 from .progress import StepProgress, resolve_progress
 from .resources import ResourceSampler
+from .run_outputs import MetricsFollower, read_metrics, read_summary
+from .torchrun_agent import OWNER_FD_ENV
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["LaunchInterrupted", "LaunchResult", "launch"]  # LaunchInterrupted: its old home
+__all__ = ["LaunchResult", "launch"]
 
 POLL_S = 0.1
 REFRESH_S = 0.5  # how often the process tree and the resources are sampled

@@ -211,9 +211,9 @@ def live_allreduce(
     timeout: float = 120,
 ) -> tuple[list[Check], dict[str, Any]]:
     """Run workers/allreduce_bench.py through `launch` and turn it into checks plus the raw summary."""
-    from .errors import InvalidLaunchArguments, LaunchError
-    from .launch import launch
-    from .workers import worker_path
+    from ..errors import InvalidLaunchArguments, LaunchError
+    from ..launcher.runner import launch
+    from ..workers import worker_path
 
     try:
         result = launch(worker_path("allreduce_bench"), "--max-bytes", max_bytes, "--iters", iters,

@@ -20,7 +20,7 @@ from typing import Any
 
 from IPython.core.magic import Magics, cell_magic, magics_class
 
-from .errors import InvalidLaunchArguments
+from ..errors import InvalidLaunchArguments
 
 
 class _RefusingParser(argparse.ArgumentParser):
@@ -75,8 +75,8 @@ class TorchrunMagics(Magics):
         Options: --nproc N, --backend B, --timeout S, --run-dir DIR, --max-restarts N,
         --show-ranks all|none|0,1, --args '--steps 5' (the script's arguments, quoted).
         """
-        from .launch import launch
-        from .launch_config import default_run_dir
+        from .config import default_run_dir
+        from .runner import launch
 
         run_dir, script_args, options = parse_magic_line(line)
         run_dir = run_dir or default_run_dir("cell")

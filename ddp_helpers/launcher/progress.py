@@ -8,7 +8,7 @@ from typing import Any
 
 from tqdm import tqdm as text_tqdm
 
-from .echo import write_line
+from .cell_output import write_line
 
 PROGRESS_ENV = "DDP_HELPERS_PROGRESS"  # "widget", "text" or "off"; papermill runs set "text"
 

@@ -16,7 +16,7 @@ import difflib
 import os
 from pathlib import Path
 
-from .workers import worker_path
+from ..workers import worker_path
 
 
 def _resolve(target: str | os.PathLike[str]) -> Path:

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .launch_config import visible_gpus
+from .machine import visible_gpus
 from .process_tree import ProcessTree
 
 

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .echo import write_line
+from .cell_output import write_line
 
 COMMANDS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo")
 RANK_LINE = re.compile(r"^\[rank(\d+)\]:\s?(.*)$")  # cluster_templates.LOG_LINE_PREFIX

@@ -5,7 +5,7 @@ signalling the agent's process group does not reach the workers. We therefore re
 every descendant we have seen and signal each of them, and their groups, directly.
 
 What a worker starts and orphans between two refreshes (a helper in a session of its own, a
-double fork) is re-parented to the agent, a child subreaper (see `ddp_helpers.agent`), which
+double fork) is re-parented to the agent, a child subreaper (see `ddp_helpers.launcher.torchrun_agent`), which
 stops it when torchrun returns; until then the next refresh sees it here too.
 """
 

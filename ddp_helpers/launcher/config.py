@@ -12,7 +12,6 @@ import math
 import os
 import re
 import secrets
-import socket
 import sys
 import time
 from collections.abc import Iterable
@@ -20,8 +19,9 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .backends import BACKENDS, resolve_backend  # the one rule, shared with every worker
-from .errors import InvalidLaunchArguments
+from ..backends import BACKENDS, resolve_backend  # the one rule, shared with every worker
+from ..errors import InvalidLaunchArguments
+from .machine import free_port, threads_per_rank, visible_gpus
 
 LAUNCHERS = ("torchrun", "python")
 PROGRESS_CHOICES = ("auto", "widget", "text", "off")
@@ -29,53 +29,6 @@ RUNS_DIR_ENV = "DDP_HELPERS_RUNS_DIR"
 MULTINODE_RDZV_TIMEOUT_S = 120.0  # torchrun waits 600 s for a missing node: too long for a cell
 # What one launch writes into its run_dir; a later launch into the same folder moves them aside.
 RUN_OUTPUTS = ("logs", "metrics", "summary.json", "plan.json")
-
-
-def visible_gpus() -> int:
-    """CUDA devices this process can see (0 without a CUDA build or a driver). Creates no CUDA context."""
-    try:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:  # a broken driver must not stop a CPU run
-        return 0
-
-
-def cpu_cores() -> int:
-    """The cores this process may run on (its affinity mask, which a container or taskset narrows)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def threads_per_rank(local_world_size: int, cores: int | None = None) -> int:
-    """OMP/MKL threads for each of `local_world_size` ranks on one machine: the cores shared out.
-
-    The same on every backend: a GPU rank's CPU work (data loading, the optimizer on CPU tensors)
-    oversubscribes the cores just as a CPU rank's does.
-    """
-    return max(1, (cpu_cores() if cores is None else cores) // max(1, local_world_size))
-
-
-def loopback_visible_devices(node_rank: int, nproc: int, gpus: int) -> str | None:
-    """``CUDA_VISIBLE_DEVICES`` for loopback "node" `node_rank` of `nproc` ranks each, on a machine of `gpus`.
-
-    Two agents on one machine both number their ranks from LOCAL_RANK 0, so both would take ``cuda:0``,
-    which NCCL refuses as a duplicate GPU. Node k gets GPUs ``k*nproc .. k*nproc+nproc-1`` instead.
-    None when there are not enough GPUs for that (run the demo on gloo then).
-    """
-    first = node_rank * nproc
-    if gpus <= 0 or first + nproc > gpus:
-        return None
-    return ",".join(str(i) for i in range(first, first + nproc))
-
-
-def free_port() -> int:
-    """A TCP port that was free on localhost a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def default_run_dir(stem: str) -> Path:
@@ -292,7 +245,7 @@ class LaunchConfig:
         if self.launcher == "python":
             return [self.python, str(self.script), *self.script_args]
         # torchrun's own main, run by our agent so that no orphan outlives the run (see agent.py)
-        cmd = [self.python, "-m", "ddp_helpers.agent", "--nproc-per-node", str(self.nproc)]
+        cmd = [self.python, "-m", "ddp_helpers.launcher.torchrun_agent", "--nproc-per-node", str(self.nproc)]
         if self.nnodes == 1:
             cmd += ["--standalone"]  # c10d rendezvous on a free localhost port: no clashes
         else:
@@ -307,7 +260,7 @@ class LaunchConfig:
         return [*cmd, "--", str(self.script), *self.script_args]
 
     def environment(self) -> dict[str, str]:
-        from .agent import GRACE_ENV
+        from .torchrun_agent import GRACE_ENV
 
         env = dict(os.environ)
         # torchrun would set 1 thread per worker and warn; share the cores out instead.

@@ -19,8 +19,8 @@ from IPython.core.displayhook import DisplayHook
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .errors import InvalidLaunchArguments
-from .live_ranks import LiveRanks, shown_value, start_ranks
+from ..errors import InvalidLaunchArguments
+from .ranks import LiveRanks, shown_value, start_ranks
 
 _current: LiveRanks | None = None
 

@@ -7,7 +7,7 @@
 
 Built from the launcher's parts: the ranks run under torchrun in a session of their own, their output
 goes to torchrun's per-rank log files, which are echoed as ``[rank N]`` lines, and failures are
-diagnosed as `launch` diagnoses them. Each rank runs `ddp_helpers.rank_server`, which takes code over
+diagnosed as `launch` diagnoses them. Each rank runs `ddp_helpers.live.server`, which takes code over
 an authenticated Unix socket. The ranks exit by themselves when that socket closes, so a killed
 kernel leaves nothing behind.
 """
@@ -35,9 +35,7 @@ from typing import Any
 
 import psutil
 
-from . import live_channel
-from .echo import shown_text
-from .errors import (
+from ..errors import (
     InvalidLaunchArguments,
     LaunchError,
     LaunchInterrupted,
@@ -46,10 +44,12 @@ from .errors import (
     ValueNotReturned,
     WorkerFailed,
 )
-from .failure import STDERR_TAIL_LINES
-from .launch import _Run, _start
-from .launch_config import LaunchConfig, default_run_dir, make_config
-from .process_tree import ProcessTree
+from ..launcher.cell_output import shown_text
+from ..launcher.config import LaunchConfig, default_run_dir, make_config
+from ..launcher.diagnosis import STDERR_TAIL_LINES
+from ..launcher.process_tree import ProcessTree
+from ..launcher.runner import _Run, _start
+from . import protocol
 
 POLL_S = 0.02
 MAX_VALUE_CHARS = 10_000  # a cell's value shown in the notebook: list(range(10**6)) would be 6.9 MB
@@ -158,9 +158,9 @@ class LiveRanks:
         config.log_dir.mkdir(parents=True, exist_ok=True)
         config.env.update(
             {
-                live_channel.ADDRESS_ENV: address,
-                live_channel.AUTHKEY_ENV: authkey.hex(),
-                live_channel.STACKS_ENV: str(stacks),
+                protocol.ADDRESS_ENV: address,
+                protocol.AUTHKEY_ENV: authkey.hex(),
+                protocol.STACKS_ENV: str(stacks),
             }
         )
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -172,7 +172,7 @@ class LiveRanks:
             f"each rank's stdout.log and stderr.log under {config.log_dir}/*/attempt_0/<rank>/"
         )
         self._proc = _start(config)  # in a session of its own: never signalled by the kernel's own Ctrl-C
-        config.env.pop(live_channel.AUTHKEY_ENV)  # the key lives in the ranks' environment only
+        config.env.pop(protocol.AUTHKEY_ENV)  # the key lives in the ranks' environment only
         self._tree = ProcessTree(self._proc.pid)
         self._closed = False
         try:
@@ -586,7 +586,7 @@ class LiveRanks:
         """Each rank's current Python stack, from faulthandler on SIGUSR1, trimmed to the cell's frames."""
         files = {r: self._config.run_dir / "stacks" / f"rank{r}.txt" for r in ranks}
         offsets = {r: files[r].stat().st_size if files[r].exists() else 0 for r in ranks}
-        self._signal(ranks, live_channel.STACK_SIGNAL)
+        self._signal(ranks, protocol.STACK_SIGNAL)
         deadline = time.monotonic() + STACK_WAIT_S
         while time.monotonic() < deadline and not all(
             files[r].exists() and files[r].stat().st_size > offsets[r] for r in ranks

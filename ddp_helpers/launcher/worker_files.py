@@ -6,7 +6,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from .workers import worker_path
+from ..workers import worker_path
 
 
 def _line_number(lines: list[str], where: int | str, start: int = 1) -> int:

@@ -1,6 +1,6 @@
 """`make gpu-check`: the doctor, the all_reduce bench, every notebook and ResNet-50 training, on cuda/nccl.
 
-    python -m ddp_helpers.gpu_check [--out DIR] [--deadline-s 420] [--notebooks '0*'] [--cpu-smoke]
+    python scripts/gpu_check.py [--out DIR] [--deadline-s 420] [--notebooks '0*'] [--cpu-smoke]
 
 One run, in this order, each part only while time is left before the deadline:
 1. the static checks and a live all_reduce sweep;
@@ -34,17 +34,23 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+REPO = Path(__file__).resolve().parent.parent
+# The device machine runs this file with its own python, where the package is not installed: the
+# repository goes on the path, for this process and for every worker it launches.
+sys.path.insert(0, str(REPO))
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+
 NO_GPU_EXIT = 3
-NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS_DIR = REPO / "notebooks"
 PARTS = ("checks", "allreduce", "notebooks", "training")
 
 
 def _train(
     out: Path, world_size: int, amp: str, steps: int, batch: int, model: str, image: int
 ) -> dict[str, Any]:
-    from .errors import LaunchError
-    from .launch import launch
-    from .workers import worker_path
+    from ddp_helpers.errors import LaunchError
+    from ddp_helpers.launcher.runner import launch
+    from ddp_helpers.workers import worker_path
 
     name = f"{model}-ws{world_size}-{amp}"
     args = ["--model", model, "--dataset", "synthetic", "--image-size", image, "--num-samples", 512,
@@ -275,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
               "On the CPU, run `make test` or `python -m ddp_helpers doctor` instead.")  # fmt: skip
         return NO_GPU_EXIT
 
-    from .environment import collect_facts, live_allreduce, run_checks
+    from ddp_helpers.lab.doctor import collect_facts, live_allreduce, run_checks
 
     out, work = Path(args.out).resolve(), Path(args.work).resolve()
     out.mkdir(parents=True, exist_ok=True)

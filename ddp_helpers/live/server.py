@@ -1,6 +1,6 @@
 """One live rank: join the process group, then run the code the notebook sends, cell after cell.
 
-torchrun starts this file once per rank (see `ddp_helpers.live_ranks`). Each rank:
+torchrun starts this file once per rank (see `ddp_helpers.live.ranks`). Each rank:
 
 1. joins the process group with `setup_distributed()` (nccl + cuda:LOCAL_RANK on GPUs, gloo on the CPU);
 2. connects to the notebook kernel over an authenticated Unix socket (`multiprocessing.connection`,
@@ -35,7 +35,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ddp_helpers.distributed import setup_distributed
-from ddp_helpers.live_channel import ADDRESS_ENV, AUTHKEY_ENV, STACK_SIGNAL, STACKS_ENV
+from ddp_helpers.live.protocol import ADDRESS_ENV, AUTHKEY_ENV, STACK_SIGNAL, STACKS_ENV
 
 REAL_EXIT = os._exit  # the server's own way out; a cell's os._exit is announced first (see announce_exits)
 NO_STDIN = (

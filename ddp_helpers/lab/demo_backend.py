@@ -6,7 +6,7 @@ fewer GPUs than ranks the demo runs N gloo ranks on the CPU, and the notebook sa
 
 from __future__ import annotations
 
-from .launch_config import visible_gpus
+from ..launcher.machine import visible_gpus
 
 
 def backend_for(nproc: int, gpus: int | None = None) -> tuple[str, str]:
