@@ -18,8 +18,7 @@ import torch
 from conftest import assert_no_processes_left
 
 import ddp_helpers
-from ddp_helpers import InvalidLaunchArguments, LaunchTimeout, RankError, WorkerFailed
-from ddp_helpers.launcher.runner import LaunchInterrupted
+from ddp_helpers import InvalidLaunchArguments, LaunchInterrupted, LaunchTimeout, RankError, WorkerFailed
 
 
 @pytest.fixture(scope="module")
