@@ -49,7 +49,7 @@ EXCERPTS: dict[tuple[str, str | None], str] = {
     ("pitfalls", "unused"): "loss.backward()",
     ("pitfalls", "time_unused_fixes"): "static_graph",
     ("pitfalls", "slow_save"): "dist.barrier()",
-    ("rank_server", "main"): "faulthandler.register(",
+    ("live.server", "main"): "faulthandler.register(",
     ("pitfalls", "batchnorm"): "SyncBatchNorm",
     ("pitfalls", "uneven"): "Join(",
     # notebook 07

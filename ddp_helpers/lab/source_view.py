@@ -18,17 +18,21 @@ from pathlib import Path
 
 from ..workers import worker_path
 
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # ddp_helpers/
+
 
 def _resolve(target: str | os.PathLike[str]) -> Path:
     candidate = Path(target)
     if candidate.suffix == ".py" and candidate.is_file():
         return candidate
-    module = Path(__file__).with_name(f"{target}.py")  # a module of this package, e.g. "checkpoint"
     try:
         return worker_path(str(target))
     except FileNotFoundError:
-        if isinstance(target, str) and target.isidentifier() and module.is_file():
-            return module
+        # a module of this package by dotted name, e.g. "checkpoint" or "live.server"
+        if isinstance(target, str) and all(part.isidentifier() for part in target.split(".")):
+            module = PACKAGE_DIR.joinpath(*target.split(".")).with_suffix(".py")
+            if module.is_file():
+                return module
         raise
 
 
@@ -49,9 +53,9 @@ def _find(tree: ast.AST, dotted: str) -> ast.AST:
 def source_of(target: str | os.PathLike[str], *names: str) -> str:
     """The source of each named function or class in `target` (decorators included), or the whole file.
 
-    `target` is a bundled worker's name ("train"), a module of ddp_helpers ("checkpoint"), or a path to
-    a ``.py`` file. Raises LookupError
-    for a name the file does not define.
+    `target` is a bundled worker's name ("train"), a module of ddp_helpers by dotted name
+    ("checkpoint", "live.server"), or a path to a ``.py`` file. Raises LookupError for a name the
+    file does not define.
     """
     path = _resolve(target)
     text = path.read_text()

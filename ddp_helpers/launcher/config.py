@@ -244,7 +244,7 @@ class LaunchConfig:
     def command(self) -> list[str]:
         if self.launcher == "python":
             return [self.python, str(self.script), *self.script_args]
-        # torchrun's own main, run by our agent so that no orphan outlives the run (see agent.py)
+        # torchrun's own main, run by our agent so that no orphan outlives the run (see torchrun_agent.py)
         cmd = [self.python, "-m", "ddp_helpers.launcher.torchrun_agent", "--nproc-per-node", str(self.nproc)]
         if self.nnodes == 1:
             cmd += ["--standalone"]  # c10d rendezvous on a free localhost port: no clashes

@@ -388,7 +388,7 @@ def _start(config: LaunchConfig) -> subprocess.Popen[bytes]:
         env["MPLBACKEND"] = "Agg"
     # The agent's lifeline: it holds the read end, this process the only write end. However this
     # process dies (a kernel SIGKILLed, a CLI whose terminal closed), the agent reads end-of-file and
-    # stops the run (see agent.py). os.pipe's ends are not inherited by anything else we start.
+    # stops the run (see torchrun_agent.py). os.pipe's ends are not inherited by anything else we start.
     lifeline_read, lifeline_write = (None, None) if direct else os.pipe()
     if lifeline_read is not None:
         env[OWNER_FD_ENV] = str(lifeline_read)
