@@ -32,10 +32,24 @@ CHATTY = Path(__file__).with_name("chatty_job.py")
 def bare_torchrun(job: Path, args: list[str], log_dir: Path) -> float:
     started = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "--log-dir", str(log_dir), "--redirects", "3", str(job), *args],
-        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--log-dir",
+            str(log_dir),
+            "--redirects",
+            "3",
+            str(job),
+            *args,
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return time.perf_counter() - started
 
 
@@ -87,8 +101,10 @@ def main() -> None:
         }
     for name, target in targets.items():
         f = figures[name]
-        print(f"{name}: bare torchrun median {f['bare_torchrun_median_s']:.2f}s, launch() median "
-              f"{f['launch_median_s']:.2f}s, ratio {f['ratio']:.3f} (target <= {target})")  # fmt: skip
+        print(
+            f"{name}: bare torchrun median {f['bare_torchrun_median_s']:.2f}s, launch() median "
+            f"{f['launch_median_s']:.2f}s, ratio {f['ratio']:.3f} (target <= {target})"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2))
 

@@ -28,8 +28,24 @@ REFERENCE = Path(__file__).with_name("reference_torchrun.py")
 
 
 def worker_args(steps: int) -> list[str]:
-    return ["--model", "resnet18", "--dataset", "synthetic", "--image-size", "32", "--num-samples", "1024",
-            "--batch-size", "32", "--steps", str(steps), "--warmup-steps", "5", "--log-every", "5"]  # fmt: skip
+    return [
+        "--model",
+        "resnet18",
+        "--dataset",
+        "synthetic",
+        "--image-size",
+        "32",
+        "--num-samples",
+        "1024",
+        "--batch-size",
+        "32",
+        "--steps",
+        str(steps),
+        "--warmup-steps",
+        "5",
+        "--log-every",
+        "5",
+    ]
 
 
 def single(steps: int, run_dir: Path) -> float:
@@ -47,14 +63,28 @@ def single(steps: int, run_dir: Path) -> float:
 
 
 def ddp(steps: int, run_dir: Path) -> float:
-    result = launch(worker_path("train"), *worker_args(steps), nproc=2, run_dir=run_dir, progress="off",
-                    show_ranks="none")  # fmt: skip
+    result = launch(
+        worker_path("train"), *worker_args(steps), nproc=2, run_dir=run_dir, progress="off", show_ranks="none"
+    )
     return result.summary["samples_per_s"]
 
 
 def reference(steps: int) -> float:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(REFERENCE),
-           "--steps", str(steps), "--warmup", "5", "--batch-size", "32"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(REFERENCE),
+        "--steps",
+        str(steps),
+        "--warmup",
+        "5",
+        "--batch-size",
+        "32",
+    ]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])["samples_per_s"]
 

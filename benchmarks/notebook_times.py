@@ -43,9 +43,13 @@ def time_notebook(notebook: Path, parameters: dict, out_dir: Path) -> dict:
     error = None
     try:
         papermill.execute_notebook(
-            str(notebook), str(executed), parameters=parameters, cwd=str(out_dir),
-            kernel_name="python3", progress_bar=False,
-        )  # fmt: skip
+            str(notebook),
+            str(executed),
+            parameters=parameters,
+            cwd=str(out_dir),
+            kernel_name="python3",
+            progress_bar=False,
+        )
     except Exception as err:  # report it and go on: one broken chapter must not hide the others' times
         error = str(err).strip().splitlines()[-1][:200] if str(err).strip() else type(err).__name__
     seconds = time.perf_counter() - started

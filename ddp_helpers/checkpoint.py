@@ -104,7 +104,6 @@ def load_latest(
             return load_checkpoint(path, map_location), path
         except CheckpointError as err:
             log.warning("%s; falling back to the previous checkpoint", err)
-            print(f"WARNING: {err}; falling back to the previous checkpoint", flush=True)
     return None, None
 
 
@@ -146,7 +145,7 @@ def capture_rng() -> dict[str, Any]:
             "pos": int(np_state[2]),
             "has_gauss": int(np_state[3]),
             "cached_gaussian": float(np_state[4]),
-        },  # fmt: skip
+        },
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():

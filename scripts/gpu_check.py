@@ -53,11 +53,36 @@ def _train(
     from ddp_helpers.workers import worker_path
 
     name = f"{model}-ws{world_size}-{amp}"
-    args = ["--model", model, "--dataset", "synthetic", "--image-size", image, "--num-samples", 512,
-            "--batch-size", batch, "--steps", steps, "--log-every", 5, "--warmup-steps", 10, "--amp", amp]  # fmt: skip
+    args = [
+        "--model",
+        model,
+        "--dataset",
+        "synthetic",
+        "--image-size",
+        image,
+        "--num-samples",
+        512,
+        "--batch-size",
+        batch,
+        "--steps",
+        steps,
+        "--log-every",
+        5,
+        "--warmup-steps",
+        10,
+        "--amp",
+        amp,
+    ]
     try:
-        result = launch(worker_path("train"), *args, nproc=world_size, run_dir=out / name, timeout=180,
-                        show_ranks=0, progress="text")  # fmt: skip
+        result = launch(
+            worker_path("train"),
+            *args,
+            nproc=world_size,
+            run_dir=out / name,
+            timeout=180,
+            show_ranks=0,
+            progress="text",
+        )
     except LaunchError as err:
         return {"name": name, "world_size": world_size, "amp": amp, "error": str(err).splitlines()[0]}
     return {"name": name, "wall_s": result.wall_s, **result.summary}
@@ -148,8 +173,12 @@ def gpu_process_ids() -> set[int] | None:
     except Exception:  # no pynvml, or NVML without a process list: ask nvidia-smi
         pass
     try:
-        proc = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=10)  # fmt: skip
+        proc = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if proc.returncode != 0:
@@ -184,9 +213,15 @@ def run_notebook(
     started = time.time()
     with KernelWatch(deadline, gpus) as watch:
         try:
-            papermill.execute_notebook(str(notebook), str(work / "executed" / f"{notebook.stem}-{mode}.ipynb"),
-                                       parameters=parameters, cwd=str(folder), kernel_name="python3",
-                                       progress_bar=False, execution_timeout=int(left) + 1)  # fmt: skip
+            papermill.execute_notebook(
+                str(notebook),
+                str(work / "executed" / f"{notebook.stem}-{mode}.ipynb"),
+                parameters=parameters,
+                cwd=str(folder),
+                kernel_name="python3",
+                progress_bar=False,
+                execution_timeout=int(left) + 1,
+            )
             status, error = "ok", None
         except Exception as err:  # a failing notebook is a finding, not the end of the check
             status = "stopped: time budget" if watch.interrupted else "failed"
@@ -224,8 +259,12 @@ def run_notebooks(
             if nproc is not None:
                 parameters["nproc"] = nproc
             row = run_notebook(notebook, mode, work, deadline, gpus, parameters)
-            print(json.dumps({k: row.get(k) for k in ("notebook", "mode", "status", "wall_s", "kernel_cuda_context")}),
-                  flush=True)  # fmt: skip
+            print(
+                json.dumps(
+                    {k: row.get(k) for k in ("notebook", "mode", "status", "wall_s", "kernel_cuda_context")}
+                ),
+                flush=True,
+            )
             rows.append(row)
     with tarfile.open(out / "notebooks.tar.gz", "w:gz") as archive:  # one file: $OUT returns few
         archive.add(work / "executed", arcname="executed")
@@ -239,9 +278,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--out", default=os.environ.get("OUT") or "runs/gpu-check", help="report files")
     parser.add_argument("--work", default="runs/gpu-check-work", help="the runs' own files")
-    parser.add_argument("--deadline-s", type=float, default=420,
-                        help="seconds for the whole check: parts not started by then are skipped, and a notebook "
-                             "still running is interrupted (420 s leaves a one-H200 run inside 8 minutes)")  # fmt: skip
+    parser.add_argument(
+        "--deadline-s",
+        type=float,
+        default=420,
+        help="seconds for the whole check: parts not started by then are skipped, and a notebook "
+        "still running is interrupted (420 s leaves a one-H200 run inside 8 minutes)",
+    )
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, from {', '.join(PARTS)}")
     parser.add_argument(
         "--notebooks", default="*", help="which notebooks, as a glob on their names ('0[06]*')"
@@ -252,8 +295,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=30, help="training steps per run")
     parser.add_argument("--batch-size", type=int, default=64, help="per GPU")
     parser.add_argument("--max-bytes", type=int, default=1 << 30, help="largest all_reduce message")
-    parser.add_argument("--cpu-smoke", action="store_true",
-                        help="tiny sizes on the CPU with gloo, to test this script where there is no GPU")  # fmt: skip
+    parser.add_argument(
+        "--cpu-smoke",
+        action="store_true",
+        help="tiny sizes on the CPU with gloo, to test this script where there is no GPU",
+    )
     return parser
 
 
@@ -272,13 +318,24 @@ def main(argv: list[str] | None = None) -> int:
         plan = {"world_sizes": [2], "amps": ["bf16"], "model": "mlp", "image": 32, "nproc": 2}
         args.steps, args.max_bytes = min(args.steps, 12), min(args.max_bytes, 1 << 16)
     else:
-        plan = {"world_sizes": list(range(1, gpus + 1)), "amps": ["off", "bf16", "fp16"], "model": "resnet50",
-                "image": 224, "nproc": gpus}  # fmt: skip
-    plan.update(parts=parts, modes=(args.modes or ("smoke" if args.cpu_smoke else "smoke,full")).split(","),
-                notebooks=args.notebooks, deadline_s=args.deadline_s)  # fmt: skip
+        plan = {
+            "world_sizes": list(range(1, gpus + 1)),
+            "amps": ["off", "bf16", "fp16"],
+            "model": "resnet50",
+            "image": 224,
+            "nproc": gpus,
+        }
+    plan.update(
+        parts=parts,
+        modes=(args.modes or ("smoke" if args.cpu_smoke else "smoke,full")).split(","),
+        notebooks=args.notebooks,
+        deadline_s=args.deadline_s,
+    )
     if gpus == 0 and not args.cpu_smoke:
-        print("gpu-check needs a CUDA GPU and this machine has none visible: nothing was run.\n"
-              "On the CPU, run `make test` or `python -m ddp_helpers doctor` instead.")  # fmt: skip
+        print(
+            "gpu-check needs a CUDA GPU and this machine has none visible: nothing was run.\n"
+            "On the CPU, run `make test` or `python -m ddp_helpers doctor` instead."
+        )
         return NO_GPU_EXIT
 
     from ddp_helpers.lab.doctor import collect_facts, live_allreduce, run_checks
@@ -308,8 +365,13 @@ def main(argv: list[str] | None = None) -> int:
         report["checks"] = [asdict(c) for c in run_checks(report["facts"])]
 
     def allreduce() -> None:
-        found, report["allreduce"] = live_allreduce(nproc=plan["nproc"], max_bytes=args.max_bytes, iters=20,
-                                                    run_dir=work / "allreduce", progress="text")  # fmt: skip
+        found, report["allreduce"] = live_allreduce(
+            nproc=plan["nproc"],
+            max_bytes=args.max_bytes,
+            iters=20,
+            run_dir=work / "allreduce",
+            progress="text",
+        )
         report.setdefault("checks", []).extend(asdict(c) for c in found)
 
     def notebooks() -> None:
@@ -333,8 +395,12 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 save()
 
-    for name, run in (("checks", checks), ("allreduce", allreduce), ("notebooks", notebooks),
-                      ("training", training)):  # fmt: skip
+    for name, run in (
+        ("checks", checks),
+        ("allreduce", allreduce),
+        ("notebooks", notebooks),
+        ("training", training),
+    ):
         part(name, run)
     save()
     print(f"wrote {out / 'gpu-check.json'} in {report['wall_s']:.0f}s")

@@ -106,13 +106,30 @@ def slurm_script(
         f"#SBATCH --cpus-per-task={cpus}           # {nproc_per_node} ranks x {cpus_per_rank} cores, all in the agent's task",
         f"#SBATCH --gpus-per-node={gpus}" if gpus else "# (no GPUs requested: gloo on CPUs)",
         f"#SBATCH --time={time_limit}",
-    ]  # fmt: skip
+    ]
     if partition:
         lines.append(f"#SBATCH --partition={partition}")
-    command = shlex.join(["torchrun", "--nnodes", _nnodes(nnodes, min_nodes), "--nproc-per-node", str(nproc_per_node),
-                          "--max-restarts", str(max_restarts), "--tee", "3",
-                          "--rdzv-backend", "c10d", "--rdzv-id", "RDZV_ID", "--rdzv-endpoint", "ENDPOINT",
-                          worker, *_worker_args(worker_args, checkpoint_dir)])  # fmt: skip
+    command = shlex.join(
+        [
+            "torchrun",
+            "--nnodes",
+            _nnodes(nnodes, min_nodes),
+            "--nproc-per-node",
+            str(nproc_per_node),
+            "--max-restarts",
+            str(max_restarts),
+            "--tee",
+            "3",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-id",
+            "RDZV_ID",
+            "--rdzv-endpoint",
+            "ENDPOINT",
+            worker,
+            *_worker_args(worker_args, checkpoint_dir),
+        ]
+    )
     command = command.replace("RDZV_ID", '"$SLURM_JOB_ID"').replace("ENDPOINT", '"$head_node:$rdzv_port"')
     lines += [
         "set -euo pipefail",
@@ -190,12 +207,14 @@ def pytorchjob_manifest(
     worker_spec = {
         "replicas": nnodes,
         "restartPolicy": "OnFailure",
-        "template": {"spec": {
-            "containers": [container],
-            # DataLoader workers and NCCL need more shared memory than a pod's default
-            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
-        }},
-    }  # fmt: skip
+        "template": {
+            "spec": {
+                "containers": [container],
+                # DataLoader workers and NCCL need more shared memory than a pod's default
+                "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+            }
+        },
+    }
     manifest = {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
@@ -215,8 +234,15 @@ def pytorchjob_manifest(
     return yaml.safe_dump(manifest, sort_keys=False)
 
 
-SHARED_OPTIONS = {"nnodes", "nproc_per_node", "gpus_per_node", "cpus_per_rank", "min_nodes", "max_restarts",
-                  "checkpoint_dir"}  # fmt: skip
+SHARED_OPTIONS = {
+    "nnodes",
+    "nproc_per_node",
+    "gpus_per_node",
+    "cpus_per_rank",
+    "min_nodes",
+    "max_restarts",
+    "checkpoint_dir",
+}
 SLURM_OPTIONS = SHARED_OPTIONS | {"job_name", "time_limit", "partition", "rdzv_port"}
 K8S_OPTIONS = SHARED_OPTIONS | {"image", "name"}
 

@@ -107,7 +107,7 @@ def collect_facts() -> dict[str, Any]:
             "gloo": dist.is_gloo_available(),
             "nccl": dist.is_nccl_available(),
             "mpi": dist.is_mpi_available(),
-        },  # fmt: skip
+        },
         "cpu_count": os.cpu_count(),
         "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
@@ -124,11 +124,13 @@ def check_shm(size: int | None) -> Check:
     value = f"{size / 2**30:.2f} GiB"
     if size < SHM_WARN_BYTES:
         return Check(
-            "/dev/shm", WARN, value,
+            "/dev/shm",
+            WARN,
+            value,
             "DataLoader workers and NCCL pass tensors through shared memory; Docker's default of 64 MiB makes "
             "them crash with 'bus error' or 'No space left on device'. Start the container with --ipc=host "
             "or --shm-size=8g.",
-        )  # fmt: skip
+        )
     return Check("/dev/shm", PASS, value)
 
 
@@ -148,16 +150,28 @@ def check_torch(version: str, torchvision: str | None) -> list[Check]:
         # torchvision 0.(minor+15) goes with torch 2.minor (2.7 <-> 0.22)
         expected = _version_tuple(version)[1] + 15
         ok = _version_tuple(torchvision)[:2] == (0, expected)
-        checks.append(Check("torchvision", PASS if ok else WARN, torchvision,
-                            "" if ok else f"torch {version} expects torchvision 0.{expected}.x"))  # fmt: skip
+        checks.append(
+            Check(
+                "torchvision",
+                PASS if ok else WARN,
+                torchvision,
+                "" if ok else f"torch {version} expects torchvision 0.{expected}.x",
+            )
+        )
     return checks
 
 
 def check_gpus(facts: dict[str, Any]) -> list[Check]:
     if not facts["cuda_available"]:
         build = facts["cuda_build"] or "a CPU-only build"
-        return [Check("CUDA", INFO, f"no GPU visible (torch is {build})",
-                      "everything runs on the CPU with gloo; GPU-only sections say so and skip")]  # fmt: skip
+        return [
+            Check(
+                "CUDA",
+                INFO,
+                f"no GPU visible (torch is {build})",
+                "everything runs on the CPU with gloo; GPU-only sections say so and skip",
+            )
+        ]
     checks = [
         Check("CUDA", PASS, f"{facts['cuda_build']}, {len(facts['gpus'])} GPU(s)"),
         Check("cuDNN", PASS if facts["cudnn"] else WARN, str(facts["cudnn"])),
@@ -166,11 +180,16 @@ def check_gpus(facts: dict[str, Any]) -> list[Check]:
             PASS if facts["nccl"] else FAIL,
             str(facts["nccl"]),
             "" if facts["nccl"] else "DDP on GPUs needs a torch build with NCCL",
-        ),  # fmt: skip
+        ),
     ]
     for gpu in facts["gpus"]:
-        checks.append(Check(f"GPU {gpu['index']}", PASS,
-                            f"{gpu['name']}, sm {gpu['capability']}, {gpu['memory_bytes'] / 2**30:.1f} GiB"))  # fmt: skip
+        checks.append(
+            Check(
+                f"GPU {gpu['index']}",
+                PASS,
+                f"{gpu['name']}, sm {gpu['capability']}, {gpu['memory_bytes'] / 2**30:.1f} GiB",
+            )
+        )
     return checks
 
 
@@ -191,8 +210,14 @@ def run_checks(facts: dict[str, Any] | None = None) -> list[Check]:
     checks.append(
         Check("CUDA_VISIBLE_DEVICES", INFO, str(facts["CUDA_VISIBLE_DEVICES"] or "unset (all GPUs)"))
     )
-    checks.append(Check("OMP_NUM_THREADS", INFO, str(facts["OMP_NUM_THREADS"] or "unset"),
-                        f"launch() gives each of N CPU workers {facts['cpu_count']}//N threads unless you set it"))  # fmt: skip
+    checks.append(
+        Check(
+            "OMP_NUM_THREADS",
+            INFO,
+            str(facts["OMP_NUM_THREADS"] or "unset"),
+            f"launch() gives each of N CPU workers {facts['cpu_count']}//N threads unless you set it",
+        )
+    )
     checks.append(check_shm(facts["shm_bytes"]))
     if facts["nvidia_smi"]:
         checks.append(Check("nvidia-smi", PASS, facts["nvidia_smi"]))
@@ -216,8 +241,18 @@ def live_allreduce(
     from ..workers import worker_path
 
     try:
-        result = launch(worker_path("allreduce_bench"), "--max-bytes", max_bytes, "--iters", iters,
-                        nproc=nproc, run_dir=run_dir, progress=progress, timeout=timeout, show_ranks="none")  # fmt: skip
+        result = launch(
+            worker_path("allreduce_bench"),
+            "--max-bytes",
+            max_bytes,
+            "--iters",
+            iters,
+            nproc=nproc,
+            run_dir=run_dir,
+            progress=progress,
+            timeout=timeout,
+            show_ranks="none",
+        )
     except InvalidLaunchArguments as err:
         advice = "nothing was started: change the argument this names (--no-live skips the live check)"
         return [Check("all_reduce (live)", FAIL, str(err).splitlines()[0], advice)], {}
@@ -231,11 +266,17 @@ def live_allreduce(
     correct = summary["all_correct"]
     best = max(summary["results"], key=lambda r: r["busbw_gbps"])
     checks = [
-        Check("all_reduce sum (live)", PASS if correct else FAIL,
-              f"{n} ranks on {summary['backend']}: {'correct on every rank' if correct else 'WRONG on some rank'}"),
-        Check("all_reduce busbw (live)", INFO,
-              f"{best['busbw_gbps']:.3f} GB/s peak at {best['bytes']:,} B ({summary['backend']}, {n} ranks)"),
-    ]  # fmt: skip
+        Check(
+            "all_reduce sum (live)",
+            PASS if correct else FAIL,
+            f"{n} ranks on {summary['backend']}: {'correct on every rank' if correct else 'WRONG on some rank'}",
+        ),
+        Check(
+            "all_reduce busbw (live)",
+            INFO,
+            f"{best['busbw_gbps']:.3f} GB/s peak at {best['bytes']:,} B ({summary['backend']}, {n} ranks)",
+        ),
+    ]
     return checks, summary
 
 

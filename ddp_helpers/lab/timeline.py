@@ -187,17 +187,19 @@ def overlap_table(timelines: list[Timeline]) -> pd.DataFrame:
 
     rows = []
     for t in timelines:
-        rows.append({
-            "rank": t.rank,
-            "profiled_ms": total(t.steps),
-            "backward_ms": total(t.phases.get("backward", [])),
-            "compute_ms": total(t.compute),
-            "allreduce_ms": total(t.allreduce),
-            "overlapped_ms": total(t.overlap),
-            "hidden_in_backward_ms": t.hidden_ms,
-            "exposed_allreduce_ms": total(subtract(t.allreduce, t.compute)),
-            "overlap_fraction": t.overlap_fraction,
-        })  # fmt: skip
+        rows.append(
+            {
+                "rank": t.rank,
+                "profiled_ms": total(t.steps),
+                "backward_ms": total(t.phases.get("backward", [])),
+                "compute_ms": total(t.compute),
+                "allreduce_ms": total(t.allreduce),
+                "overlapped_ms": total(t.overlap),
+                "hidden_in_backward_ms": t.hidden_ms,
+                "exposed_allreduce_ms": total(subtract(t.allreduce, t.compute)),
+                "overlap_fraction": t.overlap_fraction,
+            }
+        )
     return pd.DataFrame(rows).set_index("rank")
 
 
@@ -221,12 +223,22 @@ def plot_timelines(timelines: list[Timeline], title: str = "", max_ranks: int = 
             ax.broken_barh([(s, e - s) for s, e in spans], (2.1, 0.8), color=colour, label=name)
         ax.broken_barh([(s, e - s) for s, e in t.compute], (1.1, 0.8), color="#31a354", label="compute")
         ax.broken_barh([(s, e - s) for s, e in t.allreduce], (0.1, 0.8), color="#e6550d", label="all-reduce")
-        ax.broken_barh([(s, e - s) for s, e in t.overlap], (0.1, 0.8), facecolor="none", edgecolor="black",
-                       hatch="///", linewidth=0, label="all-reduce during compute")  # fmt: skip
+        ax.broken_barh(
+            [(s, e - s) for s, e in t.overlap],
+            (0.1, 0.8),
+            facecolor="none",
+            edgecolor="black",
+            hatch="///",
+            linewidth=0,
+            label="all-reduce during compute",
+        )
         ax.set_yticks([y + 0.5 for _, y in _ROWS], [name for name, _ in _ROWS])
         ax.set_ylim(0, 3)
-        ax.set_title(f"rank {t.rank} ({t.device}): {t.overlap_fraction:.0%} of all-reduce time overlaps compute",
-                     fontsize=9, loc="left")  # fmt: skip
+        ax.set_title(
+            f"rank {t.rank} ({t.device}): {t.overlap_fraction:.0%} of all-reduce time overlaps compute",
+            fontsize=9,
+            loc="left",
+        )
     axes[0, 0].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     axes[-1, 0].set_xlabel("milliseconds from the first profiled step")
     if title:

@@ -250,10 +250,17 @@ class LaunchConfig:
             cmd += ["--standalone"]  # c10d rendezvous on a free localhost port: no clashes
         else:
             cmd += [
-                "--nnodes", str(self.nnodes), "--node-rank", str(self.node_rank),
-                "--rdzv-backend", "c10d", "--rdzv-endpoint", str(self.rdzv_endpoint),
-                "--rdzv-conf", f"join_timeout={self.rdzv_timeout:g}",
-            ]  # fmt: skip
+                "--nnodes",
+                str(self.nnodes),
+                "--node-rank",
+                str(self.node_rank),
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                str(self.rdzv_endpoint),
+                "--rdzv-conf",
+                f"join_timeout={self.rdzv_timeout:g}",
+            ]
         # Each rank writes its own stdout/stderr files, which we follow: lines never merge.
         cmd += ["--max-restarts", str(self.max_restarts), "--log-dir", str(self.log_dir), "--redirects", "3"]
         # "--": the script's own options never reach torchrun's parser ("--max" is not "--max-restarts")
@@ -276,10 +283,15 @@ class LaunchConfig:
         if self.launcher == "python":
             # what torchrun would give a world of one, so the same script runs unchanged
             env.update(
-                RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_RANK="0",
-                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                RANK="0",
+                LOCAL_RANK="0",
+                WORLD_SIZE="1",
+                LOCAL_WORLD_SIZE="1",
+                GROUP_RANK="0",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(free_port()),
                 TORCHELASTIC_ERROR_FILE=str(self.direct_log_dir / "error.json"),  # for @record
-            )  # fmt: skip
+            )
         if self.max_restarts > 0:
             # torchrun keeps one shared TCPStore across restart rounds, so restarted workers can read
             # the dead workers' addresses and fail with "connectFullMesh ... Connection refused"

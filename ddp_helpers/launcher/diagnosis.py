@@ -32,10 +32,16 @@ _RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?", re.MULTILINE)
 _LOG_NOISE = re.compile(r"^\[?[WEIF]\d{4} \d\d:\d\d:\d\d")
 # Errors a rank gets because *another* rank died first: never the root cause if a better one exists.
 _SECONDARY = (
-    "connection reset by peer", "connection closed by peer", "remote worker", "broken pipe",
-    "communicator was aborted", "failed to recv", "connectfullmesh", "socket closed",
+    "connection reset by peer",
+    "connection closed by peer",
+    "remote worker",
+    "broken pipe",
+    "communicator was aborted",
+    "failed to recv",
+    "connectfullmesh",
+    "socket closed",
     "killed by signal sigterm",  # torchrun stops the survivors with SIGTERM once one rank fails
-)  # fmt: skip
+)
 STDERR_TAIL_LINES = 8
 
 

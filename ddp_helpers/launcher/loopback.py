@@ -65,13 +65,20 @@ def loopback_plan(
     threads = {"OMP_NUM_THREADS": str(max(1, cpus // ranks))}
     shape = f"{nnodes} nodes x {nproc_per_node} rank(s)"
     if gpus == 0:
-        return LoopbackPlan("auto", tuple(dict(threads) for _ in range(nnodes)),
-                            f"{shape} on the CPU with gloo (no GPU here).")  # fmt: skip
+        return LoopbackPlan(
+            "auto",
+            tuple(dict(threads) for _ in range(nnodes)),
+            f"{shape} on the CPU with gloo (no GPU here).",
+        )
     if gpus < ranks:
-        return LoopbackPlan("gloo", tuple(dict(threads) for _ in range(nnodes)), (
-            f"{shape} need {ranks} GPUs and this machine has {gpus}: the loopback job runs on gloo on the "
-            "CPU instead (two nodes sharing a GPU would both put a rank on cuda:0, which NCCL refuses)."
-        ))  # fmt: skip
+        return LoopbackPlan(
+            "gloo",
+            tuple(dict(threads) for _ in range(nnodes)),
+            (
+                f"{shape} need {ranks} GPUs and this machine has {gpus}: the loopback job runs on gloo on the "
+                "CPU instead (two nodes sharing a GPU would both put a rank on cuda:0, which NCCL refuses)."
+            ),
+        )
     ids = visible_gpu_ids(gpus, environ)
     envs = tuple(
         {**threads, "CUDA_VISIBLE_DEVICES": ",".join(ids[k * nproc_per_node : (k + 1) * nproc_per_node])}
@@ -132,12 +139,37 @@ def start_elastic_node(
     folder = Path(log_dir)
     folder.mkdir(parents=True, exist_ok=True)
     conf = ",".join(f"{key}={value}" for key, value in (rdzv_conf or {}).items())
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", f"{min_nodes}:{max_nodes}",
-           "--nproc-per-node", str(nproc), "--max-restarts", str(max_restarts), "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", rdzv_endpoint, "--rdzv-id", run_id, *(["--rdzv-conf", conf] if conf else []),
-           "--tee", "3", "--log-dir", str(folder / f"{name}-torchelastic"), str(script), *map(str, script_args)]  # fmt: skip
-    child_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-                 "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]: "}  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        f"{min_nodes}:{max_nodes}",
+        "--nproc-per-node",
+        str(nproc),
+        "--max-restarts",
+        str(max_restarts),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        rdzv_endpoint,
+        "--rdzv-id",
+        run_id,
+        *(["--rdzv-conf", conf] if conf else []),
+        "--tee",
+        "3",
+        "--log-dir",
+        str(folder / f"{name}-torchelastic"),
+        str(script),
+        *map(str, script_args),
+    ]
+    child_env = {
+        **os.environ,
+        **(env or {}),
+        "PYTHONUNBUFFERED": "1",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]: ",
+    }
     log = folder / f"{name}.log"
     with log.open("w") as out:
         process = subprocess.Popen(

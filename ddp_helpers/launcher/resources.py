@@ -78,10 +78,14 @@ class ResourceSampler:
             if rank is None:
                 continue
             try:
-                self.rows.append({
-                    "elapsed_s": elapsed, "rank": rank, "cpu_percent": proc.cpu_percent(None),
-                    "rss_bytes": proc.memory_info().rss,
-                })  # fmt: skip
+                self.rows.append(
+                    {
+                        "elapsed_s": elapsed,
+                        "rank": rank,
+                        "cpu_percent": proc.cpu_percent(None),
+                        "rss_bytes": proc.memory_info().rss,
+                    }
+                )
             except psutil.Error:
                 continue
         for index, handle in enumerate(self._gpus):
@@ -92,9 +96,14 @@ class ResourceSampler:
                 memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
             except Exception:
                 continue
-            self.rows.append({
-                "elapsed_s": elapsed, "gpu": index, "gpu_util_percent": util.gpu, "gpu_mem_used_bytes": memory.used,
-            })  # fmt: skip
+            self.rows.append(
+                {
+                    "elapsed_s": elapsed,
+                    "gpu": index,
+                    "gpu_util_percent": util.gpu,
+                    "gpu_mem_used_bytes": memory.used,
+                }
+            )
 
     def frame(self) -> Any:
         """The samples as a pandas DataFrame (one row per rank or GPU per sample)."""

@@ -50,8 +50,9 @@ def missing_reason() -> str | None:
     if absent:
         return f"no SLURM client here ({', '.join(absent)} not on PATH)"
     try:
-        probe = subprocess.run(["sinfo", "-h", "-o", "%P %a"], capture_output=True, text=True,
-                               timeout=QUERY_TIMEOUT_S)  # fmt: skip
+        probe = subprocess.run(
+            ["sinfo", "-h", "-o", "%P %a"], capture_output=True, text=True, timeout=QUERY_TIMEOUT_S
+        )
     except subprocess.TimeoutExpired:
         return "sinfo found no controller within 15 s"
     if probe.returncode != 0:
@@ -79,10 +80,18 @@ def submit(
 ) -> int:
     """``sbatch`` `script`, run from `chdir` (relative worker paths are relative to it); returns the job id."""
     proc = subprocess.run(
-        ["sbatch", "--parsable", f"--chdir={Path(chdir).resolve()}", f"--output={Path(log).resolve()}",
-         str(Path(script).resolve())],
-        capture_output=True, text=True, timeout=QUERY_TIMEOUT_S, env=job_environment(),
-    )  # fmt: skip
+        [
+            "sbatch",
+            "--parsable",
+            f"--chdir={Path(chdir).resolve()}",
+            f"--output={Path(log).resolve()}",
+            str(Path(script).resolve()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=QUERY_TIMEOUT_S,
+        env=job_environment(),
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"sbatch refused the job: {proc.stderr.strip()}")
     return int(proc.stdout.strip().split(";")[0])
@@ -90,8 +99,12 @@ def submit(
 
 def job_facts(job_id: int) -> dict[str, str]:
     """``scontrol show job -o``, as a dict (empty once the controller has forgotten the job)."""
-    proc = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], capture_output=True, text=True,
-                          timeout=QUERY_TIMEOUT_S)  # fmt: skip
+    proc = subprocess.run(
+        ["scontrol", "show", "job", "-o", str(job_id)],
+        capture_output=True,
+        text=True,
+        timeout=QUERY_TIMEOUT_S,
+    )
     if proc.returncode != 0:
         return {}
     return dict(re.findall(r"(\w[\w:/]*)=(\S*)", proc.stdout))
@@ -99,8 +112,12 @@ def job_facts(job_id: int) -> dict[str, str]:
 
 def in_queue(job_id: int) -> bool:
     """Whether ``squeue`` still lists the job (pending, running or completing)."""
-    proc = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True,
-                          timeout=QUERY_TIMEOUT_S)  # fmt: skip
+    proc = subprocess.run(
+        ["squeue", "-h", "-j", str(job_id), "-o", "%T"],
+        capture_output=True,
+        text=True,
+        timeout=QUERY_TIMEOUT_S,
+    )
     return proc.returncode == 0 and bool(proc.stdout.strip())
 
 
@@ -123,8 +140,9 @@ class _LogReader:
         return [line for line in lines if line or not final]
 
 
-def follow(job_id: int, log: str | os.PathLike[str], *, timeout_s: float, echo: bool = True,
-           poll_s: float = 0.5) -> SlurmJob:  # fmt: skip
+def follow(
+    job_id: int, log: str | os.PathLike[str], *, timeout_s: float, echo: bool = True, poll_s: float = 0.5
+) -> SlurmJob:
     """Echo the job's log as it grows until the job leaves the queue; return its facts and lines.
 
     Rank lines are echoed as ``[rank N] text``; the script's own lines as they are.
@@ -152,6 +170,13 @@ def follow(job_id: int, log: str | os.PathLike[str], *, timeout_s: float, echo: 
     for line in lines:
         if match := RANK_LINE.match(line):
             rank_lines.setdefault(int(match[1]), []).append(match[2])
-    return SlurmJob(job_id=job_id, state=facts.get("JobState", "UNKNOWN"), exit_code=facts.get("ExitCode", "?"),
-                    node_list=facts.get("NodeList", "?"), num_nodes=int(re.match(r"\d*", facts.get("NumNodes", "")).group() or 0),
-                    facts=facts, lines=lines, rank_lines=dict(sorted(rank_lines.items())))  # fmt: skip
+    return SlurmJob(
+        job_id=job_id,
+        state=facts.get("JobState", "UNKNOWN"),
+        exit_code=facts.get("ExitCode", "?"),
+        node_list=facts.get("NodeList", "?"),
+        num_nodes=int(re.match(r"\d*", facts.get("NumNodes", "")).group() or 0),
+        facts=facts,
+        lines=lines,
+        rank_lines=dict(sorted(rank_lines.items())),
+    )

@@ -21,6 +21,7 @@ Imports only the standard library and torch (the agent is on every launch's crit
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import sys
@@ -29,6 +30,7 @@ import time
 PR_SET_CHILD_SUBREAPER = 36
 GRACE_ENV = "DDP_HELPERS_GRACE_S"
 OWNER_FD_ENV = "DDP_HELPERS_OWNER_FD"
+log = logging.getLogger(__name__)  # no handler: Python writes a warning to stderr, which the launcher shows
 
 
 def become_subreaper() -> bool:
@@ -117,8 +119,7 @@ def watch_owner(fd: int, grace_s: float) -> None:
             pass
     except OSError:
         pass
-    print("[ddp_helpers] the launcher that owns this run is gone: stopping the run", file=sys.stderr)
-    sys.stderr.flush()
+    log.warning("[ddp_helpers] the launcher that owns this run is gone: stopping the run")
     os.kill(os.getpid(), signal.SIGTERM)  # torchrun stops its workers as on any SIGTERM
     # If torchrun's own shutdown waits longer than the grace period (a worker that ignores SIGTERM
     # makes it wait 30 s), kill what is left from here and leave.

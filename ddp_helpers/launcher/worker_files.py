@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from pathlib import Path
 
 from ..workers import worker_path
@@ -97,9 +98,10 @@ def write_worker(
         if origin.resolve() == target.resolve():
             pass
         elif _edited_by_hand(target, text) and not overwrite:
-            print(
+            warnings.warn(
                 f"{target} was edited since it was written: keeping your version and running it. "
-                f"The original is {origin}; write_worker(..., overwrite=True) replaces your copy."
+                f"The original is {origin}; write_worker(..., overwrite=True) replaces your copy.",
+                stacklevel=2,
             )
         else:
             _write(target, text)

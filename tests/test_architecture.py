@@ -1,0 +1,96 @@
+"""The package's sides, checked: what runs in a rank never imports what runs in the kernel.
+
+docs/architecture.md draws the sides. A worker pays nothing for the launcher, and a rank never loads
+the code that starts, watches or plots runs; the launcher never depends on the lab (the displays).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "ddp_helpers"
+
+# Modules that run inside a rank (under torchrun): the top-level modules, the bundled workers, and
+# live ranks' server end with the protocol both ends share.
+RANK_SIDE_TOP = ("backends", "checkpoint", "data", "distributed", "errors", "metrics", "teardown")
+RANK_SIDE = (
+    [PACKAGE / f"{name}.py" for name in RANK_SIDE_TOP]
+    + sorted((PACKAGE / "workers").glob("*.py"))
+    + [PACKAGE / "live" / "server.py", PACKAGE / "live" / "protocol.py"]
+)
+KERNEL_SIDE = ("ddp_helpers.launcher", "ddp_helpers.lab", "ddp_helpers.live.ranks", "ddp_helpers.live.magics")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module `path` imports, at any depth of its code, with relative imports resolved."""
+    return imports_in(path.read_text(), module_name(path), is_package=path.name == "__init__.py")
+
+
+def imports_in(source: str, module: str, is_package: bool = False) -> set[str]:
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            target = ".".join([*base, *([node.module] if node.module else [])])
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names)  # `from . import protocol`
+    return found
+
+
+def is_kernel_side(module: str) -> bool:
+    return any(module == side or module.startswith(side + ".") for side in KERNEL_SIDE)
+
+
+@pytest.mark.parametrize("path", RANK_SIDE, ids=lambda p: module_name(p))
+def test_a_rank_side_module_imports_nothing_of_the_kernel_side(path):
+    assert path.is_file(), path
+    kernel = sorted(m for m in imported_modules(path) if is_kernel_side(m))
+    assert not kernel, f"{module_name(path)} runs in a rank but imports {kernel}"
+
+
+def test_the_launcher_does_not_depend_on_the_lab():
+    for path in sorted((PACKAGE / "launcher").glob("*.py")):
+        lab = sorted(m for m in imported_modules(path) if m.startswith("ddp_helpers.lab"))
+        assert not lab, f"{module_name(path)} imports {lab}"
+
+
+def test_the_check_sees_kernel_imports_however_they_are_written():
+    # the checks above must be able to fail: relative, nested and absolute imports are all resolved
+    source = (
+        "from .launcher.runner import launch\n"
+        "def f():\n    from . import lab\n"
+        "import ddp_helpers.live.ranks\n"
+        "from ..live import magics\n"
+    )
+    found = {m for m in imports_in(source, "ddp_helpers.live.server") if is_kernel_side(m)}
+    assert {"ddp_helpers.live.ranks", "ddp_helpers.live.magics"} <= found  # absolute, and ..live
+    found = {m for m in imports_in(source, "ddp_helpers.teardown") if is_kernel_side(m)}
+    assert {"ddp_helpers.launcher.runner", "ddp_helpers.lab", "ddp_helpers.live.ranks"} <= found
+
+
+def test_importing_the_rank_side_loads_no_kernel_module():
+    # what a worker really loads: torch aside, nothing of the launcher, the lab or the live kernel end
+    names = ", ".join(f"ddp_helpers.{name}" for name in RANK_SIDE_TOP)
+    code = (
+        f"import sys, {names}, ddp_helpers.live.server\n"
+        "print('\\n'.join(sorted(m for m in sys.modules if m.startswith('ddp_helpers'))))\n"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    kernel = [m for m in loaded if is_kernel_side(m)]
+    assert not kernel, kernel
+    assert "ddp_helpers.live.server" in loaded
