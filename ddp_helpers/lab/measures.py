@@ -106,3 +106,14 @@ def straggler(phases: pd.DataFrame) -> int | None:
         return None
     slowest, least_waiting = phases["data_ms"].idxmax(), phases["wait_ms"].idxmin()
     return int(slowest) if slowest == least_waiting else None
+
+
+def loss_start_end(run: Any, last: int = 1) -> tuple[float, float]:
+    """A run's first logged loss and the mean of its `last` logged steps, each averaged over ranks.
+
+    `run` is a LaunchResult (anything with a ``.metrics`` DataFrame of ``step`` and ``loss``).
+    """
+    per_step = run.metrics.groupby("step")["loss"].mean()
+    if per_step.empty or last < 1:
+        raise ValueError(f"need logged losses and last >= 1 (got {len(per_step)} steps, last={last})")
+    return float(per_step.iloc[0]), float(per_step.iloc[-last:].mean())
