@@ -106,32 +106,38 @@ def slurm_script(
         f"#SBATCH --cpus-per-task={cpus}           # {nproc_per_node} ranks x {cpus_per_rank} cores, all in the agent's task",
         f"#SBATCH --gpus-per-node={gpus}" if gpus else "# (no GPUs requested: gloo on CPUs)",
         f"#SBATCH --time={time_limit}",
+        *([f"#SBATCH --partition={partition}"] if partition else []),
+        *_slurm_environment(rdzv_port, cpus_per_rank, max_restarts),
     ]
-    if partition:
-        lines.append(f"#SBATCH --partition={partition}")
-    command = shlex.join(
-        [
-            "torchrun",
-            "--nnodes",
-            _nnodes(nnodes, min_nodes),
-            "--nproc-per-node",
-            str(nproc_per_node),
-            "--max-restarts",
-            str(max_restarts),
-            "--tee",
-            "3",
-            "--rdzv-backend",
-            "c10d",
-            "--rdzv-id",
-            "RDZV_ID",
-            "--rdzv-endpoint",
-            "ENDPOINT",
-            worker,
-            *_worker_args(worker_args, checkpoint_dir),
+    if checkpoint_dir is not None:
+        lines += [
+            "# the checkpoints must be on a filesystem every node sees: after a restart, rank 0 may be elsewhere",
+            f"mkdir -p {shlex.quote(checkpoint_dir)}",
         ]
-    )
+    options = {
+        "--nnodes": _nnodes(nnodes, min_nodes),
+        "--nproc-per-node": nproc_per_node,
+        "--max-restarts": max_restarts,
+        "--tee": 3,
+        "--rdzv-backend": "c10d",
+        "--rdzv-id": "RDZV_ID",  # shell variables, quoted below: shlex would quote their $ away
+        "--rdzv-endpoint": "ENDPOINT",
+    }
+    flags = [str(item) for pair in options.items() for item in pair]
+    command = shlex.join(["torchrun", *flags, worker, *_worker_args(worker_args, checkpoint_dir)])
     command = command.replace("RDZV_ID", '"$SLURM_JOB_ID"').replace("ENDPOINT", '"$head_node:$rdzv_port"')
     lines += [
+        "",
+        "# srun does not inherit --cpus-per-task from sbatch (SLURM >= 22.05): pass it on",
+        f'srun --cpus-per-task="$SLURM_CPUS_PER_TASK" {command}',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _slurm_environment(rdzv_port: int, cpus_per_rank: int, max_restarts: int) -> list[str]:
+    """The batch script's shell lines before srun: the rendezvous host, threads, log prefixes."""
+    return [
         "set -euo pipefail",
         "",
         "# the batch script runs on the allocation's first node: it hosts the rendezvous store.",
@@ -146,18 +152,6 @@ def slurm_script(
         "# export NCCL_SOCKET_IFNAME=ib0   # the interface NCCL should use, if the default is wrong",
         "# export NCCL_DEBUG=INFO          # print the transport NCCL picked (IB, sockets) at start",
     ]
-    if checkpoint_dir is not None:
-        lines += [
-            "# the checkpoints must be on a filesystem every node sees: after a restart, rank 0 may be elsewhere",
-            f"mkdir -p {shlex.quote(checkpoint_dir)}",
-        ]
-    lines += [
-        "",
-        "# srun does not inherit --cpus-per-task from sbatch (SLURM >= 22.05): pass it on",
-        f'srun --cpus-per-task="$SLURM_CPUS_PER_TASK" {command}',
-        "",
-    ]
-    return "\n".join(lines)
 
 
 def pytorchjob_manifest(
@@ -189,21 +183,8 @@ def pytorchjob_manifest(
     """
     _check(nnodes, nproc_per_node, cpus_per_rank, min_nodes)
     gpus = nproc_per_node if gpus_per_node is None else gpus_per_node
-    container = {
-        "name": "pytorch",  # the operator looks for a container with this name
-        "image": image,
-        "command": ["torchrun", worker, *_worker_args(worker_args, checkpoint_dir)],
-        "workingDir": IMAGE_REPO_DIR,
-        "env": [
-            {"name": "DDP_RUN_DIR", "value": f"{IMAGE_WORKSPACE}/runs/{name}"},  # the workers' --run-dir
-            {"name": "OMP_NUM_THREADS", "value": str(cpus_per_rank)},  # torchrun would set 1
-            # a fresh rendezvous store per restart round (see FRESH_STORE)
-            *([{"name": k, "value": v} for k, v in FRESH_STORE.items()] if max_restarts > 0 else []),
-        ],
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
-    }
-    if gpus:
-        container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
+    command = ["torchrun", worker, *_worker_args(worker_args, checkpoint_dir)]
+    container = _pod_container(image, command, name, cpus_per_rank, gpus, fresh_store=max_restarts > 0)
     worker_spec = {
         "replicas": nnodes,
         "restartPolicy": "OnFailure",
@@ -232,6 +213,28 @@ def pytorchjob_manifest(
         },
     }
     return yaml.safe_dump(manifest, sort_keys=False)
+
+
+def _pod_container(
+    image: str, command: list[str], name: str, cpus_per_rank: int, gpus: int, fresh_store: bool
+) -> dict:
+    """The Worker pods' one container: the image, torchrun's command, threads, shared memory, GPUs."""
+    container = {
+        "name": "pytorch",  # the operator looks for a container with this name
+        "image": image,
+        "command": command,
+        "workingDir": IMAGE_REPO_DIR,
+        "env": [
+            {"name": "DDP_RUN_DIR", "value": f"{IMAGE_WORKSPACE}/runs/{name}"},  # the workers' --run-dir
+            {"name": "OMP_NUM_THREADS", "value": str(cpus_per_rank)},  # torchrun would set 1
+            # a fresh rendezvous store per restart round (see FRESH_STORE)
+            *([{"name": k, "value": v} for k, v in FRESH_STORE.items()] if fresh_store else []),
+        ],
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    if gpus:
+        container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
+    return container
 
 
 SHARED_OPTIONS = {

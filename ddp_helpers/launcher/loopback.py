@@ -139,30 +139,19 @@ def start_elastic_node(
     folder = Path(log_dir)
     folder.mkdir(parents=True, exist_ok=True)
     conf = ",".join(f"{key}={value}" for key, value in (rdzv_conf or {}).items())
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        f"{min_nodes}:{max_nodes}",
-        "--nproc-per-node",
-        str(nproc),
-        "--max-restarts",
-        str(max_restarts),
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        rdzv_endpoint,
-        "--rdzv-id",
-        run_id,
-        *(["--rdzv-conf", conf] if conf else []),
-        "--tee",
-        "3",
-        "--log-dir",
-        str(folder / f"{name}-torchelastic"),
-        str(script),
-        *map(str, script_args),
-    ]
+    options = {
+        "--nnodes": f"{min_nodes}:{max_nodes}",
+        "--nproc-per-node": nproc,
+        "--max-restarts": max_restarts,
+        "--rdzv-backend": "c10d",
+        "--rdzv-endpoint": rdzv_endpoint,
+        "--rdzv-id": run_id,
+        **({"--rdzv-conf": conf} if conf else {}),
+        "--tee": 3,
+        "--log-dir": folder / f"{name}-torchelastic",
+    }
+    flags = [str(item) for pair in options.items() for item in pair]
+    cmd = [sys.executable, "-m", "torch.distributed.run", *flags, str(script), *map(str, script_args)]
     child_env = {
         **os.environ,
         **(env or {}),
