@@ -29,14 +29,25 @@ def start(
 ) -> subprocess.Popen[str]:
     """Run `script` (a lab start script) in its own session. Its output goes to a pipe, or to `log`:
     a long session must not fill a pipe nobody reads, or the server blocks on its own logging."""
-    env = dict(os.environ, LAB_PORT=str(port), JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"),
-               JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")  # fmt: skip
+    env = dict(
+        os.environ,
+        LAB_PORT=str(port),
+        JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"),
+        JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"),
+        PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    )
     env.pop("JUPYTER_TOKEN", None)
     env.update(env_vars)
 
     def popen(stdout):
-        return subprocess.Popen(["bash", str(script)], env=env, stdout=stdout, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)  # fmt: skip
+        return subprocess.Popen(
+            ["bash", str(script)],
+            env=env,
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
 
     if log is None:
         return popen(subprocess.PIPE)

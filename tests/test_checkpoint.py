@@ -153,8 +153,16 @@ def test_every_rank_resumes_from_the_checkpoint_rank_0_chose(tmp_path):
             ckpt.save_checkpoint(state(step), tmp_path / f"rank{rank}", step, keep=5)
     script = tmp_path / "agree.py"
     script.write_text(AGREE_SCRIPT)
-    launch(script, tmp_path, nproc=2, backend="gloo", run_dir=tmp_path / "run", show_ranks="none",
-           progress="off", timeout=120)  # fmt: skip
+    launch(
+        script,
+        tmp_path,
+        nproc=2,
+        backend="gloo",
+        run_dir=tmp_path / "run",
+        show_ranks="none",
+        progress="off",
+        timeout=120,
+    )
     results = [json.loads((tmp_path / f"result{rank}.json").read_text()) for rank in (0, 1)]
     assert [r["own"] for r in results] == [2, 3]  # the problem: two ranks, two steps
     assert [r["agreed"] for r in results] == [2, 2]  # rank 0's choice, on every rank

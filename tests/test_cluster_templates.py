@@ -67,8 +67,13 @@ def test_slurm_script_asks_for_the_cores_of_every_rank_and_passes_them_to_srun(t
     (tmp_path / "job.sh").write_text(text)
     assert subprocess.run(["bash", "-n", str(tmp_path / "job.sh")]).returncode == 0  # valid shell
     directives = [line.split("#")[1].strip() for line in text.splitlines() if line.startswith("#SBATCH")]
-    for needed in ("SBATCH --nodes=2", "SBATCH --ntasks-per-node=1", "SBATCH --cpus-per-task=48",
-                   "SBATCH --gpus-per-node=8", "SBATCH --partition=gpu"):  # fmt: skip
+    for needed in (
+        "SBATCH --nodes=2",
+        "SBATCH --ntasks-per-node=1",
+        "SBATCH --cpus-per-task=48",
+        "SBATCH --gpus-per-node=8",
+        "SBATCH --partition=gpu",
+    ):
         assert needed in directives, (needed, directives)
     assert 'export OMP_NUM_THREADS="${OMP_NUM_THREADS:-6}"' in text
     (srun,) = [line for line in text.splitlines() if line.startswith("srun ")]
@@ -98,16 +103,28 @@ def test_generated_sbatch_script_runs_its_torchrun_on_one_cpu_node(tmp_path):
     (tmp_path / "worker.py").write_text(WORKER)
     out = tmp_path / "out"
     job = tmp_path / "sbatch.sh"
-    job.write_text(slurm_script("worker.py", ["--out", out], nnodes=1, nproc_per_node=2, gpus_per_node=0,
-                                cpus_per_rank=1, rdzv_port=free_port()))  # fmt: skip
+    job.write_text(
+        slurm_script(
+            "worker.py",
+            ["--out", out],
+            nnodes=1,
+            nproc_per_node=2,
+            gpus_per_node=0,
+            cpus_per_rank=1,
+            rdzv_port=free_port(),
+        )
+    )
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     _executable(
         bin_dir / "srun", '#!/bin/bash\nwhile [[ $1 == -* ]]; do shift; done\nexec "$@"\n'
     )  # one task
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    env.update(PATH=f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
-               SLURM_JOB_ID="4242", SLURM_CPUS_PER_TASK="2")  # fmt: skip
+    env.update(
+        PATH=f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
+        SLURM_JOB_ID="4242",
+        SLURM_CPUS_PER_TASK="2",
+    )
     proc = subprocess.run(
         ["bash", str(job)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180
     )
@@ -201,8 +218,9 @@ def test_pytorchjob_command_runs_with_the_variables_the_operator_sets(tmp_path):
     PET_RDZV_ENDPOINT = <job>-worker-0:<port>, PET_NNODES = min:max, PET_MAX_RESTARTS; envvar.go:
     PET_NPROC_PER_NODE.)
     """
-    job = yaml.safe_load(pytorchjob_manifest("worker.py", nnodes=1, nproc_per_node=2, gpus_per_node=0,
-                                             cpus_per_rank=1))  # fmt: skip
+    job = yaml.safe_load(
+        pytorchjob_manifest("worker.py", nnodes=1, nproc_per_node=2, gpus_per_node=0, cpus_per_rank=1)
+    )
     (container,) = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
     policy = job["spec"]["elasticPolicy"]
     image_root = tmp_path / "image"  # stands in for the working folder inside the image
@@ -210,12 +228,18 @@ def test_pytorchjob_command_runs_with_the_variables_the_operator_sets(tmp_path):
     (image_root / "worker.py").write_text(WORKER)
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     env.update({e["name"]: e["value"] for e in container["env"]})
-    env.update(DDP_RUN_DIR=str(tmp_path / "runs"), PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
-               PET_NNODES=f"{policy['minReplicas']}:{policy['maxReplicas']}", PET_NPROC_PER_NODE=job["spec"]["nprocPerNode"],
-               PET_RDZV_BACKEND=policy["rdzvBackend"], PET_RDZV_ENDPOINT=f"127.0.0.1:{free_port()}",
-               PET_MAX_RESTARTS=str(policy["maxRestarts"]))  # fmt: skip
-    proc = subprocess.run(container["command"], cwd=image_root, env=env, capture_output=True, text=True,
-                          timeout=180)  # fmt: skip
+    env.update(
+        DDP_RUN_DIR=str(tmp_path / "runs"),
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
+        PET_NNODES=f"{policy['minReplicas']}:{policy['maxReplicas']}",
+        PET_NPROC_PER_NODE=job["spec"]["nprocPerNode"],
+        PET_RDZV_BACKEND=policy["rdzvBackend"],
+        PET_RDZV_ENDPOINT=f"127.0.0.1:{free_port()}",
+        PET_MAX_RESTARTS=str(policy["maxRestarts"]),
+    )
+    proc = subprocess.run(
+        container["command"], cwd=image_root, env=env, capture_output=True, text=True, timeout=180
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     reports = _reports(tmp_path / "runs")
     assert [r["rank"] for r in reports] == [0, 1]
@@ -259,8 +283,13 @@ def _unknown_fields(value: object, schema: dict, where: str = "") -> list[str]:
     return []
 
 
-@pytest.mark.parametrize("shape", [{"nnodes": 3, "nproc_per_node": 4}, {"nnodes": 4, "min_nodes": 2, "gpus_per_node": 0,
-                                   "checkpoint_dir": "/shared/ckpt"}])  # fmt: skip
+@pytest.mark.parametrize(
+    "shape",
+    [
+        {"nnodes": 3, "nproc_per_node": 4},
+        {"nnodes": 4, "min_nodes": 2, "gpus_per_node": 0, "checkpoint_dir": "/shared/ckpt"},
+    ],
+)
 def test_pytorchjob_is_valid_against_the_operators_crd_schema(shape):
     jsonschema = pytest.importorskip("jsonschema")
     job = yaml.safe_load(pytorchjob_manifest(TRAIN, ["--epochs", 1], **shape))

@@ -12,8 +12,9 @@ from ddp_helpers.lab import doctor as environment
 
 
 def test_the_child_process_script_reports_gpus_cudnn_and_nccl():
-    proc = subprocess.run([sys.executable, "-c", environment._CUDA_FACTS], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", environment._CUDA_FACTS], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     facts = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(facts) == {"gpus", "cudnn", "nccl"}

@@ -17,8 +17,9 @@ GPU_CHECK = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.py"
 
 
 def _gpu_check(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(GPU_CHECK), *args], capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(GPU_CHECK), *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a CPU machine")
@@ -54,12 +55,27 @@ def test_a_notebook_still_running_at_the_deadline_is_interrupted(tmp_path):
     folder = tmp_path / "notebooks"
     folder.mkdir()
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("smoke = False", metadata={"tags": ["parameters"]}),
-                nbformat.v4.new_code_cell("import time\ntime.sleep(600)")]  # fmt: skip
+    nb.cells = [
+        nbformat.v4.new_code_cell("smoke = False", metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell("import time\ntime.sleep(600)"),
+    ]
     nb.metadata["kernelspec"] = {"name": "python3", "language": "python", "display_name": "Python 3"}
     nbformat.write(nb, folder / "99_sleeps.ipynb")
-    proc = _gpu_check("--cpu-smoke", "--parts", "notebooks", "--notebook-dir", str(folder), "--modes", "smoke,full",
-                      "--deadline-s", "60", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"))  # fmt: skip
+    proc = _gpu_check(
+        "--cpu-smoke",
+        "--parts",
+        "notebooks",
+        "--notebook-dir",
+        str(folder),
+        "--modes",
+        "smoke,full",
+        "--deadline-s",
+        "60",
+        "--out",
+        str(tmp_path / "out"),
+        "--work",
+        str(tmp_path / "work"),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
     statuses = [(r["mode"], r["status"]) for r in report["notebooks"]]

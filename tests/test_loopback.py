@@ -89,10 +89,28 @@ def test_a_node_joins_a_running_job_and_a_killed_node_leaves_it(tmp_path):
     """--nnodes 1:2: one node trains alone, a second joins (every worker restarts in the larger world from
     the last saved step), then it is killed and the first re-rendezvouses alone and finishes."""
     nproc, hold, total = 1, 4, 14
-    common = dict(nproc=nproc, min_nodes=1, max_nodes=2, rdzv_endpoint=f"127.0.0.1:{free_port()}", run_id="t",
-                  log_dir=tmp_path, max_restarts=2, rdzv_conf={"join_timeout": 120, "last_call_timeout": 1})  # fmt: skip
-    args = ["--steps", total, "--checkpoint-dir", tmp_path / "ckpt", "--step-s", 0.2, "--hold-at-step", hold,
-            "--hold-until-world", 2 * nproc]  # fmt: skip
+    common = dict(
+        nproc=nproc,
+        min_nodes=1,
+        max_nodes=2,
+        rdzv_endpoint=f"127.0.0.1:{free_port()}",
+        run_id="t",
+        log_dir=tmp_path,
+        max_restarts=2,
+        rdzv_conf={"join_timeout": 120, "last_call_timeout": 1},
+    )
+    args = [
+        "--steps",
+        total,
+        "--checkpoint-dir",
+        tmp_path / "ckpt",
+        "--step-s",
+        0.2,
+        "--hold-at-step",
+        hold,
+        "--hold-until-world",
+        2 * nproc,
+    ]
     a = start_elastic_node(worker_path("elastic_steps"), args, name="a", **common)
     b = None
     try:

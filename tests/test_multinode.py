@@ -20,8 +20,16 @@ def test_two_nodes_on_loopback_form_one_world(script, tmp_path):
 
     def node(node_rank):
         try:
-            results[node_rank] = launch(worker, nproc=1, nnodes=2, node_rank=node_rank, rdzv_endpoint=endpoint,
-                                        rdzv_timeout=60, run_dir=tmp_path / f"node{node_rank}", timeout=120)  # fmt: skip
+            results[node_rank] = launch(
+                worker,
+                nproc=1,
+                nnodes=2,
+                node_rank=node_rank,
+                rdzv_endpoint=endpoint,
+                rdzv_timeout=60,
+                run_dir=tmp_path / f"node{node_rank}",
+                timeout=120,
+            )
         except Exception as err:  # noqa: BLE001 - asserted below
             errors.append(err)
 
@@ -41,8 +49,15 @@ def test_two_nodes_on_loopback_form_one_world(script, tmp_path):
 
 def test_a_node_that_never_arrives_times_out_clearly(script, tmp_path, capsys):
     with pytest.raises(LaunchFailed, match="rendezvous timed out: not all 2 nodes joined"):
-        launch(script("two_nodes.py"), nproc=1, nnodes=2, node_rank=0, rdzv_endpoint=f"127.0.0.1:{free_port()}",
-               rdzv_timeout=8, run_dir=tmp_path / "alone")  # fmt: skip
+        launch(
+            script("two_nodes.py"),
+            nproc=1,
+            nnodes=2,
+            node_rank=0,
+            rdzv_endpoint=f"127.0.0.1:{free_port()}",
+            rdzv_timeout=8,
+            run_dir=tmp_path / "alone",
+        )
     # while it waits, the cell says so, and for how long
     assert re.search(r"node 0: waiting for all 2 nodes to join at .*: \d+s of 8s", capsys.readouterr().out)
 

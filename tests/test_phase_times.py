@@ -61,9 +61,14 @@ def test_phase_times_refuse_metrics_without_them():
 
 
 def run(samples_per_s, world_size, devices=None, peaks=None):
-    summary = {"samples_per_s": samples_per_s, "world_size": world_size, "peak_mem_bytes": 2**20,
-               "peak_mem_kind": "cuda_max_memory_allocated", "devices": devices,
-               "peak_mem_bytes_per_device": peaks}  # fmt: skip
+    summary = {
+        "samples_per_s": samples_per_s,
+        "world_size": world_size,
+        "peak_mem_bytes": 2**20,
+        "peak_mem_kind": "cuda_max_memory_allocated",
+        "devices": devices,
+        "peak_mem_bytes_per_device": peaks,
+    }
     return SimpleNamespace(summary=summary, metrics=pd.DataFrame())
 
 

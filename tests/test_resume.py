@@ -14,16 +14,44 @@ from ddp_helpers.workers import worker_path
 TRAIN = worker_path("train")
 # 512 samples / (2 ranks x 32) = 8 steps per epoch; dropout and a cosine schedule make RNG and
 # scheduler state matter, momentum makes optimizer state matter
-RUN = ["--num-samples", 512, "--batch-size", 32, "--steps", 12, "--hidden", 32, "--deterministic",
-       "--dropout", 0.2, "--lr-schedule", "cosine", "--log-every", 1]  # fmt: skip
+RUN = [
+    "--num-samples",
+    512,
+    "--batch-size",
+    32,
+    "--steps",
+    12,
+    "--hidden",
+    32,
+    "--deterministic",
+    "--dropout",
+    0.2,
+    "--lr-schedule",
+    "cosine",
+    "--log-every",
+    1,
+]
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """One run to the end, checkpointing every 4 steps: at 4 (mid-epoch), 8 (epoch end) and 12."""
     root = tmp_path_factory.mktemp("full")
-    launch(TRAIN, *RUN, "--checkpoint-dir", root / "ckpt", "--save-every", 4, "--keep-checkpoints", 10,
-           "--save-final", root / "final.pt", nproc=2, run_dir=root / "run", progress="off")  # fmt: skip
+    launch(
+        TRAIN,
+        *RUN,
+        "--checkpoint-dir",
+        root / "ckpt",
+        "--save-every",
+        4,
+        "--keep-checkpoints",
+        10,
+        "--save-final",
+        root / "final.pt",
+        nproc=2,
+        run_dir=root / "run",
+        progress="off",
+    )
     return root
 
 
@@ -31,8 +59,18 @@ def resume_from(uninterrupted, step, tmp_path, *extra):
     # a checkpoint directory holding only the checkpoint of `step`, as if the run had stopped there
     (tmp_path / "ckpt").mkdir()
     shutil.copy(checkpoint_path(uninterrupted / "ckpt", step), tmp_path / "ckpt")
-    return launch(TRAIN, *RUN, "--checkpoint-dir", tmp_path / "ckpt", "--resume", *extra,
-                  "--save-final", tmp_path / "final.pt", nproc=2, run_dir=tmp_path / "run")  # fmt: skip
+    return launch(
+        TRAIN,
+        *RUN,
+        "--checkpoint-dir",
+        tmp_path / "ckpt",
+        "--resume",
+        *extra,
+        "--save-final",
+        tmp_path / "final.pt",
+        nproc=2,
+        run_dir=tmp_path / "run",
+    )
 
 
 def assert_same_weights(a, b):
@@ -81,9 +119,25 @@ def test_resume_without_optimizer_and_rng_state_drifts(uninterrupted, tmp_path):
 
 
 def test_elastic_restart_resumes_and_matches_the_uninterrupted_run(uninterrupted, tmp_path):
-    result = launch(TRAIN, *RUN, "--checkpoint-dir", tmp_path / "ckpt", "--save-every", 4, "--resume",
-                    "--fail-at-step", 6, "--fail-rank", 1, "--save-final", tmp_path / "final.pt",
-                    nproc=2, max_restarts=1, run_dir=tmp_path / "run", show_ranks="none")  # fmt: skip
+    result = launch(
+        TRAIN,
+        *RUN,
+        "--checkpoint-dir",
+        tmp_path / "ckpt",
+        "--save-every",
+        4,
+        "--resume",
+        "--fail-at-step",
+        6,
+        "--fail-rank",
+        1,
+        "--save-final",
+        tmp_path / "final.pt",
+        nproc=2,
+        max_restarts=1,
+        run_dir=tmp_path / "run",
+        show_ranks="none",
+    )
     assert result.returncode == 0 and result.attempts == 2
     # steps 5 and 6 ran twice (before the fault, and again after resuming at 4): the rerun is kept
     assert result.metrics.groupby("rank")["step"].apply(list).tolist() == [list(range(1, 13))] * 2

@@ -124,8 +124,16 @@ def test_without_a_configured_cluster_it_says_so_in_one_line(monkeypatch):
 @pytest.mark.timeout(JOB_WITHIN_S + 120)
 def test_generated_sbatch_file_runs_on_two_nodes_and_every_rank_all_reduces(cluster, tmp_path, capsys):
     (tmp_path / "worker.py").write_text(WORKER)
-    paths = write_cluster_templates(tmp_path / "jobs", "worker.py", nnodes=2, nproc_per_node=2, gpus_per_node=0,
-                                    cpus_per_rank=1, rdzv_port=free_port(), time_limit="00:10:00")  # fmt: skip
+    paths = write_cluster_templates(
+        tmp_path / "jobs",
+        "worker.py",
+        nnodes=2,
+        nproc_per_node=2,
+        gpus_per_node=0,
+        cpus_per_rank=1,
+        rdzv_port=free_port(),
+        time_limit="00:10:00",
+    )
     text = paths["slurm"].read_text()
     assert "MASTER_ADDR=" not in text  # torchrun sets it for its workers; an export would do nothing
     assert slurm.missing_reason() is None
@@ -150,11 +158,34 @@ def test_generated_sbatch_file_runs_on_two_nodes_and_every_rank_all_reduces(clus
 @pytest.mark.timeout(JOB_WITHIN_S + 120)
 def test_a_failed_rank_restarts_both_nodes_and_they_resume_from_the_shared_checkpoint(cluster, tmp_path):
     checkpoints = tmp_path / "checkpoints"  # one filesystem: both "nodes" see it, as they must
-    args = ["--steps", 6, "--save-every", 2, "--fail-at-step", 3, "--fail-rank", 1, "--log-every", 1,
-            "--num-samples", 256, "--run-dir", tmp_path / "run"]  # fmt: skip
-    paths = write_cluster_templates(tmp_path / "jobs", str(REPO / "ddp_helpers/workers/train.py"), args,
-                                    nnodes=2, nproc_per_node=1, gpus_per_node=0, cpus_per_rank=1, max_restarts=1,
-                                    checkpoint_dir=str(checkpoints), rdzv_port=free_port())  # fmt: skip
+    args = [
+        "--steps",
+        6,
+        "--save-every",
+        2,
+        "--fail-at-step",
+        3,
+        "--fail-rank",
+        1,
+        "--log-every",
+        1,
+        "--num-samples",
+        256,
+        "--run-dir",
+        tmp_path / "run",
+    ]
+    paths = write_cluster_templates(
+        tmp_path / "jobs",
+        str(REPO / "ddp_helpers/workers/train.py"),
+        args,
+        nnodes=2,
+        nproc_per_node=1,
+        gpus_per_node=0,
+        cpus_per_rank=1,
+        max_restarts=1,
+        checkpoint_dir=str(checkpoints),
+        rdzv_port=free_port(),
+    )
     assert "--max-restarts 1" in paths["slurm"].read_text() and "--resume" in paths["slurm"].read_text()
     job_id = slurm.submit(paths["slurm"], chdir=tmp_path, log=tmp_path / "job.log")
     job = slurm.follow(job_id, tmp_path / "job.log", timeout_s=JOB_WITHIN_S, echo=False)

@@ -80,8 +80,18 @@ def test_single_device_trains_with_plain_python(elsewhere):
 
 def test_ddp_trains_under_plain_torchrun_with_two_processes(elsewhere):
     folder, env = elsewhere
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "ddp.py",
-           "--epochs", "2", "--save", "ddp.pt"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "ddp.py",
+        "--epochs",
+        "2",
+        "--save",
+        "ddp.pt",
+    ]
     proc = run(cmd, folder, env)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
