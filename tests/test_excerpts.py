@@ -86,8 +86,8 @@ EXCERPTS: dict[tuple[str, str | None], str] = {
 
 def _worker_name(node: ast.expr, assignments: dict[str, str]) -> str | None:
     """The worker a show_source target names: a string, or a variable assigned from a call on one."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return Path(node.value).stem
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):  # "train", "live.server", "x/y.py"
+        return Path(node.value).stem if node.value.endswith(".py") else node.value
     if isinstance(node, ast.Name):
         return assignments.get(node.id)
     return None
