@@ -53,7 +53,7 @@ from . import protocol
 
 POLL_S = 0.02
 MAX_VALUE_CHARS = 10_000  # a cell's value shown in the notebook: list(range(10**6)) would be 6.9 MB
-RANK_SERVER = Path(__file__).with_name("rank_server.py")  # what torchrun runs on each rank
+RANK_SERVER = Path(__file__).with_name("server.py")  # what torchrun runs on each rank
 STARTUP_TIMEOUT_S = 180.0  # importing torch and the rendezvous, on a loaded 2-core machine
 INTERRUPT_WAIT_S = 5.0  # how long an interrupted rank gets to come back before the ranks are stopped
 CHECK_TIMEOUT_S = 10.0  # the barrier that tells whether an interrupt left the process group usable
