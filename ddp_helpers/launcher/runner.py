@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import LaunchError, LaunchFailed, LaunchInterrupted, LaunchTimeout, WorkerFailed
 from .cell_output import CellEcho
-from .config import RUN_OUTPUTS, LaunchConfig, make_config, options_signature
+from .config import RUN_OUTPUTS, LaunchConfig, make_config
 from .diagnosis import diagnose, strip_rank_prefix
 from .log_follow import FileFollower, LogChunk, RankLogTail
+from .options import OPTIONS, with_options
 from .process_tree import ProcessTree
 from .progress import StepProgress, resolve_progress
 from .resources import ResourceSampler
@@ -282,35 +283,20 @@ class _Run:
         )
 
 
+@with_options(
+    OPTIONS,
+    [
+        inspect.Parameter("script", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        inspect.Parameter("script_args", inspect.Parameter.VAR_POSITIONAL),
+    ],
+)
 def launch(
     script: str | os.PathLike[str], *script_args: str | int | float | os.PathLike[str], **options: Any
 ) -> LaunchResult:
     """Run `script` under torchrun (``torch.distributed.run``) and stream every rank's output live.
 
-    Options (keywords; each default is `LaunchConfig`'s):
-        nproc: processes on this node; default one per visible GPU, or 2 on the CPU.
-        backend: "auto" (nccl with GPUs, gloo without), "gloo" or "nccl". Workers read it
-            from the ``DDP_BACKEND`` environment variable, and the device from ``DDP_DEVICE``.
-        timeout: seconds without progress (any output, even part of a line, or a metrics line)
-            before the run is declared hung and killed. None waits for ever.
-        startup_timeout: seconds allowed before the first sign of life (importing torch and the
-            rendezvous can be slow on a busy machine); default: `timeout`.
-        run_dir: where logs, metrics and the summary go; default ``runs/<time>-<script>-<id>``.
-            A run_dir used before keeps the earlier launch's outputs under ``previous/``.
-        env: extra environment variables for the workers.
-        max_restarts: torchrun's elastic restarts after a failure.
-        show_ranks: which ranks to echo into the cell: "all", "none", a rank, or a list.
-            Every line is kept in the result and on disk either way; a flood is shown rate-limited.
-        progress: "auto", "widget", "text" or "off".
-        grace_s: seconds between SIGTERM and SIGKILL when stopping the run.
-        nnodes, node_rank, rdzv_endpoint: for a multi-node job, this node's agent; every node
-            uses the same endpoint ("host:port" of the first node). With nnodes > 1 the c10d
-            rendezvous, not node_rank, decides which node gets ranks 0..nproc-1; the result and
-            the echo use each worker's real RANK.
-        rdzv_timeout: seconds to wait for all nodes to join (default 120 with nnodes > 1).
-        launcher: "torchrun", or "python" for a one-process run without the agent: the script gets
-            the environment torchrun would give a world of one (RANK, WORLD_SIZE, MASTER_PORT, the
-            error file), and starts a few seconds sooner because only one interpreter imports torch.
+    Options (keywords; built from `options.OPTIONS`, where each is declared once):
+        {options}
 
     Returns:
         A `LaunchResult`.
@@ -324,14 +310,6 @@ def launch(
     """
     config = make_config(script, script_args, **options)
     return execute(config)
-
-
-launch.__signature__ = options_signature(  # type: ignore[attr-defined]
-    [
-        inspect.Parameter("script", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-        inspect.Parameter("script_args", inspect.Parameter.VAR_POSITIONAL),
-    ]
-)
 
 
 def keep_previous_outputs(run_dir: Path) -> Path | None:
