@@ -76,7 +76,8 @@ def _stop_cleanly_on_signals() -> list[int]:
     return received
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """``doctor`` and ``launch``; launch's flags are built from the declared launcher options."""
     parser = argparse.ArgumentParser(prog="python -m ddp_helpers")
     sub = parser.add_subparsers(dest="command", required=True)
     doctor = sub.add_parser("doctor", help="check this machine for DDP (exit 1 only when a check FAILs)")
@@ -96,7 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     script_args = run.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
     script_args.required = False  # a script may take none: the usage error must not ask for them
     run.set_defaults(func=_launch)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     return args.func(args)
 
 
