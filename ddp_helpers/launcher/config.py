@@ -27,8 +27,6 @@ __all__ = ["LaunchConfig", "OPTION_NAMES", "default_run_dir", "make_config", "op
 
 RUNS_DIR_ENV = "DDP_HELPERS_RUNS_DIR"
 MULTINODE_RDZV_TIMEOUT_S = 120.0  # torchrun waits 600 s for a missing node: too long for a cell
-# What one launch writes into its run_dir; a later launch into the same folder moves them aside.
-RUN_OUTPUTS = ("logs", "metrics", "summary.json", "plan.json")
 
 
 def default_run_dir(stem: str) -> Path:
