@@ -154,7 +154,11 @@ def test_the_cli_takes_every_declared_option(tmp_path, capsys):
     assert "KEY=VALUE" in capsys.readouterr().err
 
 
-def test_ranks_magic_start_passes_the_live_options():
+def test_the_magics_take_the_options_as_flags():
+    assert parse_magic_line("--env A=1 --env B=x=y --launcher python")[2] == {
+        "env": {"A": "1", "B": "x=y"},
+        "launcher": "python",
+    }
     opts = RanksMagics.ranks.parser.parse_argstring("start --nproc 2 --env A=1 --env B=2 --show-ranks 0")
     assert given_options(opts, LIVE_OPTIONS) == {"nproc": 2, "env": {"A": "1", "B": "2"}, "show_ranks": [0]}
     assert ddp_helpers.start_ranks is start_ranks

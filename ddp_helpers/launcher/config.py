@@ -21,9 +21,9 @@ from ..backends import resolve_backend  # the one rule, shared with every worker
 from ..errors import InvalidLaunchArguments
 from .checks import check_int, ranks_outside
 from .machine import free_port, threads_per_rank, visible_gpus
-from .options import OPTION_NAMES, OPTIONS, options_signature
+from .options import OPTION_NAMES, OPTIONS
 
-__all__ = ["LaunchConfig", "OPTION_NAMES", "default_run_dir", "make_config", "options_signature"]
+__all__ = ["LaunchConfig", "default_run_dir", "make_config"]
 
 RUNS_DIR_ENV = "DDP_HELPERS_RUNS_DIR"
 MULTINODE_RDZV_TIMEOUT_S = 120.0  # torchrun waits 600 s for a missing node: too long for a cell

@@ -39,7 +39,12 @@ from .checks import (
 
 @dataclass(frozen=True)
 class Option:
-    """One launcher option. `check(name, value)` returns the value to keep or raises InvalidLaunchArguments."""
+    """One launcher option: ``Option(name, default, annotation, help, check, parse, ...)``.
+
+    `check(name, value)` returns the value to keep, or raises `InvalidLaunchArguments`; it sees one
+    option only (the checks across options are `LaunchConfig`'s). `parse` turns a flag's text into a
+    value; an option without it has no flag.
+    """
 
     name: str
     default: Any
@@ -51,6 +56,7 @@ class Option:
     live: bool = False  # also a keyword of start_ranks and a flag of %ranks start
     collect: Callable[[list[Any]], Any] | None = None  # a repeatable flag: its values -> one value
     metavar: str | None = None  # how the flag's value is written, where its name does not say
+    shown_default: str = ""  # the docstring's words for a default that differs by machine
 
     @property
     def flag(self) -> str:
@@ -201,6 +207,7 @@ OPTIONS: tuple[Option, ...] = (
         "the Python interpreter that runs torchrun and the workers",
         check_program,
         str,
+        shown_default="the running interpreter",
     ),
     # no flag: a test's stand-in for the machine, not a user's choice
     Option("gpus", None, "int | None", "GPUs to assume visible; None asks torch", optional_int_at_least(0)),
@@ -211,6 +218,7 @@ LIVE_OPTIONS = tuple(option for option in OPTIONS if option.live)
 
 
 def command_line_options(options: Iterable[Option] = OPTIONS) -> tuple[Option, ...]:
+    """The options that have a flag (``python -m ddp_helpers launch``, ``%%torchrun``, ``%ranks start``)."""
     return tuple(option for option in options if option.parse is not None)
 
 
@@ -250,7 +258,9 @@ def options_doc(
     entries = []
     for option in options:
         default = defaults.get(option.name, option.default)
-        shown = "the running interpreter" if option.name == "python" else repr(default)
+        shown = (
+            option.shown_default if option.shown_default and option.name not in defaults else repr(default)
+        )
         text = f"{option.name} (default {shown}): {option.help}." + (f" {option.more}" if option.more else "")
         entries.append(
             textwrap.fill(
@@ -311,7 +321,7 @@ def add_flags(parser: argparse.ArgumentParser, options: Iterable[Option] = OPTIO
 
 def given_options(
     namespace: argparse.Namespace | Mapping[str, Any], options: Iterable[Option] = OPTIONS
-) -> dict:
+) -> dict[str, Any]:
     """The options a parsed command line set (the flags left at None are left out)."""
     values = namespace if isinstance(namespace, Mapping) else vars(namespace)
     given = {}
