@@ -7,6 +7,8 @@ import json
 import signal
 import sys
 
+from .launcher.options import add_flags
+
 
 def _doctor(args: argparse.Namespace) -> int:
     from .lab.doctor import collect_facts, exit_code, format_checks, live_allreduce, run_checks
@@ -33,12 +35,11 @@ def _doctor(args: argparse.Namespace) -> int:
 
 def _launch(args: argparse.Namespace) -> int:
     from .errors import LaunchError, LaunchInterrupted
+    from .launcher.options import command_line_options, given_options
     from .launcher.runner import launch
 
-    options = {name: getattr(args, name) for name in LAUNCH_OPTIONS if getattr(args, name) is not None}
-    ours = sorted(
-        {a.split("=")[0] for a in args.script_args} & {f"--{o.replace('_', '-')}" for o in LAUNCH_OPTIONS}
-    )
+    options = given_options(args)
+    ours = sorted({a.split("=")[0] for a in args.script_args} & {o.flag for o in command_line_options()})
     if ours:
         print(
             f"note: {', '.join(ours)} after the script go to the script; launch options go before it",
@@ -75,10 +76,8 @@ def _stop_cleanly_on_signals() -> list[int]:
     return received
 
 
-LAUNCH_OPTIONS = ("nproc", "backend", "timeout", "startup_timeout", "run_dir", "max_restarts")
-
-
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """``doctor`` and ``launch``; launch's flags are built from the declared launcher options."""
     parser = argparse.ArgumentParser(prog="python -m ddp_helpers")
     sub = parser.add_subparsers(dest="command", required=True)
     doctor = sub.add_parser("doctor", help="check this machine for DDP (exit 1 only when a check FAILs)")
@@ -93,20 +92,16 @@ def main(argv: list[str] | None = None) -> int:
         description="Options go before SCRIPT: everything after SCRIPT is the script's own arguments "
         "(python -m ddp_helpers launch --nproc 2 train.py --steps 5). Unset options keep launch()'s defaults.",
     )
-    # every default is None: launch() (LaunchConfig) holds the real ones
-    run.add_argument("--nproc", type=int)
-    run.add_argument("--backend", help="auto, gloo or nccl")
-    run.add_argument("--timeout", type=float, help="seconds without any output before the run counts as hung")
-    run.add_argument(
-        "--startup-timeout", type=float, help="seconds allowed before the first output (default: --timeout)"
-    )
-    run.add_argument("--run-dir")
-    run.add_argument("--max-restarts", type=int)
+    add_flags(run)  # one per declared option, each defaulting to None: launch()'s own defaults apply
     run.add_argument("script")
     script_args = run.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
     script_args.required = False  # a script may take none: the usage error must not ask for them
     run.set_defaults(func=_launch)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     return args.func(args)
 
 

@@ -1,34 +1,32 @@
-"""`LaunchConfig`: the one statement of `launch()`'s options, their defaults and their checks.
+"""`LaunchConfig`: one launch, validated: what to run, where, and how to watch it.
 
 `launch()`, ``%%torchrun``, ``python -m ddp_helpers launch`` and live ranks all build a `LaunchConfig`
-from what the user gave and leave the rest to its defaults. It validates itself on construction, so
-bad input is refused before a process is spawned, and turns into a torchrun command line.
+from what the user gave and leave the rest to its defaults. Its option fields, their defaults and
+their checks come from `options.OPTIONS`. It validates itself on construction, so bad input is
+refused before a process is spawned, and turns into a torchrun command line.
 """
 
 from __future__ import annotations
 
-import inspect
-import math
 import os
 import re
 import secrets
-import sys
 import time
 from collections.abc import Iterable
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..backends import BACKENDS, resolve_backend  # the one rule, shared with every worker
+from ..backends import resolve_backend  # the one rule, shared with every worker
 from ..errors import InvalidLaunchArguments
+from .checks import check_int, ranks_outside
 from .machine import free_port, threads_per_rank, visible_gpus
+from .options import OPTION_NAMES, OPTIONS
 
-LAUNCHERS = ("torchrun", "python")
-PROGRESS_CHOICES = ("auto", "widget", "text", "off")
+__all__ = ["LaunchConfig", "default_run_dir", "make_config"]
+
 RUNS_DIR_ENV = "DDP_HELPERS_RUNS_DIR"
 MULTINODE_RDZV_TIMEOUT_S = 120.0  # torchrun waits 600 s for a missing node: too long for a cell
-# What one launch writes into its run_dir; a later launch into the same folder moves them aside.
-RUN_OUTPUTS = ("logs", "metrics", "summary.json", "plan.json")
 
 
 def default_run_dir(stem: str) -> Path:
@@ -36,29 +34,6 @@ def default_run_dir(stem: str) -> Path:
     base = Path(os.environ.get(RUNS_DIR_ENV, "runs"))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return (base / f"{stamp}-{stem}-{secrets.token_hex(3)}").resolve()
-
-
-# ---------------------------------------------------------------------------- checks
-
-
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidLaunchArguments(f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise InvalidLaunchArguments(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
-def _check_seconds(name: str, value: object, *, allow_none: bool, allow_zero: bool = False) -> float | None:
-    if value is None and allow_none:
-        return None
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (value == 0 and not allow_zero):
-        what = ">= 0" if allow_zero else "a positive number of"
-        raise InvalidLaunchArguments(
-            f"{name} must be {what} seconds{' or None' if allow_none else ''}, got {value!r}"
-        )
-    return float(value)  # type: ignore[arg-type]
 
 
 def _check_script_args(args: Iterable[object]) -> list[str]:
@@ -73,136 +48,60 @@ def _check_script_args(args: Iterable[object]) -> list[str]:
     return checked
 
 
-def _check_show_ranks(show_ranks: object, world_size: int) -> set[int] | None:
-    if show_ranks == "all":
-        return None
-    if show_ranks is None or show_ranks == "none":
-        return set()
-    ranks: list[object] | None = None
-    if isinstance(show_ranks, int) and not isinstance(show_ranks, bool):
-        ranks = [show_ranks]
-    elif isinstance(show_ranks, Iterable) and not isinstance(show_ranks, str):
-        ranks = list(show_ranks)
-    if ranks is None or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
-        raise InvalidLaunchArguments(
-            f"show_ranks must be 'all', 'none', a rank or a list of ranks, got {show_ranks!r}"
-        )
-    outside = sorted(r for r in ranks if not 0 <= r < world_size)  # type: ignore[operator]
-    if outside:
-        raise InvalidLaunchArguments(
-            f"show_ranks {outside} is outside this world of {world_size} rank(s) (0..{world_size - 1})"
-        )
-    return set(ranks)  # type: ignore[arg-type]
-
-
-def _check_run_dir(run_dir: Path) -> Path:
-    # an ancestor that is a file would surface later as a raw NotADirectoryError
-    for folder in (run_dir, *run_dir.parents):
-        if folder.exists():
-            if not folder.is_dir():
-                raise InvalidLaunchArguments(f"run_dir {run_dir} cannot be created: {folder} is a file")
-            break
-    return run_dir
-
-
-def _resolve_backend(backend: object, nproc: object, gpus: int) -> tuple[str, str, int]:
-    try:
-        backend, device = resolve_backend(backend, gpus)  # type: ignore[arg-type]
-    except ValueError as err:
-        raise InvalidLaunchArguments(str(err)) from None
-    nproc = _check_int("nproc", gpus if gpus > 0 and nproc is None else (2 if nproc is None else nproc), 1)
-    if backend == "nccl" and nproc > gpus:
-        raise InvalidLaunchArguments(
-            f"nproc={nproc} but only {gpus} GPU(s) are visible: NCCL needs one GPU per process. "
-            f"Use nproc<={gpus}, or backend='gloo' to run on the CPU"
-        )
-    return backend, device, nproc
+def _option_fields(cls: type) -> type:
+    """One dataclass field per declared option, in `OPTIONS`' order, with the option's default."""
+    for option in OPTIONS:
+        cls.__annotations__[option.name] = option.annotation
+        setattr(cls, option.name, option.dataclass_field())
+    return cls
 
 
 # ---------------------------------------------------------------------------- the config
 
 
 @dataclass
+@_option_fields
 class LaunchConfig:
-    """A validated launch: what to run, where, and how to watch it. See `launch` for each option.
+    """A validated launch. Its option fields (nproc, backend, timeout, ...) are `options.OPTIONS`.
 
-    Built with the user's options only; every default lives here. On construction, "auto" and None
-    are resolved (`backend`, `nproc`, `run_dir`, `rdzv_timeout`), and bad input raises
+    Built with the user's options only; every default lives in `OPTIONS`. On construction, "auto"
+    and None are resolved (`backend`, `nproc`, `run_dir`, `rdzv_timeout`), and bad input raises
     `InvalidLaunchArguments` before anything is spawned.
     """
 
     script: Path
     script_args: list[str] = field(default_factory=list)
-    nproc: int | None = None  # None: one per visible GPU, or 2 on the CPU (1 with launcher="python")
-    backend: str = "auto"  # resolved to "gloo" or "nccl"
-    timeout: float | None = None  # seconds without progress before the run is called hung
-    startup_timeout: float | None = None  # seconds allowed before the first sign of life; None: timeout
-    run_dir: Path | None = None  # None: runs/<time>-<script>-<id>
-    env: dict[str, str] = field(default_factory=dict)
-    max_restarts: int = 0
-    show_ranks: object = "all"
-    progress: str = "auto"
-    grace_s: float = 5.0
-    nnodes: int = 1
-    node_rank: int = 0
-    rdzv_endpoint: str | None = None
-    rdzv_timeout: float | None = None  # None: MULTINODE_RDZV_TIMEOUT_S when nnodes > 1
-    launcher: str = "torchrun"
-    python: str = sys.executable
-    gpus: int | None = None  # visible GPUs; None asks torch (tests pass a count instead)
     device: str = field(init=False)  # "cpu" or "cuda"
     shown_ranks: set[int] | None = field(init=False)  # None: every rank
 
     def __post_init__(self) -> None:
         # Every check that needs no torch comes first: a typo is refused in milliseconds, not after
         # the seconds that `import torch` takes to count the GPUs.
-        self._check_arguments()
+        self._check_script()
+        for option in OPTIONS:  # each option on its own
+            setattr(self, option.name, option.check(option.name, getattr(self, option.name)))
+        self._check_nodes()
+        if self.show_ranks not in ("all", "none") and self.nproc is not None:
+            ranks_outside("show_ranks", self.show_ranks, self.nproc * self.nnodes)
+        # then what needs the machine
         self.gpus = visible_gpus() if self.gpus is None else self.gpus
-        if self.launcher == "python" and self.nproc is None:
-            self.nproc = 1
-        self.backend, self.device, self.nproc = _resolve_backend(self.backend, self.nproc, self.gpus)
-        if self.launcher == "python" and (self.nproc != 1 or self.nnodes != 1 or self.max_restarts):
-            raise InvalidLaunchArguments(
-                "launcher='python' runs one process without torchrun's agent: it needs nproc=1, nnodes=1 and "
-                f"max_restarts=0 (got nproc={self.nproc}, nnodes={self.nnodes}, max_restarts={self.max_restarts})"
-            )
-        self.shown_ranks = _check_show_ranks(self.show_ranks, self.nproc * self.nnodes)
-        run_dir = Path(self.run_dir).expanduser().resolve() if self.run_dir is not None else None
-        self.run_dir = _check_run_dir(run_dir or default_run_dir(self.script.stem))
+        self._resolve_world()
+        if self.show_ranks == "all":
+            self.shown_ranks = None
+        else:
+            self.shown_ranks = set() if self.show_ranks == "none" else set(self.show_ranks)
+            ranks_outside("show_ranks", self.shown_ranks, self.world_size)
+        self.run_dir = self.run_dir or default_run_dir(self.script.stem)
 
-    def _check_arguments(self) -> None:
-        """The checks that need neither torch nor the machine's GPUs."""
+    def _check_script(self) -> None:
         script = Path(self.script).expanduser()
         if not script.is_file():
             raise InvalidLaunchArguments(f"script not found: {script} (cwd is {Path.cwd()})")
         self.script = script.resolve()
         self.script_args = _check_script_args(self.script_args)
-        if self.launcher not in LAUNCHERS:
-            raise InvalidLaunchArguments(
-                f"launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}"
-            )
-        if self.progress not in PROGRESS_CHOICES:
-            raise InvalidLaunchArguments(
-                f"progress must be one of {', '.join(PROGRESS_CHOICES)}, got {self.progress!r}"
-            )
-        if self.backend not in BACKENDS:
-            raise InvalidLaunchArguments(
-                f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}"
-            )
-        if self.nproc is not None:
-            self.nproc = _check_int("nproc", self.nproc, 1)
-        if self.gpus is not None:
-            self.gpus = _check_int("gpus", self.gpus, 0)
-        self.timeout = _check_seconds("timeout", self.timeout, allow_none=True)
-        self.startup_timeout = _check_seconds("startup_timeout", self.startup_timeout, allow_none=True)
-        self.grace_s = _check_seconds("grace_s", self.grace_s, allow_none=False, allow_zero=True)  # type: ignore[assignment]
-        self.max_restarts = _check_int("max_restarts", self.max_restarts, 0)
-        self.env = dict(self.env or {})
-        bad = [k for k, v in self.env.items() if not isinstance(k, str) or not isinstance(v, str)]
-        if bad:
-            raise InvalidLaunchArguments(f"env keys and values must be strings; check {bad}")
-        self.nnodes = _check_int("nnodes", self.nnodes, 1)
-        self.node_rank = _check_int("node_rank", self.node_rank, 0)
+
+    def _check_nodes(self) -> None:
+        """The options that only make sense together: a node's rank, the rendezvous across nodes."""
         if self.node_rank >= self.nnodes:
             raise InvalidLaunchArguments(f"node_rank must be < nnodes ({self.nnodes}), got {self.node_rank}")
         if self.nnodes > 1 and not (
@@ -211,11 +110,30 @@ class LaunchConfig:
             raise InvalidLaunchArguments(
                 f"nnodes={self.nnodes} needs rdzv_endpoint='host:port', got {self.rdzv_endpoint!r}"
             )
-        self.rdzv_timeout = _check_seconds("rdzv_timeout", self.rdzv_timeout, allow_none=True)
         if self.rdzv_timeout is None and self.nnodes > 1:
             self.rdzv_timeout = MULTINODE_RDZV_TIMEOUT_S
-        if self.show_ranks not in ("all", "none", None) and self.nproc is not None:
-            _check_show_ranks(self.show_ranks, self.nproc * self.nnodes)
+
+    def _resolve_world(self) -> None:
+        """`backend` and `nproc` from the visible GPUs; what a one-process launch can do."""
+        if self.launcher == "python" and self.nproc is None:
+            self.nproc = 1
+        try:
+            self.backend, self.device = resolve_backend(self.backend, self.gpus)
+        except ValueError as err:
+            raise InvalidLaunchArguments(str(err)) from None
+        if self.nproc is None:
+            self.nproc = self.gpus if self.gpus > 0 else 2
+        self.nproc = check_int("nproc", self.nproc, 1)
+        if self.backend == "nccl" and self.nproc > self.gpus:
+            raise InvalidLaunchArguments(
+                f"nproc={self.nproc} but only {self.gpus} GPU(s) are visible: NCCL needs one GPU per process. "
+                f"Use nproc<={self.gpus}, or backend='gloo' to run on the CPU"
+            )
+        if self.launcher == "python" and (self.nproc != 1 or self.nnodes != 1 or self.max_restarts):
+            raise InvalidLaunchArguments(
+                "launcher='python' runs one process without torchrun's agent: it needs nproc=1, nnodes=1 and "
+                f"max_restarts=0 (got nproc={self.nproc}, nnodes={self.nnodes}, max_restarts={self.max_restarts})"
+            )
 
     # ------------------------------------------------------------------ derived
     @property
@@ -299,27 +217,6 @@ class LaunchConfig:
             env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         env.update(self.env)
         return env
-
-
-OPTION_NAMES = tuple(
-    f.name for f in fields(LaunchConfig) if f.init and f.name not in ("script", "script_args")
-)
-
-
-def options_signature(leading: list[inspect.Parameter]) -> inspect.Signature:
-    """`leading` parameters, then every launch option as a keyword with `LaunchConfig`'s default.
-
-    `launch(script, *args, **options)` keeps one source of defaults; this gives it back the signature
-    that Jupyter's Shift-Tab and `help()` show.
-    """
-    options = []
-    for f in fields(LaunchConfig):
-        if f.name in OPTION_NAMES:
-            default = f.default_factory() if f.default_factory is not MISSING else f.default
-            options.append(
-                inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=f.type)
-            )
-    return inspect.Signature([*leading, *options])
 
 
 def make_config(

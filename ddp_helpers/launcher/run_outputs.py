@@ -1,9 +1,13 @@
-"""Follow and read what the ranks write (`ddp_helpers.metrics`): live during a run, whole after it."""
+"""Follow and read what the ranks write (`ddp_helpers.metrics`): live during a run, whole after it.
+
+A run_dir used again keeps the earlier launch's outputs aside (`keep_previous_outputs`).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +16,9 @@ from .log_follow import FileFollower
 
 if TYPE_CHECKING:
     import pandas as pd
+
+# What one launch writes into its run_dir; a later launch into the same folder moves them aside.
+RUN_OUTPUTS = ("logs", "metrics", "summary.json", "plan.json")
 
 
 class MetricsFollower:
@@ -60,3 +67,21 @@ def read_summary(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """The summary rank 0 wrote at the end, or {} if the run never got there."""
     path = Path(run_dir) / SUMMARY_FILE
     return json.loads(path.read_text()) if path.exists() else {}
+
+
+def keep_previous_outputs(run_dir: Path) -> Path | None:
+    """Move an earlier launch's logs, metrics and summary in `run_dir` to ``run_dir/previous/<n>``.
+
+    A launch reads only its own files: a reused run_dir must not report the earlier run's failure,
+    lines or summary. Other files (checkpoints, the magic's cell.py) stay where they are.
+    """
+    found = [run_dir / name for name in RUN_OUTPUTS if (run_dir / name).exists()]
+    if not found:
+        return None
+    previous = run_dir / "previous"
+    index = 1 + max((int(p.name) for p in previous.glob("*") if p.name.isdigit()), default=0)
+    target = previous / str(index)
+    target.mkdir(parents=True)
+    for path in found:
+        shutil.move(str(path), str(target / path.name))
+    return target

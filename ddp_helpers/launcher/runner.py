@@ -4,68 +4,30 @@ from __future__ import annotations
 
 import inspect
 import os
-import shutil
-import signal
 import subprocess
-import sys
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from ..errors import LaunchError, LaunchFailed, LaunchInterrupted, LaunchTimeout, WorkerFailed
 from .cell_output import CellEcho
-from .config import RUN_OUTPUTS, LaunchConfig, make_config, options_signature
+from .config import LaunchConfig, make_config
 from .diagnosis import diagnose, strip_rank_prefix
+from .lifeline import die_with_owner
 from .log_follow import FileFollower, LogChunk, RankLogTail
+from .options import OPTIONS, with_options
 from .process_tree import ProcessTree
 from .progress import StepProgress, resolve_progress
 from .resources import ResourceSampler
-from .run_outputs import MetricsFollower, read_metrics, read_summary
+from .result import LaunchResult
+from .run_outputs import MetricsFollower, keep_previous_outputs, read_metrics, read_summary
 from .torchrun_agent import OWNER_FD_ENV
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 __all__ = ["LaunchResult", "launch"]
 
 POLL_S = 0.1
 REFRESH_S = 0.5  # how often the process tree and the resources are sampled
 WAITING_NOTE_EVERY_S = 5.0
-
-
-def _empty_frame() -> pd.DataFrame:
-    import pandas as pd
-
-    return pd.DataFrame()
-
-
-@dataclass
-class LaunchResult:
-    """What a finished run left: exit code, timing, logs, metrics and the rank-0 summary."""
-
-    returncode: int
-    wall_s: float
-    run_dir: Path
-    logs: dict[int, list[str]]
-    metrics: pd.DataFrame
-    summary: dict[str, Any]
-    command: list[str]
-    launcher_output: list[str] = field(default_factory=list)
-    attempts: int = 1
-    resources: pd.DataFrame = field(default_factory=_empty_frame)  # per-rank CPU/RSS, per-GPU use, over time
-    gpu_sampling: str = "not requested"  # "sampled", or why not ("not sampled: ...")
-    lines_held_back: int = 0  # lines not echoed into the cell (all are in `logs` and on disk)
-
-    def log(self, rank: int) -> str:
-        """Every line rank `rank` printed, stdout and stderr, in the order they were read."""
-        return "\n".join(self.logs.get(rank, []))
-
-    def __repr__(self) -> str:
-        return (
-            f"LaunchResult(returncode={self.returncode}, wall_s={self.wall_s:.2f}, ranks={sorted(self.logs)}, "
-            f"metrics_rows={len(self.metrics)}, run_dir='{self.run_dir}')"
-        )
 
 
 @dataclass
@@ -282,35 +244,20 @@ class _Run:
         )
 
 
+@with_options(
+    OPTIONS,
+    [
+        inspect.Parameter("script", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        inspect.Parameter("script_args", inspect.Parameter.VAR_POSITIONAL),
+    ],
+)
 def launch(
     script: str | os.PathLike[str], *script_args: str | int | float | os.PathLike[str], **options: Any
 ) -> LaunchResult:
     """Run `script` under torchrun (``torch.distributed.run``) and stream every rank's output live.
 
-    Options (keywords; each default is `LaunchConfig`'s):
-        nproc: processes on this node; default one per visible GPU, or 2 on the CPU.
-        backend: "auto" (nccl with GPUs, gloo without), "gloo" or "nccl". Workers read it
-            from the ``DDP_BACKEND`` environment variable, and the device from ``DDP_DEVICE``.
-        timeout: seconds without progress (any output, even part of a line, or a metrics line)
-            before the run is declared hung and killed. None waits for ever.
-        startup_timeout: seconds allowed before the first sign of life (importing torch and the
-            rendezvous can be slow on a busy machine); default: `timeout`.
-        run_dir: where logs, metrics and the summary go; default ``runs/<time>-<script>-<id>``.
-            A run_dir used before keeps the earlier launch's outputs under ``previous/``.
-        env: extra environment variables for the workers.
-        max_restarts: torchrun's elastic restarts after a failure.
-        show_ranks: which ranks to echo into the cell: "all", "none", a rank, or a list.
-            Every line is kept in the result and on disk either way; a flood is shown rate-limited.
-        progress: "auto", "widget", "text" or "off".
-        grace_s: seconds between SIGTERM and SIGKILL when stopping the run.
-        nnodes, node_rank, rdzv_endpoint: for a multi-node job, this node's agent; every node
-            uses the same endpoint ("host:port" of the first node). With nnodes > 1 the c10d
-            rendezvous, not node_rank, decides which node gets ranks 0..nproc-1; the result and
-            the echo use each worker's real RANK.
-        rdzv_timeout: seconds to wait for all nodes to join (default 120 with nnodes > 1).
-        launcher: "torchrun", or "python" for a one-process run without the agent: the script gets
-            the environment torchrun would give a world of one (RANK, WORLD_SIZE, MASTER_PORT, the
-            error file), and starts a few seconds sooner because only one interpreter imports torch.
+    Options (keywords; built from `options.OPTIONS`, where each is declared once):
+        {options}
 
     Returns:
         A `LaunchResult`.
@@ -324,53 +271,6 @@ def launch(
     """
     config = make_config(script, script_args, **options)
     return execute(config)
-
-
-launch.__signature__ = options_signature(  # type: ignore[attr-defined]
-    [
-        inspect.Parameter("script", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-        inspect.Parameter("script_args", inspect.Parameter.VAR_POSITIONAL),
-    ]
-)
-
-
-def keep_previous_outputs(run_dir: Path) -> Path | None:
-    """Move an earlier launch's logs, metrics and summary in `run_dir` to ``run_dir/previous/<n>``.
-
-    A launch reads only its own files: a reused run_dir must not report the earlier run's failure,
-    lines or summary. Other files (checkpoints, the magic's cell.py) stay where they are.
-    """
-    found = [run_dir / name for name in RUN_OUTPUTS if (run_dir / name).exists()]
-    if not found:
-        return None
-    previous = run_dir / "previous"
-    index = 1 + max((int(p.name) for p in previous.glob("*") if p.name.isdigit()), default=0)
-    target = previous / str(index)
-    target.mkdir(parents=True)
-    for path in found:
-        shutil.move(str(path), str(target / path.name))
-    return target
-
-
-def _die_with_owner(owner_pid: int):
-    """For a one-process run, which has no agent to watch the lifeline: the kernel sends the process
-    SIGKILL when the thread that started it dies (Linux's PR_SET_PDEATHSIG; launch() blocks in that
-    thread for the whole run). Elsewhere it does nothing."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    # looked up here, in the parent: between fork and exec the child must not import (a thread of the
-    # kernel may hold the import lock at fork time)
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    pr_set_pdeathsig = 1
-
-    def arm() -> None:  # runs in the child, between fork and exec
-        prctl(pr_set_pdeathsig, signal.SIGKILL)
-        if os.getppid() != owner_pid:  # the owner died before the line above took effect
-            os._exit(1)
-
-    return arm
 
 
 def _start(config: LaunchConfig) -> subprocess.Popen[bytes]:
@@ -401,7 +301,7 @@ def _start(config: LaunchConfig) -> subprocess.Popen[bytes]:
             env=env,
             start_new_session=True,  # the whole run can be signalled without touching the kernel
             pass_fds=() if lifeline_read is None else (lifeline_read,),
-            preexec_fn=_die_with_owner(os.getpid()) if direct else None,
+            preexec_fn=die_with_owner(os.getpid()) if direct else None,
         )
     except BaseException:
         if lifeline_write is not None:

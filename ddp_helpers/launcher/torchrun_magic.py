@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from IPython.core.magic import Magics, cell_magic, magics_class
 
 from ..errors import InvalidLaunchArguments
+from .options import OPTIONS, Option, add_flags, fill_doc_slot, flags_doc, given_options
 
 
 class _RefusingParser(argparse.ArgumentParser):
@@ -28,24 +30,10 @@ class _RefusingParser(argparse.ArgumentParser):
         raise InvalidLaunchArguments(f"%%torchrun: {message}\n{self.format_usage().strip()}")
 
 
-def _show_ranks(text: str) -> object:
-    if text in ("all", "none"):
-        return text
-    try:
-        return [int(r) for r in text.split(",") if r.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'all', 'none' or comma-separated ranks, got {text!r}") from None
-
-
-def magic_parser() -> argparse.ArgumentParser:
-    """``%%torchrun``'s options; each defaults to None, which leaves `launch`'s own default."""
+def magic_parser(options: Iterable[Option] = OPTIONS) -> argparse.ArgumentParser:
+    """``%%torchrun``'s flags: one per declared option, each defaulting to None (`launch`'s default)."""
     parser = _RefusingParser(prog="%%torchrun", add_help=False)
-    parser.add_argument("--nproc", type=int, help="processes (default: GPUs, or 2 on the CPU)")
-    parser.add_argument("--backend", help="auto, gloo or nccl")
-    parser.add_argument("--timeout", type=float, help="seconds without progress before the run is killed")
-    parser.add_argument("--run-dir", help="where the script, logs and metrics go")
-    parser.add_argument("--max-restarts", type=int)
-    parser.add_argument("--show-ranks", type=_show_ranks, help="'all', 'none' or comma-separated ranks")
+    add_flags(parser, options)
     parser.add_argument("--args", default="", help="arguments for the script, quoted: --args '--steps 5'")
     return parser
 
@@ -56,13 +44,13 @@ def parse_magic_line(line: str) -> tuple[Path | None, list[str], dict[str, Any]]
         words = shlex.split(line)
     except ValueError as err:
         raise InvalidLaunchArguments(f"%%torchrun: cannot split {line!r}: {err}") from None
-    opts = vars(magic_parser().parse_args(words))
+    opts = magic_parser().parse_args(words)
     try:
-        script_args = shlex.split(opts.pop("args"))
+        script_args = shlex.split(opts.args)
     except ValueError as err:
         raise InvalidLaunchArguments(f"%%torchrun --args: {err}") from None
-    run_dir = opts.pop("run_dir")
-    options = {name: value for name, value in opts.items() if value is not None}
+    options = given_options(opts)
+    run_dir = options.pop("run_dir", None)
     return (Path(run_dir) if run_dir else None), script_args, options
 
 
@@ -72,8 +60,9 @@ class TorchrunMagics(Magics):
     def torchrun(self, line: str, cell: str) -> Any:
         """Write this cell to a script and run it with torchrun; see `ddp_helpers.launch`.
 
-        Options: --nproc N, --backend B, --timeout S, --run-dir DIR, --max-restarts N,
-        --show-ranks all|none|0,1, --args '--steps 5' (the script's arguments, quoted).
+        Options (each unset one keeps `launch`'s default):
+            {flags}
+            --args ARGS: the script's own arguments, quoted: --args '--steps 5'
         """
         from .config import default_run_dir
         from .runner import launch
@@ -84,6 +73,11 @@ class TorchrunMagics(Magics):
         script.parent.mkdir(parents=True, exist_ok=True)
         script.write_text(cell)
         return launch(script, *script_args, run_dir=run_dir, **options)
+
+
+TorchrunMagics.torchrun.__doc__ = fill_doc_slot(
+    TorchrunMagics.torchrun.__doc__, "flags", lambda indent: flags_doc(indent=indent)
+)
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -17,9 +17,11 @@ import traceback
 
 from IPython.core.displayhook import DisplayHook
 from IPython.core.magic import Magics, line_cell_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import ArgDecorator, argument, magic_arguments, parse_argstring
 
 from ..errors import InvalidLaunchArguments
+from ..launcher.checks import rank_list
+from ..launcher.options import LIVE_OPTIONS, add_flags, given_options
 from .ranks import LiveRanks, shown_value, start_ranks
 
 _current: LiveRanks | None = None
@@ -32,11 +34,18 @@ def current_ranks() -> LiveRanks:
     return _current
 
 
+class _start_flags(ArgDecorator):
+    """``%ranks start``'s flags: one per launcher option that `start_ranks` takes (launcher/options.py)."""
+
+    def add_to_parser(self, parser, group):
+        add_flags(group or parser, LIVE_OPTIONS)
+
+
 def _parse_ranks(text: str | None) -> list[int] | None:
     if text is None:
         return None
     try:
-        return [int(part) for part in text.split(",") if part.strip()]
+        return rank_list(text)
     except ValueError:
         raise InvalidLaunchArguments(
             f"--rank takes comma-separated rank numbers, e.g. 0,1; got {text!r}"
@@ -61,11 +70,7 @@ class CellSyntaxError(Exception):
 class RanksMagics(Magics):
     @magic_arguments()
     @argument("action", nargs="?", default=None, help="line form: start, stop, restart or status")
-    @argument("--nproc", type=int, default=None, help="ranks to start (default: GPUs, or 2 on the CPU)")
-    @argument("--backend", default="auto", help="auto, gloo or nccl")
-    @argument(
-        "--timeout", type=float, default=None, help="seconds of silence in a cell before it counts as hung"
-    )
+    @_start_flags()  # --timeout also sets a %%ranks cell's own timeout
     @argument("--rank", default=None, help="cell form: run on these ranks only, e.g. 0 or 0,2")
     @argument("--name", default="ranks", help="the notebook variable that holds the ranks")
     @line_cell_magic
@@ -94,7 +99,7 @@ class RanksMagics(Magics):
         if opts.action == "start":
             if _current is not None and _current.alive:
                 _current.shutdown()  # one set of live ranks per kernel: a second start replaces the first
-            _current = start_ranks(nproc=opts.nproc, backend=opts.backend, timeout=opts.timeout)
+            _current = start_ranks(**given_options(opts, LIVE_OPTIONS))
             self.shell.user_ns[opts.name] = _current
             print(
                 f"{_current.world_size} live rank(s) on {_current.backend}, bound to `{opts.name}`; "

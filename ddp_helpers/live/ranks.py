@@ -27,7 +27,7 @@ import subprocess
 import tempfile
 import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 from pathlib import Path
@@ -45,8 +45,10 @@ from ..errors import (
     WorkerFailed,
 )
 from ..launcher.cell_output import shown_text
+from ..launcher.checks import check_seconds
 from ..launcher.config import LaunchConfig, default_run_dir, make_config
 from ..launcher.diagnosis import STDERR_TAIL_LINES
+from ..launcher.options import LIVE_OPTIONS, bind_options, with_options
 from ..launcher.process_tree import ProcessTree
 from ..launcher.runner import _Run, _start
 from . import protocol
@@ -649,11 +651,7 @@ def _running(pid: int) -> bool:
 
 
 def _check_timeout(timeout: Any) -> float | None:
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
-    ):
-        raise InvalidLaunchArguments(f"timeout must be a positive number of seconds or None, got {timeout!r}")
-    return None if timeout is None else float(timeout)
+    return check_seconds("timeout", timeout, allow_none=True)
 
 
 def _shutdown_quietly(ref: weakref.ref[LiveRanks]) -> None:
@@ -665,42 +663,32 @@ def _shutdown_quietly(ref: weakref.ref[LiveRanks]) -> None:
             pass
 
 
-def start_ranks(
-    nproc: int | None = None,
-    backend: str = "auto",
-    timeout: float | None = None,
-    env: Mapping[str, str] | None = None,
-    *,
-    run_dir: str | os.PathLike[str] | None = None,
-    show_ranks: object = "all",
-    startup_timeout: float = STARTUP_TIMEOUT_S,
-) -> LiveRanks:
+# start_ranks takes the launcher's options marked `live` (see launcher/options.py); these four stay
+# positional as they always were, and the ranks wait longer to start than one script does
+@with_options(
+    LIVE_OPTIONS,
+    positional=("nproc", "backend", "timeout", "env"),
+    defaults={"startup_timeout": STARTUP_TIMEOUT_S},
+)
+def start_ranks(*args: Any, **options: Any) -> LiveRanks:
     """Start `nproc` DDP ranks under torchrun that stay up between cells.
 
     Returns once every rank has run ``init_process_group`` (nccl with one GPU per rank where GPUs
     exist, gloo on the CPU, as `launch` chooses). Each rank's namespace starts with ``torch``,
-    ``dist``, ``nn``, ``rank``, ``local_rank``, ``world_size`` and ``device``.
+    ``dist``, ``nn``, ``rank``, ``local_rank``, ``world_size`` and ``device``. `timeout` is the
+    default of each `run`: a cell whose ranks print nothing for that long counts as hung;
+    `startup_timeout` (a number here, not None) is for every rank to import torch and join the
+    group; the logs go to
+    `run_dir`, by default ``runs/<time>-ranks-<id>``.
 
-    Args:
-        nproc: ranks; default one per visible GPU, or 2 on the CPU.
-        backend: "auto", "gloo" or "nccl".
-        timeout: default for `run`: seconds without output from a rank still in a cell before the
-            cell is declared hung. None waits for ever.
-        env: extra environment variables for the ranks.
-        run_dir: where the logs go; default ``runs/<time>-ranks-<id>``.
-        show_ranks: which ranks' output to echo ("all", "none", a rank or a list).
-        startup_timeout: seconds for every rank to import torch and join the group.
+    Options (each as `launch` takes it):
+        {options}
     """
-    timeout = _check_timeout(timeout)
-    if (
-        isinstance(startup_timeout, bool)
-        or not isinstance(startup_timeout, int | float)
-        or startup_timeout <= 0
-    ):
-        raise InvalidLaunchArguments(f"startup_timeout must be a positive number, got {startup_timeout!r}")
-    config = make_config(
-        RANK_SERVER, (), nproc=nproc, backend=backend, timeout=None,
-        run_dir=run_dir if run_dir is not None else default_run_dir("ranks"), env=env, max_restarts=0,
-        show_ranks=show_ranks, grace_s=3.0, nnodes=1, node_rank=0, rdzv_endpoint=None,
-    )  # fmt: skip
-    return LiveRanks(config, timeout=timeout, startup_timeout=float(startup_timeout))
+    given = bind_options(start_ranks, args, options)
+    timeout = check_seconds("timeout", given.pop("timeout"), allow_none=True)
+    startup_timeout = check_seconds("startup_timeout", given.pop("startup_timeout"), allow_none=False)
+    if given["run_dir"] is None:
+        given["run_dir"] = default_run_dir("ranks")
+    # the run's own timeout stays off: a rank that waits for its next cell is not hung
+    config = make_config(RANK_SERVER, (), **given, timeout=None, max_restarts=0, grace_s=3.0)
+    return LiveRanks(config, timeout=timeout, startup_timeout=startup_timeout)

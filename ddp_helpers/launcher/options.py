@@ -1,0 +1,342 @@
+"""Every launcher option, declared once: its default, its check, its help and its command-line flag.
+
+`OPTIONS` is the one list. From it come `LaunchConfig`'s fields and per-option checks, `launch()`'s
+signature and the options part of its docstring, the flags of ``python -m ddp_helpers launch`` and of
+``%%torchrun``, and (for the options marked `live`) `start_ranks`' keywords and ``%ranks start``'s
+flags. Adding an option is one `Option(...)` below, plus the code that acts on it
+(`LaunchConfig.command` or `environment`). Nothing here imports torch: a typo is refused at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import sys
+import textwrap
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .checks import (
+    LAUNCHERS,
+    PROGRESS_CHOICES,
+    check_backend,
+    check_env,
+    check_optional_text,
+    check_path,
+    check_program,
+    check_show_ranks,
+    int_at_least,
+    one_of,
+    optional_int_at_least,
+    parse_env_item,
+    parse_show_ranks,
+    seconds,
+)
+
+# ---------------------------------------------------------------------------- the declarations
+
+
+@dataclass(frozen=True)
+class Option:
+    """One launcher option: ``Option(name, default, annotation, help, check, parse, ...)``.
+
+    `check(name, value)` returns the value to keep, or raises `InvalidLaunchArguments`; it sees one
+    option only (the checks across options are `LaunchConfig`'s). `parse` turns a flag's text into a
+    value; an option without it has no flag.
+    """
+
+    name: str
+    default: Any
+    annotation: str
+    help: str  # one line: the flag's help, and the docstring's entry
+    check: Callable[[str, Any], Any]
+    parse: Callable[[str], Any] | None = None  # a command line's text -> a value; None: no flag
+    more: str = ""  # further sentences for the docstring only
+    live: bool = False  # also a keyword of start_ranks and a flag of %ranks start
+    collect: Callable[[list[Any]], Any] | None = None  # a repeatable flag: its values -> one value
+    metavar: str | None = None  # how the flag's value is written, where its name does not say
+    shown_default: str = ""  # the docstring's words for a default that differs by machine
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def fresh_default(self) -> Any:
+        """The default, copied if it is mutable (each config gets its own dict)."""
+        return type(self.default)(self.default) if isinstance(self.default, dict | list) else self.default
+
+    def dataclass_field(self) -> Any:
+        if isinstance(self.default, dict | list):
+            return field(default_factory=self.fresh_default)
+        return field(default=self.default)
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "nproc",
+        None,
+        "int | None",
+        "processes on this node; None: one per visible GPU, or 2 on the CPU (1 with launcher='python')",
+        optional_int_at_least(1),
+        int,
+        live=True,
+    ),
+    Option(
+        "backend",
+        "auto",
+        "str",
+        "'auto' (nccl with GPUs, gloo without), 'gloo' or 'nccl'",
+        check_backend,
+        str,
+        more="Workers read it from DDP_BACKEND, and the device from DDP_DEVICE.",
+        live=True,
+    ),
+    Option(
+        "timeout",
+        None,
+        "float | None",
+        "seconds without progress (any output, or a metrics line) before the "
+        "run counts as hung and is stopped; None waits for ever",
+        seconds(allow_none=True),
+        float,
+        live=True,
+    ),
+    Option(
+        "startup_timeout",
+        None,
+        "float | None",
+        "seconds allowed before the first sign of life; None: timeout",
+        seconds(allow_none=True),
+        float,
+        live=True,
+        more="Importing torch and the rendezvous can be slow on a busy machine.",
+    ),
+    Option(
+        "run_dir",
+        None,
+        "str | os.PathLike[str] | None",
+        "where logs, metrics and the summary go; None: runs/<time>-<script>-<id>",
+        check_path,
+        str,
+        live=True,
+        more="A run_dir used before keeps the earlier launch's outputs under previous/.",
+    ),
+    Option(
+        "env",
+        {},
+        "dict[str, str]",
+        "extra environment variables for the workers (repeat the flag for each)",
+        check_env,
+        parse_env_item,
+        live=True,
+        collect=dict,
+        metavar="KEY=VALUE",
+    ),
+    Option("max_restarts", 0, "int", "torchrun's elastic restarts after a failure", int_at_least(0), int),
+    Option(
+        "show_ranks",
+        "all",
+        "object",
+        "which ranks to echo: 'all', 'none', a rank or a list",
+        check_show_ranks,
+        parse_show_ranks,
+        live=True,
+        metavar="all|none|0,2",
+        more="Every line is kept in the result and on disk either way; a flood is shown rate-limited.",
+    ),
+    Option(
+        "progress",
+        "auto",
+        "str",
+        "progress display: 'auto', 'widget', 'text' or 'off'",
+        one_of(PROGRESS_CHOICES),
+        str,
+    ),
+    Option(
+        "grace_s",
+        5.0,
+        "float",
+        "seconds between SIGTERM and SIGKILL when stopping the run",
+        seconds(allow_none=False, allow_zero=True),
+        float,
+    ),
+    Option(
+        "nnodes", 1, "int", "nodes in a multi-node job (each node runs its own launch)", int_at_least(1), int
+    ),
+    Option(
+        "node_rank",
+        0,
+        "int",
+        "this node's index, 0..nnodes-1",
+        int_at_least(0),
+        int,
+        more="With nnodes > 1 the c10d rendezvous, not node_rank, decides which node gets ranks 0..nproc-1; "
+        "the result and the echo use each worker's real RANK.",
+    ),
+    Option(
+        "rdzv_endpoint",
+        None,
+        "str | None",
+        "'host:port' of the first node, the same on every node (needed with nnodes > 1)",
+        check_optional_text,
+        str,
+    ),
+    Option(
+        "rdzv_timeout",
+        None,
+        "float | None",
+        "seconds to wait for all nodes to join; None: 120 with nnodes > 1",
+        seconds(allow_none=True),
+        float,
+    ),
+    Option(
+        "launcher",
+        "torchrun",
+        "str",
+        "'torchrun', or 'python' for one process without torchrun's agent",
+        one_of(LAUNCHERS),
+        str,
+        more="The script gets the environment torchrun would give a world of one (RANK, WORLD_SIZE, "
+        "MASTER_PORT, the error file), and starts sooner: only one interpreter imports torch.",
+    ),
+    Option(
+        "python",
+        sys.executable,
+        "str",
+        "the Python interpreter that runs torchrun and the workers",
+        check_program,
+        str,
+        shown_default="the running interpreter",
+    ),
+    # no flag: a test's stand-in for the machine, not a user's choice
+    Option("gpus", None, "int | None", "GPUs to assume visible; None asks torch", optional_int_at_least(0)),
+)
+
+OPTION_NAMES = tuple(option.name for option in OPTIONS)
+LIVE_OPTIONS = tuple(option for option in OPTIONS if option.live)
+
+
+def command_line_options(options: Iterable[Option] = OPTIONS) -> tuple[Option, ...]:
+    """The options that have a flag (``python -m ddp_helpers launch``, ``%%torchrun``, ``%ranks start``)."""
+    return tuple(option for option in options if option.parse is not None)
+
+
+# ---------------------------------------------------------------------------- the front ends built from them
+
+
+def options_signature(
+    leading: list[inspect.Parameter],
+    options: Iterable[Option] = OPTIONS,
+    *,
+    positional: Sequence[str] = (),
+    defaults: Mapping[str, Any] | None = None,
+) -> inspect.Signature:
+    """`leading` parameters, then `positional` options, then every other option as a keyword.
+
+    A function that takes ``**options`` (one source of defaults) gets back the signature that
+    Jupyter's Shift-Tab and `help()` show. `defaults` overrides an option's default for this function.
+    """
+    defaults = defaults or {}
+    by_name = {option.name: option for option in options}
+    params = list(leading)
+    for name in [*positional, *(n for n in by_name if n not in positional)]:
+        option = by_name[name]
+        kind = (
+            inspect.Parameter.POSITIONAL_OR_KEYWORD if name in positional else inspect.Parameter.KEYWORD_ONLY
+        )
+        default = defaults.get(name, option.default)
+        params.append(inspect.Parameter(name, kind, default=default, annotation=option.annotation))
+    return inspect.Signature(params)
+
+
+def options_doc(
+    options: Iterable[Option] = OPTIONS, *, indent: str = "", defaults: Mapping[str, Any] | None = None
+) -> str:
+    """One docstring entry per option: ``name (default X): help. more``, wrapped."""
+    defaults = defaults or {}
+    entries = []
+    for option in options:
+        default = defaults.get(option.name, option.default)
+        shown = (
+            option.shown_default if option.shown_default and option.name not in defaults else repr(default)
+        )
+        text = f"{option.name} (default {shown}): {option.help}." + (f" {option.more}" if option.more else "")
+        entries.append(
+            textwrap.fill(
+                text, 100, initial_indent=indent, subsequent_indent=indent + "    ", break_on_hyphens=False
+            )
+        )
+    return "\n".join(entries)
+
+
+def flags_doc(options: Iterable[Option] = OPTIONS, *, indent: str = "") -> str:
+    """One line per flag, for a magic's docstring: ``--nproc NPROC: processes on this node; ...``."""
+    lines = []
+    for option in command_line_options(options):
+        text = f"{option.flag} {option.metavar or option.name.upper()}: {option.help}"
+        lines.append(textwrap.fill(text, 100, initial_indent=indent, subsequent_indent=indent + "    "))
+    return "\n".join(lines)
+
+
+def fill_doc_slot(doc: str | None, slot: str, render: Callable[[str], str]) -> str:
+    """`doc` with its line ``{slot}`` replaced by ``render(indent)``, at that line's indent."""
+    doc = doc or ""
+    line = next((line for line in doc.splitlines() if line.strip() == "{" + slot + "}"), None)
+    if line is None:
+        return doc
+    return doc.replace(line, render(line[: len(line) - len(line.lstrip())]))
+
+
+def with_options(
+    options: Iterable[Option] = OPTIONS,
+    leading: list[inspect.Parameter] | None = None,
+    *,
+    positional: Sequence[str] = (),
+    defaults: Mapping[str, Any] | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a function that takes ``**options`` their signature, and fill its docstring's ``{options}``."""
+    options = tuple(options)
+
+    def apply(func: Callable[..., Any]) -> Callable[..., Any]:
+        func.__signature__ = options_signature(  # type: ignore[attr-defined]
+            leading or [], options, positional=positional, defaults=defaults
+        )
+        func.__doc__ = fill_doc_slot(
+            func.__doc__, "options", lambda indent: options_doc(options, indent=indent, defaults=defaults)
+        )
+        return func
+
+    return apply
+
+
+def add_flags(parser: argparse.ArgumentParser, options: Iterable[Option] = OPTIONS) -> None:
+    """One flag per option that has one. Each defaults to None, which leaves the option's own default."""
+    for option in command_line_options(options):
+        repeat = {"action": "append"} if option.collect else {}
+        parser.add_argument(
+            option.flag, type=option.parse, default=None, help=option.help, metavar=option.metavar, **repeat
+        )
+
+
+def given_options(
+    namespace: argparse.Namespace | Mapping[str, Any], options: Iterable[Option] = OPTIONS
+) -> dict[str, Any]:
+    """The options a parsed command line set (the flags left at None are left out)."""
+    values = namespace if isinstance(namespace, Mapping) else vars(namespace)
+    given = {}
+    for option in command_line_options(options):
+        value = values.get(option.name)
+        if value is not None:
+            given[option.name] = option.collect(value) if option.collect else value
+    return given
+
+
+def bind_options(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Every parameter of `func`'s signature, from `args` and `kwargs` with its defaults filled in.
+
+    Raises TypeError for an unknown keyword, as a function with those parameters written out would.
+    """
+    bound = inspect.signature(func).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)

@@ -1,0 +1,164 @@
+"""Each launcher option is declared once (launcher/options.py): every front end is built from that list."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+
+import pytest
+
+import ddp_helpers
+from ddp_helpers import InvalidLaunchArguments
+from ddp_helpers.__main__ import build_parser, main
+from ddp_helpers.launcher import config as config_module
+from ddp_helpers.launcher.checks import check_seconds, int_at_least, rank_list
+from ddp_helpers.launcher.config import LaunchConfig
+from ddp_helpers.launcher.options import (
+    LIVE_OPTIONS,
+    OPTIONS,
+    Option,
+    add_flags,
+    command_line_options,
+    given_options,
+    options_doc,
+    options_signature,
+    with_options,
+)
+from ddp_helpers.launcher.runner import launch
+from ddp_helpers.launcher.torchrun_magic import TorchrunMagics, magic_parser, parse_magic_line
+from ddp_helpers.live.magics import RanksMagics
+from ddp_helpers.live.ranks import start_ranks
+
+NAMES = {option.name for option in OPTIONS}
+FLAGS = {option.flag for option in command_line_options()}
+LIVE_NAMES = {option.name for option in LIVE_OPTIONS}
+
+
+def _flags(parser: argparse.ArgumentParser) -> set[str]:
+    return {s for action in parser._actions for s in action.option_strings if s.startswith("--")}
+
+
+def _launch_parser() -> argparse.ArgumentParser:
+    subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return subparsers.choices["launch"]
+
+
+def _documented(doc: str) -> set[str]:
+    return {name for name in NAMES if f"\n        {name} (default " in doc}
+
+
+def test_every_declared_option_reaches_every_front_end():
+    assert len(NAMES) == len(OPTIONS)  # one declaration per name
+    params = inspect.signature(launch).parameters
+    assert set(params) - {"script", "script_args"} == NAMES
+    assert all(params[o.name].default == o.default for o in OPTIONS)
+    assert _documented(launch.__doc__) == NAMES and "{options}" not in launch.__doc__
+    config_fields = {f.name: f for f in dataclasses.fields(LaunchConfig) if f.init}
+    assert set(config_fields) - {"script", "script_args"} == NAMES
+    for option in OPTIONS:
+        f = config_fields[option.name]
+        default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+        assert default == option.default, option.name
+    # the command line and %%torchrun: every option with a flag; only a test's stand-in has none
+    assert NAMES - {o.name for o in command_line_options()} == {"gpus"}
+    assert _flags(_launch_parser()) == FLAGS | {"--help"}
+    assert _flags(magic_parser()) == FLAGS | {"--args"}
+    assert all(flag in TorchrunMagics.torchrun.__doc__ for flag in FLAGS)
+    # live ranks: the options that make sense for ranks kept between cells (one node, no restarts)
+    assert LIVE_NAMES == {"nproc", "backend", "timeout", "startup_timeout", "run_dir", "env", "show_ranks"}
+    assert set(inspect.signature(start_ranks).parameters) == LIVE_NAMES
+    assert _documented(start_ranks.__doc__) == LIVE_NAMES
+    live_flags = {o.flag for o in LIVE_OPTIONS}
+    assert _flags(RanksMagics.ranks.parser) == live_flags | {"--rank", "--name"}
+
+
+def test_adding_an_option_is_one_declaration(monkeypatch):
+    knob = Option("demo_knob", 3, "int", "a knob only this test has", int_at_least(0), int, live=True)
+    options = (*OPTIONS, knob)
+
+    signature = options_signature([], options)
+    assert signature.parameters["demo_knob"].default == 3
+    assert "demo_knob (default 3): a knob only this test has." in options_doc(options)
+
+    @with_options(options, positional=("nproc",), defaults={"demo_knob": 4})
+    def front_end(*args, **kwargs):
+        """A front end.
+
+        {options}
+        """
+
+    assert inspect.signature(front_end).parameters["demo_knob"].default == 4
+    assert "demo_knob (default 4)" in front_end.__doc__
+
+    parser = argparse.ArgumentParser()
+    add_flags(parser, options)
+    assert given_options(parser.parse_args(["--demo-knob", "5"]), options) == {"demo_knob": 5}
+    assert given_options(magic_parser(options).parse_args(["--demo-knob", "6"]), options) == {"demo_knob": 6}
+    with pytest.raises(InvalidLaunchArguments, match="demo_knob must be >= 0"):
+        knob.check("demo_knob", -1)
+
+    # LaunchConfig's fields come from the same list
+    monkeypatch.setattr(config_module, "OPTIONS", options)
+    built = dataclasses.dataclass(config_module._option_fields(type("Config", (), {"__annotations__": {}})))
+    assert built().demo_knob == 3 and built().env is not built().env  # a mutable default is not shared
+
+
+def test_one_check_of_seconds_and_one_parser_of_rank_lists():
+    assert check_seconds("timeout", 2, allow_none=True) == 2.0
+    for bad in (0, -1, float("nan"), float("inf"), True, "5"):
+        with pytest.raises(
+            InvalidLaunchArguments, match="timeout must be a positive number of seconds or None"
+        ):
+            check_seconds("timeout", bad, allow_none=True)
+    assert rank_list("0, 2,") == [0, 2]
+    with pytest.raises(ValueError):
+        rank_list("0,x")
+    # each front end words the same refusal
+    with pytest.raises(InvalidLaunchArguments, match="comma-separated ranks"):
+        parse_magic_line("--show-ranks 0,x")
+    with pytest.raises(SystemExit):
+        _launch_parser().parse_args(["--show-ranks", "0,x", "s.py"])
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, message",
+    [
+        ((), {"timeout": -1}, "timeout must be a positive number of seconds or None"),
+        ((), {"startup_timeout": None}, "startup_timeout must be a positive number of seconds, got None"),
+        ((0,), {}, "nproc must be >= 1"),
+        ((2,), {"backend": "gloo", "show_ranks": [5]}, r"show_ranks \[5\] is outside this world of 2"),
+        ((2,), {"env": {"A": 1}}, "env keys and values must be strings"),
+    ],
+)
+def test_start_ranks_refuses_bad_options_before_anything_starts(tmp_path, args, kwargs, message):
+    with pytest.raises(InvalidLaunchArguments, match=message):
+        start_ranks(*args, run_dir=tmp_path / "never", **kwargs)
+    assert not (tmp_path / "never").exists()
+    with pytest.raises(TypeError, match="max_restarts"):  # not a live option: refused as Python would
+        start_ranks(2, max_restarts=1)
+
+
+def test_the_cli_takes_every_declared_option(tmp_path, capsys):
+    script = tmp_path / "hello.py"
+    script.write_text("import os\nprint('greeting:', os.environ['GREETING'])\n")
+    flags = ["--launcher", "python", "--env", "GREETING=hi=there", "--progress", "off", "--grace-s", "1"]
+    code = main(["launch", *flags, "--run-dir", str(tmp_path / "run"), str(script)])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "greeting: hi=there" in out.out
+    assert main(["launch", "--launcher", "mpirun", str(script)]) == 1
+    assert "launcher must be one of torchrun, python" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["launch", "--env", "NO_EQUALS", str(script)])
+    assert "KEY=VALUE" in capsys.readouterr().err
+
+
+def test_the_magics_take_the_options_as_flags():
+    assert parse_magic_line("--env A=1 --env B=x=y --launcher python")[2] == {
+        "env": {"A": "1", "B": "x=y"},
+        "launcher": "python",
+    }
+    opts = RanksMagics.ranks.parser.parse_argstring("start --nproc 2 --env A=1 --env B=2 --show-ranks 0")
+    assert given_options(opts, LIVE_OPTIONS) == {"nproc": 2, "env": {"A": "1", "B": "2"}, "show_ranks": [0]}
+    assert ddp_helpers.start_ranks is start_ranks
