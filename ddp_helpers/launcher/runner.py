@@ -5,9 +5,6 @@ from __future__ import annotations
 import inspect
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,10 +16,10 @@ from .config import RUN_OUTPUTS, LaunchConfig, make_config, options_signature
 from .diagnosis import diagnose, strip_rank_prefix
 from .log_follow import FileFollower, LogChunk, RankLogTail
 from .process_tree import ProcessTree
+from .processes import start_run, stop_run
 from .progress import StepProgress, resolve_progress
 from .resources import ResourceSampler
 from .run_outputs import MetricsFollower, read_metrics, read_summary
-from .torchrun_agent import OWNER_FD_ENV
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -75,8 +72,11 @@ class _RankState:
     last_step: int | None = None
 
 
-class _Run:
-    """One launch in progress: follows the agent's output, the rank logs and the metrics."""
+class RunFollower:
+    """One launch in progress: follows the agent's output, the rank logs and the metrics.
+
+    Used by `launch` and by live ranks (`ddp_helpers.live`), which echo, diagnose and report alike.
+    """
 
     def __init__(self, config: LaunchConfig, progress: str) -> None:
         self.config = config
@@ -352,77 +352,11 @@ def keep_previous_outputs(run_dir: Path) -> Path | None:
     return target
 
 
-def _die_with_owner(owner_pid: int):
-    """For a one-process run, which has no agent to watch the lifeline: the kernel sends the process
-    SIGKILL when the thread that started it dies (Linux's PR_SET_PDEATHSIG; launch() blocks in that
-    thread for the whole run). Elsewhere it does nothing."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    # looked up here, in the parent: between fork and exec the child must not import (a thread of the
-    # kernel may hold the import lock at fork time)
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    pr_set_pdeathsig = 1
-
-    def arm() -> None:  # runs in the child, between fork and exec
-        prctl(pr_set_pdeathsig, signal.SIGKILL)
-        if os.getppid() != owner_pid:  # the owner died before the line above took effect
-            os._exit(1)
-
-    return arm
-
-
-def _start(config: LaunchConfig) -> subprocess.Popen[bytes]:
-    """Spawn torchrun (or the one process), its output going to files that `_Run` follows."""
-    direct = config.launcher == "python"
-    out_dir = config.direct_log_dir if direct else config.log_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # no agent: the process writes straight into the files torchrun's --redirects would write
-    stdout = open(out_dir / "stdout.log" if direct else config.agent_log, "wb")
-    stderr = open(out_dir / "stderr.log", "wb") if direct else subprocess.STDOUT
-    env = config.environment()
-    if env.get("MPLBACKEND", "").startswith("module://") and "MPLBACKEND" not in config.env:
-        # the kernel's inline backend means nothing in a worker (plt.show() would print
-        # "Figure(640x480)"): workers draw off-screen and save their figures to files
-        env["MPLBACKEND"] = "Agg"
-    # The agent's lifeline: it holds the read end, this process the only write end. However this
-    # process dies (a kernel SIGKILLed, a CLI whose terminal closed), the agent reads end-of-file and
-    # stops the run (see agent.py). os.pipe's ends are not inherited by anything else we start.
-    lifeline_read, lifeline_write = (None, None) if direct else os.pipe()
-    if lifeline_read is not None:
-        env[OWNER_FD_ENV] = str(lifeline_read)
-    try:
-        proc = subprocess.Popen(
-            config.command(),
-            stdout=stdout,
-            stderr=stderr,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,  # the whole run can be signalled without touching the kernel
-            pass_fds=() if lifeline_read is None else (lifeline_read,),
-            preexec_fn=_die_with_owner(os.getpid()) if direct else None,
-        )
-    except BaseException:
-        if lifeline_write is not None:
-            os.close(lifeline_write)
-        raise
-    finally:
-        stdout.close()  # the child holds its own copies
-        if direct:
-            stderr.close()  # type: ignore[union-attr]
-        if lifeline_read is not None:
-            os.close(lifeline_read)
-    # kept open as long as the Popen lives: closed by `_stop`, or by the garbage collector with it
-    proc.lifeline = None if lifeline_write is None else open(lifeline_write, "wb", buffering=0)  # type: ignore[attr-defined]
-    return proc
-
-
 def execute(config: LaunchConfig, progress: str | None = None) -> LaunchResult:
     """Run a validated `LaunchConfig` (what `launch` does after checking its arguments)."""
     keep_previous_outputs(config.run_dir)
-    run = _Run(config, progress or resolve_progress(config.progress))
-    proc = _start(config)
+    run = RunFollower(config, progress or resolve_progress(config.progress))
+    proc = start_run(config)
     tree = ProcessTree(proc.pid)
     sampler = ResourceSampler(tree, gpus=config.device == "cuda", root_is_worker=config.launcher == "python")
     success = False
@@ -445,7 +379,7 @@ def execute(config: LaunchConfig, progress: str | None = None) -> LaunchResult:
                 tree.refresh()
                 sampler.sample()  # also learns the ranks of workers started since the last sample
                 error = run.hang_report(sampler.alive_ranks())
-                _stop(tree, proc, config.grace_s)
+                stop_run(tree, proc, config.grace_s)
                 raise error
             time.sleep(POLL_S)
         run.poll_files(final=True)
@@ -455,13 +389,13 @@ def execute(config: LaunchConfig, progress: str | None = None) -> LaunchResult:
     except KeyboardInterrupt as interrupt:
         if isinstance(interrupt, LaunchInterrupted):
             raise
-        killed = _stop(tree, proc, config.grace_s)
+        killed = stop_run(tree, proc, config.grace_s)
         detail = f" ({len(killed)} needed SIGKILL)" if killed else ""
         raise LaunchInterrupted(
             f"interrupted: every process of the run was stopped{detail}; logs are in {config.run_dir}"
         ) from None
     finally:
-        _stop(tree, proc, config.grace_s)  # anything a worker left behind goes too
+        stop_run(tree, proc, config.grace_s)  # anything a worker left behind goes too
         run.echo.close()
         run.progress.close(success)
     return LaunchResult(
@@ -478,17 +412,3 @@ def execute(config: LaunchConfig, progress: str | None = None) -> LaunchResult:
         gpu_sampling=sampler.gpu_sampling,
         lines_held_back=run.echo.held_back,
     )
-
-
-def _stop(tree: ProcessTree, proc: subprocess.Popen[bytes], grace_s: float) -> list[int]:
-    """Stop every process of the run, then reap torchrun, so it does not stay a zombie of the kernel."""
-    killed = tree.terminate(grace_s)
-    try:
-        proc.wait(timeout=grace_s + 5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    lifeline = getattr(proc, "lifeline", None)
-    if lifeline is not None:
-        lifeline.close()
-    return killed
