@@ -30,7 +30,7 @@ from typing import Any
 from ..errors import InvalidLaunchArguments
 from ..launcher.config import LaunchConfig, default_run_dir, make_config
 from .calls import CellLog, request
-from .protocol import Gather, Push, Run
+from .protocol import Gather, Push, Reply, Run
 from .results import RankResults, cell_results, check_syntax, gathered, shown_value
 from .session import RANK_SERVER, Session
 
@@ -156,7 +156,7 @@ class LiveRanks:
         self._request(Push(self._cells.new(""), data), targets, ...)
 
     # ------------------------------------------------------------------ internals
-    def _request(self, message: Run | Gather | Push, targets: list[int], timeout: Any) -> dict:
+    def _request(self, message: Run | Gather | Push, targets: list[int], timeout: Any) -> dict[int, Reply]:
         timeout = _check_timeout(self.timeout if timeout is ... else timeout)
         return request(self._session, self._cells, message, targets, timeout)
 
