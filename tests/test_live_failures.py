@@ -8,7 +8,7 @@ import pytest
 from conftest import assert_no_processes_left
 
 import ddp_helpers
-from ddp_helpers import RankError, WorkerFailed
+from ddp_helpers import LaunchInterrupted, RankError, WorkerFailed
 from ddp_helpers.errors import ValueNotReturned
 
 PROMPT_S = 8.0  # a rank that left is reported this soon (the old report waited 13 s for torchrun)
@@ -67,8 +67,16 @@ def test_breakpoint_says_that_ranks_have_no_stdin(ranks):
         ranks.run("x = 1\nbreakpoint()")
     message = str(caught.value)
     assert "no stdin" in message and "print" in message, message
-    assert "Bdb" not in message and "rank_server" not in message, message
+    assert "Bdb" not in message and "server.py" not in message, message
     assert ranks.run("x") == {0: 1, 1: 1}  # the ranks carry on
+
+
+def test_a_keyboard_interrupt_raised_by_a_cell_names_its_rank_and_keeps_the_ranks(ranks):
+    with pytest.raises(
+        LaunchInterrupted, match=r"interrupted on rank\(s\) 1: the cell raised KeyboardInterrupt"
+    ):
+        ranks.run("if rank == 1:\n    raise KeyboardInterrupt")
+    assert ranks.run("rank") == {0: 0, 1: 1}
 
 
 def test_matplotlib_in_a_rank_draws_off_screen_not_inline(tmp_path, monkeypatch):

@@ -121,7 +121,7 @@ KERNEL = """
 import sys, ddp_helpers
 ranks = ddp_helpers.start_ranks(nproc=2, backend="gloo", run_dir=sys.argv[1])
 ranks.run("import time")
-print(" ".join(str(r.pid) for r in ranks._ranks.values()), flush=True)
+print(" ".join(str(pid) for pid in ranks.pids.values()), flush=True)
 ranks.run("time.sleep(600)", ranks=[0])  # rank 0 busy in a cell, rank 1 idle, when the kernel dies
 """
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import subprocess
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -13,15 +12,14 @@ from ..errors import LaunchError, LaunchFailed, LaunchInterrupted, LaunchTimeout
 from .cell_output import CellEcho
 from .config import LaunchConfig, make_config
 from .diagnosis import diagnose, strip_rank_prefix
-from .lifeline import die_with_owner
 from .log_follow import FileFollower, LogChunk, RankLogTail
 from .options import OPTIONS, with_options
 from .process_tree import ProcessTree
+from .processes import start_run, stop_run
 from .progress import StepProgress, resolve_progress
 from .resources import ResourceSampler
 from .result import LaunchResult
 from .run_outputs import MetricsFollower, keep_previous_outputs, read_metrics, read_summary
-from .torchrun_agent import OWNER_FD_ENV
 
 __all__ = ["LaunchResult", "launch"]
 
@@ -37,8 +35,11 @@ class _RankState:
     last_step: int | None = None
 
 
-class _Run:
-    """One launch in progress: follows the agent's output, the rank logs and the metrics."""
+class RunFollower:
+    """One launch in progress: follows the agent's output, the rank logs and the metrics.
+
+    Used by `launch` and by live ranks (`ddp_helpers.live`), which echo, diagnose and report alike.
+    """
 
     def __init__(self, config: LaunchConfig, progress: str) -> None:
         self.config = config
@@ -273,56 +274,11 @@ def launch(
     return execute(config)
 
 
-def _start(config: LaunchConfig) -> subprocess.Popen[bytes]:
-    """Spawn torchrun (or the one process), its output going to files that `_Run` follows."""
-    direct = config.launcher == "python"
-    out_dir = config.direct_log_dir if direct else config.log_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # no agent: the process writes straight into the files torchrun's --redirects would write
-    stdout = open(out_dir / "stdout.log" if direct else config.agent_log, "wb")
-    stderr = open(out_dir / "stderr.log", "wb") if direct else subprocess.STDOUT
-    env = config.environment()
-    if env.get("MPLBACKEND", "").startswith("module://") and "MPLBACKEND" not in config.env:
-        # the kernel's inline backend means nothing in a worker (plt.show() would print
-        # "Figure(640x480)"): workers draw off-screen and save their figures to files
-        env["MPLBACKEND"] = "Agg"
-    # The agent's lifeline: it holds the read end, this process the only write end. However this
-    # process dies (a kernel SIGKILLed, a CLI whose terminal closed), the agent reads end-of-file and
-    # stops the run (see torchrun_agent.py). os.pipe's ends are not inherited by anything else we start.
-    lifeline_read, lifeline_write = (None, None) if direct else os.pipe()
-    if lifeline_read is not None:
-        env[OWNER_FD_ENV] = str(lifeline_read)
-    try:
-        proc = subprocess.Popen(
-            config.command(),
-            stdout=stdout,
-            stderr=stderr,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,  # the whole run can be signalled without touching the kernel
-            pass_fds=() if lifeline_read is None else (lifeline_read,),
-            preexec_fn=die_with_owner(os.getpid()) if direct else None,
-        )
-    except BaseException:
-        if lifeline_write is not None:
-            os.close(lifeline_write)
-        raise
-    finally:
-        stdout.close()  # the child holds its own copies
-        if direct:
-            stderr.close()  # type: ignore[union-attr]
-        if lifeline_read is not None:
-            os.close(lifeline_read)
-    # kept open as long as the Popen lives: closed by `_stop`, or by the garbage collector with it
-    proc.lifeline = None if lifeline_write is None else open(lifeline_write, "wb", buffering=0)  # type: ignore[attr-defined]
-    return proc
-
-
 def execute(config: LaunchConfig, progress: str | None = None) -> LaunchResult:
     """Run a validated `LaunchConfig` (what `launch` does after checking its arguments)."""
     keep_previous_outputs(config.run_dir)
-    run = _Run(config, progress or resolve_progress(config.progress))
-    proc = _start(config)
+    run = RunFollower(config, progress or resolve_progress(config.progress))
+    proc = start_run(config)
     tree = ProcessTree(proc.pid)
     sampler = ResourceSampler(tree, gpus=config.device == "cuda", root_is_worker=config.launcher == "python")
     success = False
@@ -345,7 +301,7 @@ def execute(config: LaunchConfig, progress: str | None = None) -> LaunchResult:
                 tree.refresh()
                 sampler.sample()  # also learns the ranks of workers started since the last sample
                 error = run.hang_report(sampler.alive_ranks())
-                _stop(tree, proc, config.grace_s)
+                stop_run(tree, proc, config.grace_s)
                 raise error
             time.sleep(POLL_S)
         run.poll_files(final=True)
@@ -355,13 +311,13 @@ def execute(config: LaunchConfig, progress: str | None = None) -> LaunchResult:
     except KeyboardInterrupt as interrupt:
         if isinstance(interrupt, LaunchInterrupted):
             raise
-        killed = _stop(tree, proc, config.grace_s)
+        killed = stop_run(tree, proc, config.grace_s)
         detail = f" ({len(killed)} needed SIGKILL)" if killed else ""
         raise LaunchInterrupted(
             f"interrupted: every process of the run was stopped{detail}; logs are in {config.run_dir}"
         ) from None
     finally:
-        _stop(tree, proc, config.grace_s)  # anything a worker left behind goes too
+        stop_run(tree, proc, config.grace_s)  # anything a worker left behind goes too
         run.echo.close()
         run.progress.close(success)
     return LaunchResult(
@@ -378,17 +334,3 @@ def execute(config: LaunchConfig, progress: str | None = None) -> LaunchResult:
         gpu_sampling=sampler.gpu_sampling,
         lines_held_back=run.echo.held_back,
     )
-
-
-def _stop(tree: ProcessTree, proc: subprocess.Popen[bytes], grace_s: float) -> list[int]:
-    """Stop every process of the run, then reap torchrun, so it does not stay a zombie of the kernel."""
-    killed = tree.terminate(grace_s)
-    try:
-        proc.wait(timeout=grace_s + 5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    lifeline = getattr(proc, "lifeline", None)
-    if lifeline is not None:
-        lifeline.close()
-    return killed

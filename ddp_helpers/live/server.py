@@ -35,7 +35,24 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ddp_helpers.distributed import setup_distributed
-from ddp_helpers.live.protocol import ADDRESS_ENV, AUTHKEY_ENV, STACK_SIGNAL, STACKS_ENV
+from ddp_helpers.live.protocol import (
+    ADDRESS_ENV,
+    AUTHKEY_ENV,
+    STACK_SIGNAL,
+    STACKS_ENV,
+    Check,
+    Error,
+    Exited,
+    Gather,
+    Hello,
+    Interrupted,
+    Push,
+    Reply,
+    Request,
+    Run,
+    Shutdown,
+    Value,
+)
 
 REAL_EXIT = os._exit  # the server's own way out; a cell's os._exit is announced first (see announce_exits)
 NO_STDIN = (
@@ -65,7 +82,7 @@ def to_cpu(value: Any) -> Any:
     return value
 
 
-def encode(value: Any) -> tuple[bytes | None, str]:
+def encode(cell_id: int, value: Any) -> Value:
     """The value pickled (None where it cannot be), and its repr for display."""
     value = to_cpu(value)
     try:
@@ -73,9 +90,9 @@ def encode(value: Any) -> tuple[bytes | None, str]:
     except Exception as error:  # a broken __repr__ must not kill the rank
         text = f"<repr failed: {error!r}>"
     try:
-        return pickle.dumps(value), text
+        return Value(cell_id, pickle.dumps(value), text)
     except Exception:
-        return None, text
+        return Value(cell_id, None, text)  # the kernel says that it cannot travel
 
 
 class Cells:
@@ -161,7 +178,7 @@ def announce_exits(conn: Connection, cells: Cells) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         try:
-            conn.send(("exited", cells.cell_id, code))
+            conn.send(Exited(cells.cell_id, code))
         except Exception:  # noqa: BLE001 - leaving anyway
             pass
         REAL_EXIT(code)
@@ -169,47 +186,48 @@ def announce_exits(conn: Connection, cells: Cells) -> None:
     os._exit = exit_announced
 
 
-def handle(cells: Cells, message: tuple) -> tuple:
-    kind, cell_id = message[0], message[1]
-    if kind == "run":
-        try:
-            value = cells.run(cell_id, message[2])
-        except KeyboardInterrupt:
-            return ("interrupted", cell_id)
-        except BaseException as error:  # SystemExit too: a cell must not end the rank
-            # one line in the log; the whole traceback goes to the notebook's RankError
-            print(f"[cell {cell_id} failed: {type(error).__name__}: {error}]", file=sys.stderr, flush=True)
-            return ("error", cell_id, f"{type(error).__name__}: {error}", cell_traceback(error))
-        return ("ok", cell_id, *encode(value))
-    if kind == "gather":
-        name = message[2]
-        if name not in cells.namespace:
-            return ("error", cell_id, f"NameError: name {name!r} is not defined", "")
-        data, text = encode(cells.namespace[name])
-        return ("ok", cell_id, data, text)  # data None: it cannot be pickled here; the kernel says so
-    if kind == "check":  # after an interrupt: is the process group still usable?
-        dist.barrier()
-        return ("ok", cell_id, None, "None")
-    if kind == "push":
-        cells.namespace.update(pickle.loads(message[2]))
-        return ("ok", cell_id, None, "None")
-    raise ValueError(f"unknown message {kind!r}")
+def handle(cells: Cells, request: Request) -> Reply:
+    """Answer one request of the kernel."""
+    match request:
+        case Run(cell_id, code):
+            try:
+                value = cells.run(cell_id, code)
+            except KeyboardInterrupt:
+                return Interrupted(cell_id)
+            except BaseException as error:  # SystemExit too: a cell must not end the rank
+                # one line in the log; the whole traceback goes to the notebook's RankError
+                print(
+                    f"[cell {cell_id} failed: {type(error).__name__}: {error}]", file=sys.stderr, flush=True
+                )
+                return Error(cell_id, f"{type(error).__name__}: {error}", cell_traceback(error))
+            return encode(cell_id, value)
+        case Gather(cell_id, name):
+            if name not in cells.namespace:
+                return Error(cell_id, f"NameError: name {name!r} is not defined", "")
+            return encode(cell_id, cells.namespace[name])
+        case Check(cell_id):  # after an interrupt: is the process group still usable?
+            dist.barrier()
+            return Value(cell_id, None, "None")
+        case Push(cell_id, values):
+            cells.namespace.update(pickle.loads(values))
+            return Value(cell_id, None, "None")
+    raise ValueError(f"unknown request {request!r}")
 
 
 def serve(conn: Connection, cells: Cells) -> None:
     while True:
         try:
-            message = conn.recv()
+            request = conn.recv()
         except (EOFError, OSError):
             return  # the kernel is gone
         except KeyboardInterrupt:
             continue  # an interrupt that arrived after the cell ended
-        if message[0] == "shutdown":
+        if isinstance(request, Shutdown):
             return
         try:
-            reply = handle(cells, message)
+            reply = handle(cells, request)
         except KeyboardInterrupt:
-            reply = ("interrupted", message[1])
+            reply = Interrupted(request.cell_id)
         conn.send(reply)
 
 
@@ -226,7 +244,7 @@ def main() -> None:
     faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=False)
 
     conn = Client(os.environ[ADDRESS_ENV], authkey=bytes.fromhex(os.environ.pop(AUTHKEY_ENV)))
-    conn.send(("hello", info.rank, info.local_rank, os.getpid(), info.backend, str(info.device)))
+    conn.send(Hello(info.rank, info.local_rank, os.getpid(), info.backend, str(info.device)))
     threading.Thread(target=watch_for_kernel_exit, args=(conn,), daemon=True).start()
     announce_exits(conn, cells)
     sys.breakpointhook = refuse_breakpoint

@@ -1,0 +1,78 @@
+"""The processes of a run: start them so that they die with their owner, and stop them all.
+
+`launch` and live ranks (`ddp_helpers.live`) start and stop their runs with these two functions.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from .config import LaunchConfig
+from .lifeline import die_with_owner
+from .process_tree import ProcessTree
+from .torchrun_agent import OWNER_FD_ENV
+
+
+def start_run(config: LaunchConfig) -> subprocess.Popen[bytes]:
+    """Spawn torchrun (or the one process) in a session of its own, its output going to files that
+    `RunFollower` follows. Stop it with `stop_run`."""
+    direct = config.launcher == "python"
+    out_dir = config.direct_log_dir if direct else config.log_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # no agent: the process writes straight into the files torchrun's --redirects would write
+    stdout = open(out_dir / "stdout.log" if direct else config.agent_log, "wb")
+    stderr = open(out_dir / "stderr.log", "wb") if direct else subprocess.STDOUT
+    env = config.environment()
+    if env.get("MPLBACKEND", "").startswith("module://") and "MPLBACKEND" not in config.env:
+        # the kernel's inline backend means nothing in a worker (plt.show() would print
+        # "Figure(640x480)"): workers draw off-screen and save their figures to files
+        env["MPLBACKEND"] = "Agg"
+    # The agent's lifeline: it holds the read end, this process the only write end. However this
+    # process dies (a kernel SIGKILLed, a CLI whose terminal closed), the agent reads end-of-file and
+    # stops the run (see torchrun_agent.py). os.pipe's ends are not inherited by anything else we start.
+    lifeline_read, lifeline_write = (None, None) if direct else os.pipe()
+    if lifeline_read is not None:
+        env[OWNER_FD_ENV] = str(lifeline_read)
+    try:
+        proc = subprocess.Popen(
+            config.command(),
+            stdout=stdout,
+            stderr=stderr,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,  # the whole run can be signalled without touching the kernel
+            pass_fds=() if lifeline_read is None else (lifeline_read,),
+            preexec_fn=die_with_owner(os.getpid()) if direct else None,
+        )
+    except BaseException:
+        if lifeline_write is not None:
+            os.close(lifeline_write)
+        raise
+    finally:
+        stdout.close()  # the child holds its own copies
+        if direct:
+            stderr.close()  # type: ignore[union-attr]
+        if lifeline_read is not None:
+            os.close(lifeline_read)
+    # kept open as long as the Popen lives: closed by `stop_run`, or by the garbage collector with it
+    proc.lifeline = None if lifeline_write is None else open(lifeline_write, "wb", buffering=0)  # type: ignore[attr-defined]
+    return proc
+
+
+def stop_run(tree: ProcessTree, proc: subprocess.Popen[bytes], grace_s: float) -> list[int]:
+    """Stop every process of the run: SIGTERM, then SIGKILL for what is left after `grace_s`.
+
+    Then reap torchrun (so it does not stay a zombie of the kernel; SIGKILL if it outlived its tree)
+    and close its lifeline. Returns the pids that needed SIGKILL. Safe to call again.
+    """
+    killed = tree.terminate(grace_s)
+    try:
+        proc.wait(timeout=grace_s + 5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    lifeline = getattr(proc, "lifeline", None)
+    if lifeline is not None:
+        lifeline.close()
+    return killed

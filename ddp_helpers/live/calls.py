@@ -1,0 +1,70 @@
+"""One request to the ranks, from send to every reply: the cell's output echoed, deaths, hangs, Ctrl-C.
+
+`request` is what `LiveRanks.run`, `gather` and `push` have in common. The replies are read by the
+session's one receive loop; whatever ends a cell early is turned into an error by `recovery`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from . import recovery
+from .protocol import Exited, Reply, Request
+from .session import Session
+
+
+@dataclass
+class CellLog:
+    """Every request's id and code, for the life of a `LiveRanks` (ids go on across restarts).
+
+    A stuck rank's stack names its cell by id (``<cell 3>``); the code shows the line it waits on.
+    """
+
+    sources: dict[int, str] = field(default_factory=dict)
+    last_id: int = 0  # the id given last
+    last_sent: int = 0  # the id of the last request sent
+
+    def new(self, code: str) -> int:
+        self.last_id += 1
+        self.sources[self.last_id] = code
+        return self.last_id
+
+
+def request(
+    session: Session, cells: CellLog, message: Request, targets: list[int], timeout: float | None
+) -> dict[int, Reply]:
+    """Send `message` to `targets` and return each rank's reply once all have replied.
+
+    Raises `WorkerFailed` (or the launcher's diagnosis) if a rank died, `LaunchTimeout` if a rank
+    still in the cell printed nothing for `timeout` seconds, and `LaunchInterrupted` on Ctrl-C.
+    """
+    session.begin_cell(after_cell=cells.last_sent)
+    cells.last_sent = message.cell_id
+    session.send(targets, message)
+    pending = set(targets)
+    replies: dict[int, Reply] = {}
+    started = time.monotonic()
+
+    def watch() -> None:  # between two waits: echo, and notice a dead torchrun or a silent rank
+        session.follow()
+        if session.proc.poll() is not None:
+            raise recovery.died(session, None)
+        if timeout is not None and pending:
+            now = time.monotonic()
+            stuck = [r for r in sorted(pending) if now - session.last_heard(r, started) > timeout]
+            if stuck:
+                raise recovery.hung(session, cells, stuck, sorted(set(replies)), timeout)
+
+    try:
+        for rank, reply in session.replies(pending, between=watch):
+            if reply is None:
+                raise recovery.died(session, rank)
+            if isinstance(reply, Exited):  # the cell called os._exit(code)
+                raise recovery.died(session, rank, exitcode=reply.code)
+            replies[rank] = reply
+    except KeyboardInterrupt:
+        pending.difference_update(replies)  # a reply taken just before the interrupt is not pending
+        raise recovery.interrupted(session, cells, pending, replies) from None
+    session.end_cell()
+    return replies

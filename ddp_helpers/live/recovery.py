@@ -1,0 +1,160 @@
+"""When a cell does not end by itself: a kernel interrupt, a hang, a rank that died.
+
+Each function turns one of these into the launcher's error family (`LaunchInterrupted`,
+`LaunchTimeout`, `WorkerFailed`) and leaves the ranks either usable (the cell ended on every rank and
+a barrier still completes) or stopped, never in between.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import TYPE_CHECKING
+
+import psutil
+
+from ..errors import LaunchError, LaunchInterrupted, LaunchTimeout, WorkerFailed
+from .protocol import Check, Reply, Value
+from .session import POLL_S, Session
+from .stacks import read_stacks
+
+if TYPE_CHECKING:
+    from .calls import CellLog
+
+INTERRUPT_WAIT_S = 5.0  # how long an interrupted rank gets to come back before the ranks are stopped
+CHECK_TIMEOUT_S = 10.0  # the barrier that tells whether an interrupt left the process group usable
+EXIT_REPORT_WAIT_S = 1.0  # torchrun polls its workers every 0.1 s: a failure is reported well within this
+RESTART_HINT = "ranks.restart() starts afresh."
+
+
+# ------------------------------------------------------------------ interrupts
+def interrupted(
+    session: Session, cells: CellLog, pending: set[int], replies: dict[int, Reply]
+) -> LaunchInterrupted:
+    """Ctrl-C in the kernel: interrupt the ranks still in the cell, keep them if the group survived."""
+    if not interrupt(session, pending, replies):
+        session.stop()
+        return LaunchInterrupted(
+            f"interrupted: rank(s) {', '.join(map(str, sorted(pending)))} did not return from the cell within "
+            f"{INTERRUPT_WAIT_S:g}s (a rank blocked inside a collective cannot be interrupted), so every "
+            f"rank was stopped. {RESTART_HINT}"
+        )
+    return LaunchInterrupted(check_group(session, cells, "interrupted: every rank stopped the cell"))
+
+
+def interrupt(session: Session, pending: set[int], replies: dict[int, Reply]) -> bool:
+    """SIGINT the ranks in `pending`; True if each came back within INTERRUPT_WAIT_S."""
+    session.signal(pending, signal.SIGINT)
+    deadline = time.monotonic() + INTERRUPT_WAIT_S
+    for rank, reply in session.replies(pending, deadline, between=session.follow):
+        if reply is None:
+            return False
+        replies[rank] = reply
+    session.follow(final=True)
+    return not pending
+
+
+def check_group(session: Session, cells: CellLog, what: str) -> str:
+    """A barrier with a deadline: after an interrupt, is the process group still usable?"""
+    check = Check(cells.new(""))
+    session.send(session.links, check)
+    pending = set(session.links)
+    for _rank, reply in session.replies(pending, time.monotonic() + CHECK_TIMEOUT_S):
+        if not isinstance(reply, Value):
+            break  # broken for sure: this rank stays pending
+    if pending:
+        session.stop()
+        return (
+            f"{what}, but the process group is no longer usable (a barrier did not complete within "
+            f"{CHECK_TIMEOUT_S:g}s: a collective was cut short on some rank). The ranks were stopped: "
+            f"{RESTART_HINT}"
+        )
+    return f"{what}; the ranks are still running, with their state, and the process group is usable."
+
+
+# ------------------------------------------------------------------ hangs
+def hung(
+    session: Session, cells: CellLog, stuck: list[int], finished: list[int], timeout: float
+) -> LaunchTimeout:
+    """Ranks silent in the cell for `timeout`: show where each waits, then interrupt them, or stop all."""
+    stacks = read_stacks(session, stuck, cells.sources)
+    lines = [
+        f"the cell hung: rank(s) {', '.join(map(str, stuck))} printed nothing for {timeout:g}s "
+        f"and did not finish the cell.",
+        f"ranks that finished the cell: {', '.join(map(str, finished)) or 'none'}",
+    ]
+    for rank in stuck:
+        lines += [
+            "",
+            f"rank {rank} is waiting here (most recent call first):",
+            stacks.get(rank, "  (no stack)"),
+        ]
+    if interrupt(session, set(stuck), {}):
+        lines += ["", check_group(session, cells, "The stuck ranks were interrupted")]
+    else:
+        session.stop()
+        lines += [
+            "",
+            f"The stuck ranks did not answer an interrupt within {INTERRUPT_WAIT_S:g}s (they are blocked "
+            f"inside a collective), so every rank was stopped. {RESTART_HINT}",
+        ]
+    return LaunchTimeout("\n".join(lines), silent_ranks=stuck, run_dir=str(session.config.run_dir))
+
+
+# ------------------------------------------------------------------ deaths
+def died(session: Session, rank: int | None, exitcode: int | None = None) -> LaunchError:
+    """A rank is gone: say who left, with which code, and what this cell wrote; stop the rest.
+
+    `exitcode` is known when the cell called ``os._exit`` (the rank said so). Otherwise torchrun
+    reports a rank that failed, but not one that exited with code 0: when the rank's process is
+    gone and torchrun, still running, has reported nothing, that silence means code 0.
+    """
+    if exitcode is None:
+        exitcode = _silent_exit(session, rank)
+    session.follow(final=True)
+    returncode = session.proc.poll()
+    error: LaunchError
+    if exitcode is None and returncode not in (None, 0):
+        error = session.run.failure(returncode, stderr_since=session.stderr_at)
+    else:
+        error = WorkerFailed(
+            rank if rank is not None else -1,
+            exitcode if exitcode is not None else -1,
+            f"exited with code {exitcode} during the cell"
+            if exitcode is not None
+            else "the rank's connection closed without a report from torchrun",
+            "",
+            run_dir=str(session.config.run_dir),
+            stderr_tail="\n".join(session.cell_stderr(rank)),
+        )
+    session.stop()
+    message = str(error)
+    if (
+        exitcode is not None
+    ):  # not a failure of its own making, maybe: it left, and the others could not go on
+        message = message.replace(f"rank {rank} failed: exited", f"rank {rank} exited", 1)
+    message += f"\n\nThe other ranks were stopped: {RESTART_HINT}"
+    error.args = (message,)
+    return error
+
+
+def _silent_exit(session: Session, rank: int | None) -> int | None:
+    """0 if `rank`'s process is gone while torchrun runs on without a report; None once torchrun has ended
+    (it reports) or after its grace time."""
+    pid = session.links[rank].pid if rank is not None and rank in session.links else None
+    deadline = time.monotonic() + session.config.grace_s + 10
+    gone_since: float | None = None
+    while session.proc.poll() is None and time.monotonic() < deadline:
+        if pid is not None and not _running(pid):
+            gone_since = gone_since or time.monotonic()
+            if time.monotonic() - gone_since > EXIT_REPORT_WAIT_S:
+                return 0
+        time.sleep(POLL_S)
+    return None
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

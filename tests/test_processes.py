@@ -1,0 +1,38 @@
+"""The one stop path shared by `launch` and live ranks: SIGTERM, the grace time, then SIGKILL."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import psutil
+
+from ddp_helpers.launcher.process_tree import ProcessTree
+from ddp_helpers.launcher.processes import stop_run
+
+STUBBORN = """
+import signal, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # one that obeys SIGTERM
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # and one that ignores it (set after the child's start:
+# a child would inherit the ignored signal)
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_stop_run_kills_what_ignores_sigterm_reaps_the_root_and_may_run_twice():
+    proc = subprocess.Popen([sys.executable, "-c", STUBBORN], stdout=subprocess.PIPE, text=True)
+    child = int(proc.stdout.readline())
+    proc.stdout.close()
+    lifeline = open(__file__, "rb")  # stands in for the agent's lifeline, which stop_run closes
+    proc.lifeline = lifeline
+    tree = ProcessTree(proc.pid)
+    started = time.monotonic()
+    killed = stop_run(tree, proc, grace_s=0.5)
+    assert killed == [proc.pid]  # the child went on SIGTERM; the root needed SIGKILL
+    assert time.monotonic() - started < 5
+    assert proc.returncode is not None and lifeline.closed
+    assert not psutil.pid_exists(proc.pid)  # reaped: no zombie of the kernel
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    assert stop_run(tree, proc, grace_s=0.5) == []  # a second stop (launch's finally) finds nothing
