@@ -23,7 +23,11 @@ RANK_SIDE = (
     + sorted((PACKAGE / "workers").glob("*.py"))
     + [PACKAGE / "live" / "server.py", PACKAGE / "live" / "protocol.py"]
 )
-KERNEL_SIDE = ("ddp_helpers.launcher", "ddp_helpers.lab", "ddp_helpers.live.ranks", "ddp_helpers.live.magics")
+KERNEL_SIDE = ("ddp_helpers.launcher", "ddp_helpers.lab")
+LIVE_RANK_END = (
+    "ddp_helpers.live.server",
+    "ddp_helpers.live.protocol",
+)  # the rest of live/ is the kernel's end
 
 
 def module_name(path: Path) -> str:
@@ -51,6 +55,8 @@ def imports_in(source: str, module: str, is_package: bool = False) -> set[str]:
 
 
 def is_kernel_side(module: str) -> bool:
+    if module.startswith("ddp_helpers.live."):
+        return not any(module == end or module.startswith(end + ".") for end in LIVE_RANK_END)
     return any(module == side or module.startswith(side + ".") for side in KERNEL_SIDE)
 
 
