@@ -108,12 +108,8 @@ def slurm_script(
         f"#SBATCH --time={time_limit}",
         *([f"#SBATCH --partition={partition}"] if partition else []),
         *_slurm_environment(rdzv_port, cpus_per_rank, max_restarts),
+        *_checkpoint_lines(checkpoint_dir),
     ]
-    if checkpoint_dir is not None:
-        lines += [
-            "# the checkpoints must be on a filesystem every node sees: after a restart, rank 0 may be elsewhere",
-            f"mkdir -p {shlex.quote(checkpoint_dir)}",
-        ]
     options = {
         "--nnodes": _nnodes(nnodes, min_nodes),
         "--nproc-per-node": nproc_per_node,
@@ -133,6 +129,15 @@ def slurm_script(
         "",
     ]
     return "\n".join(lines)
+
+
+def _checkpoint_lines(checkpoint_dir: str | None) -> list[str]:
+    if checkpoint_dir is None:
+        return []
+    return [
+        "# the checkpoints must be on a filesystem every node sees: after a restart, rank 0 may be elsewhere",
+        f"mkdir -p {shlex.quote(checkpoint_dir)}",
+    ]
 
 
 def _slurm_environment(rdzv_port: int, cpus_per_rank: int, max_restarts: int) -> list[str]:

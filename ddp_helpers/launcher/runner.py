@@ -271,10 +271,10 @@ def launch(
         LaunchInterrupted: the cell was interrupted (a KeyboardInterrupt); all processes were stopped.
     """
     config = make_config(script, script_args, **options)
-    return execute(config)
+    return run_config(config)
 
 
-def execute(config: LaunchConfig, progress: str | None = None) -> LaunchResult:
+def run_config(config: LaunchConfig, progress: str | None = None) -> LaunchResult:
     """Run a validated `LaunchConfig` (what `launch` does after checking its arguments)."""
     keep_previous_outputs(config.run_dir)
     run = RunFollower(config, progress or resolve_progress(config.progress))
