@@ -78,8 +78,9 @@ def test_an_interrupt_ends_the_cell_on_every_rank_and_keeps_them(ranks):
 
 
 def test_bad_input_is_refused_before_anything_is_sent(ranks):
-    with pytest.raises(InvalidLaunchArguments, match="world size 2"):
-        ranks.run("1", ranks=[5])
+    for bad in ([5], [], "0", True, [0, 1.0]):  # outside the world, none, a string, a bool, a float
+        with pytest.raises(InvalidLaunchArguments, match="world size 2"):
+            ranks.run("1", ranks=bad)
     with pytest.raises(InvalidLaunchArguments, match="timeout"):
         ranks.run("1", timeout=float("nan"))
     with pytest.raises(SyntaxError):

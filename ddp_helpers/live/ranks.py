@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidLaunchArguments
-from ..launcher.checks import check_seconds
+from ..launcher.checks import check_rank_list, check_seconds
 from ..launcher.config import LaunchConfig, default_run_dir, make_config
 from ..launcher.options import LIVE_OPTIONS, bind_options, with_options
 from .calls import CellLog, request
@@ -170,9 +170,8 @@ class LiveRanks:
             )
         if ranks is None:
             return list(session.links)
-        chosen = [ranks] if isinstance(ranks, int) else list(ranks)
-        bad = [r for r in chosen if isinstance(r, bool) or not isinstance(r, int) or r not in session.links]
-        if bad or not chosen:
+        chosen = check_rank_list(ranks)  # the launcher's one reading of "a rank, or some ranks"
+        if not chosen or any(r not in session.links for r in chosen):
             raise InvalidLaunchArguments(
                 f"ranks must be among 0..{self.world_size - 1} (world size {self.world_size}), got {ranks!r}"
             )
