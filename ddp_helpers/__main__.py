@@ -11,7 +11,8 @@ from .launcher.options import add_flags
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from .lab.doctor import collect_facts, exit_code, format_checks, live_allreduce, run_checks
+    from .lab.allreduce_check import live_allreduce
+    from .lab.doctor import collect_facts, exit_code, format_checks, run_checks
 
     facts = collect_facts()
     checks = run_checks(facts)

@@ -338,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return NO_GPU_EXIT
 
-    from ddp_helpers.lab.doctor import collect_facts, live_allreduce, run_checks
+    from ddp_helpers.lab.allreduce_check import live_allreduce
+    from ddp_helpers.lab.doctor import collect_facts, run_checks
 
     out, work = Path(args.out).resolve(), Path(args.work).resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,7 @@
 """Facts about this machine, and the PASS / WARN / FAIL / INFO checks on them.
 
-`python -m ddp_helpers doctor` and notebook 00 both show `run_checks()` as a table.
+`python -m ddp_helpers doctor` and notebook 00 both show `run_checks()` as a table; the live all_reduce
+check, which launches a job, is `allreduce_check.live_allreduce`.
 """
 
 from __future__ import annotations
@@ -225,59 +226,6 @@ def run_checks(facts: dict[str, Any] | None = None) -> list[Check]:
         status = WARN if facts["cuda_available"] else INFO
         checks.append(Check("nvidia-smi", status, "not found", "only needed to watch GPUs from a terminal"))
     return checks
-
-
-def live_allreduce(
-    nproc: int | None = None,
-    max_bytes: int = 1 << 24,
-    iters: int = 10,
-    run_dir: str | os.PathLike[str] | None = None,
-    progress: str = "auto",
-    timeout: float = 120,
-) -> tuple[list[Check], dict[str, Any]]:
-    """Run workers/allreduce_bench.py through `launch` and turn it into checks plus the raw summary."""
-    from ..errors import InvalidLaunchArguments, LaunchError
-    from ..launcher.runner import launch
-    from ..workers import worker_path
-
-    try:
-        result = launch(
-            worker_path("allreduce_bench"),
-            "--max-bytes",
-            max_bytes,
-            "--iters",
-            iters,
-            nproc=nproc,
-            run_dir=run_dir,
-            progress=progress,
-            timeout=timeout,
-            show_ranks="none",
-        )
-    except InvalidLaunchArguments as err:
-        advice = "nothing was started: change the argument this names (--no-live skips the live check)"
-        return [Check("all_reduce (live)", FAIL, str(err).splitlines()[0], advice)], {}
-    except LaunchError as err:
-        # the ranks were not echoed (show_ranks="none"): say where their output is, not "above"
-        logs = getattr(err, "run_dir", None)
-        advice = f"every rank's output is under {logs}/logs" if logs else " ".join(str(err).splitlines()[1:4])
-        return [Check("all_reduce (live)", FAIL, str(err).splitlines()[0], advice)], {}
-    summary = result.summary
-    n = summary["world_size"]
-    correct = summary["all_correct"]
-    best = max(summary["results"], key=lambda r: r["busbw_gbps"])
-    checks = [
-        Check(
-            "all_reduce sum (live)",
-            PASS if correct else FAIL,
-            f"{n} ranks on {summary['backend']}: {'correct on every rank' if correct else 'WRONG on some rank'}",
-        ),
-        Check(
-            "all_reduce busbw (live)",
-            INFO,
-            f"{best['busbw_gbps']:.3f} GB/s peak at {best['bytes']:,} B ({summary['backend']}, {n} ranks)",
-        ),
-    ]
-    return checks, summary
 
 
 def checks_frame(checks: list[Check]):
