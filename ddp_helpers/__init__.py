@@ -29,7 +29,7 @@ _LAZY = {
     "LiveRanks": ".live.ranks",
     "RankResults": ".live.ranks",
     "start_ranks": ".live.ranks",
-    "LaunchResult": ".launcher.runner",
+    "LaunchResult": ".launcher.result",
     "launch": ".launcher.runner",
     "read_metrics": ".launcher.run_outputs",
     "read_summary": ".launcher.run_outputs",
@@ -37,8 +37,9 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    from .launcher.result import LaunchResult
     from .launcher.run_outputs import read_metrics, read_summary
-    from .launcher.runner import LaunchResult, launch
+    from .launcher.runner import launch
     from .launcher.worker_files import write_worker
     from .live.ranks import LiveRanks, RankResults, start_ranks
 
