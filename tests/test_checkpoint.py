@@ -47,15 +47,17 @@ def test_a_crash_during_save_leaves_the_previous_checkpoint_whole(tmp_path, monk
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt-step00000001.pt"]  # the temporary file is gone
 
 
-def test_a_truncated_newest_checkpoint_is_named_and_skipped(tmp_path, capsys):
+def test_a_truncated_newest_checkpoint_is_named_and_skipped(tmp_path, caplog):
     ckpt.save_checkpoint(state(1), tmp_path, 1)
     newest = ckpt.save_checkpoint(state(2), tmp_path, 2)
     newest.write_bytes(newest.read_bytes()[:100])
     with pytest.raises(ckpt.CheckpointError, match=newest.name):
         ckpt.load_checkpoint(newest)
-    loaded, path = ckpt.load_latest(tmp_path)
+    with caplog.at_level("WARNING", logger="ddp_helpers.checkpoint"):
+        loaded, path = ckpt.load_latest(tmp_path)
     assert loaded["step"] == 1
-    assert newest.name in capsys.readouterr().out
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert newest.name in caplog.text and "falling back to the previous checkpoint" in caplog.text
 
 
 class Payload:
