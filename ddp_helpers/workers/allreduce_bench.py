@@ -85,17 +85,31 @@ def main():
         seconds = t.item()
         algbw = numel * 4 / seconds
         busbw = algbw * 2 * (world_size - 1) / world_size
-        results.append({"bytes": numel * 4, "time_s": seconds, "algbw_gbps": algbw / 1e9,
-                        "busbw_gbps": busbw / 1e9, "correct_all_ranks": bool(ok.item())})  # fmt: skip
+        results.append(
+            {
+                "bytes": numel * 4,
+                "time_s": seconds,
+                "algbw_gbps": algbw / 1e9,
+                "busbw_gbps": busbw / 1e9,
+                "correct_all_ranks": bool(ok.item()),
+            }
+        )
         writer.log(step=step, bytes=numel * 4, time_s=seconds, correct=correct)
         if rank == 0:
-            print(f"{numel * 4:>12,d} B  {seconds * 1e6:10.1f} us  algbw {algbw / 1e9:7.3f} GB/s  "
-                  f"busbw {busbw / 1e9:7.3f} GB/s  {'ok' if ok.item() else 'WRONG SUM'}")  # fmt: skip
-    writer.write_summary({
-        "world_size": world_size, "backend": backend, "device": device.type,
-        "torch_version": torch.__version__, "all_correct": all(r["correct_all_ranks"] for r in results),
-        "results": results,
-    })  # fmt: skip
+            print(
+                f"{numel * 4:>12,d} B  {seconds * 1e6:10.1f} us  algbw {algbw / 1e9:7.3f} GB/s  "
+                f"busbw {busbw / 1e9:7.3f} GB/s  {'ok' if ok.item() else 'WRONG SUM'}"
+            )
+    writer.write_summary(
+        {
+            "world_size": world_size,
+            "backend": backend,
+            "device": device.type,
+            "torch_version": torch.__version__,
+            "all_correct": all(r["correct_all_ranks"] for r in results),
+            "results": results,
+        }
+    )
     writer.close()
     dist.barrier()
 

@@ -169,8 +169,14 @@ def unused(rank, world, device, fix):
     weights = ddp.module.body.weight.detach().clone()
     rank0 = weights.clone()
     dist.broadcast(rank0, src=0)
-    report(rank, world, failed_at_step=failed_at, phase=phase, error=error,
-           gap_to_rank0=(weights - rank0).abs().max().item())  # fmt: skip
+    report(
+        rank,
+        world,
+        failed_at_step=failed_at,
+        phase=phase,
+        error=error,
+        gap_to_rank0=(weights - rank0).abs().max().item(),
+    )
 
 
 def time_unused_fixes(rank, world, device):
@@ -217,8 +223,10 @@ def batchnorm(rank, world, device, fix):
     for x in batches:
         out = ddp(x)
         out.sum().backward()
-    print(f"rank {rank}: input mean {x.mean().item():7.3f}, output mean {out.mean().item():7.3f}, "
-          f"running mean {norm.running_mean.mean().item():7.3f}")  # fmt: skip
+    print(
+        f"rank {rank}: input mean {x.mean().item():7.3f}, output mean {out.mean().item():7.3f}, "
+        f"running mean {norm.running_mean.mean().item():7.3f}"
+    )
 
     # what a plain BatchNorm would have kept: fed this rank's batches only, or every rank's
     everyone = [torch.empty_like(torch.stack(batches)) for _ in range(world)]
@@ -227,10 +235,16 @@ def batchnorm(rank, world, device, fix):
     for step, batch in enumerate(batches):
         own(batch)
         whole(torch.cat([shard[step] for shard in everyone]))
-    report(rank, world, input_mean=x.mean().item(), output_mean=out.mean(dim=0).tolist(),
-           running_mean_at_forward=seen["start"], running_mean=norm.running_mean.tolist(),
-           own_data_running_mean=own.running_mean.tolist(),
-           global_data_running_mean=whole.running_mean.tolist())  # fmt: skip
+    report(
+        rank,
+        world,
+        input_mean=x.mean().item(),
+        output_mean=out.mean(dim=0).tolist(),
+        running_mean_at_forward=seen["start"],
+        running_mean=norm.running_mean.tolist(),
+        own_data_running_mean=own.running_mean.tolist(),
+        global_data_running_mean=whole.running_mean.tolist(),
+    )
 
 
 def uneven(rank, world, device, fix):
@@ -328,12 +342,17 @@ def sum_order(rank, world, device, fix):
     two_ranks_agree = None
     if pair is not None and rank < 2:
         two_ranks_agree = torch.equal(all_reduced(param_order, pair, 2), all_reduced(ready_order, pair, 2))
-    report(rank, world, first_equals_second=torch.equal(steps[0], steps[1]),
-           second_equals_third=torch.equal(steps[1], steps[2]),
-           first_gap=(steps[0] - steps[1]).abs().max().item(),
-           first_is_param_order=torch.equal(steps[0], in_param_order),
-           later_is_ready_order=torch.equal(steps[1], in_ready_order),
-           rebuilt_order=rebuilt, two_ranks_agree=two_ranks_agree)  # fmt: skip
+    report(
+        rank,
+        world,
+        first_equals_second=torch.equal(steps[0], steps[1]),
+        second_equals_third=torch.equal(steps[1], steps[2]),
+        first_gap=(steps[0] - steps[1]).abs().max().item(),
+        first_is_param_order=torch.equal(steps[0], in_param_order),
+        later_is_ready_order=torch.equal(steps[1], in_ready_order),
+        rebuilt_order=rebuilt,
+        two_ranks_agree=two_ranks_agree,
+    )
 
 
 def oom(rank, world, device, fix):
@@ -351,9 +370,13 @@ def oom(rank, world, device, fix):
             first_line = str(err).splitlines()[0]
             print("OutOfMemoryError:", first_line)
             print(torch.cuda.memory_summary(device, abbreviated=True))
-            report_oom = {"error": first_line, "total": total,
-                          "allocated": torch.cuda.memory_allocated(device),
-                          "reserved": torch.cuda.memory_reserved(device), "kept": kept.numel()}  # fmt: skip
+            report_oom = {
+                "error": first_line,
+                "total": total,
+                "allocated": torch.cuda.memory_allocated(device),
+                "reserved": torch.cuda.memory_reserved(device),
+                "kept": kept.numel(),
+            }
         else:
             report_oom = {"error": None}
     else:
@@ -361,8 +384,23 @@ def oom(rank, world, device, fix):
     report(rank, world, **report_oom)
 
 
-CASES = {f.__name__: f for f in (crash, hang, monitored_barrier, mismatch, set_epoch, evaluate, unused,
-                                 batchnorm, uneven, slow_save, sum_order, oom)}  # fmt: skip
+CASES = {
+    f.__name__: f
+    for f in (
+        crash,
+        hang,
+        monitored_barrier,
+        mismatch,
+        set_epoch,
+        evaluate,
+        unused,
+        batchnorm,
+        uneven,
+        slow_save,
+        sum_order,
+        oom,
+    )
+}
 
 
 @record

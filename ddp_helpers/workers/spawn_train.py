@@ -31,9 +31,13 @@ def free_port():
 def run_rank(local_rank, world_size, port, train_args):
     # what torchrun would have set in each worker's environment
     os.environ.update(
-        RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size),
-        LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-    )  # fmt: skip
+        RANK=str(local_rank),
+        LOCAL_RANK=str(local_rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     sys.argv = [TRAIN, *train_args]
     runpy.run_path(TRAIN, run_name="__main__")
 

@@ -239,10 +239,14 @@ def build_model(
         c, h, w = shape
         return nn.Sequential(
             nn.Flatten(),
-            nn.Linear(c * h * w, hidden), nn.ReLU(), nn.Dropout(dropout),
-            nn.Linear(hidden, hidden), nn.ReLU(), nn.Dropout(dropout),
+            nn.Linear(c * h * w, hidden),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Dropout(dropout),
             nn.Linear(hidden, num_classes),
-        )  # fmt: skip
+        )
     import torchvision  # here, not at the top: it takes seconds to import and the MLP needs none of it
 
     model = getattr(torchvision.models, name)(weights=None, num_classes=num_classes)  # no download: offline
@@ -336,8 +340,14 @@ def train_step(training: Training, x: torch.Tensor, y: torch.Tensor) -> torch.Te
     return loss
 
 
-def train(args: argparse.Namespace, world: DistInfo, data: Data, training: Training, pos: Position,
-          reporter: Reporter) -> torch.Tensor:  # fmt: skip
+def train(
+    args: argparse.Namespace,
+    world: DistInfo,
+    data: Data,
+    training: Training,
+    pos: Position,
+    reporter: Reporter,
+) -> torch.Tensor:
     """Run steps until `reporter.last_step`, logging and checkpointing on the way; the last loss."""
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     loss = torch.zeros((), device=world.device)
@@ -473,10 +483,17 @@ class Reporter:
         scale = training.scaler.get_scale() if training.scaler.is_enabled() else None
         samples = pos.step * self.batch_size
         self.writer.log(
-            step=pos.step, epoch=pos.epoch, loss=loss_value, samples=samples,
-            global_samples=samples * self.world_size, step_time_s=step_time, lr=lr, grad_scale=scale,
-            attempt=self.attempt, **self.phases.fields(),
-        )  # fmt: skip
+            step=pos.step,
+            epoch=pos.epoch,
+            loss=loss_value,
+            samples=samples,
+            global_samples=samples * self.world_size,
+            step_time_s=step_time,
+            lr=lr,
+            grad_scale=scale,
+            attempt=self.attempt,
+            **self.phases.fields(),
+        )
         if self.tensorboard:
             self.tensorboard.add_scalar("loss", loss_value, pos.step)
             self.tensorboard.add_scalar("lr", lr, pos.step)
@@ -557,28 +574,47 @@ def precision_flags(device: torch.device) -> dict:
     return flags
 
 
-def summarize(args: argparse.Namespace, world: DistInfo, data: Data, training: Training, pos: Position,
-              reporter: Reporter) -> dict:  # fmt: skip
+def summarize(
+    args: argparse.Namespace,
+    world: DistInfo,
+    data: Data,
+    training: Training,
+    pos: Position,
+    reporter: Reporter,
+) -> dict:
     """The summary.json fields that need no collective (the caller adds loss and accuracy)."""
     global_batch = args.batch_size * world.world_size
     median_step = reporter.timer.median
     peak_bytes, peak_kind = peak_memory(world.device)
     return {
-        "mode": args.mode, "world_size": world.world_size, "backend": world.backend, "device": str(world.device),
-        "amp": args.amp, "model": args.model, "dataset": data.name,
-        "batch_size": args.batch_size, "global_batch_size": global_batch, "steps": pos.step,
+        "mode": args.mode,
+        "world_size": world.world_size,
+        "backend": world.backend,
+        "device": str(world.device),
+        "amp": args.amp,
+        "model": args.model,
+        "dataset": data.name,
+        "batch_size": args.batch_size,
+        "global_batch_size": global_batch,
+        "steps": pos.step,
         "epochs": round(pos.step / len(data.loader), 3),
-        "lr": args.lr, "seed": args.seed, "deterministic": args.deterministic, "attempt": reporter.attempt,
+        "lr": args.lr,
+        "seed": args.seed,
+        "deterministic": args.deterministic,
+        "attempt": reporter.attempt,
         "samples_per_s": global_batch / median_step if median_step else None,
         "samples_per_s_per_rank": args.batch_size / median_step if median_step else None,
-        "step_time_median_s": median_step, "timed_steps": len(reporter.timer.step_times),
-        "peak_mem_bytes": peak_bytes, "peak_mem_kind": peak_kind,
+        "step_time_median_s": median_step,
+        "timed_steps": len(reporter.timer.step_times),
+        "peak_mem_bytes": peak_bytes,
+        "peak_mem_kind": peak_kind,
         "grad_scale": training.scaler.get_scale() if training.scaler.is_enabled() else None,
-        "skipped_steps": training.skipped_steps, "num_threads": torch.get_num_threads(),
+        "skipped_steps": training.skipped_steps,
+        "num_threads": torch.get_num_threads(),
         **precision_flags(world.device),
         "torch_version": torch.__version__,
         **device_memory(args, world),
-    }  # fmt: skip
+    }
 
 
 # -----------------------------------------------------------------------------
@@ -606,26 +642,40 @@ def main(argv: list[str] | None = None) -> None:
     reporter.writer.write_plan(total_steps, mode=args.mode, world_size=world.world_size)
     if world.is_main:  # prints, plans and summaries come from rank 0 only
         resuming = f" (resuming at step {pos.step})" if pos.step else ""
-        print(f"{args.mode}: world_size={world.world_size} backend={world.backend} device={world.device} "
-              f"model={args.model} dataset={data.name} batch={args.batch_size}/rank steps={total_steps}{resuming}")  # fmt: skip
+        print(
+            f"{args.mode}: world_size={world.world_size} backend={world.backend} device={world.device} "
+            f"model={args.model} dataset={data.name} batch={args.batch_size}/rank steps={total_steps}{resuming}"
+        )
     if world.distributed:  # every rank trains on a shard of its own, and says which
-        print(f"rank {world.rank} of {world.world_size} on {world.device}: {len(data.sampler)} of "
-              f"{len(data.dataset)} samples per epoch, {len(data.loader)} steps")  # fmt: skip
+        print(
+            f"rank {world.rank} of {world.world_size} on {world.device}: {len(data.sampler)} of "
+            f"{len(data.dataset)} samples per epoch, {len(data.loader)} steps"
+        )
 
     loss = train(args, world, data, training, pos, reporter)
 
     final_loss = mean_over_ranks(loss, world).item()
     accuracy, eval_samples = None, 0
     if args.eval:
-        test = build_dataset(args.dataset, num_samples=max(256, args.num_samples // 4), image_size=args.image_size,
-                             channels=data.channels, seed=args.seed, split="test")  # fmt: skip
+        test = build_dataset(
+            args.dataset,
+            num_samples=max(256, args.num_samples // 4),
+            image_size=args.image_size,
+            channels=data.channels,
+            seed=args.seed,
+            split="test",
+        )
         accuracy, eval_samples = evaluate(training, test.dataset, world, args.batch_size)
     if world.is_main:
         if args.save_final:  # the plain model's weights: no "module." prefix, loads into a plain model
             torch.save(training.raw_model.state_dict(), args.save_final)
         summary = summarize(args, world, data, training, pos, reporter)
-        summary.update(final_loss=final_loss, eval_accuracy=accuracy, eval_samples=eval_samples,
-                       wall_s=time.time() - t_start)  # fmt: skip
+        summary.update(
+            final_loss=final_loss,
+            eval_accuracy=accuracy,
+            eval_samples=eval_samples,
+            wall_s=time.time() - t_start,
+        )
         reporter.writer.write_summary(summary)
         scored = f", test accuracy {accuracy:.1%} on {eval_samples} samples" if args.eval else ""
         print(f"done: {pos.step} steps, final loss {final_loss:.4f}{scored}")
@@ -652,10 +702,14 @@ def save(args: argparse.Namespace, world: DistInfo, training: Training, pos: Pos
             "optimizer": training.optimizer.state_dict(),
             "scheduler": training.scheduler.state_dict(),
             "scaler": training.scaler.state_dict(),
-            "step": pos.step, "epoch": pos.epoch, "batch_in_epoch": pos.batch_in_epoch,
-            "world_size": world.world_size, "batch_size": args.batch_size,
-            "rng": rng_per_rank, "config": vars(args),
-        }  # fmt: skip
+            "step": pos.step,
+            "epoch": pos.epoch,
+            "batch_in_epoch": pos.batch_in_epoch,
+            "world_size": world.world_size,
+            "batch_size": args.batch_size,
+            "rng": rng_per_rank,
+            "config": vars(args),
+        }
         path = save_checkpoint(state, args.checkpoint_dir, pos.step, keep=args.keep_checkpoints)
         print(f"checkpoint saved: {path.name}")
     if world.distributed:
