@@ -4,8 +4,10 @@
 
 Smoke mode by default (what CI runs; the target is at most 60 s a notebook and 400 s for all of them);
 ``--full`` runs them as a learner does (smoke=False; target: 5 minutes a notebook). Prints a Markdown table
-of wall times, then each notebook's slowest cells as papermill timed them, and writes the figures to
-``runs/notebook-times.json``. A failing notebook is reported with its error and timed all the same.
+of wall times and of the jobs each notebook started (each launch() and start_ranks(), torchrun or
+one-process, counted by the ``logs`` folder it leaves in its run folder, even when it was stopped
+early: a count that, unlike the seconds, does not depend on the machine's load), then each notebook's slowest cells as papermill timed them, and writes
+the figures to ``runs/notebook-times.json``. A failing notebook is reported with its error and timed all the same.
 """
 
 from __future__ import annotations
@@ -37,8 +39,19 @@ def slowest_cells(executed: Path, count: int) -> list[tuple[float, int, str]]:
     return sorted(timed, reverse=True)[:count]
 
 
+def jobs_started(folder: Path) -> int:
+    """Jobs started under `folder`: each launch() or start_ranks() leaves a run folder's ``logs`` holding
+    ``torchrun.log`` (torchrun) or ``python/`` (a one-process run)."""
+    return sum(
+        1
+        for logs in folder.rglob("logs")
+        if logs.is_dir() and ((logs / "torchrun.log").is_file() or (logs / "python").is_dir())
+    )
+
+
 def time_notebook(notebook: Path, parameters: dict, out_dir: Path) -> dict:
     executed = out_dir / notebook.name
+    jobs_before = jobs_started(out_dir)
     started = time.perf_counter()
     error = None
     try:
@@ -54,7 +67,9 @@ def time_notebook(notebook: Path, parameters: dict, out_dir: Path) -> dict:
         error = str(err).strip().splitlines()[-1][:200] if str(err).strip() else type(err).__name__
     seconds = time.perf_counter() - started
     cells = slowest_cells(executed, 50) if executed.exists() else []
-    return {"notebook": notebook.stem, "seconds": round(seconds, 1), "error": error, "slowest_cells": cells}
+    jobs = jobs_started(out_dir) - jobs_before
+    return {"notebook": notebook.stem, "seconds": round(seconds, 1), "jobs": jobs, "error": error,
+            "slowest_cells": cells}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,10 +91,12 @@ def main(argv: list[str] | None = None) -> int:
             results.append(time_notebook(notebook.resolve(), parameters, Path(tmp)))
 
     mode = "full size" if args.full else "smoke mode"
-    print(f"\n| notebook ({mode}) | seconds | result |\n|---|---:|---|")
+    print(f"\n| notebook ({mode}) | seconds | jobs started | result |\n|---|---:|---:|---|")
     for r in results:
-        print(f"| {r['notebook']} | {r['seconds']:.1f} | {'FAILED: ' + r['error'] if r['error'] else 'ok'} |")
-    print(f"| **all** | **{sum(r['seconds'] for r in results):.1f}** | |")
+        outcome = "FAILED: " + r["error"] if r["error"] else "ok"
+        print(f"| {r['notebook']} | {r['seconds']:.1f} | {r['jobs']} | {outcome} |")
+    total_s, total_jobs = sum(r["seconds"] for r in results), sum(r["jobs"] for r in results)
+    print(f"| **all** | **{total_s:.1f}** | **{total_jobs}** | |")
     for r in results:
         print(f"\n{r['notebook']}: slowest cells")
         for seconds, index, first_line in r["slowest_cells"][: args.cells]:

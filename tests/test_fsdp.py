@@ -3,6 +3,7 @@ the bytes FSDP2 sends, and a DCP checkpoint saved on 2 ranks and loaded on 3, on
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -19,10 +20,22 @@ SUMS_ON_GLOO = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def job(tmp_path_factory):
+    """One 2-rank job runs both parts, train then save, as notebook 08 does: one start-up, not two."""
     run_dir = tmp_path_factory.mktemp("fsdp")
-    return launch(worker_path("fsdp"), *TINY, "--part", "train", "--steps", 3, "--timed-steps", 2, nproc=2,
-                  run_dir=run_dir, timeout=300).summary  # fmt: skip
+    launch(worker_path("fsdp"), *TINY, "--part", "train", "save", "--steps", 4, "--timed-steps", 2,
+           "--checkpoint-dir", run_dir / "dcp", nproc=2, run_dir=run_dir, timeout=300)  # fmt: skip
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def trained(job):
+    return json.loads((job / "summary.json").read_text())
+
+
+def test_the_parts_of_one_job_each_report(trained):
+    assert trained["part"] == "train" and "fsdp_vs_one_process" in trained  # the first part's, at the top
+    assert trained["save"]["saved_at_step"] == 2  # a further part's, under its name
 
 
 def test_fsdp2_gradients_and_weights_equal_one_process_at_the_global_batch(trained):
@@ -67,10 +80,8 @@ def test_bytes_sent_per_step_are_the_arithmetic(trained):
     )
 
 
-def test_dcp_checkpoint_saved_on_2_ranks_resumes_on_3_and_takes_a_ddp_checkpoint(tmp_path):
-    ckpt = tmp_path / "dcp"
-    saved = launch(worker_path("fsdp"), *TINY, "--part", "save", "--steps", 4, "--checkpoint-dir", ckpt,
-                   nproc=2, run_dir=tmp_path / "save", timeout=300).summary  # fmt: skip
+def test_dcp_checkpoint_saved_on_2_ranks_resumes_on_3_and_takes_a_ddp_checkpoint(job, trained, tmp_path):
+    ckpt, saved = job / "dcp", trained["save"]
     assert saved["files"] == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert saved["shard_shapes"][0]["blocks.0.0.weight"] == [24, 48]
     ddp = launch(worker_path("train"), "--dataset", "digits", "--hidden", 48, "--steps", 2, "--checkpoint-dir",
@@ -90,15 +101,12 @@ def test_dcp_checkpoint_saved_on_2_ranks_resumes_on_3_and_takes_a_ddp_checkpoint
     assert [s["1.weight"] for s in loaded["shard_shapes"]] == [[16, 64]] * 3
 
 
-def test_dcp_to_torch_save_gives_the_full_model(tmp_path):
+def test_dcp_to_torch_save_gives_the_full_model(job, tmp_path):
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    ckpt = tmp_path / "dcp"
-    launch(worker_path("fsdp"), *TINY, "--part", "save", "--steps", 2, "--checkpoint-dir", ckpt, nproc=2,
-           run_dir=tmp_path, timeout=300)  # fmt: skip
-    dcp_to_torch_save(ckpt, tmp_path / "plain.pt")
+    dcp_to_torch_save(job / "dcp", tmp_path / "plain.pt")
     plain = torch.load(tmp_path / "plain.pt", weights_only=True)
-    full = torch.load(tmp_path / "full_model.pt", weights_only=True)
-    assert set(plain["model"]) == set(full) and plain["step"] == 1
+    full = torch.load(job / "full_model.pt", weights_only=True)
+    assert set(plain["model"]) == set(full) and plain["step"] == 2
     for name, tensor in full.items():
         assert torch.equal(plain["model"][name], tensor), name

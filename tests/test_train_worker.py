@@ -26,9 +26,25 @@ def run_plain(*args, run_dir):
                           capture_output=True, text=True, timeout=120)  # fmt: skip
 
 
-def test_single_process_writes_metrics_and_summary(tmp_path):
-    proc = run_plain(*TINY, "--steps", 6, "--tensorboard", run_dir=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+def plain_run_fixture(*args):
+    """A module-scoped run of the worker under plain python, shared by the tests that read it: its run dir."""
+
+    @pytest.fixture(scope="module")
+    def fixture(tmp_path_factory):
+        run_dir = tmp_path_factory.mktemp("plain")
+        proc = run_plain(*args, run_dir=run_dir)
+        assert proc.returncode == 0, proc.stderr
+        return run_dir, proc
+
+    return fixture
+
+
+single_run = plain_run_fixture(*TINY, "--steps", 6, "--tensorboard")  # fp32, one process
+dp_run = plain_run_fixture(*TINY, "--mode", "dp", "--steps", 3)
+
+
+def test_single_process_writes_metrics_and_summary(single_run):
+    tmp_path, _ = single_run
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert SUMMARY_KEYS <= summary.keys()
     assert (summary["mode"], summary["world_size"], summary["steps"]) == ("single", 1, 6)
@@ -97,9 +113,8 @@ def test_injected_fault_names_the_rank(tmp_path):
     assert "raise RuntimeError" in info.value.traceback
 
 
-def test_dataparallel_on_cpu_says_it_runs_unsplit(tmp_path):
-    proc = run_plain(*TINY, "--mode", "dp", "--steps", 3, run_dir=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+def test_dataparallel_on_cpu_says_it_runs_unsplit(dp_run):
+    tmp_path, proc = dp_run
     if not torch.cuda.is_available():
         assert "runs the module on one device" in proc.stdout
     assert json.loads((tmp_path / "summary.json").read_text())["mode"] == "dp"
@@ -225,9 +240,8 @@ def test_bad_straggler_is_refused(spec, message, capsys, monkeypatch):
     assert message in capsys.readouterr().err
 
 
-def test_summary_counts_the_devices_a_process_drives(tmp_path):
-    proc = run_plain(*TINY, "--mode", "dp", "--steps", 3, run_dir=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+def test_summary_counts_the_devices_a_process_drives(dp_run):
+    tmp_path, _ = dp_run
     summary = json.loads((tmp_path / "summary.json").read_text())
     gpus = torch.cuda.device_count()
     assert summary["devices"] == (gpus if gpus > 1 else 1)
@@ -297,9 +311,8 @@ def test_train_step_clips_the_unscaled_gradients(amp_dtype):
     assert not torch.equal(tightly, unclipped)
 
 
-def test_the_summary_says_what_fp32_meant(tmp_path):
-    proc = run_plain(*TINY, "--steps", 2, run_dir=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+def test_the_summary_says_what_fp32_meant(single_run):
+    tmp_path, _ = single_run
     summary = json.loads((tmp_path / "summary.json").read_text())
     # the flags as this environment sets them (torch's defaults: convolutions may use TF32, matmuls not;
     # an environment variable such as TORCH_ALLOW_TF32_CUBLAS_OVERRIDE can change the matmul one)

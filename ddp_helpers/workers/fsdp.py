@@ -3,10 +3,12 @@
     torchrun --nproc-per-node 2 fsdp.py --part train            # memory, FSDP2 vs one process, ZeRO-1, bytes
     torchrun --nproc-per-node 2 fsdp.py --part save --checkpoint-dir ckpt
     torchrun --nproc-per-node 3 fsdp.py --part resume --checkpoint-dir ckpt   # 2 ranks saved, 3 load
+    torchrun --nproc-per-node 2 fsdp.py --part train save --checkpoint-dir ckpt  # both, one job's start-up
 
 Every rank sees the same global batch of --global-batch samples per step and trains on its own slice,
 so a run on N ranks must follow a single process trained on the whole batch: that is the check.
-Rank 0 writes what it measured to <run-dir>/summary.json.
+Rank 0 writes what it measured to <run-dir>/summary.json: the first part's results, and those of each
+further part under the part's name (summary["save"]).
 
 On torch 2.7 with gloo, FSDP2 sums the gradients over ranks instead of averaging them
 (pytorch#162338): `gradient_factor()` measures that on a probe, and `divide_gradients()` fixes it.
@@ -505,7 +507,8 @@ def load_ddp_checkpoint(args, mesh, device) -> dict:
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--part", choices=("train", "save", "resume"), default="train")
+    p.add_argument("--part", nargs="+", choices=("train", "save", "resume"), default=["train"],
+                   help="one part, or several run one after the other in this job")  # fmt: skip
     p.add_argument("--features", type=int, default=32)
     p.add_argument("--width", type=int, default=256, help="each block is one width x width Linear")
     p.add_argument("--depth", type=int, default=4)
@@ -537,13 +540,16 @@ def main():
         raise SystemExit(f"--global-batch {args.global_batch} does not split evenly over {world_size} ranks")
     # a 1-D mesh: every rank holds 1/world_size of each parameter
     mesh = init_device_mesh(device_type, (world_size,))
-    part = {"train": part_train, "save": part_save, "resume": part_resume}[args.part]
-    result = part(args, mesh, device)
+    parts = {"train": part_train, "save": part_save, "resume": part_resume}
+    first, *others = args.part
+    result = parts[first](args, mesh, device)
+    for name in others:  # a further part in the same job: no second start-up and rendezvous to pay
+        result[name] = parts[name](args, mesh, device)
     if dist.get_rank() == 0:
-        summary = {"part": args.part, "world_size": world_size, "backend": dist.get_backend(),
+        summary = {"part": first, "world_size": world_size, "backend": dist.get_backend(),
                    "device": device_type, "torch_version": torch.__version__, **result}  # fmt: skip
         (Path(args.run_dir) / "summary.json").write_text(json.dumps(summary, indent=1))
-        print(f"{args.part}: done on {world_size} rank(s)", flush=True)
+        print(f"{' + '.join(args.part)}: done on {world_size} rank(s)", flush=True)
     dist.barrier()
 
 

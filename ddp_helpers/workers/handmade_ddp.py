@@ -306,7 +306,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-norm", action="store_true", help="a BatchNorm1d after each MLP layer")
 
 
-def parse_args():
+def parse_args(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--variants", default=",".join(VARIANTS), help=f"comma-separated, from {', '.join(VARIANTS)}"
@@ -322,7 +322,7 @@ def parse_args():
     p.add_argument("--atol", type=float, default=None, help="weight check; default 1e-6 (CPU), 1e-5 (GPU)")
     p.add_argument("--rewrap", action="store_true", help="wrap, remove() and wrap again (a rerun cell)")
     p.add_argument("--run-dir", default=os.environ.get("DDP_RUN_DIR", "runs/handmade_ddp"))
-    args = p.parse_args()
+    args = p.parse_args(argv)
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = set(args.variants) - set(VARIANTS)
     if unknown or not args.variants:
@@ -333,8 +333,8 @@ def parse_args():
 
 
 @record
-def main():
-    args = parse_args()
+def main(argv: list[str] | None = None):  # argv: for a caller in-process (live ranks)
+    args = parse_args(argv)
     info = setup_distributed()
     if not info.distributed:
         raise SystemExit("run me under torchrun: a hand-made DDP needs a process group")

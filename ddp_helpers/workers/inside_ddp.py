@@ -327,7 +327,7 @@ def experiment_options(args, info, batches) -> dict:
 # ---------------------------------------------------------------------------- main
 
 
-def parse_args():
+def parse_args(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--experiments", default=",".join(EXPERIMENTS), help=f"comma-separated: {', '.join(EXPERIMENTS)}"
@@ -352,7 +352,7 @@ def parse_args():
     p.add_argument("--rtol", type=float, default=1e-4)
     p.add_argument("--atol", type=float, default=1e-6)
     p.add_argument("--run-dir", default=os.environ.get("DDP_RUN_DIR", "runs/inside_ddp"))
-    args = p.parse_args()
+    args = p.parse_args(argv)
     args.experiments = [e for e in args.experiments.split(",") if e]
     args.hooks = [h for h in args.hooks.split(",") if h]
     args.bucket_caps = [float(c) for c in args.bucket_caps.split(",") if c]
@@ -367,8 +367,8 @@ def parse_args():
 
 
 @record
-def main():
-    args = parse_args()
+def main(argv: list[str] | None = None):  # argv: for a caller in-process (live ranks)
+    args = parse_args(argv)
     info = setup_distributed()
     if not info.distributed:
         raise SystemExit("run me under torchrun: DDP needs a process group")

@@ -1,0 +1,29 @@
+"""benchmarks/notebook_times.py counts the jobs a notebook started from the run folders they leave."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "notebook_times.py"
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("notebook_times", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_jobs_are_counted_by_their_logs_folders_killed_early_or_one_process(tmp_path):
+    bench = load_bench()
+    torchrun = tmp_path / "runs" / "a" / "logs"
+    (torchrun / "run-id" / "attempt_0" / "0").mkdir(parents=True)
+    (torchrun / "run-id" / "attempt_1" / "0").mkdir(parents=True)  # a restart: still one job
+    (torchrun / "torchrun.log").write_text("")
+    killed = tmp_path / "runs" / "b" / "logs"  # stopped before any worker started
+    killed.mkdir(parents=True)
+    (killed / "torchrun.log").write_text("")
+    (tmp_path / "deep" / "ckpt" / "one-process" / "logs" / "python" / "attempt_0").mkdir(parents=True)
+    (tmp_path / "runs" / "c" / "logs").mkdir(parents=True)  # a logs folder no launch wrote: not a job
+    assert bench.jobs_started(tmp_path) == 3
