@@ -183,3 +183,23 @@ def test_the_ranks_magic_runs_under_papermill(tmp_path):
     assert "[rank 1] Out: 3.0" in outputs[nb.cells[2].source]
     assert "[rank 1] only 1" in outputs[nb.cells[3].source] and "[rank 0]" not in outputs[nb.cells[3].source]
     assert_no_processes_left(str(tmp_path), wait_s=15)  # the kernel's exit took the ranks with it
+
+
+def test_a_file_imported_on_every_rank_is_a_module_its_dataclasses_can_pickle_from(ranks, tmp_path):
+    worker = tmp_path / "tiny_worker.py"
+    worker.write_text(
+        "import dataclasses\n\n"
+        "@dataclasses.dataclass\nclass Point:\n    x: int\n\n"
+        "def main(argv):\n    return Point(len(argv))\n"
+    )
+    ranks.import_file(worker)  # bound as `tiny_worker`, registered in sys.modules under that name
+    assert ranks.run("tiny_worker.main(['a', 'b']).x") == {0: 2, 1: 2}
+    # a dataclass instance pickles only if its module is found by name (PicklingError otherwise)
+    same = "import pickle; pickle.loads(pickle.dumps(tiny_worker.Point(1))) == tiny_worker.Point(1)"
+    assert ranks.run(same) == {0: True, 1: True}
+    ranks.import_file(worker, "renamed")
+    assert ranks.run("renamed.__name__") == {0: "renamed", 1: "renamed"}
+    with pytest.raises(InvalidLaunchArguments, match="takes a .py file"):
+        ranks.import_file(tmp_path / "missing.py")
+    with pytest.raises(InvalidLaunchArguments, match="not a module name"):
+        ranks.import_file(worker, "not-a-name")

@@ -19,6 +19,7 @@ connections, the one receive loop, stop), `calls` (one request, from send to eve
 from __future__ import annotations
 
 import atexit
+import os
 import pickle
 import time
 import weakref
@@ -155,6 +156,27 @@ class LiveRanks:
             raise InvalidLaunchArguments(f"push: the values cannot be pickled: {error}") from None
         targets = self._targets(None)
         self._request(Push(self._cells.new(""), data), targets, ...)
+
+    def import_file(self, path: str | os.PathLike[str], name: str | None = None) -> None:
+        """Import the Python file at `path` on every rank as module `name` (default: the file's stem),
+        bound to `name` in each rank's namespace: e.g. a worker, to call its ``main(argv)`` there.
+
+        It is registered in ``sys.modules`` as ``import name`` would, so that its dataclasses and
+        pickled objects find their module.
+        """
+        file = Path(path).resolve()
+        name = file.stem if name is None else name
+        if not file.is_file() or file.suffix != ".py":
+            raise InvalidLaunchArguments(f"import_file takes a .py file; {str(file)!r} is not one")
+        if not name.isidentifier():
+            raise InvalidLaunchArguments(f"import_file: {name!r} is not a module name")
+        self.run(
+            "import importlib.util as _util, sys as _sys\n"
+            f"_spec = _util.spec_from_file_location({name!r}, {str(file)!r})\n"
+            f"{name} = _sys.modules[{name!r}] = _util.module_from_spec(_spec)\n"
+            f"_spec.loader.exec_module({name})\n"
+            "del _util, _sys, _spec"
+        )
 
     # ------------------------------------------------------------------ internals
     def _request(self, message: Run | Gather | Push, targets: list[int], timeout: Any) -> dict[int, Reply]:
