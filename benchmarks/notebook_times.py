@@ -68,8 +68,13 @@ def time_notebook(notebook: Path, parameters: dict, out_dir: Path) -> dict:
     seconds = time.perf_counter() - started
     cells = slowest_cells(executed, 50) if executed.exists() else []
     jobs = jobs_started(out_dir) - jobs_before
-    return {"notebook": notebook.stem, "seconds": round(seconds, 1), "jobs": jobs, "error": error,
-            "slowest_cells": cells}  # fmt: skip
+    return {
+        "notebook": notebook.stem,
+        "seconds": round(seconds, 1),
+        "jobs": jobs,
+        "error": error,
+        "slowest_cells": cells,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,8 +23,22 @@ SUMS_ON_GLOO = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[
 def job(tmp_path_factory):
     """One 2-rank job runs both parts, train then save, as notebook 08 does: one start-up, not two."""
     run_dir = tmp_path_factory.mktemp("fsdp")
-    launch(worker_path("fsdp"), *TINY, "--part", "train", "save", "--steps", 4, "--timed-steps", 2,
-           "--checkpoint-dir", run_dir / "dcp", nproc=2, run_dir=run_dir, timeout=300)  # fmt: skip
+    launch(
+        worker_path("fsdp"),
+        *TINY,
+        "--part",
+        "train",
+        "save",
+        "--steps",
+        4,
+        "--timed-steps",
+        2,
+        "--checkpoint-dir",
+        run_dir / "dcp",
+        nproc=2,
+        run_dir=run_dir,
+        timeout=300,
+    )
     return run_dir
 
 
@@ -84,12 +98,39 @@ def test_dcp_checkpoint_saved_on_2_ranks_resumes_on_3_and_takes_a_ddp_checkpoint
     ckpt, saved = job / "dcp", trained["save"]
     assert saved["files"] == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert saved["shard_shapes"][0]["blocks.0.0.weight"] == [24, 48]
-    ddp = launch(worker_path("train"), "--dataset", "digits", "--hidden", 48, "--steps", 2, "--checkpoint-dir",
-                 tmp_path / "ddp", "--save-every", 2, nproc=2, run_dir=tmp_path / "ddp-run", timeout=300)  # fmt: skip
+    ddp = launch(
+        worker_path("train"),
+        "--dataset",
+        "digits",
+        "--hidden",
+        48,
+        "--steps",
+        2,
+        "--checkpoint-dir",
+        tmp_path / "ddp",
+        "--save-every",
+        2,
+        nproc=2,
+        run_dir=tmp_path / "ddp-run",
+        timeout=300,
+    )
     assert ddp.returncode == 0
     ddp_file = list_checkpoints(tmp_path / "ddp")[-1]
-    resumed = launch(worker_path("fsdp"), *TINY, "--part", "resume", "--steps", 4, "--checkpoint-dir", ckpt,
-                     "--ddp-checkpoint", ddp_file, nproc=3, run_dir=tmp_path / "resume", timeout=300).summary  # fmt: skip
+    resumed = launch(
+        worker_path("fsdp"),
+        *TINY,
+        "--part",
+        "resume",
+        "--steps",
+        4,
+        "--checkpoint-dir",
+        ckpt,
+        "--ddp-checkpoint",
+        ddp_file,
+        nproc=3,
+        run_dir=tmp_path / "resume",
+        timeout=300,
+    ).summary
     assert resumed["world_size"] == 3 and resumed["resumed_at_step"] == saved["saved_at_step"] == 2
     assert [s["blocks.0.0.weight"] for s in resumed["shard_shapes"]] == [[16, 48]] * 3
     # the loss goes on as if the 2-rank run had never stopped

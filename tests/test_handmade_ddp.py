@@ -31,9 +31,21 @@ def test_every_handmade_ddp_rewrapped_ends_with_ddps_weights_and_buffers(tmp_pat
     # --batch-norm: rank 1's running statistics equal DDP's only if rank 0's buffers are broadcast each forward.
     # A cap of one layer's bytes, filled in reverse order: the head with layer 4 (and its norm), then 3, 2, 1
     cap_mb = LAYER_BYTES / 2**20
-    result = launch(worker_path("handmade_ddp"), *TINY, "--steps", 4, "--warmup-steps", 1,
-                    "--bucket-cap-mb", cap_mb, "--batch-norm", "--rewrap", nproc=2, run_dir=tmp_path,
-                    timeout=300)  # fmt: skip
+    result = launch(
+        worker_path("handmade_ddp"),
+        *TINY,
+        "--steps",
+        4,
+        "--warmup-steps",
+        1,
+        "--bucket-cap-mb",
+        cap_mb,
+        "--batch-norm",
+        "--rewrap",
+        nproc=2,
+        run_dir=tmp_path,
+        timeout=300,
+    )
     variants = result.summary["variants"]
     assert set(variants) == set(handmade_ddp.VARIANTS)
     for name, row in variants.items():
@@ -56,10 +68,27 @@ def test_every_handmade_ddp_rewrapped_ends_with_ddps_weights_and_buffers(tmp_pat
 
 
 def test_inside_ddp_experiments(tmp_path):
-    result = launch(worker_path("inside_ddp"), *TINY, "--experiments", "profile,no_sync,allreduce,options",
-                    "--steps", 3, "--warmup-steps", 1, "--profile-steps", 2, "--accumulate", 3,
-                    "--allreduce-bytes", "1024,65536,1048576", "--repeats", 3, nproc=2, run_dir=tmp_path,
-                    timeout=300)  # fmt: skip
+    result = launch(
+        worker_path("inside_ddp"),
+        *TINY,
+        "--experiments",
+        "profile,no_sync,allreduce,options",
+        "--steps",
+        3,
+        "--warmup-steps",
+        1,
+        "--profile-steps",
+        2,
+        "--accumulate",
+        3,
+        "--allreduce-bytes",
+        "1024,65536,1048576",
+        "--repeats",
+        3,
+        nproc=2,
+        run_dir=tmp_path,
+        timeout=300,
+    )
     no_sync = result.summary["no_sync"]
     assert no_sync["equal"] and no_sync["max_abs_diff"] < 1e-5
     # the tiny model fits one 25 MiB bucket: one all-reduce per backward, or one per optimizer step
@@ -91,10 +120,15 @@ def test_inside_ddp_experiments(tmp_path):
 
 @pytest.mark.parametrize(
     "module, argv",
-    [(handmade_ddp, ["--variants", "naive,bogus"]), (handmade_ddp, ["--steps", "2", "--warmup-steps", "2"]),
-     (inside_ddp, ["--experiments", "profile,bogus"]), (inside_ddp, ["--hooks", "fp8"]),
-     (inside_ddp, ["--allreduce-bytes", "2"]), (inside_ddp, ["--repeats", "0"])],
-)  # fmt: skip
+    [
+        (handmade_ddp, ["--variants", "naive,bogus"]),
+        (handmade_ddp, ["--steps", "2", "--warmup-steps", "2"]),
+        (inside_ddp, ["--experiments", "profile,bogus"]),
+        (inside_ddp, ["--hooks", "fp8"]),
+        (inside_ddp, ["--allreduce-bytes", "2"]),
+        (inside_ddp, ["--repeats", "0"]),
+    ],
+)
 def test_bad_arguments_are_refused(module, argv, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["worker.py", *argv])
     with pytest.raises(SystemExit) as exit_info:

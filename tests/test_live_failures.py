@@ -47,8 +47,10 @@ def test_a_rank_that_exits_is_reported_by_this_cell_and_its_code(ranks):
 
 
 def test_a_value_that_cannot_come_back_raises_one_error_with_its_repr(ranks):
-    ranks.run("import threading\nclass Box:\n    def __repr__(self):\n        return f'Box({rank})'\n"
-              "box = Box()\nlock = threading.Lock()")  # fmt: skip
+    ranks.run(
+        "import threading\nclass Box:\n    def __repr__(self):\n        return f'Box({rank})'\n"
+        "box = Box()\nlock = threading.Lock()"
+    )
     for name, reason in (("box", "defined in a cell"), ("lock", "cannot be pickled")):
         with pytest.raises(ValueNotReturned) as caught:
             ranks.gather(name)

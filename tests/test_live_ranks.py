@@ -42,8 +42,10 @@ def test_state_persists_per_rank_and_values_come_back(ranks):
     assert all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in gathered)
     ranks.push(lr=0.25)
     assert ranks.run("lr * world_size") == {0: 0.5, 1: 0.5}
-    names = ranks.run("sorted(k for k in ('torch', 'dist', 'nn', 'rank', 'local_rank', 'world_size', "
-                      "'device') if k in globals())")  # fmt: skip
+    names = ranks.run(
+        "sorted(k for k in ('torch', 'dist', 'nn', 'rank', 'local_rank', 'world_size', "
+        "'device') if k in globals())"
+    )
     assert names[0] == sorted(["torch", "dist", "nn", "rank", "local_rank", "world_size", "device"])
 
 

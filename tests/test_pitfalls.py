@@ -14,9 +14,18 @@ from ddp_helpers.workers import worker_path
 
 def run(case, *extra, nproc, tmp_path, **options):
     return launch(
-        worker_path("pitfalls"), "--case", case, *extra, nproc=nproc, backend="gloo",
-        run_dir=tmp_path / "run", show_ranks="none", progress="off", timeout=120, **options,
-    )  # fmt: skip
+        worker_path("pitfalls"),
+        "--case",
+        case,
+        *extra,
+        nproc=nproc,
+        backend="gloo",
+        run_dir=tmp_path / "run",
+        show_ranks="none",
+        progress="off",
+        timeout=120,
+        **options,
+    )
 
 
 def test_a_case_refuses_a_world_of_one_and_says_why(tmp_path):
@@ -51,9 +60,15 @@ def test_batchnorm_normalises_locally_and_keeps_rank_0_statistics(tmp_path):
 @pytest.mark.gpu
 def test_the_oom_case_reports_the_error_in_a_worker(tmp_path):
     result = launch(
-        worker_path("pitfalls"), "--case", "oom", nproc=1, run_dir=tmp_path / "run", show_ranks="none",
-        progress="off", timeout=120,
-    )  # fmt: skip
+        worker_path("pitfalls"),
+        "--case",
+        "oom",
+        nproc=1,
+        run_dir=tmp_path / "run",
+        show_ranks="none",
+        progress="off",
+        timeout=120,
+    )
     oom = result.summary["ranks"][0]
     assert "out of memory" in oom["error"].lower()
     assert oom["allocated"] >= oom["kept"]

@@ -16,14 +16,27 @@ from ddp_helpers.workers.train import RESUME_PARTS, build_model, parse_args
 
 TRAIN = str(worker_path("train"))
 TINY = ["--num-samples", "256", "--hidden", "32", "--log-every", "1"]
-SUMMARY_KEYS = {"mode", "world_size", "backend", "device", "amp", "samples_per_s", "peak_mem_bytes",
-                "final_loss", "torch_version"}  # fmt: skip
+SUMMARY_KEYS = {
+    "mode",
+    "world_size",
+    "backend",
+    "device",
+    "amp",
+    "samples_per_s",
+    "peak_mem_bytes",
+    "final_loss",
+    "torch_version",
+}
 METRIC_KEYS = {"rank", "step", "epoch", "loss", "samples", "step_time_s", "time"}
 
 
 def run_plain(*args, run_dir):
-    return subprocess.run([sys.executable, TRAIN, *map(str, args), "--run-dir", str(run_dir)],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, TRAIN, *map(str, args), "--run-dir", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def plain_run_fixture(*args):
@@ -133,8 +146,9 @@ def test_bf16_on_cpu_gives_finite_losses(tmp_path):
 
 
 def test_digits_dataset_and_resnet18(tmp_path):
-    proc = run_plain("--model", "resnet18", "--dataset", "digits", "--batch-size", 16, "--steps", 2,
-                     run_dir=tmp_path)  # fmt: skip
+    proc = run_plain(
+        "--model", "resnet18", "--dataset", "digits", "--batch-size", 16, "--steps", 2, run_dir=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert (summary["model"], summary["dataset"]) == ("resnet18", "digits")
@@ -190,8 +204,20 @@ def test_tensorboard_flag_says_how_to_install_it_when_missing(tmp_path):
 
 def test_eval_accuracy_is_exact_over_an_uneven_test_split(tmp_path):
     # digits' test split has 299 images: 2 ranks score 150 and 149, none counted twice
-    result = launch(TRAIN, "--dataset", "digits", "--epochs", 2, "--batch-size", 16, "--eval", "--log-every", 10,
-                    nproc=2, run_dir=tmp_path)  # fmt: skip
+    result = launch(
+        TRAIN,
+        "--dataset",
+        "digits",
+        "--epochs",
+        2,
+        "--batch-size",
+        16,
+        "--eval",
+        "--log-every",
+        10,
+        nproc=2,
+        run_dir=tmp_path,
+    )
     assert result.summary["eval_samples"] == 299
     assert 0.5 < result.summary["eval_accuracy"] <= 1.0  # real digits, learnt well above chance (0.1)
 
@@ -254,8 +280,9 @@ def test_summary_counts_the_devices_a_process_drives(dp_run):
 
 
 def test_fp16_on_the_cpu_trains_with_a_grad_scaler(tmp_path):
-    result = launch(TRAIN, *TINY, "--amp", "fp16", "--steps", 12, "--lr", 0.1, nproc=2, backend="gloo",
-                    run_dir=tmp_path)  # fmt: skip
+    result = launch(
+        TRAIN, *TINY, "--amp", "fp16", "--steps", 12, "--lr", 0.1, nproc=2, backend="gloo", run_dir=tmp_path
+    )
     summary = result.summary
     assert (summary["amp"], summary["world_size"], summary["backend"]) == ("fp16", 2, "gloo")
     # the scaler ran: its scale is reported, and GradScaler's default start (2**16) skips no step here
@@ -268,9 +295,25 @@ def test_fp16_on_the_cpu_trains_with_a_grad_scaler(tmp_path):
 def test_an_overflow_on_one_rank_skips_the_step_on_every_rank(tmp_path):
     # steps 1 and 2 come before the first log (step 5) and 7 between logs: every one is counted
     forced = [1, 2, 7]
-    result = launch(TRAIN, *TINY, "--log-every", 5, "--amp", "fp16", "--steps", 10, "--max-grad-norm", 1.0,
-                    "--overflow-at-steps", *forced, "--overflow-rank", 1, nproc=2, backend="gloo",
-                    run_dir=tmp_path)  # fmt: skip
+    result = launch(
+        TRAIN,
+        *TINY,
+        "--log-every",
+        5,
+        "--amp",
+        "fp16",
+        "--steps",
+        10,
+        "--max-grad-norm",
+        1.0,
+        "--overflow-at-steps",
+        *forced,
+        "--overflow-rank",
+        1,
+        nproc=2,
+        backend="gloo",
+        run_dir=tmp_path,
+    )
     start = torch.amp.GradScaler("cpu").get_scale()
     assert result.summary["skipped_steps"] == len(forced)  # rank 0's count: its own gradients were finite
     assert result.summary["grad_scale"] == start * 0.5 ** len(forced)
@@ -299,8 +342,17 @@ def test_train_step_clips_the_unscaled_gradients(amp_dtype):
         scaler = torch.amp.GradScaler("cpu", enabled=amp_dtype is not None)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         scheduler = torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)
-        training = Training(model, model, optimizer, scheduler, scaler, amp_dtype, torch.contiguous_format,
-                            torch.device("cpu"), max_grad_norm)  # fmt: skip
+        training = Training(
+            model,
+            model,
+            optimizer,
+            scheduler,
+            scaler,
+            amp_dtype,
+            torch.contiguous_format,
+            torch.device("cpu"),
+            max_grad_norm,
+        )
         train_step(training, torch.randn(8, 16), torch.randint(0, 4, (8,)))
         return model.weight.detach().clone(), training.skipped_steps
 

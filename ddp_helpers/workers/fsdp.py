@@ -469,10 +469,14 @@ def train_py_mlp(features: int, hidden: int, classes: int) -> nn.Sequential:
     """train.py's --model mlp, layer for layer, so that its state_dict keys (1.weight, ...) match."""
     return nn.Sequential(
         nn.Flatten(),
-        nn.Linear(features, hidden), nn.ReLU(), nn.Dropout(0.0),
-        nn.Linear(hidden, hidden), nn.ReLU(), nn.Dropout(0.0),
+        nn.Linear(features, hidden),
+        nn.ReLU(),
+        nn.Dropout(0.0),
+        nn.Linear(hidden, hidden),
+        nn.ReLU(),
+        nn.Dropout(0.0),
         nn.Linear(hidden, classes),
-    )  # fmt: skip
+    )
 
 
 def load_ddp_checkpoint(args, mesh, device) -> dict:
@@ -507,8 +511,13 @@ def load_ddp_checkpoint(args, mesh, device) -> dict:
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--part", nargs="+", choices=("train", "save", "resume"), default=["train"],
-                   help="one part, or several run one after the other in this job")  # fmt: skip
+    p.add_argument(
+        "--part",
+        nargs="+",
+        choices=("train", "save", "resume"),
+        default=["train"],
+        help="one part, or several run one after the other in this job",
+    )
     p.add_argument("--features", type=int, default=32)
     p.add_argument("--width", type=int, default=256, help="each block is one width x width Linear")
     p.add_argument("--depth", type=int, default=4)
@@ -546,8 +555,14 @@ def main():
     for name in others:  # a further part in the same job: no second start-up and rendezvous to pay
         result[name] = parts[name](args, mesh, device)
     if dist.get_rank() == 0:
-        summary = {"part": first, "world_size": world_size, "backend": dist.get_backend(),
-                   "device": device_type, "torch_version": torch.__version__, **result}  # fmt: skip
+        summary = {
+            "part": first,
+            "world_size": world_size,
+            "backend": dist.get_backend(),
+            "device": device_type,
+            "torch_version": torch.__version__,
+            **result,
+        }
         (Path(args.run_dir) / "summary.json").write_text(json.dumps(summary, indent=1))
         print(f"{' + '.join(args.part)}: done on {world_size} rank(s)", flush=True)
     dist.barrier()

@@ -376,9 +376,12 @@ def main(argv: list[str] | None = None):  # argv: for a caller in-process (live 
         }
         r = results[variant]
         if info.is_main:
-            print(f"{variant:>9}: {r['step_time_s'] * 1e3:8.2f} ms/step, max |w - w_ddp| = "
-                  f"{r['max_abs_diff_vs_ddp']:.2e}, buffers {r['buffer_max_abs_diff_vs_ddp']:.2e} "
-                  f"({'equal' if all_match else 'DIFFERENT'})", flush=True)  # fmt: skip
+            print(
+                f"{variant:>9}: {r['step_time_s'] * 1e3:8.2f} ms/step, max |w - w_ddp| = "
+                f"{r['max_abs_diff_vs_ddp']:.2e}, buffers {r['buffer_max_abs_diff_vs_ddp']:.2e} "
+                f"({'equal' if all_match else 'DIFFERENT'})",
+                flush=True,
+            )
         if not all_match:
             raise AssertionError(
                 f"{variant}: weights or buffers after {args.steps} steps differ from DDP's on some rank "
@@ -388,13 +391,23 @@ def main(argv: list[str] | None = None):  # argv: for a caller in-process (live 
     reference_model = build_model(args.model, args.width, args.depth, batch_norm=args.batch_norm)
     n_params = sum(p.numel() for p in reference_model.parameters())
     n_buffers = sum(b.numel() for b in reference_model.buffers() if b.is_floating_point())
-    writer.write_summary({
-        "world_size": info.world_size, "backend": info.backend, "device": info.device.type,
-        "torch_version": torch.__version__, "model": args.model, "parameters": n_params,
-        "buffer_values": n_buffers, "rewrap": args.rewrap,
-        "steps": args.steps, "bucket_cap_mb": args.bucket_cap_mb, "rtol": args.rtol, "atol": args.atol,
-        "variants": results,
-    })  # fmt: skip
+    writer.write_summary(
+        {
+            "world_size": info.world_size,
+            "backend": info.backend,
+            "device": info.device.type,
+            "torch_version": torch.__version__,
+            "model": args.model,
+            "parameters": n_params,
+            "buffer_values": n_buffers,
+            "rewrap": args.rewrap,
+            "steps": args.steps,
+            "bucket_cap_mb": args.bucket_cap_mb,
+            "rtol": args.rtol,
+            "atol": args.atol,
+            "variants": results,
+        }
+    )
     writer.close()
 
 

@@ -64,9 +64,15 @@ def record_buckets_hook(log: list, bucket: dist.GradBucket) -> torch.futures.Fut
     future = dist.all_reduce(buffer, async_op=True).get_future()
 
     def note(done: torch.futures.Future) -> torch.Tensor:
-        log.append({"bucket": bucket.index(), "bytes": buffer.numel() * buffer.element_size(),
-                    "tensors": len(bucket.gradients()), "seconds": time.perf_counter() - start,
-                    "storage": storage_of(buffer)})  # fmt: skip
+        log.append(
+            {
+                "bucket": bucket.index(),
+                "bytes": buffer.numel() * buffer.element_size(),
+                "tensors": len(bucket.gradients()),
+                "seconds": time.perf_counter() - start,
+                "storage": storage_of(buffer),
+            }
+        )
         return done.value()[0]
 
     return future.then(note)
@@ -129,8 +135,15 @@ def count_allreduces(prof) -> int:
 def ddp_logging(model: DDP) -> dict:
     """The bucket and timing fields of DDP's own logging data (a private API: guarded)."""
     data = model._get_ddp_logging_data() if hasattr(model, "_get_ddp_logging_data") else {}
-    keys = ("bucket_cap_bytes", "bucket_sizes", "has_rebuilt_buckets", "num_buckets_reduced",
-            "avg_backward_compute_time", "avg_backward_comm_time", "avg_backward_compute_comm_overlap_time")  # fmt: skip
+    keys = (
+        "bucket_cap_bytes",
+        "bucket_sizes",
+        "has_rebuilt_buckets",
+        "num_buckets_reduced",
+        "avg_backward_compute_time",
+        "avg_backward_comm_time",
+        "avg_backward_compute_comm_overlap_time",
+    )
     return {key: data[key] for key in keys if key in data}
 
 
@@ -166,8 +179,12 @@ def profile_steps(args, info, batches, cap_mb, directory: str) -> dict:
     trace.parent.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(trace))
     dist.barrier()  # every rank's trace is on disk before rank 0 reports
-    return {"traces": str(trace.parent), "steps": args.profile_steps, "allreduces": count_allreduces(prof),
-            "ddp_logging": ddp_logging(model)}  # fmt: skip
+    return {
+        "traces": str(trace.parent),
+        "steps": args.profile_steps,
+        "allreduces": count_allreduces(prof),
+        "ddp_logging": ddp_logging(model),
+    }
 
 
 def bucket_layout(args, info, cap_mb, batches) -> list[dict]:
@@ -187,17 +204,29 @@ def experiment_buckets(args, info, batches) -> dict:
         model = make_ddp(args, info, cap)
         step_time, _ = train(model, batches, args, info)
         layout = bucket_layout(args, info, cap, batches)
-        rows.append({"bucket_cap_mb": "default" if cap is None else cap, "step_time_s": step_time,
-                     "buckets": len(layout), "bucket_bytes": [b["bytes"] for b in layout],
-                     "ddp_logging": ddp_logging(model)})  # fmt: skip
+        rows.append(
+            {
+                "bucket_cap_mb": "default" if cap is None else cap,
+                "step_time_s": step_time,
+                "buckets": len(layout),
+                "bucket_bytes": [b["bytes"] for b in layout],
+                "ddp_logging": ddp_logging(model),
+            }
+        )
         if info.is_main:
-            print(f"bucket_cap_mb={rows[-1]['bucket_cap_mb']}: {len(layout)} bucket(s), "
-                  f"{step_time * 1e3:.2f} ms/step", flush=True)  # fmt: skip
+            print(
+                f"bucket_cap_mb={rows[-1]['bucket_cap_mb']}: {len(layout)} bucket(s), "
+                f"{step_time * 1e3:.2f} ms/step",
+                flush=True,
+            )
     model = build_model(args.model, args.width, args.depth)
     # the order backward produces gradients in, for a model used in registration order (a cost model's input)
     ready_order = [p.numel() * p.element_size() for p in reversed(list(model.parameters()))]
-    return {"rows": rows, "default_first_bucket_bytes": getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", None),
-            "param_bytes_in_ready_order": ready_order}  # fmt: skip
+    return {
+        "rows": rows,
+        "default_first_bucket_bytes": getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", None),
+        "param_bytes_in_ready_order": ready_order,
+    }
 
 
 def experiment_allreduce(args, info, batches) -> dict:
@@ -251,15 +280,22 @@ def experiment_no_sync(args, info, batches) -> dict:
             accumulate(model, optimizer, groups[-1], use_no_sync)
         name = "no_sync" if use_no_sync else "sync_every_micro_batch"
         warm = min(args.warmup_steps, len(times) - 1)
-        results[name] = {"step_time_s": slowest(statistics.median(times[warm:]), info.device),
-                         "allreduces_per_step": count_allreduces(prof)}  # fmt: skip
+        results[name] = {
+            "step_time_s": slowest(statistics.median(times[warm:]), info.device),
+            "allreduces_per_step": count_allreduces(prof),
+        }
         weights[name] = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
     max_diff = (weights["no_sync"] - weights["sync_every_micro_batch"]).abs().max().item()
     equal = torch.allclose(
         weights["no_sync"], weights["sync_every_micro_batch"], rtol=args.rtol, atol=args.atol
     )
-    return {**results, "accumulate": args.accumulate, "optimizer_steps": len(groups),
-            "max_abs_diff": slowest(max_diff, info.device), "equal": slowest(float(not equal), info.device) == 0}  # fmt: skip
+    return {
+        **results,
+        "accumulate": args.accumulate,
+        "optimizer_steps": len(groups),
+        "max_abs_diff": slowest(max_diff, info.device),
+        "equal": slowest(float(not equal), info.device) == 0,
+    }
 
 
 def experiment_hooks(args, info, batches) -> dict:
@@ -304,10 +340,13 @@ def gradient_memory(args, info, batches, options: dict) -> dict:
         F.cross_entropy(model(inputs), targets).backward()
     grads = {storage_of(p.grad) for p in model.parameters() if p.grad is not None}
     buckets = {entry["storage"] for entry in log}
-    return {"grad_storages": len(grads), "bucket_storages": len(buckets),
-            "grad_bytes": sum(p.grad.numel() * p.grad.element_size() for p in model.parameters()),
-            "grads_are_bucket_views": grads <= buckets,  # every .grad lives in a bucket's block
-            "gradient_memory_bytes": sum(n_bytes for _, n_bytes in grads | buckets)}  # fmt: skip
+    return {
+        "grad_storages": len(grads),
+        "bucket_storages": len(buckets),
+        "grad_bytes": sum(p.grad.numel() * p.grad.element_size() for p in model.parameters()),
+        "grads_are_bucket_views": grads <= buckets,  # every .grad lives in a bucket's block
+        "gradient_memory_bytes": sum(n_bytes for _, n_bytes in grads | buckets),
+    }
 
 
 def experiment_options(args, info, batches) -> dict:
@@ -379,8 +418,14 @@ def main(argv: list[str] | None = None):  # argv: for a caller in-process (live 
     batches = make_batches(
         args.model, args.width, args.image_size, args.batch_size, n_batches, info.rank, info.device
     )
-    summary = {"world_size": info.world_size, "backend": info.backend, "device": info.device.type,
-               "torch_version": torch.__version__, "model": args.model, "bucket_cap_mb": args.bucket_cap_mb}  # fmt: skip
+    summary = {
+        "world_size": info.world_size,
+        "backend": info.backend,
+        "device": info.device.type,
+        "torch_version": torch.__version__,
+        "model": args.model,
+        "bucket_cap_mb": args.bucket_cap_mb,
+    }
     for step, name in enumerate(args.experiments, start=1):
         start = time.perf_counter()
         # every experiment but no_sync trains on the first --steps batches
