@@ -216,7 +216,7 @@ def test_environment_check_renders_its_table_and_plot(page, lab):
     run_all_cells(page)
     state = wait_finished(page, timeout_s=40)
     assert not any(c["errors"] for c in state), [c["output"][-500:] for c in state if c["errors"]]
-    checks = state[cell_with(state, "environment.checks_frame(checks)")]
+    checks = state[cell_with(state, "doctor.checks_frame(checks)")]
     assert checks["tables"] == 1 and "PASS" in checks["output"]
     plot = cell_with(state, "plots.allreduce_bandwidth(")
     assert state[plot]["images"] >= 1
