@@ -20,9 +20,7 @@ define make_venv
 		{ echo "Python 3.11 or newer is needed (found $$($(PYTHON) --version)); set PYTHON=..."; exit 1; }
 	@test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
 	$(1)/bin/python -m pip install --quiet --upgrade pip
-	@# --no-compile: pip would byte-compile every file of torch and the lab stack (40 s on 2 cores); Python
-	@# compiles the modules a run imports, once, as it imports them
-	$(1)/bin/python -m pip install --quiet --no-compile $(2) -e '.[lab,test]'
+	$(1)/bin/python -m pip install --quiet $(2) -e '.[lab,test]'
 	@touch $(1)/.installed-stamp
 endef
 
