@@ -157,6 +157,29 @@ def test_the_echo_is_bounded_and_says_what_it_held_back():
     assert shown[-1] == "[rank 1] after the pause"
 
 
+def test_a_held_back_source_reports_its_real_last_line_even_after_the_bucket_refills():
+    """A flood's last line comes after a pause: it must not jump ahead of the held lines' report."""
+    now = [0.0]
+    shown: list[str] = []
+    echo = CellEcho(
+        "/runs/x/logs",
+        write=lambda text, stderr: shown.append(text),
+        lines_per_s=10,
+        burst=2,
+        clock=lambda: now[0],
+    )
+    echo.lines("rank 0", [f"flood {i}" for i in range(10)])
+    now[0] = 1.0  # ten tokens back, but rank 0 still has lines held back
+    echo.lines("rank 0", ["LAST LINE"])
+    echo.live("rank 0", "a torn line")  # no live updates from a source that is being held back
+    echo.lines("rank 1", ["other rank"])  # another source is not held
+    assert shown == ["[rank 0] flood 0", "[rank 0] flood 1", "[rank 1] other rank"]
+    echo.close()
+    assert shown[3] == "[rank 0] LAST LINE   (9 lines held back)" and echo.held_back == 9
+    echo.lines("rank 0", ["after the report"])  # the report ended the hold
+    assert shown[-1] == "[rank 0] after the report"
+
+
 @pytest.mark.skipif(machine.visible_gpus() > 0, reason="checks the machine without a GPU")
 def test_gpu_sampling_says_not_sampled_without_nvml_or_a_driver():
     from ddp_helpers.launcher.resources import nvml_handles

@@ -89,7 +89,9 @@ class CellEcho:
         now = self.clock()
         self._tokens = min(self.burst, self._tokens + (now - self._refilled) * self.lines_per_s)
         self._refilled = now
-        shown = min(len(texts), int(self._tokens))
+        # once a source has lines held back, its later lines wait for the report too: shown lines
+        # stay in order, and the report's "latest" line is the source's real last line
+        shown = 0 if label in self._held else min(len(texts), int(self._tokens))
         self._tokens -= shown
         for text in texts[:shown]:
             self.write(f"[{label}] {shown_text(text)}", stderr)
@@ -102,6 +104,8 @@ class CellEcho:
     def live(self, label: str, text: str, stderr: bool = False) -> None:
         """A line still being written (a progress bar's ``\\r`` update): shown now and then, never held."""
         now = self.clock()
+        if label in self._held:
+            return  # a source printing faster than the cell shows: its report will show the latest line
         if now - self._live_shown.get(label, -LIVE_EVERY_S) >= LIVE_EVERY_S:
             self._live_shown[label] = now
             self._live_text[label] = text
