@@ -20,25 +20,23 @@ Refuses, with exit code 3, when no GPU is visible (--cpu-smoke: tiny sizes on th
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import json
 import os
-import shutil
-import signal
-import subprocess
 import sys
-import tarfile
-import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+from gpu_check_notebooks import KernelWatch, run_notebooks  # beside this file: stdlib only at import
 
 REPO = Path(__file__).resolve().parent.parent
 # The device machine runs this file with its own python, where the package is not installed: the
 # repository goes on the path, for this process and for every worker it launches.
 sys.path.insert(0, str(REPO))
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+
+__all__ = ["NO_GPU_EXIT", "KernelWatch", "main"]
 
 NO_GPU_EXIT = 3
 NOTEBOOKS_DIR = REPO / "notebooks"
@@ -88,189 +86,6 @@ def _train(
     return {"name": name, "wall_s": result.wall_s, **result.summary}
 
 
-# -------------------------------------------------------------------------------------- notebooks
-class KernelWatch:
-    """While a notebook runs: interrupt its kernel at the deadline, and look for it among the GPU's processes.
-
-    The kernel is the ``ipykernel`` process papermill starts under this one. SIGINT is what Jupyter's
-    interrupt sends: the running cell gets KeyboardInterrupt, and `launch()` stops its ranks.
-    """
-
-    def __init__(self, deadline: float, gpus: bool, poll_s: float = 0.5) -> None:
-        self.deadline, self.gpus, self.poll_s = deadline, gpus, poll_s
-        self.interrupted = False
-        self.kernel_pids: set[int] = set()
-        self.gpu_pids_seen: set[int] = set()  # this run's processes (ranks, kernel) seen with a CUDA context
-        self.kernel_with_cuda: set[int] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> KernelWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def result(self) -> dict[str, Any]:
-        if not self.gpus:
-            cuda = "not checked: no GPU"
-        elif not self.gpu_pids_seen:
-            # the ranks hold contexts: if none of them was ever listed, the list cannot be read from here
-            cuda = (
-                "unknown: none of this run's processes was listed on the GPU (no process list, or other pids)"
-            )
-        else:
-            cuda = bool(self.kernel_with_cuda)
-        return {"kernel_cuda_context": cuda, "gpu_processes_seen": len(self.gpu_pids_seen)}
-
-    def _processes(self) -> tuple[set[int], set[int]]:
-        """(kernel pids, every pid below this process): the ranks, in sessions of their own, stay below."""
-        import psutil
-
-        kernels, everyone = set(), set()
-        for child in psutil.Process().children(recursive=True):
-            everyone.add(child.pid)
-            try:
-                if any("ipykernel" in part for part in child.cmdline()):
-                    kernels.add(child.pid)
-            except psutil.Error:
-                continue
-        return kernels, everyone
-
-    def _run(self) -> None:
-        last_interrupt = 0.0
-        while not self._stop.wait(self.poll_s):
-            kernels, everyone = self._processes()
-            self.kernel_pids |= kernels
-            now = time.time()
-            if now > self.deadline and kernels and now - last_interrupt > 10:
-                for pid in kernels:
-                    os.kill(pid, signal.SIGINT)
-                self.interrupted, last_interrupt = True, now
-            if self.gpus:
-                with_cuda = gpu_process_ids()
-                if with_cuda is not None:
-                    self.gpu_pids_seen |= everyone & with_cuda
-                    self.kernel_with_cuda |= kernels & with_cuda
-
-
-def gpu_process_ids() -> set[int] | None:
-    """Processes holding a CUDA context on any GPU (NVML, else nvidia-smi); None if neither answers."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            pids = set()
-            for index in range(pynvml.nvmlDeviceGetCount()):
-                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-                pids |= {p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
-            return pids
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # no pynvml, or NVML without a process list: ask nvidia-smi
-        pass
-    try:
-        proc = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if proc.returncode != 0:
-        return None
-    return {int(line) for line in proc.stdout.split() if line.strip().isdigit()}
-
-
-def _first_line(err: Exception) -> str:
-    """The cell's exception, as "Type: first line" (papermill's own message ends with a log path)."""
-    name, value = getattr(err, "ename", None), getattr(err, "evalue", None)  # PapermillExecutionError
-    if name:
-        cell = getattr(err, "exec_count", None)
-        return f"{name}: {(value or '').strip().splitlines()[0] if (value or '').strip() else ''} (cell [{cell}])"
-    text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
-
-
-def run_notebook(
-    notebook: Path, mode: str, work: Path, deadline: float, gpus: bool, parameters: dict[str, Any]
-) -> dict[str, Any]:
-    """Execute one notebook with papermill in `work`; its outcome, wall time and the CUDA-context check."""
-    import papermill
-
-    row: dict[str, Any] = {"notebook": notebook.stem, "mode": mode, "parameters": parameters}
-    left = deadline - time.time()
-    if left < 10:
-        return {**row, "status": "skipped: time budget"}
-    folder = work / f"{notebook.stem}-{mode}"
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    os.environ.update(DDP_HELPERS_PROGRESS="text", DDP_HELPERS_RUNS_DIR=str(folder / "runs"))
-    started = time.time()
-    with KernelWatch(deadline, gpus) as watch:
-        try:
-            papermill.execute_notebook(
-                str(notebook),
-                str(work / "executed" / f"{notebook.stem}-{mode}.ipynb"),
-                parameters=parameters,
-                cwd=str(folder),
-                kernel_name="python3",
-                progress_bar=False,
-                execution_timeout=int(left) + 1,
-            )
-            status, error = "ok", None
-        except Exception as err:  # a failing notebook is a finding, not the end of the check
-            status = "stopped: time budget" if watch.interrupted else "failed"
-            error = _first_line(err)
-    return {
-        **row,
-        "status": status,
-        "wall_s": round(time.time() - started, 1),
-        "error": error,
-        **watch.result(),
-    }
-
-
-def run_notebooks(
-    folder: Path,
-    pattern: str,
-    modes: list[str],
-    work: Path,
-    out: Path,
-    deadline: float,
-    gpus: bool,
-    nproc: int | None,
-) -> list[dict[str, Any]]:
-    """Every notebook matching `pattern`, in each mode (all smoke runs first); archives the executed ones."""
-    try:
-        import papermill  # noqa: F401
-    except ImportError:
-        return [{"status": "not run: papermill is not installed (carry its wheels: scripts/gpu_wheels.sh)"}]
-    notebooks = [nb for nb in sorted(folder.glob("[0-9][0-9]_*.ipynb")) if fnmatch.fnmatch(nb.stem, pattern)]
-    (work / "executed").mkdir(parents=True, exist_ok=True)
-    rows = []
-    for mode in modes:
-        for notebook in notebooks:
-            parameters: dict[str, Any] = {"smoke": mode == "smoke"}
-            if nproc is not None:
-                parameters["nproc"] = nproc
-            row = run_notebook(notebook, mode, work, deadline, gpus, parameters)
-            print(
-                json.dumps(
-                    {k: row.get(k) for k in ("notebook", "mode", "status", "wall_s", "kernel_cuda_context")}
-                ),
-                flush=True,
-            )
-            rows.append(row)
-    with tarfile.open(out / "notebooks.tar.gz", "w:gz") as archive:  # one file: $OUT returns few
-        archive.add(work / "executed", arcname="executed")
-    return rows
-
-
 # ----------------------------------------------------------------------------------------- main
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -303,17 +118,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    parts = [p for p in args.parts.split(",") if p]
-    if set(parts) - set(PARTS):
-        _parser().error(f"unknown parts: {', '.join(sorted(set(parts) - set(PARTS)))}")
-    started = time.time()
-    deadline = started + args.deadline_s
-
-    import torch
-
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+def make_plan(args: argparse.Namespace, parts: list[str], gpus: int) -> dict[str, Any]:
+    """What this run covers: real sizes on every GPU, or tiny ones on the CPU (--cpu-smoke)."""
     if args.cpu_smoke:
         plan = {"world_sizes": [2], "amps": ["bf16"], "model": "mlp", "image": 32, "nproc": 2}
         args.steps, args.max_bytes = min(args.steps, 12), min(args.max_bytes, 1 << 16)
@@ -331,80 +137,106 @@ def main(argv: list[str] | None = None) -> int:
         notebooks=args.notebooks,
         deadline_s=args.deadline_s,
     )
+    return plan
+
+
+class GpuCheck:
+    """The parts, run in order while time is left; the report is saved after each one."""
+
+    def __init__(self, args: argparse.Namespace, plan: dict[str, Any], gpus: int, started: float) -> None:
+        self.args, self.plan, self.gpus = args, plan, gpus
+        self.started = started  # the deadline counts from the script's start, torch's import included
+        self.deadline = self.started + args.deadline_s
+        self.out, self.work = Path(args.out).resolve(), Path(args.work).resolve()
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "plan": plan, "timings_s": {}}
+
+    def save(self) -> None:  # after every part: a run cut short still leaves what it measured
+        self.report["wall_s"] = round(time.time() - self.started, 1)
+        (self.out / "gpu-check.json").write_text(json.dumps(self.report, indent=2, default=str))
+
+    def run(self) -> None:
+        for name in PARTS:
+            if name not in self.plan["parts"]:
+                continue
+            if time.time() > self.deadline:
+                self.report["timings_s"][name] = "skipped: time budget"
+            else:
+                t0 = time.time()
+                getattr(self, name)()
+                self.report["timings_s"][name] = round(time.time() - t0, 1)
+            self.save()
+        self.save()
+
+    def checks(self) -> None:
+        from ddp_helpers.lab.doctor import collect_facts, run_checks
+
+        self.report["facts"] = collect_facts()
+        self.report["checks"] = [asdict(c) for c in run_checks(self.report["facts"])]
+
+    def allreduce(self) -> None:
+        from ddp_helpers.lab.allreduce_check import live_allreduce
+
+        found, self.report["allreduce"] = live_allreduce(
+            nproc=self.plan["nproc"],
+            max_bytes=self.args.max_bytes,
+            iters=20,
+            run_dir=self.work / "allreduce",
+            progress="text",
+        )
+        self.report.setdefault("checks", []).extend(asdict(c) for c in found)
+
+    def notebooks(self) -> None:
+        self.report["notebooks"] = run_notebooks(
+            Path(self.args.notebook_dir),
+            self.args.notebooks,
+            self.plan["modes"],
+            self.work,
+            self.out,
+            self.deadline,
+            self.gpus > 0,
+            self.args.nproc,
+        )
+
+    def training(self) -> None:
+        plan, runs = self.plan, self.report.setdefault("training", [])
+        for world_size in plan["world_sizes"]:
+            for amp in plan["amps"]:
+                if time.time() > self.deadline:
+                    runs.append({"world_size": world_size, "amp": amp, "status": "skipped: time budget"})
+                    continue
+                args = self.args
+                run = _train(
+                    self.work, world_size, amp, args.steps, args.batch_size, plan["model"], plan["image"]
+                )
+                runs.append(run)
+                print(
+                    json.dumps({k: run.get(k) for k in ("name", "samples_per_s", "peak_mem_bytes", "error")})
+                )
+                self.save()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    parts = [p for p in args.parts.split(",") if p]
+    if set(parts) - set(PARTS):
+        _parser().error(f"unknown parts: {', '.join(sorted(set(parts) - set(PARTS)))}")
+    started = time.time()
+
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    plan = make_plan(args, parts, gpus)
     if gpus == 0 and not args.cpu_smoke:
         print(
             "gpu-check needs a CUDA GPU and this machine has none visible: nothing was run.\n"
             "On the CPU, run `make test` or `python -m ddp_helpers doctor` instead."
         )
         return NO_GPU_EXIT
-
-    from ddp_helpers.lab.allreduce_check import live_allreduce
-    from ddp_helpers.lab.doctor import collect_facts, run_checks
-
-    out, work = Path(args.out).resolve(), Path(args.work).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    work.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "plan": plan, "timings_s": {}}
-
-    def save() -> None:  # after every part: a run cut short still leaves what it measured
-        report["wall_s"] = round(time.time() - started, 1)
-        (out / "gpu-check.json").write_text(json.dumps(report, indent=2, default=str))
-
-    def part(name: str, run) -> None:
-        if name not in parts:
-            return
-        if time.time() > deadline:
-            report["timings_s"][name] = "skipped: time budget"
-        else:
-            t0 = time.time()
-            run()
-            report["timings_s"][name] = round(time.time() - t0, 1)
-        save()
-
-    def checks() -> None:
-        report["facts"] = collect_facts()
-        report["checks"] = [asdict(c) for c in run_checks(report["facts"])]
-
-    def allreduce() -> None:
-        found, report["allreduce"] = live_allreduce(
-            nproc=plan["nproc"],
-            max_bytes=args.max_bytes,
-            iters=20,
-            run_dir=work / "allreduce",
-            progress="text",
-        )
-        report.setdefault("checks", []).extend(asdict(c) for c in found)
-
-    def notebooks() -> None:
-        report["notebooks"] = run_notebooks(
-            Path(args.notebook_dir), args.notebooks, plan["modes"], work, out, deadline, gpus > 0, args.nproc
-        )
-
-    def training() -> None:
-        report["training"] = []
-        for world_size in plan["world_sizes"]:
-            for amp in plan["amps"]:
-                if time.time() > deadline:
-                    report["training"].append(
-                        {"world_size": world_size, "amp": amp, "status": "skipped: time budget"}
-                    )
-                    continue
-                run = _train(work, world_size, amp, args.steps, args.batch_size, plan["model"], plan["image"])
-                report["training"].append(run)
-                print(
-                    json.dumps({k: run.get(k) for k in ("name", "samples_per_s", "peak_mem_bytes", "error")})
-                )
-                save()
-
-    for name, run in (
-        ("checks", checks),
-        ("allreduce", allreduce),
-        ("notebooks", notebooks),
-        ("training", training),
-    ):
-        part(name, run)
-    save()
-    print(f"wrote {out / 'gpu-check.json'} in {report['wall_s']:.0f}s")
+    check = GpuCheck(args, plan, gpus, started)
+    check.run()
+    print(f"wrote {check.out / 'gpu-check.json'} in {check.report['wall_s']:.0f}s")
     return 0
 
 

@@ -100,3 +100,22 @@ def test_importing_the_rank_side_loads_no_kernel_module():
     kernel = [m for m in loaded if is_kernel_side(m)]
     assert not kernel, kernel
     assert "ddp_helpers.live.server" in loaded
+
+
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60  # a module a reader can hold; a function on one screen
+SOURCES = sorted(PACKAGE.rglob("*.py")) + sorted((PACKAGE.parent / "scripts").glob("*.py"))
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE.parent)))
+def test_modules_and_functions_stay_small(path):
+    text = path.read_text()
+    assert len(text.splitlines()) <= MAX_MODULE_LINES, (
+        f"{path.name}: split it by job (see docs/architecture.md)"
+    )
+    long = [
+        f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert not long, f"{path.name}: functions over {MAX_FUNCTION_LINES} lines: {', '.join(long)}"

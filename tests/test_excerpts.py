@@ -29,15 +29,15 @@ EXCERPTS: dict[tuple[str, str | None], str] = {
     ("train", "train_step"): "scaler.unscale_(",  # notebook 03: the unscale_ before the clip
     ("train", "train"): "set_epoch",
     ("train", "evaluate"): "dist.all_reduce(counts)",
-    ("train", "save"): "barrier",
-    ("train", "resume"): "load_latest_on_every_rank(",
+    ("train_checkpoint", "save"): "barrier",
+    ("train_checkpoint", "resume"): "load_latest_on_every_rank(",
     ("train", "main"): "setup(",
     # notebook 02
-    ("train", "PhaseTimer"): "torch.cuda.synchronize(",
+    ("train_report", "PhaseTimer"): "torch.cuda.synchronize(",
     # notebook 04
     ("checkpoint", "save_checkpoint"): "os.replace(",
     ("checkpoint", "load_latest_on_every_rank"): "broadcast_object_list(",
-    ("pitfalls", "sum_order"): "dist.all_reduce(flat",
+    ("sum_order", "sum_order"): "dist.all_reduce(flat",
     # notebook 05
     ("pitfalls", "crash"): "dist.all_reduce(",
     ("pitfalls", "hang"): "dist.all_reduce(x)",
@@ -60,7 +60,7 @@ EXCERPTS: dict[tuple[str, str | None], str] = {
     ("handmade_ddp", "OverlapDDP"): "register_post_accumulate_grad_hook",
     ("handmade_ddp", "BucketedDDP"): "bucket_cap_mb",
     ("handmade_ddp", "train_variant"): "finish_gradient_synchronization()",
-    ("inside_ddp", "train_step"): "backward()",
+    ("experiment_kit", "train_step"): "backward()",
     ("inside_ddp", "experiment_profile"): "profile_steps(",
     ("inside_ddp", "profile_steps"): "export_chrome_trace(",
     ("inside_ddp", "experiment_allreduce"): "dist.all_reduce(buffer)",
@@ -74,13 +74,13 @@ EXCERPTS: dict[tuple[str, str | None], str] = {
     # notebook 08
     ("fsdp", "BlockMLP"): "self.blocks",
     ("fsdp", "shard"): "fully_shard(model, mesh=mesh)",
-    ("fsdp", "CollectiveCounter"): "original(*args, **kwargs)",
+    ("fsdp_measures", "CollectiveCounter"): "original(*args, **kwargs)",
     ("fsdp", "gradient_factor"): "fully_shard(probe, mesh=mesh)",
     ("fsdp", "divide_gradients"): "set_all_reduce_hook(",
     ("fsdp", "fsdp_versus_one_process"): "divide_gradients(model, probe)",
     ("fsdp", "adam_run"): "ZeroRedundancyOptimizer(",
-    ("fsdp", "part_save"): "dcp.async_save(",
-    ("fsdp", "part_resume"): "set_state_dict(",
+    ("fsdp_checkpoint", "part_save"): "dcp.async_save(",
+    ("fsdp_checkpoint", "part_resume"): "set_state_dict(",
 }
 
 

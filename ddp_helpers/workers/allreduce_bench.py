@@ -44,6 +44,42 @@ def sizes(min_bytes, max_bytes):
         size *= 4
 
 
+def measure(nbytes: int, args, rank: int, world_size: int, device: torch.device) -> dict:
+    """One all-reduce size: checked for the right sum, then timed (median of --iters, slowest rank)."""
+    numel = nbytes // 4  # float32
+    # rank r contributes r+1 everywhere, so the sum is n(n+1)/2 in every element
+    tensor = torch.full((numel,), float(rank + 1), device=device)
+    expected = world_size * (world_size + 1) / 2
+    dist.all_reduce(tensor)
+    correct = bool(torch.all(tensor == expected).item())
+    times = []
+    for i in range(args.warmup + args.iters):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        dist.barrier()  # start together, or we time the stragglers' arrival
+        t0 = time.perf_counter()
+        dist.all_reduce(tensor)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    # the slowest rank decides when the collective is done
+    t = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    ok = torch.tensor([int(correct)], device=device)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # right on every rank, or not
+    seconds = t.item()
+    algbw = numel * 4 / seconds
+    busbw = algbw * 2 * (world_size - 1) / world_size
+    return {
+        "bytes": numel * 4,
+        "time_s": seconds,
+        "algbw_gbps": algbw / 1e9,
+        "busbw_gbps": busbw / 1e9,
+        "correct_all_ranks": bool(ok.item()),
+    }
+
+
 @record
 def main():
     args = parse_args()
@@ -60,45 +96,13 @@ def main():
     writer.write_plan(len(plan))
     results = []
     for step, nbytes in enumerate(plan, start=1):
-        numel = nbytes // 4  # float32
-        # rank r contributes r+1 everywhere, so the sum is n(n+1)/2 in every element
-        tensor = torch.full((numel,), float(rank + 1), device=device)
-        expected = world_size * (world_size + 1) / 2
-        dist.all_reduce(tensor)
-        correct = bool(torch.all(tensor == expected).item())
-        times = []
-        for i in range(args.warmup + args.iters):
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            dist.barrier()  # start together, or we time the stragglers' arrival
-            t0 = time.perf_counter()
-            dist.all_reduce(tensor)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            if i >= args.warmup:
-                times.append(time.perf_counter() - t0)
-        # the slowest rank decides when the collective is done
-        t = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        ok = torch.tensor([int(correct)], device=device)
-        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-        seconds = t.item()
-        algbw = numel * 4 / seconds
-        busbw = algbw * 2 * (world_size - 1) / world_size
-        results.append(
-            {
-                "bytes": numel * 4,
-                "time_s": seconds,
-                "algbw_gbps": algbw / 1e9,
-                "busbw_gbps": busbw / 1e9,
-                "correct_all_ranks": bool(ok.item()),
-            }
-        )
-        writer.log(step=step, bytes=numel * 4, time_s=seconds, correct=correct)
+        row = measure(nbytes, args, rank, world_size, device)
+        results.append(row)
+        writer.log(step=step, bytes=row["bytes"], time_s=row["time_s"], correct=row["correct_all_ranks"])
         if rank == 0:
             print(
-                f"{numel * 4:>12,d} B  {seconds * 1e6:10.1f} us  algbw {algbw / 1e9:7.3f} GB/s  "
-                f"busbw {busbw / 1e9:7.3f} GB/s  {'ok' if ok.item() else 'WRONG SUM'}"
+                f"{row['bytes']:>12,d} B  {row['time_s'] * 1e6:10.1f} us  algbw {row['algbw_gbps']:7.3f} GB/s  "
+                f"busbw {row['busbw_gbps']:7.3f} GB/s  {'ok' if row['correct_all_ranks'] else 'WRONG SUM'}"
             )
     writer.write_summary(
         {

@@ -10,31 +10,23 @@ so a run on N ranks must follow a single process trained on the whole batch: tha
 Rank 0 writes what it measured to <run-dir>/summary.json: the first part's results, and those of each
 further part under the part's name (summary["save"]).
 
+The measuring (bytes held, bytes sent, step times) is fsdp_measures.py's; --part save and resume
+are fsdp_checkpoint.py's.
+
 On torch 2.7 with gloo, FSDP2 sums the gradients over ranks instead of averaging them
 (pytorch#162338): `gradient_factor()` measures that on a probe, and `divide_gradients()` fixes it.
 """
 
 import argparse
-import inspect
 import json
 import math
 import os
-import statistics
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_model_state_dict,
-    set_state_dict,
-)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -46,6 +38,15 @@ except ImportError:  # pragma: no cover
     from torch.distributed._composable.fsdp import FSDPModule, fully_shard
 
 from ddp_helpers import teardown
+from ddp_helpers.workers.fsdp_measures import (
+    CollectiveCounter,
+    gathered,
+    memory_row,
+    padded_numel,
+    timed_steps,
+)
+
+__all__ = ["CollectiveCounter", "build_model", "memory_row", "shard"]  # what notebook 08's live ranks call
 
 FLOAT_BYTES = 4  # fp32 weights, gradients and Adam moments
 RTOL, ATOL = 1e-4, 1e-6  # float rounding differs between a sharded and a whole-batch sum
@@ -131,104 +132,6 @@ def checked_fsdp(args, mesh, device) -> tuple[BlockMLP, float]:
     elif not math.isclose(factor, 1.0, rel_tol=1e-6):
         raise RuntimeError(f"FSDP2's gradients are {factor}x the mean, not a known bug: stopping")
     return model, factor
-
-
-# ---------------------------------------------------------------------------- measuring
-
-
-def local_bytes(tensors) -> int:
-    """Bytes this rank holds for `tensors`: a DTensor counts its local shard only."""
-    total = 0
-    for t in tensors:
-        t = t.to_local() if hasattr(t, "to_local") else t
-        total += t.numel() * t.element_size()
-    return total
-
-
-def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
-    return local_bytes(v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v))
-
-
-def memory_row(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    params = list(model.parameters())
-    return {
-        "weights": local_bytes(params),
-        "grads": local_bytes(p.grad for p in params if p.grad is not None),
-        "optimizer": optimizer_bytes(optimizer),
-    }
-
-
-class CollectiveCounter:
-    """Counts the bytes of the collectives FSDP2 and ZeRO-1 call, by wrapping torch.distributed's functions.
-
-    torch 2.7's FSDP2 calls all_gather_into_tensor / reduce_scatter_tensor, torch 2.14's
-    all_gather_single / reduce_scatter_single (which may call the former): only the outermost counts.
-    """
-
-    NAMES = {
-        "all_gather_into_tensor": ("all_gather", 0),  # (kind, index of the full-size tensor)
-        "all_gather_single": ("all_gather", 0),
-        "reduce_scatter_tensor": ("reduce_scatter", 1),
-        "reduce_scatter_single": ("reduce_scatter", 1),
-        "broadcast": ("broadcast", 0),  # ZeroRedundancyOptimizer sends each rank's updated weights
-    }
-
-    def __init__(self):
-        self.bytes = {"all_gather": 0, "reduce_scatter": 0, "broadcast": 0}
-        self.calls = {"all_gather": 0, "reduce_scatter": 0, "broadcast": 0}
-        self._depth = 0
-        self._originals = {}
-
-    def __enter__(self):
-        for name, (kind, index) in self.NAMES.items():
-            if hasattr(dist, name):
-                self._originals[name] = original = getattr(dist, name)
-                setattr(dist, name, self._wrap(original, kind, index))
-        return self
-
-    def __exit__(self, *exc):
-        for name, original in self._originals.items():
-            setattr(dist, name, original)
-
-    def _wrap(self, original, kind: str, index: int):
-        def counted(*args, **kwargs):
-            if self._depth == 0:
-                bound = inspect.signature(original).bind(*args, **kwargs).arguments
-                full = list(bound.values())[index]  # the names differ between torch versions
-                self.bytes[kind] += full.numel() * full.element_size()
-                self.calls[kind] += 1
-            self._depth += 1
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self._depth -= 1
-
-        return counted
-
-
-def padded_numel(model: nn.Module, world_size: int) -> int:
-    """Elements FSDP2 moves for `model`'s parameters: dim 0 padded to a multiple of the world size."""
-    return sum(
-        math.ceil(p.shape[0] / world_size) * world_size * (p.numel() // p.shape[0])
-        for p in model.parameters()
-    )
-
-
-def timed_steps(step_fn, steps: int, device: torch.device) -> float:
-    """Median seconds per step, after one warm-up step."""
-    times = []
-    for step in range(steps):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        step_fn(step)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if step:
-            times.append(time.perf_counter() - start)
-    slowest = torch.tensor(statistics.median(times) if times else 0.0, device=device)  # nccl: on the GPU
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a step lasts until the slowest rank is done
-    return slowest.item()
 
 
 # ---------------------------------------------------------------------------- --part train
@@ -355,12 +258,6 @@ def adam_run(kind: str, args, mesh, device) -> dict:
     }
 
 
-def gathered(value: dict) -> list[dict]:
-    everyone = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, value)
-    return everyone
-
-
 def part_train(args, mesh, device) -> dict:
     world_size = dist.get_world_size()
     result: dict = {"parameters": sum(p.numel() for p in build_model(args, device).parameters())}
@@ -388,7 +285,7 @@ def part_train(args, mesh, device) -> dict:
     return result
 
 
-# ---------------------------------------------------------------------------- --part save / resume
+# ---------------------------------------------------------------------------- training steps (also --part save / resume's)
 
 
 def train_steps(model, optimizer, args, device, steps: range) -> list[float]:
@@ -404,106 +301,6 @@ def train_steps(model, optimizer, args, device, steps: range) -> list[float]:
         dist.all_reduce(mean)  # equal slices: the mean of the ranks' means is the global mean
         losses.append(mean.item() / dist.get_world_size())
     return losses
-
-
-def shard_shapes(model: nn.Module) -> dict:
-    return {name: list(p.to_local().shape) for name, p in model.named_parameters()}
-
-
-def part_save(args, mesh, device) -> dict:
-    model, factor = checked_fsdp(args, mesh, device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.adam_lr)
-    half = args.steps // 2
-    before = train_steps(model, optimizer, args, device, range(half))
-    # get_state_dict: model and optimizer state keyed by parameter *name*, as DTensors (each rank its shard)
-    model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optim": optim_state, "step": half}
-    start = time.perf_counter()
-    dcp.save(state, checkpoint_id=args.checkpoint_dir)  # every rank writes its shards, rank 0 the metadata
-    save_s = time.perf_counter() - start
-    # the whole model, gathered to rank 0 as plain tensors, to check dcp_to_torch_save in the notebook
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if dist.get_rank() == 0:
-        torch.save(full, Path(args.run_dir) / "full_model.pt")
-    # async_save: copy to CPU now, write in a background thread while training goes on. That thread
-    # runs collectives of its own (gathering the plan and metadata): on the training's group they would
-    # interleave with the training's and gloo would abort ("collective mismatch"). It gets its own group.
-    checkpoint_group = dist.new_group(backend="gloo")
-    start = time.perf_counter()
-    future = dcp.async_save(
-        state, checkpoint_id=args.checkpoint_dir + "-async", process_group=checkpoint_group
-    )
-    async_return_s = time.perf_counter() - start
-    after = train_steps(model, optimizer, args, device, range(half, args.steps))  # runs during the write
-    start = time.perf_counter()
-    future.result()
-    async_wait_s = time.perf_counter() - start
-    return {
-        "gradient_factor": factor,
-        "saved_at_step": half,
-        "losses": before + after,
-        "shard_shapes": gathered(shard_shapes(model)),
-        "save_s": save_s,
-        "async_return_s": async_return_s,
-        "async_wait_s": async_wait_s,
-        "files": sorted(p.name for p in Path(args.checkpoint_dir).iterdir()),
-    }
-
-
-def part_resume(args, mesh, device) -> dict:
-    model, factor = checked_fsdp(args, mesh, device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.adam_lr)
-    model_state, optim_state = get_state_dict(model, optimizer)  # the shapes to load into
-    state = {"model": model_state, "optim": optim_state, "step": 0}
-    dcp.load(state, checkpoint_id=args.checkpoint_dir)  # each rank reads the bytes of *its* shards
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    losses = train_steps(model, optimizer, args, device, range(state["step"], args.steps))
-    result = {"gradient_factor": factor, "resumed_at_step": state["step"], "losses": losses}
-    result["shard_shapes"] = gathered(shard_shapes(model))
-    if args.ddp_checkpoint:
-        result["ddp_checkpoint"] = load_ddp_checkpoint(args, mesh, device)
-    return result
-
-
-def train_py_mlp(features: int, hidden: int, classes: int) -> nn.Sequential:
-    """train.py's --model mlp, layer for layer, so that its state_dict keys (1.weight, ...) match."""
-    return nn.Sequential(
-        nn.Flatten(),
-        nn.Linear(features, hidden),
-        nn.ReLU(),
-        nn.Dropout(0.0),
-        nn.Linear(hidden, hidden),
-        nn.ReLU(),
-        nn.Dropout(0.0),
-        nn.Linear(hidden, classes),
-    )
-
-
-def load_ddp_checkpoint(args, mesh, device) -> dict:
-    """A DDP job's checkpoint (train.py: rank 0 saved the plain model's full state_dict) into FSDP2."""
-    plain = torch.load(args.ddp_checkpoint, map_location="cpu", weights_only=True)["model"]
-    hidden, features = plain["1.weight"].shape
-    classes = plain["7.weight"].shape[0]
-    model = train_py_mlp(features, hidden, classes).to(device)
-    for layer in model:
-        if isinstance(layer, nn.Linear):
-            fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    # full_state_dict=True: the input is whole tensors; each rank keeps only its shard of each
-    # (a copy: set_model_state_dict turns the dict's values into DTensors in place)
-    set_model_state_dict(model, dict(plain), options=StateDictOptions(full_state_dict=True))
-    back = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    x = torch.randn(args.global_batch, features, generator=torch.Generator().manual_seed(args.seed))
-    sharded_out = model(x.to(device)).detach().cpu()
-    unsharded = train_py_mlp(features, hidden, classes)
-    unsharded.load_state_dict(plain)
-    row = {"keys": sorted(plain), "shard_shapes": gathered(shard_shapes(model))}
-    if dist.get_rank() == 0:
-        row["max_weight_diff"] = max((back[k].cpu() - plain[k]).abs().max().item() for k in plain)
-        row["max_output_diff"] = (sharded_out - unsharded(x).detach()).abs().max().item()
-        assert row["max_weight_diff"] == 0.0, f"the DDP checkpoint did not load exactly: {row}"
-        assert row["max_output_diff"] < 1e-5, f"the sharded model computes something else: {row}"
-    return row
 
 
 # ---------------------------------------------------------------------------- main
@@ -549,7 +346,9 @@ def main():
         raise SystemExit(f"--global-batch {args.global_batch} does not split evenly over {world_size} ranks")
     # a 1-D mesh: every rank holds 1/world_size of each parameter
     mesh = init_device_mesh(device_type, (world_size,))
-    parts = {"train": part_train, "save": part_save, "resume": part_resume}
+    from ddp_helpers.workers import fsdp_checkpoint  # here: it builds on this file's model and steps
+
+    parts = {"train": part_train, "save": fsdp_checkpoint.part_save, "resume": fsdp_checkpoint.part_resume}
     first, *others = args.part
     result = parts[first](args, mesh, device)
     for name in others:  # a further part in the same job: no second start-up and rendezvous to pay

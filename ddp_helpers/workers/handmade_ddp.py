@@ -17,7 +17,6 @@ wraps, removes and wraps again, as a rerun notebook cell would).
 """
 
 import argparse
-import os
 import statistics
 import time
 
@@ -32,6 +31,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ddp_helpers import teardown
 from ddp_helpers.distributed import setup_distributed
 from ddp_helpers.metrics import MetricsWriter
+from ddp_helpers.workers.experiment_kit import (
+    add_model_arguments,
+    add_training_arguments,
+    build_model,
+    make_batches,
+    slowest,
+    synchronize,
+)
 
 VARIANTS = ("naive", "flat", "overlap", "bucketed", "ddp")
 
@@ -197,35 +204,7 @@ class BucketedDDP(HandmadeDDP):
             )
 
 
-# ---------------------------------------------------------------------------- model and data
-
-
-def build_model(name: str, width: int, depth: int, classes: int = 10, batch_norm: bool = False) -> nn.Module:
-    """An MLP of `depth` square layers (cheap on the CPU), or a torchvision ResNet (for GPUs).
-    `batch_norm` puts a BatchNorm1d after each MLP layer: buffers (running statistics) to sync."""
-    if name == "mlp":
-        layers: list[nn.Module] = []
-        for _ in range(depth):
-            norm = [nn.BatchNorm1d(width)] if batch_norm else []
-            layers += [nn.Linear(width, width), *norm, nn.ReLU()]
-        return nn.Sequential(*layers, nn.Linear(width, classes))
-    import torchvision
-
-    return getattr(torchvision.models, name)(num_classes=classes)
-
-
-def make_batches(
-    model_name: str, width: int, image_size: int, batch_size: int, steps: int, rank: int, device
-):
-    """`steps` batches of this rank's own data (seeded by rank): the same for every variant."""
-    generator = torch.Generator().manual_seed(1000 + rank)
-    shape = (batch_size, width) if model_name == "mlp" else (batch_size, 3, image_size, image_size)
-    batches = []
-    for _ in range(steps):
-        inputs = torch.randn(shape, generator=generator)
-        targets = torch.randint(0, 10, (batch_size,), generator=generator)
-        batches.append((inputs.to(device), targets.to(device)))
-    return batches
+# ---------------------------------------------------------------------------- wrapping
 
 
 def wrap(variant: str, model: nn.Module, bucket_cap_mb: float | None, device) -> nn.Module:
@@ -239,11 +218,6 @@ def wrap(variant: str, model: nn.Module, bucket_cap_mb: float | None, device) ->
 
 
 # ---------------------------------------------------------------------------- one variant
-
-
-def synchronize(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def flat_state(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
@@ -287,23 +261,39 @@ def train_variant(variant, args, info, batches, writer, first_step=0):
     return times, allreduces, *flat_state(model), loss.item()
 
 
-def slowest(value: float, device) -> float:
-    """The largest `value` over all ranks: a step is done when its slowest rank is."""
-    tensor = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return tensor.item()
+def compare_to_ddp(variant, args, info, times, allreduces, state, reference) -> dict:
+    """One variant's step time and its weights and buffers against DDP's, on every rank; raises if they differ."""
+    (weights, buffers), (ddp_weights, ddp_buffers) = state, reference
+    # this rank's weights and buffers against DDP's on this rank: rank 1's running statistics
+    # match DDP's only if the version broadcast rank 0's buffers before each forward, as DDP does
+    max_diff = (weights - ddp_weights).abs().max().item()  # this rank's
+    buffer_diff = (buffers - ddp_buffers).abs().max().item() if len(buffers) else 0.0
+    matches = torch.allclose(torch.cat(state), torch.cat(reference), rtol=args.rtol, atol=args.atol)
+    all_match = slowest(0.0 if matches else 1.0, info.device) == 0.0  # every rank agrees
+    r = {
+        "step_time_s": slowest(statistics.median(times[args.warmup_steps :]), info.device),
+        "allreduces_per_step": allreduces[-1] if allreduces else None,
+        "max_abs_diff_vs_ddp": slowest(max_diff, info.device),
+        "buffer_max_abs_diff_vs_ddp": slowest(buffer_diff, info.device),
+        "equal_to_ddp": all_match,
+    }
+    if info.is_main:
+        print(
+            f"{variant:>9}: {r['step_time_s'] * 1e3:8.2f} ms/step, max |w - w_ddp| = "
+            f"{r['max_abs_diff_vs_ddp']:.2e}, buffers {r['buffer_max_abs_diff_vs_ddp']:.2e} "
+            f"({'equal' if all_match else 'DIFFERENT'})",
+            flush=True,
+        )
+    if not all_match:
+        raise AssertionError(
+            f"{variant}: weights or buffers after {args.steps} steps differ from DDP's on some rank "
+            f"(max {r['max_abs_diff_vs_ddp']:.3e} in the weights, "
+            f"{r['buffer_max_abs_diff_vs_ddp']:.3e} in the buffers)"
+        )
+    return r
 
 
 # ---------------------------------------------------------------------------- main
-
-
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """The model options `build_model` reads (shared with inside_ddp.py)."""
-    p.add_argument("--model", default="mlp", help="mlp, or a torchvision model such as resnet50")
-    p.add_argument("--width", type=int, default=512, help="MLP width (and input features)")
-    p.add_argument("--depth", type=int, default=6, help="MLP hidden layers")
-    p.add_argument("--image-size", type=int, default=64, help="image side for the ResNets")
-    p.add_argument("--batch-norm", action="store_true", help="a BatchNorm1d after each MLP layer")
 
 
 def parse_args(argv: list[str] | None = None):
@@ -312,16 +302,11 @@ def parse_args(argv: list[str] | None = None):
         "--variants", default=",".join(VARIANTS), help=f"comma-separated, from {', '.join(VARIANTS)}"
     )
     add_model_arguments(p)
-    p.add_argument("--batch-size", type=int, default=32, help="per rank")
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the median")
+    add_training_arguments(p, steps=10, run_dir="runs/handmade_ddp")
     p.add_argument("--bucket-cap-mb", type=float, default=None, help="bucketed and ddp; default: DDP's")
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rtol", type=float, default=None, help="weight check; default 1e-4 (CPU), 1e-3 (GPU)")
     p.add_argument("--atol", type=float, default=None, help="weight check; default 1e-6 (CPU), 1e-5 (GPU)")
     p.add_argument("--rewrap", action="store_true", help="wrap, remove() and wrap again (a rerun cell)")
-    p.add_argument("--run-dir", default=os.environ.get("DDP_RUN_DIR", "runs/handmade_ddp"))
     args = p.parse_args(argv)
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = set(args.variants) - set(VARIANTS)
@@ -359,35 +344,10 @@ def main(argv: list[str] | None = None):  # argv: for a caller in-process (live 
             variant, args, info, batches, writer, index * args.steps
         )
         reference = (weights, buffers) if reference is None else reference
-        # this rank's weights and buffers against DDP's on this rank: rank 1's running statistics
-        # match DDP's only if the version broadcast rank 0's buffers before each forward, as DDP does
-        state, ddp_state = torch.cat([weights, buffers]), torch.cat(reference)
-        max_diff = (weights - reference[0]).abs().max().item()  # this rank's
-        buffer_diff = (buffers - reference[1]).abs().max().item() if len(buffers) else 0.0
-        matches = torch.allclose(state, ddp_state, rtol=args.rtol, atol=args.atol)
-        all_match = slowest(0.0 if matches else 1.0, info.device) == 0.0  # every rank agrees
-        results[variant] = {
-            "step_time_s": slowest(statistics.median(times[args.warmup_steps :]), info.device),
-            "allreduces_per_step": allreduces[-1] if allreduces else None,
-            "max_abs_diff_vs_ddp": slowest(max_diff, info.device),
-            "buffer_max_abs_diff_vs_ddp": slowest(buffer_diff, info.device),
-            "equal_to_ddp": all_match,
-            "final_loss": final_loss,
-        }
-        r = results[variant]
-        if info.is_main:
-            print(
-                f"{variant:>9}: {r['step_time_s'] * 1e3:8.2f} ms/step, max |w - w_ddp| = "
-                f"{r['max_abs_diff_vs_ddp']:.2e}, buffers {r['buffer_max_abs_diff_vs_ddp']:.2e} "
-                f"({'equal' if all_match else 'DIFFERENT'})",
-                flush=True,
-            )
-        if not all_match:
-            raise AssertionError(
-                f"{variant}: weights or buffers after {args.steps} steps differ from DDP's on some rank "
-                f"(max {r['max_abs_diff_vs_ddp']:.3e} in the weights, "
-                f"{r['buffer_max_abs_diff_vs_ddp']:.3e} in the buffers)"
-            )
+        results[variant] = compare_to_ddp(
+            variant, args, info, times, allreduces, (weights, buffers), reference
+        )
+        results[variant]["final_loss"] = final_loss
     reference_model = build_model(args.model, args.width, args.depth, batch_norm=args.batch_norm)
     n_params = sum(p.numel() for p in reference_model.parameters())
     n_buffers = sum(b.numel() for b in reference_model.buffers() if b.is_floating_point())

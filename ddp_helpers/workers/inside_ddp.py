@@ -12,12 +12,11 @@ Each experiment writes its results under its own name in <run-dir>/summary.json 
   hooks     register_comm_hook: none, fp16 and bf16 compression, and a hook that records each bucket
   options   find_unused_parameters, static_graph, gradient_as_bucket_view: step time, and the bytes of
             the distinct storages that hold gradients (.grad tensors and DDP's buckets)
-The model, data and timing are handmade_ddp.py's, so the numbers compare with that worker's.
+The model, data and timing are experiment_kit.py's, shared with handmade_ddp.py, so the numbers compare.
 """
 
 import argparse
 import contextlib
-import os
 import statistics
 import time
 from pathlib import Path
@@ -27,18 +26,25 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.elastic.multiprocessing.errors import record
-from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.profiler import ProfilerActivity, profile, record_function
+from torch.profiler import profile, record_function
 
 from ddp_helpers import teardown
 from ddp_helpers.distributed import setup_distributed
 from ddp_helpers.metrics import MetricsWriter
-from ddp_helpers.workers.handmade_ddp import (
+from ddp_helpers.workers.experiment_kit import (
+    activities,
     add_model_arguments,
+    add_training_arguments,
     build_model,
+    count_allreduces,
+    ddp_logging,
+    gradient_bytes,
     make_batches,
+    make_ddp,
     slowest,
     synchronize,
+    train,
+    train_step,
 )
 
 EXPERIMENTS = ("profile", "buckets", "allreduce", "no_sync", "hooks", "options")
@@ -86,72 +92,7 @@ HOOKS = {
 }
 
 
-# ---------------------------------------------------------------------------- training
-
-
-def make_ddp(args, info, cap_mb: float | None = None, **ddp_options) -> DDP:
-    """DDP around the seeded model; `cap_mb` None keeps DDP's default buckets (with its small first one)."""
-    if cap_mb is not None:
-        ddp_options["bucket_cap_mb"] = cap_mb
-    torch.manual_seed(args.seed)  # the same initial weights in every experiment
-    model = build_model(args.model, args.width, args.depth).to(info.device)
-    device_ids = [info.device.index] if info.device.type == "cuda" else None
-    return DDP(model, device_ids=device_ids, **ddp_options)
-
-
-def train_step(model, optimizer, inputs, targets) -> torch.Tensor:
-    with record_function("forward"):
-        loss = F.cross_entropy(model(inputs), targets)
-    with record_function("backward"):
-        loss.backward()  # DDP all-reduces buckets while this runs
-    with record_function("optimizer"):
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return loss.detach()
-
-
-def train(model, batches, args, info) -> tuple[float, float]:
-    """Train on `batches`; the median step time after warm-up (slowest rank) and the last loss."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-    times = []
-    for inputs, targets in batches:
-        synchronize(info.device)
-        start = time.perf_counter()
-        loss = train_step(model, optimizer, inputs, targets)
-        synchronize(info.device)
-        times.append(time.perf_counter() - start)
-    return slowest(statistics.median(times[args.warmup_steps :]), info.device), loss.item()
-
-
-def activities(info) -> list:
-    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if info.device.type == "cuda" else [])
-
-
-def count_allreduces(prof) -> int:
-    """All-reduces issued in a profiled window: c10d's op is recorded once per call, on any backend."""
-    return sum(event.count for event in prof.key_averages() if event.key == "c10d::allreduce_")
-
-
-def ddp_logging(model: DDP) -> dict:
-    """The bucket and timing fields of DDP's own logging data (a private API: guarded)."""
-    data = model._get_ddp_logging_data() if hasattr(model, "_get_ddp_logging_data") else {}
-    keys = (
-        "bucket_cap_bytes",
-        "bucket_sizes",
-        "has_rebuilt_buckets",
-        "num_buckets_reduced",
-        "avg_backward_compute_time",
-        "avg_backward_comm_time",
-        "avg_backward_compute_comm_overlap_time",
-    )
-    return {key: data[key] for key in keys if key in data}
-
-
 # ---------------------------------------------------------------------------- experiments
-
-
-def gradient_bytes(model) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
 def experiment_profile(args, info, batches) -> dict:
@@ -372,9 +313,7 @@ def parse_args(argv: list[str] | None = None):
         "--experiments", default=",".join(EXPERIMENTS), help=f"comma-separated: {', '.join(EXPERIMENTS)}"
     )
     add_model_arguments(p)
-    p.add_argument("--batch-size", type=int, default=32, help="per rank (per micro-batch for no_sync)")
-    p.add_argument("--steps", type=int, default=10, help="training steps per measured configuration")
-    p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the median")
+    add_training_arguments(p, steps=10, run_dir="runs/inside_ddp")
     p.add_argument("--profile-steps", type=int, default=3)
     p.add_argument("--bucket-cap-mb", type=float, default=None, help="all but buckets; default: DDP's")
     p.add_argument("--bucket-caps", default="1,5,25,100", help="the bucket_cap_mb values to sweep")
@@ -386,11 +325,8 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--repeats", type=int, default=9, help="timed rounds over the sizes (allreduce)")
     p.add_argument("--accumulate", type=int, default=4, help="micro-batches per optimizer step (no_sync)")
     p.add_argument("--hooks", default=",".join(HOOKS), help=f"comma-separated: {', '.join(HOOKS)}")
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rtol", type=float, default=1e-4)
     p.add_argument("--atol", type=float, default=1e-6)
-    p.add_argument("--run-dir", default=os.environ.get("DDP_RUN_DIR", "runs/inside_ddp"))
     args = p.parse_args(argv)
     args.experiments = [e for e in args.experiments.split(",") if e]
     args.hooks = [h for h in args.hooks.split(",") if h]

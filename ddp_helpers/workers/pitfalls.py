@@ -4,7 +4,7 @@
     torchrun --nproc-per-node 2 pitfalls.py --case hang --fix      # goes right
 
 Cases: crash, hang, monitored_barrier, mismatch, set_epoch, evaluate, unused, batchnorm, uneven,
-slow_save, sum_order (notebook 04), oom.
+slow_save, oom. (Notebook 04's sum_order experiment is sum_order.py.)
 Every case but oom needs two ranks or more; oom needs a GPU. They run on the CPU with gloo and on
 GPUs with nccl, but the two backends fail differently (mismatch and uneven: see the notebook).
 Cases that measure something write what they saw to <run-dir>/summary.json, so the notebook can
@@ -308,53 +308,6 @@ def slow_save(rank, world, device, fix, save_seconds):
     print(f"rank {rank}: past the barrier")
 
 
-def sum_order(rank, world, device, fix):
-    # notebook 04: why a resumed run can differ from an uninterrupted one in the last bit, from 3 ranks on
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)).to(
-        device
-    )
-    ddp = DDP(model)
-    params = list(model.parameters())
-    torch.manual_seed(1 + rank)
-    x, y = torch.randn(32, 64, device=device), torch.randint(0, 10, (32,), device=device)
-    with ddp.no_sync():  # this rank's own gradients, not all-reduced
-        nn.functional.cross_entropy(ddp(x), y).backward()
-    local = [p.grad.clone() for p in params]
-    steps = []
-    for _ in range(3):  # three steps on the same batch and the same weights (no optimizer step)
-        ddp.zero_grad(set_to_none=True)
-        nn.functional.cross_entropy(ddp(x), y).backward()
-        steps.append(torch.cat([p.grad.flatten() for p in params]))
-    rebuilt = ddp._get_ddp_logging_data().get("rebuilt_per_bucket_param_indices", "")
-
-    def all_reduced(order, group=None, size=world):
-        """DDP's sum by hand: every gradient times 1/size (as the Reducer scales it), laid out in
-        one flat buffer in `order`, all-reduced."""
-        flat = torch.cat([local[i].flatten() * (1.0 / size) for i in order])
-        dist.all_reduce(flat, group=group)
-        parts = dict(zip(order, flat.split([local[i].numel() for i in order]), strict=True))
-        return torch.cat([parts[i] for i in range(len(params))])
-
-    param_order, ready_order = list(range(len(params))), list(reversed(range(len(params))))
-    in_param_order, in_ready_order = all_reduced(param_order), all_reduced(ready_order)
-    pair = dist.new_group([0, 1]) if world > 2 else None  # every rank must create the group
-    two_ranks_agree = None
-    if pair is not None and rank < 2:
-        two_ranks_agree = torch.equal(all_reduced(param_order, pair, 2), all_reduced(ready_order, pair, 2))
-    report(
-        rank,
-        world,
-        first_equals_second=torch.equal(steps[0], steps[1]),
-        second_equals_third=torch.equal(steps[1], steps[2]),
-        first_gap=(steps[0] - steps[1]).abs().max().item(),
-        first_is_param_order=torch.equal(steps[0], in_param_order),
-        later_is_ready_order=torch.equal(steps[1], in_ready_order),
-        rebuilt_order=rebuilt,
-        two_ranks_agree=two_ranks_agree,
-    )
-
-
 def oom(rank, world, device, fix):
     if device.type != "cuda":
         # an exception, not SystemExit: @record writes it to the error file, and the launcher shows it
@@ -397,7 +350,6 @@ CASES = {
         batchnorm,
         uneven,
         slow_save,
-        sum_order,
         oom,
     )
 }

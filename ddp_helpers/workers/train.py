@@ -8,17 +8,17 @@ Each rank appends one JSON line per logged step to <run-dir>/metrics/rank{R}.jso
 rank 0 writes <run-dir>/summary.json at the end. The notebooks read those files.
 
 Read it from `main()` down: setup, data, model, resume, wrap, the loop (`train`, `train_step`),
-then the results. ddp.py is the same idea in 70 lines, without the measuring and checkpointing.
+then the results. Three files beside it hold what is not DDP itself: the command line (train_options.py),
+the timers and reports (train_report.py) and the checkpoints (train_checkpoint.py). ddp.py is the same
+idea in 70 lines, without the measuring and checkpointing.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import resource
-import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -29,134 +29,17 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from ddp_helpers import teardown
-from ddp_helpers.checkpoint import capture_rng, load_latest_on_every_rank, restore_rng, save_checkpoint
-from ddp_helpers.data import DATASETS, ResumableDistributedSampler, build_dataset
+from ddp_helpers.data import ResumableDistributedSampler, build_dataset
 from ddp_helpers.distributed import DistInfo, setup_distributed
-from ddp_helpers.metrics import MetricsWriter
+from ddp_helpers.workers.train_checkpoint import Position, resume, save
+from ddp_helpers.workers.train_options import RESUME_PARTS, parse_args
+from ddp_helpers.workers.train_report import Reporter, mean_over_ranks, summarize
 
-# what --resume-ignore can leave out of a resume: each name drops that state and nothing else
-RESUME_PARTS = ("rng", "optimizer", "scheduler", "scaler")
-
-
-# -----------------------------------------------------------------------------
-# config
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    under_torchrun = int(os.environ.get("RANK", -1)) != -1
-    p.add_argument("--mode", choices=["single", "dp", "ddp"], default="ddp" if under_torchrun else "single")
-    p.add_argument("--model", choices=["mlp", "resnet18", "resnet50"], default="mlp")
-    p.add_argument("--hidden", type=int, default=256, help="width of the MLP's hidden layers")
-    p.add_argument("--dataset", choices=DATASETS, default="synthetic")
-    p.add_argument("--num-samples", type=int, default=2048, help="synthetic dataset size")
-    p.add_argument("--image-size", type=int, default=32, help="synthetic image side, in pixels")
-    p.add_argument(
-        "--batch-size", type=int, default=32, help="per rank: the global batch is this x world size"
-    )
-    p.add_argument("--steps", type=int, default=None, help="optimizer steps to run (default: --epochs)")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--lr-schedule", choices=["constant", "cosine"], default="constant")
-    p.add_argument("--dropout", type=float, default=0.0, help="MLP dropout: makes the RNG state matter")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--deterministic", action="store_true", help="deterministic kernels: bitwise-repeatable runs"
-    )
-    p.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes per rank")
-    p.add_argument("--log-every", type=int, default=10, help="log (and synchronise for timing) every N steps")
-    p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the throughput figure")
-    p.add_argument("--amp", choices=["off", "bf16", "fp16"], default="off")
-    p.add_argument("--max-grad-norm", type=float, default=None, help="clip the gradient norm (default: off)")
-    p.add_argument(
-        "--overflow-at-steps", type=int, nargs="*", default=[], help="fault injection: inf grads..."
-    )
-    p.add_argument("--overflow-rank", type=int, default=0, help="...on this rank, at these steps of its own")
-    p.add_argument(
-        "--eval", action="store_true", help="report accuracy on the dataset's test split at the end"
-    )
-    p.add_argument("--save-final", default=None, help="write the plain (non-DDP) model state_dict here")
-    p.add_argument("--checkpoint-dir", default=None, help="save checkpoints here (rank 0 writes, atomically)")
-    p.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps (and at the end)")
-    p.add_argument("--keep-checkpoints", type=int, default=3, help="how many recent checkpoints to keep")
-    p.add_argument("--resume", action="store_true", help="continue from the latest good checkpoint, if any")
-    p.add_argument(
-        "--resume-ignore",
-        nargs="*",
-        choices=RESUME_PARTS,
-        default=[],
-        help="teaching aid: resume without these states (each drops only its own), to watch the run drift",
-    )
-    p.add_argument("--stop-at-step", type=int, default=None, help="stop after this step, as if interrupted")
-    p.add_argument("--fail-at-step", type=int, default=None, help="fault injection: raise at this step...")
-    p.add_argument("--fail-rank", type=int, default=0, help="...on this rank (first attempt only)")
-    p.add_argument(
-        "--tensorboard", action="store_true", help="also write TensorBoard scalars to <run-dir>/tensorboard"
-    )
-    p.add_argument(
-        "--straggler",
-        type=straggler_spec,
-        default=None,
-        metavar="RANK:MS",
-        help="fault injection: RANK waits MS milliseconds more for each batch, as a slow data loader would",
-    )
-    p.add_argument("--run-dir", default=os.environ.get("DDP_RUN_DIR", "runs/train"))
-    args = p.parse_args(argv)
-    if args.tensorboard and not tensorboard_installed():
-        p.error("--tensorboard needs the tensorboard package: pip install tensorboard")
-    if args.mode in ("single", "dp") and int(os.environ.get("WORLD_SIZE", 1)) > 1:
-        p.error(f"--mode {args.mode} is one process; start it with python, not torchrun --nproc-per-node > 1")
-    if args.mode == "ddp" and not under_torchrun:
-        p.error(
-            "--mode ddp needs torchrun, which sets RANK and WORLD_SIZE: torchrun --nproc-per-node 2 train.py"
-        )
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
-    if args.straggler and args.straggler[0] >= world_size:
-        p.error(
-            f"--straggler {args.straggler[0]}:...: there is no rank {args.straggler[0]} among {world_size}"
-        )
-    if args.resume and not args.checkpoint_dir:
-        p.error("--resume needs --checkpoint-dir")
-    counts = ("batch_size", "epochs", "steps", "stop_at_step", "log_every", "save_every", "keep_checkpoints")
-    for name in counts:
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
-    return args
-
-
-def straggler_spec(text: str) -> tuple[int, float]:
-    """--straggler RANK:MS, e.g. 1:40, as (rank, milliseconds); anything else is refused by argparse."""
-    rank, sep, ms = text.partition(":")
-    try:
-        spec = int(rank), float(ms)
-    except ValueError:
-        spec = None
-    if not sep or spec is None or spec[0] < 0 or not 0 < spec[1] < 60_000:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: expected RANK:MS, a rank >= 0 and 0 < MS < 60000, e.g. 1:40"
-        )
-    return spec
-
-
-def tensorboard_installed() -> bool:
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        return False
-    return True
+__all__ = ["RESUME_PARTS", "build_model", "main", "parse_args", "train_step"]
 
 
 # -----------------------------------------------------------------------------
 # the pieces of a run
-
-
-@dataclass
-class Position:
-    """Where the run is: with the states below, all a checkpoint needs to continue exactly."""
-
-    step: int = 0
-    epoch: int = 0
-    batch_in_epoch: int = 0
 
 
 @dataclass
@@ -378,136 +261,6 @@ def train(
     return loss
 
 
-@dataclass
-class StepTimer:
-    """Seconds per step, leaving out the first `warmup_steps`; reads the clock only when asked to."""
-
-    device: torch.device
-    warmup_steps: int
-    step_times: list[float] = field(default_factory=list)
-    _start: float | None = None
-    _start_step: int = 0
-
-    def _now(self) -> float:
-        # CUDA kernels run asynchronously: without this a timer measures the launch, not the work
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
-
-    def after_step(self, step: int, read: bool) -> float | None:
-        """The mean step time since the last read, when `read` (and a window is open); else None."""
-        if self._start is None and step >= self.warmup_steps:
-            self._start, self._start_step = self._now(), step
-        if not read:
-            return None
-        now = self._now()  # the one synchronisation per log window
-        if self._start is None or step == self._start_step:
-            return None
-        step_time = (now - self._start) / (step - self._start_step)
-        self.step_times.extend([step_time] * (step - self._start_step))
-        self._start, self._start_step = now, step
-        return step_time
-
-    @property
-    def median(self) -> float | None:
-        return statistics.median(self.step_times) if self.step_times else None
-
-
-@dataclass
-class PhaseTimer:
-    """One step in two phases, on the steps that are logged (each read synchronises the device):
-
-    data_time_s: waiting for the batch. No collective runs here, so it is this rank's own time.
-    train_step_time_s: forward, backward, optimizer. DDP's collectives run here (the gradient
-        all-reduce in backward; the buffer broadcast in forward, for models with buffers), so a
-        rank that is early waits here for the last one: this phase holds the waiting.
-    """
-
-    device: torch.device
-    timed: bool = False
-    data_time_s: float | None = None
-    train_step_time_s: float | None = None
-    _marks: list[float] = field(default_factory=list)
-
-    def _now(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # the GPU's work so far is done, not only queued
-        return time.perf_counter()
-
-    def start(self, timed: bool) -> None:
-        self.timed, self._marks = timed, [self._now()] if timed else []
-
-    def batch_ready(self) -> None:
-        if self.timed:
-            self._marks.append(self._now())
-
-    def step_done(self) -> None:
-        if self.timed:
-            start, ready, done = *self._marks, self._now()
-            self.data_time_s, self.train_step_time_s = ready - start, done - ready
-
-    def fields(self) -> dict[str, float | None]:
-        """The last timed step's phases, for the metrics line (None when the step was not timed)."""
-        if not self.timed:
-            return {"data_time_s": None, "train_step_time_s": None}
-        return {"data_time_s": self.data_time_s, "train_step_time_s": self.train_step_time_s}
-
-
-class Reporter:
-    """Every rank's metrics (JSON lines), rank 0's TensorBoard scalars, and the step timer."""
-
-    def __init__(self, args: argparse.Namespace, world: DistInfo, last_step: int) -> None:
-        self.last_step = last_step
-        self.log_every = args.log_every
-        self.batch_size, self.world_size = args.batch_size, world.world_size
-        self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
-        self.timer = StepTimer(world.device, args.warmup_steps)
-        self.phases = PhaseTimer(world.device)
-        self.writer = MetricsWriter(args.run_dir, world.rank)
-        self.tensorboard = None
-        if args.tensorboard and world.is_main:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tensorboard = SummaryWriter(os.path.join(args.run_dir, "tensorboard"))
-
-    def logs(self, step: int) -> bool:
-        """Whether `step` is logged (and its phases timed)."""
-        return step % self.log_every == 0 or step == self.last_step
-
-    def after_step(self, pos: Position, loss: torch.Tensor, training: Training) -> None:
-        log_now = self.logs(pos.step)
-        step_time = self.timer.after_step(pos.step, read=log_now)
-        if not log_now:
-            return
-        loss_value, lr = loss.item(), training.optimizer.param_groups[0]["lr"]
-        scale = training.scaler.get_scale() if training.scaler.is_enabled() else None
-        samples = pos.step * self.batch_size
-        self.writer.log(
-            step=pos.step,
-            epoch=pos.epoch,
-            loss=loss_value,
-            samples=samples,
-            global_samples=samples * self.world_size,
-            step_time_s=step_time,
-            lr=lr,
-            grad_scale=scale,
-            attempt=self.attempt,
-            **self.phases.fields(),
-        )
-        if self.tensorboard:
-            self.tensorboard.add_scalar("loss", loss_value, pos.step)
-            self.tensorboard.add_scalar("lr", lr, pos.step)
-            if step_time:
-                self.tensorboard.add_scalar(
-                    "samples_per_s", self.batch_size * self.world_size / step_time, pos.step
-                )
-
-    def close(self) -> None:
-        self.writer.close()
-        if self.tensorboard:
-            self.tensorboard.close()
-
-
 # -----------------------------------------------------------------------------
 # results
 
@@ -531,90 +284,6 @@ def evaluate(training: Training, dataset: Dataset, world: DistInfo, batch_size: 
         dist.all_reduce(counts)
     model.train()
     return (counts[0] / counts[1]).item(), int(counts[1].item())
-
-
-def mean_over_ranks(value: torch.Tensor, world: DistInfo) -> torch.Tensor:
-    value = value.detach().float().clone()
-    if world.distributed:
-        dist.all_reduce(value, op=dist.ReduceOp.SUM)  # SUM then divide: every backend has SUM
-        value /= world.world_size
-    return value
-
-
-def peak_memory(device: torch.device) -> tuple[int, str]:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device), "cuda_max_memory_allocated"
-    # ru_maxrss is in KiB on Linux: the whole process's peak resident set, not just tensors
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "cpu_peak_rss"
-
-
-def device_memory(args: argparse.Namespace, world: DistInfo) -> dict:
-    """How many devices this process drove, and each one's peak: DataParallel drives every GPU
-    from one process, and GPU 0 holds the most (the gathered outputs, the loss, the gradients)."""
-    if args.mode == "dp" and world.device.type == "cuda" and torch.cuda.device_count() > 1:
-        gpus = range(torch.cuda.device_count())
-        return {
-            "devices": len(gpus),
-            "peak_mem_bytes_per_device": [torch.cuda.max_memory_allocated(i) for i in gpus],
-        }
-    return {"devices": 1 if args.mode != "ddp" else world.world_size, "peak_mem_bytes_per_device": None}
-
-
-def precision_flags(device: torch.device) -> dict:
-    """What "fp32" meant in this run: on Ampere and newer GPUs cuDNN convolutions use TF32 unless
-    cudnn.allow_tf32 is False (its default is True); matmuls do only if matmul.allow_tf32 is True."""
-    flags = {
-        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
-        "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "device_capability": None,  # (8, 0) and up: Ampere or newer, where TF32 exists
-    }
-    if device.type == "cuda":
-        flags["device_capability"] = list(torch.cuda.get_device_capability(device))
-    return flags
-
-
-def summarize(
-    args: argparse.Namespace,
-    world: DistInfo,
-    data: Data,
-    training: Training,
-    pos: Position,
-    reporter: Reporter,
-) -> dict:
-    """The summary.json fields that need no collective (the caller adds loss and accuracy)."""
-    global_batch = args.batch_size * world.world_size
-    median_step = reporter.timer.median
-    peak_bytes, peak_kind = peak_memory(world.device)
-    return {
-        "mode": args.mode,
-        "world_size": world.world_size,
-        "backend": world.backend,
-        "device": str(world.device),
-        "amp": args.amp,
-        "model": args.model,
-        "dataset": data.name,
-        "batch_size": args.batch_size,
-        "global_batch_size": global_batch,
-        "steps": pos.step,
-        "epochs": round(pos.step / len(data.loader), 3),
-        "lr": args.lr,
-        "seed": args.seed,
-        "deterministic": args.deterministic,
-        "attempt": reporter.attempt,
-        "samples_per_s": global_batch / median_step if median_step else None,
-        "samples_per_s_per_rank": args.batch_size / median_step if median_step else None,
-        "step_time_median_s": median_step,
-        "timed_steps": len(reporter.timer.step_times),
-        "peak_mem_bytes": peak_bytes,
-        "peak_mem_kind": peak_kind,
-        "grad_scale": training.scaler.get_scale() if training.scaler.is_enabled() else None,
-        "skipped_steps": training.skipped_steps,
-        "num_threads": torch.get_num_threads(),
-        **precision_flags(world.device),
-        "torch_version": torch.__version__,
-        **device_memory(args, world),
-    }
 
 
 # -----------------------------------------------------------------------------
@@ -682,83 +351,6 @@ def main(argv: list[str] | None = None) -> None:
     reporter.close()
     if world.distributed:
         dist.barrier()  # nobody tears the group down while rank 0 still writes
-
-
-# -----------------------------------------------------------------------------
-# checkpoints: everything needed to continue as if nothing had happened
-
-
-def save(args: argparse.Namespace, world: DistInfo, training: Training, pos: Position) -> None:
-    """Rank 0 writes one checkpoint holding every rank's RNG states; every rank must call it."""
-    rng_per_rank = [capture_rng()]
-    if world.distributed:
-        # every rank has its own generator states: collect them all (every rank must take part)
-        gathered: list = [None] * world.world_size
-        dist.all_gather_object(gathered, rng_per_rank[0])
-        rng_per_rank = gathered
-    if world.is_main:  # one writer: N ranks writing one file would corrupt it
-        state = {
-            "model": training.raw_model.state_dict(),  # the plain module's: no "module." prefix
-            "optimizer": training.optimizer.state_dict(),
-            "scheduler": training.scheduler.state_dict(),
-            "scaler": training.scaler.state_dict(),
-            "step": pos.step,
-            "epoch": pos.epoch,
-            "batch_in_epoch": pos.batch_in_epoch,
-            "world_size": world.world_size,
-            "batch_size": args.batch_size,
-            "rng": rng_per_rank,
-            "config": vars(args),
-        }
-        path = save_checkpoint(state, args.checkpoint_dir, pos.step, keep=args.keep_checkpoints)
-        print(f"checkpoint saved: {path.name}")
-    if world.distributed:
-        # no rank races ahead (or reads) before the file is complete. The others wait here at most
-        # the process group's timeout (init_process_group(timeout=...)): a longer save kills the job
-        dist.barrier()
-
-
-def resume(args: argparse.Namespace, world: DistInfo, training: Training, steps_per_epoch: int) -> Position:
-    """Load the latest good checkpoint into the unwrapped model and its helpers; where to continue."""
-    # weights_only=True: a checkpoint is data, and unpickling arbitrary objects can run code.
-    # map_location: tensors land on this rank's device, not on the device that saved them.
-    # rank 0 picks the file and tells the others: each listing the folder could pick another one
-    ckpt, path = load_latest_on_every_rank(args.checkpoint_dir, map_location=world.device)
-    if ckpt is None:
-        if world.is_main:
-            print(f"no checkpoint in {args.checkpoint_dir}: starting from scratch")
-        return Position()
-    training.raw_model.load_state_dict(ckpt["model"])
-    parts = {"optimizer": training.optimizer, "scheduler": training.scheduler, "scaler": training.scaler}
-    for part, target in parts.items():
-        if part not in args.resume_ignore:
-            target.load_state_dict(ckpt[part])
-    if "optimizer" in args.resume_ignore and "scheduler" not in args.resume_ignore:
-        # the current lr lives in the optimizer's state: put the schedule's back, so that only
-        # the momentum buffers are lost
-        for group, lr in zip(training.optimizer.param_groups, training.scheduler.get_last_lr(), strict=True):
-            group["lr"] = lr
-    if "rng" not in args.resume_ignore:
-        states = ckpt["rng"]
-        if len(states) == world.world_size:
-            restore_rng(states[world.rank])
-        elif world.is_main:  # another world size: each rank keeps its fresh seed + rank generator
-            print(
-                f"the checkpoint holds {len(states)} RNG states for {world.world_size} ranks: not restoring them"
-            )
-    pos = Position(ckpt["step"], ckpt["epoch"], ckpt["batch_in_epoch"])
-    if ckpt["world_size"] != world.world_size:
-        # the world changed size: keep the position in samples, not in per-rank batches
-        done = pos.batch_in_epoch * ckpt["batch_size"] * ckpt["world_size"]
-        pos.batch_in_epoch = done // (args.batch_size * world.world_size)
-    if pos.batch_in_epoch >= steps_per_epoch:
-        pos.epoch, pos.batch_in_epoch = pos.epoch + 1, 0  # saved at the end of an epoch
-    if world.is_main:
-        ignored = f" (ignoring {', '.join(args.resume_ignore)})" if args.resume_ignore else ""
-        print(
-            f"resumed from {path.name}: step {pos.step}, epoch {pos.epoch}, batch {pos.batch_in_epoch}{ignored}"
-        )
-    return pos
 
 
 if __name__ == "__main__":

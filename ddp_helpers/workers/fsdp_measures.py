@@ -1,0 +1,114 @@
+"""What fsdp.py measures: bytes held per rank, bytes each collective moves, and step times.
+
+Kept apart from fsdp.py so that the sharding reads on its own; notebook 08 shows `CollectiveCounter`.
+"""
+
+import inspect
+import math
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+
+def local_bytes(tensors) -> int:
+    """Bytes this rank holds for `tensors`: a DTensor counts its local shard only."""
+    total = 0
+    for t in tensors:
+        t = t.to_local() if hasattr(t, "to_local") else t
+        total += t.numel() * t.element_size()
+    return total
+
+
+def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
+    return local_bytes(v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v))
+
+
+def memory_row(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    params = list(model.parameters())
+    return {
+        "weights": local_bytes(params),
+        "grads": local_bytes(p.grad for p in params if p.grad is not None),
+        "optimizer": optimizer_bytes(optimizer),
+    }
+
+
+class CollectiveCounter:
+    """Counts the bytes of the collectives FSDP2 and ZeRO-1 call, by wrapping torch.distributed's functions.
+
+    torch 2.7's FSDP2 calls all_gather_into_tensor / reduce_scatter_tensor, torch 2.14's
+    all_gather_single / reduce_scatter_single (which may call the former): only the outermost counts.
+    """
+
+    NAMES = {
+        "all_gather_into_tensor": ("all_gather", 0),  # (kind, index of the full-size tensor)
+        "all_gather_single": ("all_gather", 0),
+        "reduce_scatter_tensor": ("reduce_scatter", 1),
+        "reduce_scatter_single": ("reduce_scatter", 1),
+        "broadcast": ("broadcast", 0),  # ZeroRedundancyOptimizer sends each rank's updated weights
+    }
+
+    def __init__(self):
+        self.bytes = {"all_gather": 0, "reduce_scatter": 0, "broadcast": 0}
+        self.calls = {"all_gather": 0, "reduce_scatter": 0, "broadcast": 0}
+        self._depth = 0
+        self._originals = {}
+
+    def __enter__(self):
+        for name, (kind, index) in self.NAMES.items():
+            if hasattr(dist, name):
+                self._originals[name] = original = getattr(dist, name)
+                setattr(dist, name, self._wrap(original, kind, index))
+        return self
+
+    def __exit__(self, *exc):
+        for name, original in self._originals.items():
+            setattr(dist, name, original)
+
+    def _wrap(self, original, kind: str, index: int):
+        def counted(*args, **kwargs):
+            if self._depth == 0:
+                bound = inspect.signature(original).bind(*args, **kwargs).arguments
+                full = list(bound.values())[index]  # the names differ between torch versions
+                self.bytes[kind] += full.numel() * full.element_size()
+                self.calls[kind] += 1
+            self._depth += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._depth -= 1
+
+        return counted
+
+
+def padded_numel(model: nn.Module, world_size: int) -> int:
+    """Elements FSDP2 moves for `model`'s parameters: dim 0 padded to a multiple of the world size."""
+    return sum(
+        math.ceil(p.shape[0] / world_size) * world_size * (p.numel() // p.shape[0])
+        for p in model.parameters()
+    )
+
+
+def timed_steps(step_fn, steps: int, device: torch.device) -> float:
+    """Median seconds per step, after one warm-up step."""
+    times = []
+    for step in range(steps):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        step_fn(step)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if step:
+            times.append(time.perf_counter() - start)
+    slowest = torch.tensor(statistics.median(times) if times else 0.0, device=device)  # nccl: on the GPU
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a step lasts until the slowest rank is done
+    return slowest.item()
+
+
+def gathered(value: dict) -> list[dict]:
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, value)
+    return everyone

@@ -1,0 +1,238 @@
+"""What train.py measures and reports: step and phase timers, each rank's metrics lines, rank 0's summary.
+
+Kept apart from train.py so that the DDP program reads on its own; every figure a notebook shows about a
+training run comes from here (through <run-dir>/metrics/rank{R}.jsonl and <run-dir>/summary.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from ddp_helpers.distributed import DistInfo
+from ddp_helpers.metrics import MetricsWriter
+
+if TYPE_CHECKING:  # train.py imports this module: its classes are only named here, for the types
+    from ddp_helpers.workers.train import Data, Position, Training
+
+
+@dataclass
+class StepTimer:
+    """Seconds per step, leaving out the first `warmup_steps`; reads the clock only when asked to."""
+
+    device: torch.device
+    warmup_steps: int
+    step_times: list[float] = field(default_factory=list)
+    _start: float | None = None
+    _start_step: int = 0
+
+    def _now(self) -> float:
+        # CUDA kernels run asynchronously: without this a timer measures the launch, not the work
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def after_step(self, step: int, read: bool) -> float | None:
+        """The mean step time since the last read, when `read` (and a window is open); else None."""
+        if self._start is None and step >= self.warmup_steps:
+            self._start, self._start_step = self._now(), step
+        if not read:
+            return None
+        now = self._now()  # the one synchronisation per log window
+        if self._start is None or step == self._start_step:
+            return None
+        step_time = (now - self._start) / (step - self._start_step)
+        self.step_times.extend([step_time] * (step - self._start_step))
+        self._start, self._start_step = now, step
+        return step_time
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.step_times) if self.step_times else None
+
+
+@dataclass
+class PhaseTimer:
+    """One step in two phases, on the steps that are logged (each read synchronises the device):
+
+    data_time_s: waiting for the batch. No collective runs here, so it is this rank's own time.
+    train_step_time_s: forward, backward, optimizer. DDP's collectives run here (the gradient
+        all-reduce in backward; the buffer broadcast in forward, for models with buffers), so a
+        rank that is early waits here for the last one: this phase holds the waiting.
+    """
+
+    device: torch.device
+    timed: bool = False
+    data_time_s: float | None = None
+    train_step_time_s: float | None = None
+    _marks: list[float] = field(default_factory=list)
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the GPU's work so far is done, not only queued
+        return time.perf_counter()
+
+    def start(self, timed: bool) -> None:
+        self.timed, self._marks = timed, [self._now()] if timed else []
+
+    def batch_ready(self) -> None:
+        if self.timed:
+            self._marks.append(self._now())
+
+    def step_done(self) -> None:
+        if self.timed:
+            start, ready, done = *self._marks, self._now()
+            self.data_time_s, self.train_step_time_s = ready - start, done - ready
+
+    def fields(self) -> dict[str, float | None]:
+        """The last timed step's phases, for the metrics line (None when the step was not timed)."""
+        if not self.timed:
+            return {"data_time_s": None, "train_step_time_s": None}
+        return {"data_time_s": self.data_time_s, "train_step_time_s": self.train_step_time_s}
+
+
+class Reporter:
+    """Every rank's metrics (JSON lines), rank 0's TensorBoard scalars, and the step timer."""
+
+    def __init__(self, args: argparse.Namespace, world: DistInfo, last_step: int) -> None:
+        self.last_step = last_step
+        self.log_every = args.log_every
+        self.batch_size, self.world_size = args.batch_size, world.world_size
+        self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+        self.timer = StepTimer(world.device, args.warmup_steps)
+        self.phases = PhaseTimer(world.device)
+        self.writer = MetricsWriter(args.run_dir, world.rank)
+        self.tensorboard = None
+        if args.tensorboard and world.is_main:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tensorboard = SummaryWriter(os.path.join(args.run_dir, "tensorboard"))
+
+    def logs(self, step: int) -> bool:
+        """Whether `step` is logged (and its phases timed)."""
+        return step % self.log_every == 0 or step == self.last_step
+
+    def after_step(self, pos: Position, loss: torch.Tensor, training: Training) -> None:
+        log_now = self.logs(pos.step)
+        step_time = self.timer.after_step(pos.step, read=log_now)
+        if not log_now:
+            return
+        loss_value, lr = loss.item(), training.optimizer.param_groups[0]["lr"]
+        scale = training.scaler.get_scale() if training.scaler.is_enabled() else None
+        samples = pos.step * self.batch_size
+        self.writer.log(
+            step=pos.step,
+            epoch=pos.epoch,
+            loss=loss_value,
+            samples=samples,
+            global_samples=samples * self.world_size,
+            step_time_s=step_time,
+            lr=lr,
+            grad_scale=scale,
+            attempt=self.attempt,
+            **self.phases.fields(),
+        )
+        if self.tensorboard:
+            self.tensorboard.add_scalar("loss", loss_value, pos.step)
+            self.tensorboard.add_scalar("lr", lr, pos.step)
+            if step_time:
+                self.tensorboard.add_scalar(
+                    "samples_per_s", self.batch_size * self.world_size / step_time, pos.step
+                )
+
+    def close(self) -> None:
+        self.writer.close()
+        if self.tensorboard:
+            self.tensorboard.close()
+
+
+def mean_over_ranks(value: torch.Tensor, world: DistInfo) -> torch.Tensor:
+    value = value.detach().float().clone()
+    if world.distributed:
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)  # SUM then divide: every backend has SUM
+        value /= world.world_size
+    return value
+
+
+def peak_memory(device: torch.device) -> tuple[int, str]:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device), "cuda_max_memory_allocated"
+    # ru_maxrss is in KiB on Linux: the whole process's peak resident set, not just tensors
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "cpu_peak_rss"
+
+
+def device_memory(args: argparse.Namespace, world: DistInfo) -> dict:
+    """How many devices this process drove, and each one's peak: DataParallel drives every GPU
+    from one process, and GPU 0 holds the most (the gathered outputs, the loss, the gradients)."""
+    if args.mode == "dp" and world.device.type == "cuda" and torch.cuda.device_count() > 1:
+        gpus = range(torch.cuda.device_count())
+        return {
+            "devices": len(gpus),
+            "peak_mem_bytes_per_device": [torch.cuda.max_memory_allocated(i) for i in gpus],
+        }
+    return {"devices": 1 if args.mode != "ddp" else world.world_size, "peak_mem_bytes_per_device": None}
+
+
+def precision_flags(device: torch.device) -> dict:
+    """What "fp32" meant in this run: on Ampere and newer GPUs cuDNN convolutions use TF32 unless
+    cudnn.allow_tf32 is False (its default is True); matmuls do only if matmul.allow_tf32 is True."""
+    flags = {
+        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+        "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "device_capability": None,  # (8, 0) and up: Ampere or newer, where TF32 exists
+    }
+    if device.type == "cuda":
+        flags["device_capability"] = list(torch.cuda.get_device_capability(device))
+    return flags
+
+
+def summarize(
+    args: argparse.Namespace,
+    world: DistInfo,
+    data: Data,
+    training: Training,
+    pos: Position,
+    reporter: Reporter,
+) -> dict:
+    """The summary.json fields that need no collective (the caller adds loss and accuracy)."""
+    global_batch = args.batch_size * world.world_size
+    median_step = reporter.timer.median
+    peak_bytes, peak_kind = peak_memory(world.device)
+    return {
+        "mode": args.mode,
+        "world_size": world.world_size,
+        "backend": world.backend,
+        "device": str(world.device),
+        "amp": args.amp,
+        "model": args.model,
+        "dataset": data.name,
+        "batch_size": args.batch_size,
+        "global_batch_size": global_batch,
+        "steps": pos.step,
+        "epochs": round(pos.step / len(data.loader), 3),
+        "lr": args.lr,
+        "seed": args.seed,
+        "deterministic": args.deterministic,
+        "attempt": reporter.attempt,
+        "samples_per_s": global_batch / median_step if median_step else None,
+        "samples_per_s_per_rank": args.batch_size / median_step if median_step else None,
+        "step_time_median_s": median_step,
+        "timed_steps": len(reporter.timer.step_times),
+        "peak_mem_bytes": peak_bytes,
+        "peak_mem_kind": peak_kind,
+        "grad_scale": training.scaler.get_scale() if training.scaler.is_enabled() else None,
+        "skipped_steps": training.skipped_steps,
+        "num_threads": torch.get_num_threads(),
+        **precision_flags(world.device),
+        "torch_version": torch.__version__,
+        **device_memory(args, world),
+    }
