@@ -154,18 +154,25 @@ def test_digits_dataset_and_resnet18(tmp_path):
     assert (summary["model"], summary["dataset"]) == ("resnet18", "digits")
 
 
+def test_a_bad_flag_ends_the_script_with_argparses_exit_code(tmp_path):
+    proc = run_plain("--mode", "ddp", run_dir=tmp_path)  # as a learner runs it: python train.py ...
+    assert proc.returncode == 2 and "needs torchrun" in proc.stderr
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
         (["--mode", "ddp"], "needs torchrun"),
         (["--batch-size", "0"], "--batch-size must be >= 1"),
         (["--model", "vgg"], "invalid choice"),
+        (["--resume"], "--resume needs --checkpoint-dir"),
     ],
 )
-def test_bad_flags_are_refused(tmp_path, args, message):
-    proc = run_plain(*args, run_dir=tmp_path)
-    assert proc.returncode == 2
-    assert message in proc.stderr
+def test_bad_flags_are_refused(args, message, capsys, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(SystemExit) as info:
+        parse_args(args)
+    assert info.value.code == 2 and message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flag", ["--steps", "--stop-at-step"])
