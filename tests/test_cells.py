@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from IPython.testing.globalipapp import start_ipython
+from IPython.testing import globalipapp
 
 from ddp_helpers import LaunchResult, WorkerFailed, write_worker
 from ddp_helpers.workers import worker_path
@@ -11,7 +11,7 @@ from ddp_helpers.workers import worker_path
 
 @pytest.fixture(scope="module")
 def ipython():
-    shell = start_ipython()
+    shell = globalipapp.get_ipython()  # the one test shell of this process, started on first use
     shell.run_line_magic("load_ext", "ddp_helpers")
     return shell
 

@@ -114,7 +114,9 @@ def test_the_follower_holds_partial_lines_and_keeps_what_a_terminal_shows(tmp_pa
     assert follower.read().nbytes == 0  # not there yet
     path.write_bytes(b"one\ntw")
     read = follower.read()
-    assert (read.lines, read.partial) == (["one"], "tw")
+    assert (read.lines, read.partial) == (["one"], None)  # "tw" came with a whole line: torn, it waits
+    assert follower.read().partial == "tw"  # nothing more came: an unfinished line, shown once
+    assert follower.read().partial is None
     with open(path, "ab") as fh:
         fh.write(b"o\r 10%\r 50%")
     read = follower.read()

@@ -6,7 +6,7 @@ import time
 
 import pytest
 from conftest import assert_no_processes_left
-from IPython.core.interactiveshell import InteractiveShell
+from IPython.testing import globalipapp
 
 import ddp_helpers
 from ddp_helpers.live import magics as live_magics
@@ -59,7 +59,7 @@ def test_the_echo_bounds_bytes_and_keeps_the_whole_line_in_the_log(ranks, capsys
 
 
 def test_the_magic_honours_a_semicolon_and_says_when_nothing_ran(ranks, capsys, monkeypatch):
-    magics = live_magics.RanksMagics(shell=InteractiveShell.instance())
+    magics = live_magics.RanksMagics(shell=globalipapp.get_ipython())
     monkeypatch.setattr(live_magics, "_current", ranks)
     magics.ranks("", "x = 41\nx + 1;")
     assert "Out" not in capsys.readouterr().out
@@ -74,7 +74,7 @@ def test_a_syntax_error_shows_its_line_and_none_of_our_frames(ranks, monkeypatch
     with pytest.raises(SyntaxError) as caught:
         ranks.run("x = 1\nreturn x")
     assert caught.value.text == "return x\n" and caught.value.lineno == 2
-    magics = live_magics.RanksMagics(shell=InteractiveShell.instance())
+    magics = live_magics.RanksMagics(shell=globalipapp.get_ipython())
     monkeypatch.setattr(live_magics, "_current", ranks)
     with pytest.raises(live_magics.CellSyntaxError) as shown:
         magics.ranks("", "await something()")

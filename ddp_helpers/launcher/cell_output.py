@@ -102,7 +102,9 @@ class CellEcho:
             self._held_total += len(texts) - shown
 
     def live(self, label: str, text: str, stderr: bool = False) -> None:
-        """A line still being written (a progress bar's ``\\r`` update): shown now and then, never held."""
+        """A line still being written (a progress bar's ``\\r`` update): shown now and then, never held back.
+
+        While a source has lines held back, its updates are not shown: the report shows its latest line."""
         now = self.clock()
         if label in self._held:
             return  # a source printing faster than the cell shows: its report will show the latest line

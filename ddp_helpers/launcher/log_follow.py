@@ -38,6 +38,7 @@ class FileFollower:
     path: Path
     offset: int = 0
     _pending: bytes = b""
+    _pending_unshown: bool = False  # a part line read together with whole ones, not reported yet
 
     def read(self, final: bool = False) -> FileRead:
         """New complete lines; with `final`, a trailing partial line counts as complete."""
@@ -59,7 +60,12 @@ class FileFollower:
         lines = text.split("\n") if cut >= 0 else []
         if "\r" in text:  # tqdm-style redraws: keep only what a terminal would show
             lines = [line.rstrip("\r").rsplit("\r", 1)[-1] for line in lines]
-        partial = visible_text(self._pending) if chunk and self._pending else None
+        # A part line read together with whole ones is most likely a line torn mid-write: it waits a read.
+        # If the next read brings nothing, the line stays unfinished (a prompt, a bar): it is reported then.
+        partial = None
+        if self._pending and (chunk and not lines or not chunk and self._pending_unshown):
+            partial = visible_text(self._pending)
+        self._pending_unshown = bool(self._pending and chunk and lines)
         return FileRead(lines, partial or None, len(chunk))
 
 

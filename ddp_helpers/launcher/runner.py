@@ -81,9 +81,7 @@ class RunFollower:
                 self.echo.lines(label, texts, stderr=chunk.stream == "stderr")
         if chunk.partial is not None:
             state.last_line = chunk.partial
-            # a progress bar redrawing its line: alive, and shown now and then, on its own stream. A part
-            # line read together with whole ones is a line torn mid-write, not a bar: it waits for its end
-            if shown and not chunk.lines:
+            if shown:  # a progress bar redrawing its line: alive, and shown now and then, on its own stream
                 self.echo.live(label, chunk.partial, stderr=chunk.stream == "stderr")
 
     def on_metrics(self, records: list[dict[str, Any]]) -> None:

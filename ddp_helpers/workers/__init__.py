@@ -9,9 +9,6 @@ def worker_path(name: str) -> Path:
     """The path of a bundled worker, by name ("train") or file name ("train.py")."""
     path = WORKERS_DIR / (name if name.endswith(".py") else f"{name}.py")
     if not path.is_file() or path.name == "__init__.py":
-        runnable = [
-            p for p in WORKERS_DIR.glob("*.py") if p.name != "__init__.py" and "__main__" in p.read_text()
-        ]
-        available = sorted(p.stem for p in runnable)  # not the helper modules beside the workers
+        available = sorted(p.stem for p in WORKERS_DIR.glob("*.py") if p.name != "__init__.py")
         raise FileNotFoundError(f"no bundled worker {name!r}; available: {', '.join(available)}")
     return path

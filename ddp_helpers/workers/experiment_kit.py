@@ -58,7 +58,7 @@ def slowest(value: float, device) -> float:
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """The model options `build_model` reads (shared with inside_ddp.py)."""
+    """The model options `build_model` reads."""
     p.add_argument("--model", default="mlp", help="mlp, or a torchvision model such as resnet50")
     p.add_argument("--width", type=int, default=512, help="MLP width (and input features)")
     p.add_argument("--depth", type=int, default=6, help="MLP hidden layers")
@@ -104,12 +104,12 @@ def gradient_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
-def add_training_arguments(p: argparse.ArgumentParser, steps: int, run_dir: str) -> None:
-    """The options of a timed run that both workers read."""
-    p.add_argument(
-        "--batch-size", type=int, default=32, help="per rank (inside_ddp's no_sync: per micro-batch)"
-    )
-    p.add_argument("--steps", type=int, default=steps, help="training steps per measured configuration")
+def add_training_arguments(
+    p: argparse.ArgumentParser, steps: int, run_dir: str, batch_help: str = "per rank", steps_help: str = ""
+) -> None:
+    """The options of a timed run that both workers read, with each worker's own help where it differs."""
+    p.add_argument("--batch-size", type=int, default=32, help=batch_help)
+    p.add_argument("--steps", type=int, default=steps, help=steps_help or None)
     p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the median")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)

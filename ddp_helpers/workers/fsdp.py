@@ -346,7 +346,9 @@ def main():
         raise SystemExit(f"--global-batch {args.global_batch} does not split evenly over {world_size} ranks")
     # a 1-D mesh: every rank holds 1/world_size of each parameter
     mesh = init_device_mesh(device_type, (world_size,))
-    from ddp_helpers.workers import fsdp_checkpoint  # here: it builds on this file's model and steps
+    # imported here, as it imports this file's model and steps: as the package's module
+    # ddp_helpers.workers.fsdp (so an edited copy of this file runs its own train part only)
+    from ddp_helpers.workers import fsdp_checkpoint
 
     parts = {"train": part_train, "save": fsdp_checkpoint.part_save, "resume": fsdp_checkpoint.part_resume}
     first, *others = args.part

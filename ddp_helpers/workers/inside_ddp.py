@@ -313,7 +313,13 @@ def parse_args(argv: list[str] | None = None):
         "--experiments", default=",".join(EXPERIMENTS), help=f"comma-separated: {', '.join(EXPERIMENTS)}"
     )
     add_model_arguments(p)
-    add_training_arguments(p, steps=10, run_dir="runs/inside_ddp")
+    add_training_arguments(
+        p,
+        steps=10,
+        run_dir="runs/inside_ddp",
+        batch_help="per rank (per micro-batch for no_sync)",
+        steps_help="training steps per measured configuration",
+    )
     p.add_argument("--profile-steps", type=int, default=3)
     p.add_argument("--bucket-cap-mb", type=float, default=None, help="all but buckets; default: DDP's")
     p.add_argument("--bucket-caps", default="1,5,25,100", help="the bucket_cap_mb values to sweep")

@@ -8,6 +8,8 @@ numbers in an order that depends on where the chunk falls. Rank 0 writes what ev
 <run-dir>/summary.json.
 """
 
+import os
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -67,6 +69,7 @@ def sum_order(rank, world, device):
 
 @record
 def main():
+    os.environ.setdefault("DDP_RUN_DIR", "runs/sum_order")  # where report() writes summary.json
     info = setup_distributed()
     if info.world_size < 2:
         raise SystemExit(

@@ -1,10 +1,12 @@
-"""train.py's command line: train an image classifier on one device, with DataParallel, or with DDP.
+"""Train an image classifier on one device, with DataParallel, or with DDP (train.py's command line).
 
     python train.py --mode single --steps 50
     python train.py --mode dp --steps 50                 # one process, all visible GPUs
     torchrun --nproc-per-node 2 train.py --steps 50      # DDP, one process per GPU (or 2 on the CPU)
 
-Every option, its default and its check; a bad value is refused before any process group exists.
+Each rank appends one JSON line per logged step to <run-dir>/metrics/rank{R}.jsonl, and rank 0 writes
+<run-dir>/summary.json at the end. Every option, its default and its check, are here: a bad value is
+refused before any process group exists.
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ from ddp_helpers.distributed import DistInfo
 from ddp_helpers.metrics import MetricsWriter
 
 if TYPE_CHECKING:  # train.py imports this module: its classes are only named here, for the types
-    from ddp_helpers.workers.train import Data, Position, Training
+    from ddp_helpers.workers.train import Data, Training
+    from ddp_helpers.workers.train_checkpoint import Position
 
 
 @dataclass
