@@ -138,16 +138,22 @@ def test_multinode_lines_wait_for_the_workers_own_rank(tmp_path):
     assert tail.rank_file(2, "stdout.log") == log
 
 
-def test_the_echo_is_bounded_and_says_what_it_held_back():
+def echo_on_a_fake_clock(burst: int) -> tuple[CellEcho, list[str], list[float]]:
+    """A CellEcho at 10 lines/s whose clock is now[0], and the lines it wrote."""
     now = [0.0]
     shown: list[str] = []
     echo = CellEcho(
         "/runs/x/logs",
         write=lambda text, stderr: shown.append(text),
         lines_per_s=10,
-        burst=5,
+        burst=burst,
         clock=lambda: now[0],
     )
+    return echo, shown, now
+
+
+def test_the_echo_is_bounded_and_says_what_it_held_back():
+    echo, shown, now = echo_on_a_fake_clock(burst=5)
     for i in range(100):
         echo.line("rank 0", f"line {i}")
     assert shown == [f"[rank 0] line {i}" for i in range(5)]
@@ -161,15 +167,7 @@ def test_the_echo_is_bounded_and_says_what_it_held_back():
 
 def test_a_held_back_source_reports_its_real_last_line_even_after_the_bucket_refills():
     """A flood's last line comes after a pause: it must not jump ahead of the held lines' report."""
-    now = [0.0]
-    shown: list[str] = []
-    echo = CellEcho(
-        "/runs/x/logs",
-        write=lambda text, stderr: shown.append(text),
-        lines_per_s=10,
-        burst=2,
-        clock=lambda: now[0],
-    )
+    echo, shown, now = echo_on_a_fake_clock(burst=2)
     echo.lines("rank 0", [f"flood {i}" for i in range(10)])
     now[0] = 1.0  # ten tokens back, but rank 0 still has lines held back
     echo.lines("rank 0", ["LAST LINE"])
