@@ -36,3 +36,19 @@ def test_stop_run_kills_what_ignores_sigterm_reaps_the_root_and_may_run_twice():
     assert not psutil.pid_exists(proc.pid)  # reaped: no zombie of the kernel
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
     assert stop_run(tree, proc, grace_s=0.5) == []  # a second stop (launch's finally) finds nothing
+
+
+def test_stop_run_reaps_a_run_whose_popen_lock_an_interrupt_left_held():
+    """CPython's Popen.poll() leaves its lock held when a KeyboardInterrupt lands between its acquire
+    and its try; Popen.wait() then blocks forever. An interrupted launch hung so. stop_run must not."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    assert proc._waitpid_lock.acquire(blocking=False)  # the state such an interrupt leaves
+    try:
+        started = time.monotonic()
+        stop_run(ProcessTree(proc.pid), proc, grace_s=0.5)
+        assert proc.returncode == -15  # reaped, and its SIGTERM shows
+        assert time.monotonic() - started < 5
+        assert not psutil.pid_exists(proc.pid)
+    finally:
+        proc._waitpid_lock.release()
+        proc.kill()

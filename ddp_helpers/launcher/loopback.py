@@ -24,6 +24,7 @@ from pathlib import Path
 
 from .machine import visible_gpus
 from .process_tree import ProcessTree
+from .processes import exit_code, wait_for_exit
 
 
 @dataclass(frozen=True)
@@ -109,9 +110,11 @@ class ElasticNode:
         torchrun starts each worker in a session of its own, so signalling the agent's group alone
         would leave its workers running: every process of the tree is signalled.
         """
-        if self.process.poll() is None:
+        if exit_code(self.process) is None:
             ProcessTree(self.process.pid).signal_all(sig)
-        return self.process.wait(timeout=timeout_s)
+        if not wait_for_exit(self.process, timeout_s):
+            raise subprocess.TimeoutExpired(self.process.args, timeout_s)
+        return self.process.returncode
 
 
 def start_elastic_node(
@@ -181,7 +184,7 @@ def wait_for_line(nodes: Sequence[ElasticNode], pattern: str, timeout_s: float) 
                 if match := compiled.search(line):
                     return match
         timed_out = time.monotonic() > deadline
-        if timed_out or all(node.process.poll() is not None for node in nodes):
+        if timed_out or all(exit_code(node.process) is not None for node in nodes):
             for node in nodes:
                 node.stop()
             tails = {node.name: node.lines()[-5:] for node in nodes}

@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import time
 
 from .config import LaunchConfig
 from .lifeline import die_with_owner
@@ -67,12 +69,36 @@ def stop_run(tree: ProcessTree, proc: subprocess.Popen[bytes], grace_s: float) -
     and close its lifeline. Returns the pids that needed SIGKILL. Safe to call again.
     """
     killed = tree.terminate(grace_s)
-    try:
-        proc.wait(timeout=grace_s + 5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    if not wait_for_exit(proc, grace_s + 5):
+        os.kill(proc.pid, signal.SIGKILL)  # not reaped yet, so the pid is still ours
+        wait_for_exit(proc, None)
     lifeline = getattr(proc, "lifeline", None)
     if lifeline is not None:
         lifeline.close()
     return killed
+
+
+# Popen.poll() and wait() take a lock that CPython's subprocess module leaves held when a KeyboardInterrupt
+# lands between its acquire and its try (seen here: an interrupted launch then waited forever for a
+# torchrun that was already a zombie). This process is the only one that waits for its runs, so it asks
+# the kernel directly, without that lock.
+def exit_code(proc: subprocess.Popen[bytes]) -> int | None:
+    """The run's exit code (negative: the signal that ended it), or None while it runs. Reaps it."""
+    if proc.returncode is None:
+        try:
+            pid, status = os.waitpid(proc.pid, os.WNOHANG)
+        except ChildProcessError:  # already reaped (SIGCHLD ignored): its status is lost, as Popen says
+            pid, status = proc.pid, 0
+        if pid == proc.pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode
+
+
+def wait_for_exit(proc: subprocess.Popen[bytes], timeout_s: float | None) -> bool:
+    """Wait up to `timeout_s` (None: for as long as it takes) for the run to end; True if it did."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while exit_code(proc) is None:
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True

@@ -15,7 +15,7 @@ from .diagnosis import diagnose, strip_rank_prefix
 from .log_follow import FileFollower, LogChunk, RankLogTail
 from .options import OPTIONS, with_options
 from .process_tree import ProcessTree
-from .processes import start_run, stop_run
+from .processes import exit_code, start_run, stop_run
 from .progress import StepProgress, resolve_progress
 from .resources import ResourceSampler
 from .result import LaunchResult
@@ -286,7 +286,7 @@ def run_config(config: LaunchConfig, progress: str | None = None) -> LaunchResul
         last_refresh = 0.0
         while True:
             run.poll_files()
-            if proc.poll() is not None:
+            if exit_code(proc) is not None:
                 break
             now = time.monotonic()
             # across nodes, a rank's lines wait until its worker says who it is: look sooner

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from ..launcher.processes import exit_code
 from . import recovery
 from .protocol import Exited, Reply, Request
 from .session import Session
@@ -48,7 +49,7 @@ def request(
 
     def watch() -> None:  # between two waits: echo, and notice a dead torchrun or a silent rank
         session.follow()
-        if session.proc.poll() is not None:
+        if exit_code(session.proc) is not None:
             raise recovery.died(session, None)
         if timeout is not None and pending:
             now = time.monotonic()

@@ -25,7 +25,7 @@ from ..errors import LaunchInterrupted, LaunchTimeout
 from ..launcher.config import LaunchConfig
 from ..launcher.diagnosis import STDERR_TAIL_LINES
 from ..launcher.process_tree import ProcessTree
-from ..launcher.processes import start_run, stop_run
+from ..launcher.processes import exit_code, start_run, stop_run, wait_for_exit
 from ..launcher.runner import RunFollower
 from . import protocol
 from .protocol import Hello, Reply, Request, Shutdown
@@ -102,7 +102,7 @@ class Session:
 
     @property
     def alive(self) -> bool:
-        return not self.closed and self.proc is not None and self.proc.poll() is None
+        return not self.closed and self.proc is not None and exit_code(self.proc) is None
 
     def _listen(self, authkey: bytes) -> socket.socket:
         """The socket the ranks connect back to, and the environment that tells them where it is."""
@@ -131,7 +131,7 @@ class Session:
         try:
             while len(links) < nproc:
                 self.follow()
-                if self.proc.poll() is not None:
+                if exit_code(self.proc) is not None:
                     raise self.run.failure(self.proc.returncode)
                 if time.monotonic() > deadline:
                     raise LaunchTimeout(
@@ -229,10 +229,7 @@ class Session:
             except OSError:
                 pass
         if self.proc is not None:
-            try:
-                self.proc.wait(timeout=self.config.grace_s + 5)
-            except subprocess.TimeoutExpired:
-                pass
+            wait_for_exit(self.proc, self.config.grace_s + 5)
             self.follow(final=True)
         self.stop()
 
