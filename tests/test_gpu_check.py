@@ -88,7 +88,7 @@ def test_a_notebook_still_running_at_the_deadline_is_interrupted(tmp_path):
         "--modes",
         "smoke,full",
         "--deadline-s",
-        "20",  # the kernel starts within it; the 600 s cell runs past it
+        "30",  # the kernel starts within it, under load too (20 was too short); the 600 s cell runs past it
         "--out",
         str(tmp_path / "out"),
         "--work",
