@@ -6,11 +6,12 @@ import json
 import math
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from ddp_helpers import WorkerFailed, launch
+from ddp_helpers import WorkerFailed, launch, read_metrics, read_summary
 from ddp_helpers.workers import worker_path
 from ddp_helpers.workers.train import RESUME_PARTS, parse_args
 
@@ -50,6 +51,24 @@ def plain_run_fixture(*args):
         return run_dir, proc
 
     return fixture
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """Two gloo ranks that stay up (live ranks, as notebooks 02 and 04 use them). The tests on them check
+    what train.py computes, not how it starts: each runs a fresh main(argv) there, for one job's start-up."""
+    from ddp_helpers.live.ranks import start_ranks
+
+    ranks = start_ranks(2, backend="gloo", show_ranks="none", run_dir=tmp_path_factory.mktemp("live"))
+    ranks.import_file(TRAIN, "train")
+    yield ranks
+    ranks.shutdown()
+
+
+def train_on(ranks, *args, run_dir):
+    """train.py's main(argv) on the live ranks, writing into run_dir: its metrics and summary."""
+    ranks.run(f"train.main({[str(a) for a in (*args, '--run-dir', run_dir)]!r})")
+    return SimpleNamespace(metrics=read_metrics(run_dir), summary=read_summary(run_dir))
 
 
 single_run = plain_run_fixture(*TINY, "--steps", 6, "--tensorboard")  # fp32, one process
@@ -184,10 +203,10 @@ def test_tensorboard_flag_says_how_to_install_it_when_missing(tmp_path):
     assert "pip install tensorboard" in proc.stderr
 
 
-def test_eval_accuracy_is_exact_over_an_uneven_test_split(tmp_path):
+def test_eval_accuracy_is_exact_over_an_uneven_test_split(two_ranks, tmp_path):
     # digits' test split has 299 images: 2 ranks score 150 and 149, none counted twice
-    result = launch(
-        TRAIN,
+    result = train_on(
+        two_ranks,
         "--dataset",
         "digits",
         "--epochs",
@@ -197,7 +216,6 @@ def test_eval_accuracy_is_exact_over_an_uneven_test_split(tmp_path):
         "--eval",
         "--log-every",
         10,
-        nproc=2,
         run_dir=tmp_path,
     )
     assert result.summary["eval_samples"] == 299
@@ -245,10 +263,8 @@ def test_summary_counts_the_devices_a_process_drives(dp_run):
 # --- notebook 03: fp16 with a GradScaler on any device, every skipped step counted, the TF32 flags
 
 
-def test_fp16_on_the_cpu_trains_with_a_grad_scaler(tmp_path):
-    result = launch(
-        TRAIN, *TINY, "--amp", "fp16", "--steps", 12, "--lr", 0.1, nproc=2, backend="gloo", run_dir=tmp_path
-    )
+def test_fp16_on_the_cpu_trains_with_a_grad_scaler(two_ranks, tmp_path):
+    result = train_on(two_ranks, *TINY, "--amp", "fp16", "--steps", 12, "--lr", 0.1, run_dir=tmp_path)
     summary = result.summary
     assert (summary["amp"], summary["world_size"], summary["backend"]) == ("fp16", 2, "gloo")
     # the scaler ran: its scale is reported, and GradScaler's default start (2**16) skips no step here
@@ -258,11 +274,11 @@ def test_fp16_on_the_cpu_trains_with_a_grad_scaler(tmp_path):
     assert per_step.iloc[-3:].mean() < per_step.iloc[:3].mean(), per_step.tolist()
 
 
-def test_an_overflow_on_one_rank_skips_the_step_on_every_rank(tmp_path):
+def test_an_overflow_on_one_rank_skips_the_step_on_every_rank(two_ranks, tmp_path):
     # steps 1 and 2 come before the first log (step 5) and 7 between logs: every one is counted
     forced = [1, 2, 7]
-    result = launch(
-        TRAIN,
+    result = train_on(
+        two_ranks,
         *TINY,
         "--log-every",
         5,
@@ -276,8 +292,6 @@ def test_an_overflow_on_one_rank_skips_the_step_on_every_rank(tmp_path):
         *forced,
         "--overflow-rank",
         1,
-        nproc=2,
-        backend="gloo",
         run_dir=tmp_path,
     )
     start = torch.amp.GradScaler("cpu").get_scale()
