@@ -47,19 +47,21 @@ venv: $(STAMP)
 lab: venv
 	PATH="$(abspath $(VENV))/bin:$$PATH" LAB_PORT=$(LAB_PORT) bash scripts/lab.sh
 
+# --dist loadgroup: a test module marked xdist_group (one whose module-scoped fixture starts a job) runs on
+# one xdist worker, so that job starts once; every other test goes to whichever worker is free.
 test: venv
-	$(call run_pytest,$(PY),make test,-n 2)
+	$(call run_pytest,$(PY),make test,-n 2 --dist loadgroup)
 
 # The notebooks on a machine shape a CPU can stand in for: nproc=1 (a one-GPU box), in smoke mode, and the
 # multi-node notebook at full size. The odd world (nproc=3) runs in test-compat, so no stage repeats a shape.
 test-shapes: export DDP_TEST_SHAPES = 1
 test-shapes: venv
-	$(call run_pytest,$(PY),make test-shapes,-n 2 tests/test_notebooks.py -k "nproc or full_size")
+	$(call run_pytest,$(PY),make test-shapes,-n 2 --dist loadgroup tests/test_notebooks.py -k "nproc or full_size")
 
 # Every test against the oldest supported torch (the container's); the notebooks there run at nproc=3.
 test-compat: export DDP_TEST_NPROC = 3
 test-compat: $(COMPAT_STAMP)
-	$(call run_pytest,$(COMPAT_PY),make test-compat,-n 2)
+	$(call run_pytest,$(COMPAT_PY),make test-compat,-n 2 --dist loadgroup)
 
 # JupyterLab in a real browser: Debian's Chromium (apt, when missing and possible) driven by Playwright.
 test-browser: venv

@@ -12,6 +12,10 @@ import torch
 from ddp_helpers import launch
 from ddp_helpers.workers import worker_path
 
+# Its module-scoped fixture starts a job: with `--dist loadgroup` one xdist worker runs the whole
+# module, so the job starts once, not once per worker.
+pytestmark = pytest.mark.xdist_group("test_fsdp")
+
 # 32 features, two 48-wide blocks, 10 classes: 12 parameter tensors; 48 rows split 24/24 or 16/16/16
 TINY = ["--width", "48", "--depth", "2", "--global-batch", "12"]
 # pytorch#162338: FSDP2 on gloo sums the gradients instead of averaging them (seen on 2.7; fixed by 2.9)

@@ -11,6 +11,10 @@ import ddp_helpers
 from ddp_helpers import LaunchInterrupted, RankError, WorkerFailed
 from ddp_helpers.errors import ValueNotReturned
 
+# Its module-scoped fixture starts a job: with `--dist loadgroup` one xdist worker runs the whole
+# module, so the job starts once, not once per worker.
+pytestmark = pytest.mark.xdist_group("test_live_failures")
+
 PROMPT_S = 8.0  # a rank that left is reported this soon (the old report waited 13 s for torchrun)
 
 

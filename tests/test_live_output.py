@@ -11,6 +11,10 @@ from IPython.testing import globalipapp
 import ddp_helpers
 from ddp_helpers.live import magics as live_magics
 
+# Its module-scoped fixture starts a job: with `--dist loadgroup` one xdist worker runs the whole
+# module, so the job starts once, not once per worker.
+pytestmark = pytest.mark.xdist_group("test_live_output")
+
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):

@@ -20,6 +20,10 @@ from conftest import assert_no_processes_left
 import ddp_helpers
 from ddp_helpers import InvalidLaunchArguments, LaunchInterrupted, LaunchTimeout, RankError, WorkerFailed
 
+# Its module-scoped fixture starts a job: with `--dist loadgroup` one xdist worker runs the whole
+# module, so the job starts once, not once per worker.
+pytestmark = pytest.mark.xdist_group("test_live_ranks")
+
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
@@ -122,6 +126,7 @@ def test_a_hang_names_the_stuck_rank_and_its_line_then_restart_and_a_death(tmp_p
 
 KERNEL = """
 import sys, ddp_helpers
+
 ranks = ddp_helpers.start_ranks(nproc=2, backend="gloo", run_dir=sys.argv[1])
 ranks.run("import time")
 print(" ".join(str(pid) for pid in ranks.pids.values()), flush=True)

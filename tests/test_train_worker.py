@@ -15,6 +15,10 @@ from ddp_helpers import WorkerFailed, launch, read_metrics, read_summary
 from ddp_helpers.workers import worker_path
 from ddp_helpers.workers.train import RESUME_PARTS, parse_args
 
+# Its module-scoped fixture starts a job: with `--dist loadgroup` one xdist worker runs the whole
+# module, so the job starts once, not once per worker.
+pytestmark = pytest.mark.xdist_group("test_train_worker")
+
 TRAIN = str(worker_path("train"))
 TINY = ["--num-samples", "256", "--hidden", "32", "--log-every", "1"]
 SUMMARY_KEYS = {
