@@ -1,5 +1,5 @@
 """FSDP2 against one process (with pytorch#162338 detected and fixed where this torch has it), ZeRO-1,
-the bytes FSDP2 sends, and a DCP checkpoint saved on 2 ranks and loaded on 3, on gloo ranks."""
+the bytes FSDP2 sends, and a DCP checkpoint saved on 2 gloo ranks (notebook 08 loads it on 3)."""
 
 from __future__ import annotations
 

@@ -297,8 +297,7 @@ def main(argv: list[str] | None = None) -> None:
     world = setup(args)
     if args.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    # set either way: live ranks run main() several times in one process, and one run's mode must not stay
-    torch.use_deterministic_algorithms(args.deterministic)
+    torch.use_deterministic_algorithms(args.deterministic)  # either way: live ranks run main() again
     torch.backends.cudnn.benchmark = world.device.type == "cuda" and not args.deterministic
 
     data = build_data(args, world)
