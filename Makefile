@@ -11,6 +11,12 @@ COMPAT_PY := $(COMPAT_VENV)/bin/python
 COMPAT_STAMP := $(COMPAT_VENV)/.installed-stamp
 COMPAT_TORCH := constraints/torch-2.7.txt
 
+# pip installs without compiling bytecode (--no-compile, below: compiling all 190 MB of the venv's Python
+# takes about 35 s, and most of it is never imported). Each module is compiled when it is first imported
+# and its .pyc written then. That needs writing allowed: with PYTHONDONTWRITEBYTECODE, which containers
+# often set, every process would compile torch again (4 CPU-seconds each).
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: venv lab test test-shapes test-compat test-browser test-slurm notebooks notebook-times bench lint gpu-check clean
 
 # Rebuilt when pyproject.toml changes, so `make test` always runs against the declared dependencies.
@@ -20,7 +26,7 @@ define make_venv
 		{ echo "Python 3.11 or newer is needed (found $$($(PYTHON) --version)); set PYTHON=..."; exit 1; }
 	@test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
 	$(1)/bin/python -m pip install --quiet --upgrade pip
-	$(1)/bin/python -m pip install --quiet $(2) -e '.[lab,test]'
+	$(1)/bin/python -m pip install --quiet --no-compile $(2) -e '.[lab,test]'
 	@touch $(1)/.installed-stamp
 endef
 

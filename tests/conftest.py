@@ -21,9 +21,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def pytest_collection_modifyitems(config, items):
-    # The notebooks are the longest tests: started first, they do not leave one xdist worker running a
-    # chapter alone at the end while the other sits idle.
-    items.sort(key=lambda item: "notebooks" not in item.keywords)
+    # The longest units of work start first, so that no xdist worker runs one alone at the end while the
+    # other sits idle: the notebooks, then each xdist_group module (its tests run as one unit).
+    items.sort(
+        key=lambda item: ("notebooks" not in item.keywords, item.get_closest_marker("xdist_group") is None)
+    )
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; this machine has none")

@@ -1,7 +1,10 @@
-"""workers/train.py, run as the learner runs it: plain python, and torchrun through launch()."""
+"""workers/train.py: its main() in this process (a world of one), one run as plain python, and torchrun
+through launch() or on live ranks."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import subprocess
@@ -12,7 +15,7 @@ import pytest
 import torch
 
 from ddp_helpers import WorkerFailed, launch, read_metrics, read_summary
-from ddp_helpers.workers import worker_path
+from ddp_helpers.workers import train, worker_path
 from ddp_helpers.workers.train import RESUME_PARTS, parse_args
 
 # Its module-scoped fixture starts a job: with `--dist loadgroup` one xdist worker runs the whole
@@ -36,6 +39,7 @@ METRIC_KEYS = {"rank", "step", "epoch", "loss", "samples", "step_time_s", "time"
 
 
 def run_plain(*args, run_dir):
+    """The worker as a learner runs it, `python train.py ...`: a new interpreter, its exit code and output."""
     return subprocess.run(
         [sys.executable, TRAIN, *map(str, args), "--run-dir", str(run_dir)],
         capture_output=True,
@@ -44,15 +48,22 @@ def run_plain(*args, run_dir):
     )
 
 
-def plain_run_fixture(*args):
-    """A module-scoped run of the worker under plain python, shared by the tests that read it: its run dir."""
+def run_here(*args, run_dir):
+    """train.main(argv) in this process, a world of one as under plain python, without a new interpreter's
+    torch import: what it printed."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        train.main([*map(str, args), "--run-dir", str(run_dir)])
+    return printed.getvalue()
+
+
+def run_here_fixture(*args):
+    """A module-scoped run of main() in this process, shared by the tests that read it: its run dir and output."""
 
     @pytest.fixture(scope="module")
     def fixture(tmp_path_factory):
         run_dir = tmp_path_factory.mktemp("plain")
-        proc = run_plain(*args, run_dir=run_dir)
-        assert proc.returncode == 0, proc.stderr
-        return run_dir, proc
+        return run_dir, run_here(*args, run_dir=run_dir)
 
     return fixture
 
@@ -75,8 +86,8 @@ def train_on(ranks, *args, run_dir):
     return SimpleNamespace(metrics=read_metrics(run_dir), summary=read_summary(run_dir))
 
 
-single_run = plain_run_fixture(*TINY, "--steps", 6, "--tensorboard")  # fp32, one process
-dp_run = plain_run_fixture(*TINY, "--mode", "dp", "--steps", 3)
+single_run = run_here_fixture(*TINY, "--steps", 6, "--tensorboard")  # fp32, one process
+dp_run = run_here_fixture(*TINY, "--mode", "dp", "--steps", 3)
 
 
 def test_single_process_writes_metrics_and_summary(single_run):
@@ -125,15 +136,14 @@ def test_injected_fault_names_the_rank(tmp_path):
 
 
 def test_dataparallel_on_cpu_says_it_runs_unsplit(dp_run):
-    tmp_path, proc = dp_run
+    tmp_path, printed = dp_run
     if not torch.cuda.is_available():
-        assert "runs the module on one device" in proc.stdout
+        assert "runs the module on one device" in printed
     assert json.loads((tmp_path / "summary.json").read_text())["mode"] == "dp"
 
 
 def test_bf16_on_cpu_gives_finite_losses(tmp_path):
-    proc = run_plain(*TINY, "--amp", "bf16", "--steps", 4, run_dir=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    run_here(*TINY, "--amp", "bf16", "--steps", 4, run_dir=tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["amp"] == "bf16" and math.isfinite(summary["final_loss"])
     # the AMP fields: no scaler with bf16, and memory labelled for what it measures
@@ -144,10 +154,7 @@ def test_bf16_on_cpu_gives_finite_losses(tmp_path):
 
 
 def test_digits_dataset_and_resnet18(tmp_path):
-    proc = run_plain(
-        "--model", "resnet18", "--dataset", "digits", "--batch-size", 16, "--steps", 2, run_dir=tmp_path
-    )
-    assert proc.returncode == 0, proc.stderr
+    run_here("--model", "resnet18", "--dataset", "digits", "--batch-size", 16, "--steps", 2, run_dir=tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert (summary["model"], summary["dataset"]) == ("resnet18", "digits")
 
@@ -196,15 +203,12 @@ def test_fp16_with_grad_scaler_on_gpu(tmp_path):
     assert math.isfinite(result.summary["final_loss"])
 
 
-def test_tensorboard_flag_says_how_to_install_it_when_missing(tmp_path):
-    hide = (
-        "import runpy, sys; sys.modules['tensorboard'] = None; "
-        f"sys.argv = ['train.py', '--tensorboard', '--run-dir', {str(tmp_path)!r}]; "
-        f"runpy.run_path({TRAIN!r}, run_name='__main__')"
-    )
-    proc = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    assert "pip install tensorboard" in proc.stderr
+def test_tensorboard_flag_says_how_to_install_it_when_missing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # `import tensorboard` now raises ImportError
+    with pytest.raises(SystemExit) as exit_info:
+        run_here("--tensorboard", run_dir=tmp_path)
+    assert exit_info.value.code == 2
+    assert "pip install tensorboard" in capsys.readouterr().err
 
 
 def test_eval_accuracy_is_exact_over_an_uneven_test_split(two_ranks, tmp_path):
@@ -307,8 +311,7 @@ def test_an_overflow_on_one_rank_skips_the_step_on_every_rank(two_ranks, tmp_pat
 
 
 def test_without_a_scaler_an_overflow_is_not_skipped(tmp_path):
-    proc = run_plain(*TINY, "--amp", "bf16", "--steps", 4, "--overflow-at-steps", 2, run_dir=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    run_here(*TINY, "--amp", "bf16", "--steps", 4, "--overflow-at-steps", 2, run_dir=tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
     # bf16 runs without a GradScaler: nothing skips the step, the NaN reaches the weights and the loss
     assert summary["skipped_steps"] == 0 and math.isnan(summary["final_loss"])
