@@ -34,7 +34,7 @@ endef
 # pytest's exit 5 (no tests ran) is a failure.
 define run_pytest
 	@start=$$(date +%s); \
-	$(1) -c 'import torch, torchvision; print("$(2): torch", torch.__version__, "torchvision", torchvision.__version__)'; \
+	$(1) -c 'from importlib.metadata import version as v; print("$(2): torch", v("torch"), "torchvision", v("torchvision"))'; \
 	$(1) -m pytest $(3); status=$$?; \
 	echo "$(2): $$(( $$(date +%s) - start ))s, pytest exit $$status"; \
 	if [ $$status -eq 5 ]; then echo "pytest ran no test: that is a failure"; exit 1; fi; \

@@ -135,8 +135,13 @@ ranks.run("time.sleep(600)", ranks=[0])  # rank 0 busy in a cell, rank 1 idle, w
 
 
 def test_no_rank_outlives_a_killed_kernel(tmp_path):
+    temp = tmp_path / "tmp"  # where the kernel makes the folder of its socket
+    temp.mkdir()
     kernel = subprocess.Popen(
-        [sys.executable, "-c", KERNEL, str(tmp_path / "r")], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", KERNEL, str(tmp_path / "r")],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(temp)},
     )
     try:
         pids = [int(p) for p in kernel.stdout.readline().split()]
@@ -149,6 +154,7 @@ def test_no_rank_outlives_a_killed_kernel(tmp_path):
             time.sleep(0.2)
         assert not any(_running(p) for p in pids)
         assert_no_processes_left(str(tmp_path), wait_s=10)
+        assert [p.name for p in temp.iterdir()] == []  # the ranks removed the socket's folder on their way out
     finally:
         kernel.kill()
 
