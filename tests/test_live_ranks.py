@@ -154,7 +154,7 @@ def test_no_rank_outlives_a_killed_kernel(tmp_path):
             time.sleep(0.2)
         assert not any(_running(p) for p in pids)
         assert_no_processes_left(str(tmp_path), wait_s=10)
-        assert [p.name for p in temp.iterdir()] == []  # the ranks removed the socket's folder on their way out
+        assert [p.name for p in temp.iterdir()] == []  # the ranks removed the socket's folder
     finally:
         kernel.kill()
 
