@@ -72,7 +72,7 @@ test-compat: $(COMPAT_STAMP)
 # JupyterLab in a real browser: Debian's Chromium (apt, when missing and possible) driven by Playwright.
 test-browser: venv
 	bash scripts/install_chromium.sh
-	$(PY) -m pip install --quiet -e '.[lab,test,browser]'
+	$(PY) -m pip install --quiet --no-compile -e '.[lab,test,browser]'
 	$(call run_pytest,$(PY),make test-browser (screenshots in runs/screenshots/),-m browser)
 
 # The generated sbatch file on a real SLURM: Debian's slurm-wlm and munge (apt, when missing and possible),

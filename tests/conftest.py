@@ -21,11 +21,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def pytest_collection_modifyitems(config, items):
-    # The longest units of work start first, so that no xdist worker runs one alone at the end while the
-    # other sits idle: the notebooks, then each xdist_group module (its tests run as one unit).
-    items.sort(
-        key=lambda item: ("notebooks" not in item.keywords, item.get_closest_marker("xdist_group") is None)
-    )
+    # The notebooks are the longest single tests: started first, they do not leave one xdist worker running
+    # a chapter alone at the end while the other sits idle. (`--dist loadgroup` hands out the xdist_group
+    # modules, its larger units of work, before any single test: pytest-xdist's --loadscope-reorder.)
+    items.sort(key=lambda item: "notebooks" not in item.keywords)
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; this machine has none")

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import _thread
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import nbformat
 import papermill
@@ -135,8 +138,8 @@ ranks.run("time.sleep(600)", ranks=[0])  # rank 0 busy in a cell, rank 1 idle, w
 
 
 def test_no_rank_outlives_a_killed_kernel(tmp_path):
-    temp = tmp_path / "tmp"  # where the kernel makes the folder of its socket
-    temp.mkdir()
+    # where the kernel makes the folder of its socket: short, since a socket's path has at most 107 bytes
+    temp = Path(tempfile.mkdtemp(prefix="ddp-test-"))
     kernel = subprocess.Popen(
         [sys.executable, "-c", KERNEL, str(tmp_path / "r")],
         stdout=subprocess.PIPE,
@@ -154,9 +157,10 @@ def test_no_rank_outlives_a_killed_kernel(tmp_path):
             time.sleep(0.2)
         assert not any(_running(p) for p in pids)
         assert_no_processes_left(str(tmp_path), wait_s=10)
-        assert [p.name for p in temp.iterdir()] == []  # the ranks removed the socket's folder
+        assert [p.name for p in temp.iterdir()] == []  # the kernel removed the socket's folder in time
     finally:
         kernel.kill()
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def _running(pid: int) -> bool:

@@ -21,7 +21,6 @@ import linecache
 import os
 import pickle
 import select
-import shutil
 import signal
 import socket
 import sys
@@ -150,11 +149,6 @@ def cell_traceback(error: BaseException) -> str:
     return "".join(lines).rstrip()
 
 
-def remove_socket_folder() -> None:
-    """The kernel's folder for the socket, once the kernel is gone: a killed kernel cannot remove it."""
-    shutil.rmtree(os.path.dirname(os.environ[ADDRESS_ENV]), ignore_errors=True)
-
-
 def watch_for_kernel_exit(conn: Connection) -> None:
     """Exit as soon as the kernel's end of the socket closes, even in the middle of a long cell."""
     with socket.socket(fileno=os.dup(conn.fileno())) as sock:
@@ -170,7 +164,6 @@ def watch_for_kernel_exit(conn: Connection) -> None:
                 if not data:  # EOF: the kernel is gone
                     sys.stdout.flush()
                     sys.stderr.flush()
-                    remove_socket_folder()
                     REAL_EXIT(0)
                 threading.Event().wait(0.5)  # a message waits for the main thread; do not spin on it
 
@@ -226,8 +219,7 @@ def serve(conn: Connection, cells: Cells) -> None:
         try:
             request = conn.recv()
         except (EOFError, OSError):
-            remove_socket_folder()  # the kernel is gone
-            return
+            return  # the kernel is gone
         except KeyboardInterrupt:
             continue  # an interrupt that arrived after the cell ended
         if isinstance(request, Shutdown):

@@ -99,6 +99,9 @@ class Session:
             raise
         finally:
             listener.close()
+            # Every rank has connected (or none will): the socket's file is needed no more, and a killed
+            # kernel could not remove its folder later. The connections outlive the file.
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
 
     @property
     def alive(self) -> bool:
