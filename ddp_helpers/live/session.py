@@ -246,7 +246,6 @@ class Session:
         self.links = {}
         if self.proc is not None:
             stop_run(self.tree, self.proc, self.config.grace_s)
-        shutil.rmtree(self._socket_dir, ignore_errors=True)
         self.closed = True
 
 
