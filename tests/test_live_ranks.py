@@ -163,6 +163,15 @@ def test_no_rank_outlives_a_killed_kernel(tmp_path):
         shutil.rmtree(temp, ignore_errors=True)
 
 
+def test_a_socket_path_too_long_is_refused_clearly_and_leaves_nothing(tmp_path, monkeypatch):
+    long = tmp_path / ("x" * 100)  # TMPDIR: the socket's path would pass the 107 bytes Linux allows
+    long.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(long))
+    with pytest.raises(OSError, match="set TMPDIR to a shorter folder"):
+        ddp_helpers.start_ranks(2, backend="gloo", show_ranks="none", run_dir=tmp_path / "r")
+    assert list(long.iterdir()) == []  # the socket's folder is gone, and no process was started
+
+
 def _running(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE

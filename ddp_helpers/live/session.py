@@ -122,7 +122,16 @@ class Session:
             }
         )
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(address)
+        try:
+            listener.bind(address)
+        except OSError as err:  # nothing has started yet: leave nothing behind either
+            listener.close()
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            size = len(os.fsencode(address))
+            hint = f" (its path has {size} bytes; Linux allows 107: set TMPDIR to a shorter folder)"
+            raise OSError(
+                f"live ranks cannot listen at {address}: {err}{hint if size > 107 else ''}"
+            ) from err
         listener.listen(config.nproc)
         return listener
 
