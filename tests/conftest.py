@@ -41,17 +41,38 @@ def _quiet_progress(monkeypatch, tmp_path):
 
 
 def processes_matching(marker: str) -> list[psutil.Process]:
-    """Live (non-zombie) processes whose command line mentions `marker`, other than this one."""
+    """Live (non-zombie) processes, other than this one, whose command line or open files mention `marker`.
+
+    The open files find torchrun's agent: forked from the agent server, it has the server's command line,
+    but its output goes to the run's ``logs/torchrun.log``.
+    """
     found = []
     for proc in psutil.process_iter(["pid", "cmdline", "status"]):
         try:
             if proc.pid == os.getpid() or proc.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
-            if marker in " ".join(proc.info["cmdline"] or []):
+            if marker in " ".join(proc.info["cmdline"] or []) or any(
+                marker in f.path for f in proc.open_files()
+            ):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return found
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    """Every live process under `pid` now (to check later that none outlived it)."""
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def assert_gone(processes: list[psutil.Process], wait_s: float) -> None:
+    """None of `processes` (a pid reused by a stranger is not one of them) still runs after `wait_s`."""
+    _, alive = psutil.wait_procs(processes, timeout=wait_s)
+    alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"still running: {[(p.pid, ' '.join(p.cmdline())) for p in alive]}"
 
 
 def assert_no_processes_left(marker: str, wait_s: float = 3.0) -> None:

@@ -12,7 +12,7 @@ import time
 
 import pandas as pd
 import pytest
-from conftest import assert_no_processes_left
+from conftest import assert_gone, assert_no_processes_left, descendants
 
 import ddp_helpers
 from ddp_helpers import (
@@ -118,26 +118,42 @@ def test_hang_is_killed_after_the_timeout_and_names_silent_ranks(script, tmp_pat
 
 def test_interrupt_stops_every_process(script, tmp_path):
     tick = script("tick.py")
-    # SIGINT raises KeyboardInterrupt even when pytest runs as a background job (which ignores SIGINT)
+    # SIGINT raises KeyboardInterrupt even when pytest runs as a background job (which ignores SIGINT).
+    # Like a kernel, the process lives on after the interrupted cell.
     code = textwrap.dedent(f"""
-        import signal
+        import signal, time
         signal.signal(signal.SIGINT, signal.default_int_handler)
         from ddp_helpers import launch
-        launch({str(tick)!r}, nproc=2, run_dir={str(tmp_path / "run")!r}, progress="off", grace_s=2)
+        try:
+            launch({str(tick)!r}, nproc=2, run_dir={str(tmp_path / "run")!r}, progress="off", grace_s=2)
+        except KeyboardInterrupt as interrupted:
+            print(interrupted, flush=True)
+        print("the kernel lives on", flush=True)
+        time.sleep(60)
     """)
     child = subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    seen = []
-    for line in child.stdout:
-        seen.append(line)
-        if "[rank 1] rank 1 tick 1" in line:
-            break
-    child.send_signal(signal.SIGINT)
-    rest, _ = child.communicate(timeout=30)
-    assert child.returncode != 0
-    assert "every process of the run was stopped" in rest
-    assert_no_processes_left(str(tick), wait_s=1)
+    try:
+        seen = []
+        for line in child.stdout:
+            seen.append(line)
+            if "[rank 1] rank 1 tick 1" in line:
+                break
+        started = descendants(child.pid)  # the workers, torchrun's agent and the agent server it was forked from
+        assert any("agent_server" in " ".join(p.cmdline()) for p in started), started
+        child.send_signal(signal.SIGINT)
+        for line in child.stdout:
+            seen.append(line)
+            if "the kernel lives on" in line:
+                break
+        assert "every process of the run was stopped" in "".join(seen)
+        assert_no_processes_left(str(tick), wait_s=1)
+        assert_gone(started, wait_s=1)  # the agent server too: an interrupted cell leaves no process
+        assert child.poll() is None
+    finally:
+        child.kill()
+        child.wait()
 
 
 @pytest.mark.parametrize(

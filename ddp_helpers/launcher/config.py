@@ -163,7 +163,11 @@ class LaunchConfig:
         if self.launcher == "python":
             return [self.python, str(self.script), *self.script_args]
         # torchrun's own main, run by our agent so that no orphan outlives the run (see torchrun_agent.py)
-        cmd = [self.python, "-m", "ddp_helpers.launcher.torchrun_agent", "--nproc-per-node", str(self.nproc)]
+        return [self.python, "-m", "ddp_helpers.launcher.torchrun_agent", *self.agent_args()]
+
+    def agent_args(self) -> list[str]:
+        """torchrun's arguments, as the agent (`torchrun_agent.main`) takes them."""
+        cmd = ["--nproc-per-node", str(self.nproc)]
         if self.nnodes == 1:
             cmd += ["--standalone"]  # c10d rendezvous on a free localhost port: no clashes
         else:

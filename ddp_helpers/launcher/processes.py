@@ -10,13 +10,14 @@ import signal
 import subprocess
 import time
 
+from .agent_client import ForkedAgent, start_agent
 from .config import LaunchConfig
 from .lifeline import die_with_owner
 from .process_tree import ProcessTree
 from .torchrun_agent import OWNER_FD_ENV
 
 
-def start_run(config: LaunchConfig) -> subprocess.Popen[bytes]:
+def start_run(config: LaunchConfig) -> subprocess.Popen[bytes] | ForkedAgent:
     """Spawn torchrun (or the one process) in a session of its own, its output going to files that
     `RunFollower` follows. Stop it with `stop_run`."""
     direct = config.launcher == "python"
@@ -37,7 +38,10 @@ def start_run(config: LaunchConfig) -> subprocess.Popen[bytes]:
     if lifeline_read is not None:
         env[OWNER_FD_ENV] = str(lifeline_read)
     try:
-        proc = subprocess.Popen(
+        # torchrun's agent forked from a warm server that has imported torch already (agent_client.py);
+        # where that cannot be done, a fresh process, as below
+        proc = None if direct else start_agent(config.python, config.agent_args(), env, stdout.fileno(), lifeline_read)
+        proc = proc or subprocess.Popen(
             config.command(),
             stdout=stdout,
             stderr=stderr,
@@ -62,7 +66,7 @@ def start_run(config: LaunchConfig) -> subprocess.Popen[bytes]:
     return proc
 
 
-def stop_run(tree: ProcessTree, proc: subprocess.Popen[bytes], grace_s: float) -> list[int]:
+def stop_run(tree: ProcessTree, proc: subprocess.Popen[bytes] | ForkedAgent, grace_s: float) -> list[int]:
     """Stop every process of the run: SIGTERM, then SIGKILL for what is left after `grace_s`.
 
     Then reap torchrun (so it does not stay a zombie of the kernel; SIGKILL if it outlived its tree)
@@ -82,8 +86,10 @@ def stop_run(tree: ProcessTree, proc: subprocess.Popen[bytes], grace_s: float) -
 # lands between its acquire and its try (seen here: an interrupted launch then waited forever for a
 # torchrun that was already a zombie). This process is the only one that waits for its runs, so it asks
 # the kernel directly, without that lock.
-def exit_code(proc: subprocess.Popen[bytes]) -> int | None:
+def exit_code(proc: subprocess.Popen[bytes] | ForkedAgent) -> int | None:
     """The run's exit code (negative: the signal that ended it), or None while it runs. Reaps it."""
+    if isinstance(proc, ForkedAgent):  # not our child: its server reports its exit
+        return proc.poll()
     if proc.returncode is None:
         try:
             pid, status = os.waitpid(proc.pid, os.WNOHANG)
@@ -94,7 +100,7 @@ def exit_code(proc: subprocess.Popen[bytes]) -> int | None:
     return proc.returncode
 
 
-def wait_for_exit(proc: subprocess.Popen[bytes], timeout_s: float | None) -> bool:
+def wait_for_exit(proc: subprocess.Popen[bytes] | ForkedAgent, timeout_s: float | None) -> bool:
     """Wait up to `timeout_s` (None: for as long as it takes) for the run to end; True if it did."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while exit_code(proc) is None:

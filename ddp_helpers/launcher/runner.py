@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import LaunchError, LaunchFailed, LaunchInterrupted, LaunchTimeout, WorkerFailed
+from .agent_client import stop_servers, wait_for_stopped_servers
 from .cell_output import CellEcho
 from .config import LaunchConfig, make_config
 from .diagnosis import diagnose, strip_rank_prefix
@@ -312,6 +313,8 @@ def run_config(config: LaunchConfig, progress: str | None = None) -> LaunchResul
         if isinstance(interrupt, LaunchInterrupted):
             raise
         killed = stop_run(tree, proc, config.grace_s)
+        stop_servers()  # an interrupted cell leaves no process: not even the warm agent server
+        wait_for_stopped_servers(config.grace_s)
         detail = f" ({len(killed)} needed SIGKILL)" if killed else ""
         raise LaunchInterrupted(
             f"interrupted: every process of the run was stopped{detail}; logs are in {config.run_dir}"

@@ -1,0 +1,240 @@
+"""The launcher's side of the agent server (agent_server.py): torchrun's agent, forked warm.
+
+`start_agent` asks this process's server to fork a run's agent, starting the server first when there
+is none yet; the first launch pays for importing torch as before, and every later one starts at once.
+It returns None where a fork cannot be used (not Linux, a server that died or cannot start): the
+launcher then starts ``python -m ddp_helpers.launcher.torchrun_agent`` as a fresh process, as before.
+
+``DDP_HELPERS_AGENT_SERVER=off`` turns the server off.
+
+A server serves one Python and one environment, because torch reads some variables when it is imported
+(``LOGLEVEL``, ``TORCH_CPP_LOG_LEVEL``, ``PYTHON*``, ...). Only the variables the launcher sets for each
+run, which are read later, may differ between a server and the runs it forks (`RUN_TIME_KEYS`). A run
+with other variables (``launch(env=...)``) gets a server of its own; the two most recently used are kept.
+
+The server lives as long as this process: it holds no run of its own, and leaves when this process
+closes its end of the channel, at exit or in `stop_servers` (an interrupted launch calls it), or dies.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from .agent_server import SERVER_FD_ENV
+from .torchrun_agent import OWNER_FD_ENV
+
+# Set by the launcher for each run and read only when the run uses them (by torchrun's agent at run
+# time, or by the workers), so a warm server may fork runs that differ in them.
+RUN_TIME_KEYS = frozenset(
+    {"OMP_NUM_THREADS", "MPLBACKEND", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", OWNER_FD_ENV}
+)
+RUN_TIME_PREFIX = "DDP_"  # this package's own variables: the grace period, the run's folder, live ranks
+KEEP_SERVERS = 2
+SWITCH_ENV = "DDP_HELPERS_AGENT_SERVER"  # "off": no server, a fresh agent per launch (as before; for comparing)
+START_TIMEOUT_S = 300.0  # the first fork waits for the server to import torch: minutes on a slow disk
+
+
+def server_key(python: str, env: dict[str, str]) -> tuple:
+    return (python, tuple(sorted((k, v) for k, v in env.items() if not _run_time(k))))
+
+
+def _run_time(key: str) -> bool:
+    return key in RUN_TIME_KEYS or key.startswith(RUN_TIME_PREFIX)
+
+
+class AgentServer:
+    """One running agent_server process and this process's end of its channel."""
+
+    def __init__(self, python: str, env: dict[str, str]) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        server_env = {k: v for k, v in env.items() if not _run_time(k)}
+        server_env[SERVER_FD_ENV] = str(theirs.fileno())
+        server_env.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's BLAS pool: one thread, nothing to fork
+        try:
+            self.process = subprocess.Popen(
+                [python, "-m", "ddp_helpers.launcher.agent_server"],
+                env=server_env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,  # a fork's own output goes to its run's log
+                start_new_session=True,  # never signalled with the kernel's process group
+                pass_fds=(theirs.fileno(),),
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.channel = ours
+        self.lock = threading.Lock()
+
+    def fork(self, argv: list[str], env: dict[str, str], output_fd: int, lifeline_fd: int) -> ForkedAgent | None:
+        """The run's agent, forked; None if the server is gone (or went before it answered)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        request = json.dumps({"argv": argv, "env": env, "cwd": os.getcwd()}).encode()
+        try:
+            with self.lock:
+                socket.send_fds(self.channel, [request], [theirs.fileno(), output_fd, lifeline_fd])
+        except OSError:  # the server is gone
+            ours.close()
+            return None
+        finally:
+            theirs.close()  # the server holds its own copy now: if it dies, `ours` reads end-of-file
+        agent = ForkedAgent(ours)
+        if not agent.read_pid(START_TIMEOUT_S):
+            agent.close()
+            return None
+        return agent
+
+    def alive(self) -> bool:
+        return self.process.returncode is None and _reap(self.process) is None
+
+    def stop(self) -> None:
+        """Close the channel: the server takes no new run and leaves when its runs have ended."""
+        self.channel.close()
+        _stopped.append(self.process)
+
+
+class ForkedAgent:
+    """A run's agent forked by the server: what `processes` needs of a Popen (pid, returncode)."""
+
+    def __init__(self, run_socket: socket.socket) -> None:
+        self.pid = 0
+        self.returncode: int | None = None
+        self.status_lost = False  # the server died before the agent: its exit code is unknown
+        self._socket = run_socket
+        self._buffer = b""
+
+    def read_pid(self, timeout_s: float) -> bool:
+        self._socket.settimeout(timeout_s)
+        try:
+            message = self._next_message()
+        except (TimeoutError, OSError):
+            return False
+        finally:
+            self._socket.setblocking(False)
+        if message is None or "pid" not in message:
+            return False
+        self.pid = int(message["pid"])
+        return True
+
+    def poll(self) -> int | None:
+        """The agent's exit code (negative: the signal that ended it), or None while it runs."""
+        if self.returncode is not None:
+            return self.returncode
+        try:
+            message = self._next_message()
+        except BlockingIOError:
+            return None
+        if message is not None and "exit" in message:
+            self.returncode = int(message["exit"])
+        elif not _pid_alive(self.pid):  # the server died and the agent has ended since: code unknown
+            self.returncode, self.status_lost = 1, True
+        if self.returncode is not None:
+            self.close()
+        return self.returncode
+
+    def _next_message(self) -> dict | None:
+        """The next message, or None at end-of-file (the server is gone)."""
+        while b"\n" not in self._buffer:
+            data = self._socket.recv(4096)
+            if not data:
+                return None
+            self._buffer += data
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 :][:1] != b"Z"
+
+
+def _reap(process: subprocess.Popen) -> int | None:
+    try:
+        pid, status = os.waitpid(process.pid, os.WNOHANG)
+    except ChildProcessError:
+        return process.returncode if process.returncode is not None else 0
+    if pid == process.pid:
+        process.returncode = os.waitstatus_to_exitcode(status)
+    return process.returncode
+
+
+_servers: dict[tuple, AgentServer] = {}  # most recently used last
+_stopped: list[subprocess.Popen] = []  # servers told to leave, reaped when they have
+_servers_lock = threading.Lock()
+
+
+def supported() -> bool:
+    """Linux, and not turned off (``DDP_HELPERS_AGENT_SERVER=off``: every launch starts a fresh agent)."""
+    if os.environ.get(SWITCH_ENV, "on").lower() in ("off", "0", "false", "no"):
+        return False
+    return sys.platform.startswith("linux") and hasattr(socket, "send_fds")
+
+
+def start_agent(
+    python: str, argv: list[str], env: dict[str, str], output_fd: int, lifeline_fd: int
+) -> ForkedAgent | None:
+    """Fork the run's agent from a warm server (started now if there is none for this Python and
+    environment). None where that cannot be done: start a fresh agent instead."""
+    if not supported():
+        return None
+    key = server_key(python, env)
+    with _servers_lock:
+        _stopped[:] = [p for p in _stopped if _reap(p) is None]
+        server = _servers.pop(key, None)
+        if server is not None and not server.alive():
+            server.stop()
+            server = None
+        if server is None:
+            try:
+                server = AgentServer(python, env)
+            except OSError:
+                return None
+        _servers[key] = server  # now the most recently used
+        while len(_servers) > KEEP_SERVERS:
+            _servers.pop(next(iter(_servers))).stop()
+    agent = server.fork(argv, env, output_fd, lifeline_fd)
+    if agent is None:
+        with _servers_lock:
+            if _servers.get(key) is server:
+                del _servers[key]
+                server.stop()
+    return agent
+
+
+def stop_servers() -> None:
+    """Let every server leave (each once its runs have ended). The next launch starts a fresh one."""
+    with _servers_lock:
+        while _servers:
+            _servers.popitem()[1].stop()
+
+
+def wait_for_stopped_servers(timeout_s: float) -> bool:
+    """Wait until every server told to leave has; True if they all did (for tests and exit)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with _servers_lock:
+            _stopped[:] = [p for p in _stopped if _reap(p) is None]
+            if not _stopped:
+                return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+atexit.register(stop_servers)

@@ -1,0 +1,159 @@
+"""One process that imports torch once and forks each run's torchrun agent from itself.
+
+    python -m ddp_helpers.launcher.agent_server      (started by the launcher: see agent_client.py)
+
+Every torchrun agent imports torch before it can start a worker: 2 to 3 CPU-seconds on every launch, on
+the critical path, before the workers import torch in turn. This server pays it once per kernel. Each
+run's agent is a fork of it, with torch and torchrun imported and nothing else done yet: the child puts
+itself in a session of its own, takes the run's output file, lifeline, environment and folder, and runs
+`torchrun_agent.main`, as ``python -m ddp_helpers.launcher.torchrun_agent`` would.
+
+The channel is a Unix socket inherited as fd `SERVER_FD_ENV`. A request is one message: JSON
+``{"argv", "env", "cwd"}`` with three file descriptors (SCM_RIGHTS): the run's own socket, its output file
+and the read end of its lifeline. On the run's socket the server writes the agent's pid, then its exit
+code when it ends, and closes it.
+
+When the launcher's end of the channel closes (it stops the server, or it died), the server takes no new
+run and leaves once its agents have ended. It stops none of them: each agent watches its own lifeline,
+so a dead launcher's runs stop by themselves (torchrun_agent.py).
+
+Forking is safe here: the server runs one thread of its own (numpy's BLAS pool, started by importing
+torch, is kept to one thread, and OpenBLAS re-creates it after a fork), has run no torch operation, and a
+child never returns into the server's loop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import traceback
+
+SERVER_FD_ENV = "DDP_HELPERS_SERVER_FD"
+MAX_REQUEST = 1 << 20  # an environment and a command line: far less
+
+
+def preload() -> None:
+    """Import what torchrun's agent imports, so that a fork has nothing left to import."""
+    import torch.distributed.run  # noqa: F401
+    from torch.distributed.elastic.agent.server import local_elastic_agent  # noqa: F401
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, dynamic_rendezvous  # noqa: F401
+
+    from . import torchrun_agent  # noqa: F401
+
+
+def become_agent(request: dict, output_fd: int, lifeline_fd: int, close: list[int]) -> int:
+    """In the forked child: become the run's agent, as if started by ``python -m ...torchrun_agent``."""
+    from . import torchrun_agent
+
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    os.setsid()  # a session of its own: the run can be signalled as a group, as start_run's Popen does
+    for fd in close:
+        os.close(fd)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(output_fd, 1)  # sys.stdout and sys.stderr (unbuffered: PYTHONUNBUFFERED) now write to the log
+    os.dup2(output_fd, 2)
+    os.close(output_fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.environ[torchrun_agent.OWNER_FD_ENV] = str(lifeline_fd)
+    sys.argv = [torchrun_agent.__file__, *request["argv"]]
+    return torchrun_agent.main(request["argv"])
+
+
+def start_agent(runs: dict[int, socket.socket], request: dict, fds: list[int], close: list[int]) -> None:
+    """Fork one run's agent; tell the launcher its pid on the run's socket."""
+    run_fd, output_fd, lifeline_fd = fds
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = become_agent(request, output_fd, lifeline_fd, [run_fd, *close])
+        except BaseException:  # noqa: BLE001 - reported in the run's log, like a crash at start-up
+            traceback.print_exc()
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+    os.close(output_fd)
+    os.close(lifeline_fd)
+    run = socket.socket(fileno=run_fd)
+    runs[pid] = run
+    _send(run, {"pid": pid})
+
+
+def reap(runs: dict[int, socket.socket]) -> None:
+    """Report each agent that has ended (its exit code, negative for a signal) and forget it."""
+    while runs:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        run = runs.pop(pid, None)
+        if run is not None:
+            _send(run, {"exit": os.waitstatus_to_exitcode(status)})
+            run.close()
+
+
+def _send(run: socket.socket, message: dict) -> None:
+    try:
+        run.sendall((json.dumps(message) + "\n").encode())
+    except OSError:  # the launcher closed its end: nobody waits for this run's news
+        pass
+
+
+def serve(channel: socket.socket) -> None:
+    runs: dict[int, socket.socket] = {}
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_read, False)
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)  # a SIGCHLD wakes the select below at once
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    accepting = True
+    while accepting or runs:
+        watched = [wake_read, channel] if accepting else [wake_read]
+        readable, _, _ = select.select(watched, [], [], None if accepting else 1.0)
+        if wake_read in readable:
+            while True:
+                try:
+                    if not os.read(wake_read, 4096):
+                        break
+                except BlockingIOError:
+                    break
+        reap(runs)
+        if channel in readable:
+            try:
+                data, fds, _, _ = socket.recv_fds(channel, MAX_REQUEST, 3)
+            except OSError:
+                data, fds = b"", []
+            if not data:
+                accepting = False  # the launcher is gone or done: finish the runs under way, then leave
+                channel.close()
+                continue
+            if len(fds) != 3:
+                for fd in fds:
+                    os.close(fd)
+                continue
+            others = [channel.fileno(), wake_read, wake_write, *(run.fileno() for run in runs.values())]
+            start_agent(runs, json.loads(data), fds, others)
+
+
+def main() -> None:
+    channel = socket.socket(fileno=int(os.environ.pop(SERVER_FD_ENV)))
+    preload()
+    serve(channel)
+
+
+if __name__ == "__main__":
+    main()

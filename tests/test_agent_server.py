@@ -1,0 +1,94 @@
+"""The agent server: each run's torchrun agent is forked from one process that imported torch once."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+
+import psutil
+import pytest
+
+from ddp_helpers import launch
+from ddp_helpers.launcher import agent_client
+from ddp_helpers.launcher.agent_client import ForkedAgent
+from ddp_helpers.launcher.config import make_config
+from ddp_helpers.launcher.process_tree import ProcessTree
+from ddp_helpers.launcher.processes import start_run, stop_run, wait_for_exit
+
+
+@pytest.fixture(autouse=True)
+def _no_server_from_an_earlier_test():
+    agent_client.stop_servers()
+    assert agent_client.wait_for_stopped_servers(30)
+    yield
+    agent_client.stop_servers()
+    assert agent_client.wait_for_stopped_servers(30)
+
+
+def _server_pids() -> list[int]:
+    return [server.process.pid for server in agent_client._servers.values()]
+
+
+def _run(config) -> ForkedAgent:
+    proc = start_run(config)
+    assert isinstance(proc, ForkedAgent)
+    return proc
+
+
+def test_each_run_forks_its_agent_from_the_same_warm_server(tmp_path):
+    (tmp_path / "exit3.py").write_text("import sys\nprint('hello from a rank')\nsys.exit(3)\n")
+    pids, parents, codes = [], [], []
+    for name in ("a", "b"):
+        config = make_config(tmp_path / "exit3.py", nproc=1, run_dir=tmp_path / name)
+        agent = _run(config)
+        pids.append(agent.pid)
+        parents.append(psutil.Process(agent.pid).ppid())
+        assert wait_for_exit(agent, 120)
+        codes.append(agent.returncode)
+        stop_run(ProcessTree(agent.pid), agent, 2.0)
+    [server] = _server_pids()
+    assert parents == [server, server] and pids[0] != pids[1]
+    # the worker's exit code 3 makes torchrun fail: the agent's own code, 1, comes back through the server
+    assert codes == [1, 1]
+    [stdout] = (tmp_path / "b" / "logs").rglob("stdout.log")
+    assert "hello from a rank" in stdout.read_text()
+
+
+def test_a_variable_torch_reads_at_import_gets_a_server_of_its_own(script, tmp_path):
+    plain = launch(script("chatty.py"), nproc=1, run_dir=tmp_path / "plain")
+    # LOGLEVEL sets torchrun's loggers when torch.distributed.elastic is imported: a server that had
+    # imported it without LOGLEVEL could not honour it
+    verbose = launch(script("chatty.py"), nproc=1, run_dir=tmp_path / "verbose", env={"LOGLEVEL": "INFO"})
+    assert len(_server_pids()) == 2
+    info = re.compile(r"I\d{4} ")  # torch's INFO lines: "I1201 23:08:00.756000 11519 .../run.py:1102] ..."
+    assert not any(info.match(line) for line in plain.launcher_output), plain.launcher_output
+    assert any(info.match(line) for line in verbose.launcher_output), verbose.launcher_output
+    launch(script("chatty.py"), nproc=1, run_dir=tmp_path / "debug", env={"LOGLEVEL": "DEBUG"})
+    assert len(_server_pids()) == agent_client.KEEP_SERVERS  # the least recently used one was told to leave
+    assert agent_client.wait_for_stopped_servers(30)
+
+
+def test_a_dead_server_is_replaced_and_its_runs_still_end(script, tmp_path):
+    config = make_config(script("tick.py"), "server-dies", nproc=1, run_dir=tmp_path / "run", timeout=None)
+    agent = _run(config)
+    [server] = _server_pids()
+    os.kill(server, signal.SIGKILL)
+    tree = ProcessTree(agent.pid)
+    stop_run(tree, agent, 2.0)  # the agent, now an orphan, is followed by its pid
+    assert agent.returncode == 1 and agent.status_lost
+    assert not tree.alive()
+    result = launch(script("chatty.py"), nproc=1, run_dir=tmp_path / "after")
+    assert result.returncode == 0
+    assert _server_pids() != [server]
+
+
+def test_switched_off_every_run_starts_a_fresh_agent(script, tmp_path, monkeypatch):
+    monkeypatch.setenv(agent_client.SWITCH_ENV, "off")
+    config = make_config(script("chatty.py"), nproc=1, run_dir=tmp_path / "run")
+    proc = start_run(config)
+    assert not isinstance(proc, ForkedAgent)
+    assert psutil.Process(proc.pid).ppid() == os.getpid()
+    assert wait_for_exit(proc, 120) and proc.returncode == 0
+    stop_run(ProcessTree(proc.pid), proc, 2.0)
+    assert _server_pids() == []
