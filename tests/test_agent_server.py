@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 
 import psutil
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from ddp_helpers import launch
 from ddp_helpers.launcher import agent_client
 from ddp_helpers.launcher.agent_client import ForkedAgent
+from ddp_helpers.launcher.agent_server import IDLE_ENV
 from ddp_helpers.launcher.config import make_config
 from ddp_helpers.launcher.process_tree import ProcessTree
 from ddp_helpers.launcher.processes import start_run, stop_run, wait_for_exit
@@ -80,15 +82,32 @@ def test_a_dead_server_is_replaced_and_its_runs_still_end(script, tmp_path):
     assert not tree.alive()
     result = launch(script("chatty.py"), nproc=1, run_dir=tmp_path / "after")
     assert result.returncode == 0
-    assert _server_pids() != [server]
+    [fresh] = _server_pids()
+    assert fresh != server
 
 
-def test_switched_off_every_run_starts_a_fresh_agent(script, tmp_path, monkeypatch):
-    monkeypatch.setenv(agent_client.SWITCH_ENV, "off")
-    config = make_config(script("chatty.py"), nproc=1, run_dir=tmp_path / "run")
+@pytest.mark.parametrize("why", ["switched off", "an environment too big for one message"])
+def test_a_fresh_agent_where_no_server_can_fork_it(script, tmp_path, monkeypatch, why):
+    env = {"BIG": "x" * agent_client.MAX_REQUEST_BYTES} if why.startswith("an env") else {}
+    if why == "switched off":
+        monkeypatch.setenv(agent_client.SWITCH_ENV, "off")
+    config = make_config(script("chatty.py"), nproc=1, run_dir=tmp_path / "run", env=env)
     proc = start_run(config)
     assert not isinstance(proc, ForkedAgent)
     assert psutil.Process(proc.pid).ppid() == os.getpid()
     assert wait_for_exit(proc, 120) and proc.returncode == 0
     stop_run(ProcessTree(proc.pid), proc, 2.0)
     assert _server_pids() == []
+
+
+def test_an_idle_server_leaves_and_the_next_launch_starts_another(script, tmp_path, monkeypatch):
+    monkeypatch.setenv(IDLE_ENV, "1")
+    launch(script("chatty.py"), nproc=1, run_dir=tmp_path / "first")
+    [server] = agent_client._servers.values()
+    deadline = time.monotonic() + 30
+    while server.alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not server.alive() and server.process.returncode == 0
+    assert launch(script("chatty.py"), nproc=1, run_dir=tmp_path / "second").returncode == 0
+    [fresh] = _server_pids()
+    assert fresh != server.process.pid

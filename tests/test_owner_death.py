@@ -50,7 +50,10 @@ def _kill_and_check(owner: subprocess.Popen[bytes], sig: int, marker: str) -> No
         assert_no_processes_left(marker, wait_s=LEFT_WITHIN_S)
         assert_gone(started, wait_s=LEFT_WITHIN_S)
     finally:
-        for proc in [*processes_matching(marker), *started]:  # never leave the machine busy, even when the test fails
+        for proc in [
+            *processes_matching(marker),
+            *started,
+        ]:  # never leave the machine busy, even when the test fails
             try:
                 proc.kill()
             except psutil.NoSuchProcess:

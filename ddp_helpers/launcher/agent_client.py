@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 
-from .agent_server import SERVER_FD_ENV
+from .agent_server import IDLE_ENV, SERVER_FD_ENV
 from .torchrun_agent import OWNER_FD_ENV
 
 # Set by the launcher for each run and read only when the run uses them (by torchrun's agent at run
@@ -37,7 +37,10 @@ RUN_TIME_KEYS = frozenset(
 )
 RUN_TIME_PREFIX = "DDP_"  # this package's own variables: the grace period, the run's folder, live ranks
 KEEP_SERVERS = 2
-SWITCH_ENV = "DDP_HELPERS_AGENT_SERVER"  # "off": no server, a fresh agent per launch (as before; for comparing)
+SWITCH_ENV = (
+    "DDP_HELPERS_AGENT_SERVER"  # "off": no server, a fresh agent per launch (as before; for comparing)
+)
+MAX_REQUEST_BYTES = 100_000  # one datagram: well under the socket's buffer (about 200 kB by default)
 START_TIMEOUT_S = 300.0  # the first fork waits for the server to import torch: minutes on a slow disk
 
 
@@ -49,6 +52,10 @@ def _run_time(key: str) -> bool:
     return key in RUN_TIME_KEYS or key.startswith(RUN_TIME_PREFIX)
 
 
+class ServerGone(Exception):
+    """The server died, left (idle), or did not answer in time: start the run's agent afresh."""
+
+
 class AgentServer:
     """One running agent_server process and this process's end of its channel."""
 
@@ -56,6 +63,8 @@ class AgentServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         server_env = {k: v for k, v in env.items() if not _run_time(k)}
         server_env[SERVER_FD_ENV] = str(theirs.fileno())
+        if IDLE_ENV in env:
+            server_env[IDLE_ENV] = env[IDLE_ENV]
         server_env.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's BLAS pool: one thread, nothing to fork
         try:
             self.process = subprocess.Popen(
@@ -75,22 +84,27 @@ class AgentServer:
         self.channel = ours
         self.lock = threading.Lock()
 
-    def fork(self, argv: list[str], env: dict[str, str], output_fd: int, lifeline_fd: int) -> ForkedAgent | None:
-        """The run's agent, forked; None if the server is gone (or went before it answered)."""
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    def fork(
+        self, argv: list[str], env: dict[str, str], output_fd: int, lifeline_fd: int
+    ) -> ForkedAgent | None:
+        """The run's agent, forked; None for a request too big for one message (an environment of
+        megabytes). Raises `ServerGone` if the server is gone, or went before it answered."""
         request = json.dumps({"argv": argv, "env": env, "cwd": os.getcwd()}).encode()
+        if len(request) > MAX_REQUEST_BYTES:
+            return None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             with self.lock:
                 socket.send_fds(self.channel, [request], [theirs.fileno(), output_fd, lifeline_fd])
-        except OSError:  # the server is gone
+        except OSError as error:
             ours.close()
-            return None
+            raise ServerGone from error
         finally:
             theirs.close()  # the server holds its own copy now: if it dies, `ours` reads end-of-file
         agent = ForkedAgent(ours)
         if not agent.read_pid(START_TIMEOUT_S):
             agent.close()
-            return None
+            raise ServerGone
         return agent
 
     def alive(self) -> bool:
@@ -191,7 +205,7 @@ def start_agent(
 ) -> ForkedAgent | None:
     """Fork the run's agent from a warm server (started now if there is none for this Python and
     environment). None where that cannot be done: start a fresh agent instead."""
-    if not supported():
+    if not supported() or len(json.dumps([argv, env])) > MAX_REQUEST_BYTES - 4096:  # 4 kB: the folder's name
         return None
     key = server_key(python, env)
     with _servers_lock:
@@ -208,13 +222,14 @@ def start_agent(
         _servers[key] = server  # now the most recently used
         while len(_servers) > KEEP_SERVERS:
             _servers.pop(next(iter(_servers))).stop()
-    agent = server.fork(argv, env, output_fd, lifeline_fd)
-    if agent is None:
+    try:
+        return server.fork(argv, env, output_fd, lifeline_fd)
+    except ServerGone:
         with _servers_lock:
             if _servers.get(key) is server:
                 del _servers[key]
-                server.stop()
-    return agent
+        server.stop()
+        return None
 
 
 def stop_servers() -> None:

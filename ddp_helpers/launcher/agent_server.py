@@ -15,7 +15,8 @@ code when it ends, and closes it.
 
 When the launcher's end of the channel closes (it stops the server, or it died), the server takes no new
 run and leaves once its agents have ended. It stops none of them: each agent watches its own lifeline,
-so a dead launcher's runs stop by themselves (torchrun_agent.py).
+so a dead launcher's runs stop by themselves (torchrun_agent.py). After `IDLE_S` seconds without a run
+(``DDP_HELPERS_AGENT_SERVER_IDLE_S``) it leaves too: the next launch starts a fresh one.
 
 Forking is safe here: the server runs one thread of its own (numpy's BLAS pool, started by importing
 torch, is kept to one thread, and OpenBLAS re-creates it after a fork), has run no torch operation, and a
@@ -33,6 +34,8 @@ import sys
 import traceback
 
 SERVER_FD_ENV = "DDP_HELPERS_SERVER_FD"
+IDLE_ENV = "DDP_HELPERS_AGENT_SERVER_IDLE_S"
+IDLE_S = 600.0  # with no run for this long, leave: an idle server holds about 300 MB (torch's libraries)
 MAX_REQUEST = 1 << 20  # an environment and a command line: far less
 
 
@@ -113,7 +116,7 @@ def _send(run: socket.socket, message: dict) -> None:
         pass
 
 
-def serve(channel: socket.socket) -> None:
+def serve(channel: socket.socket, idle_s: float) -> None:
     runs: dict[int, socket.socket] = {}
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_read, False)
@@ -123,7 +126,9 @@ def serve(channel: socket.socket) -> None:
     accepting = True
     while accepting or runs:
         watched = [wake_read, channel] if accepting else [wake_read]
-        readable, _, _ = select.select(watched, [], [], None if accepting else 1.0)
+        readable, _, _ = select.select(watched, [], [], (idle_s if not runs else None) if accepting else 1.0)
+        if accepting and not readable and not runs:  # idle for idle_s: a request sent meanwhile is
+            break  # dropped with the channel, and the launcher starts that run's agent afresh
         if wake_read in readable:
             while True:
                 try:
@@ -152,7 +157,7 @@ def serve(channel: socket.socket) -> None:
 def main() -> None:
     channel = socket.socket(fileno=int(os.environ.pop(SERVER_FD_ENV)))
     preload()
-    serve(channel)
+    serve(channel, float(os.environ.get(IDLE_ENV, IDLE_S)))
 
 
 if __name__ == "__main__":

@@ -246,6 +246,16 @@ class RunFollower:
         )
 
 
+def _stop_interrupted(tree: ProcessTree, proc: object, config: LaunchConfig) -> LaunchInterrupted:
+    killed = stop_run(tree, proc, config.grace_s)  # type: ignore[arg-type]
+    stop_servers()  # an interrupted cell leaves no process: not even the agent server
+    wait_for_stopped_servers(config.grace_s)
+    detail = f" ({len(killed)} needed SIGKILL)" if killed else ""
+    return LaunchInterrupted(
+        f"interrupted: every process of the run was stopped{detail}; logs are in {config.run_dir}"
+    )
+
+
 @with_options(
     OPTIONS,
     [
@@ -312,13 +322,7 @@ def run_config(config: LaunchConfig, progress: str | None = None) -> LaunchResul
     except KeyboardInterrupt as interrupt:
         if isinstance(interrupt, LaunchInterrupted):
             raise
-        killed = stop_run(tree, proc, config.grace_s)
-        stop_servers()  # an interrupted cell leaves no process: not even the warm agent server
-        wait_for_stopped_servers(config.grace_s)
-        detail = f" ({len(killed)} needed SIGKILL)" if killed else ""
-        raise LaunchInterrupted(
-            f"interrupted: every process of the run was stopped{detail}; logs are in {config.run_dir}"
-        ) from None
+        raise _stop_interrupted(tree, proc, config) from None
     finally:
         stop_run(tree, proc, config.grace_s)  # anything a worker left behind goes too
         run.echo.close()

@@ -139,6 +139,32 @@ def _watch_owner_if_asked(grace_s: float) -> None:
     threading.Thread(target=watch_owner, args=(fd, grace_s), name="watch-owner", daemon=True).start()
 
 
+def tolerate_half_written_error_files() -> None:
+    """Read a rank's half-written error file as none, instead of failing the whole run.
+
+    torchrun reads each failed rank's error file (what ``@record`` wrote) with ``json.load``, and lets a
+    decoding error end the agent. A rank that torchrun stops with SIGTERM while ``@record`` writes leaves
+    the file empty: seen here after another rank's SIGABRT, as "torchrun exited with code 1" and a
+    JSONDecodeError instead of the failed rank. Such a file is read as missing: torchrun then reports the
+    rank by its exit code or signal, as it does for a script without ``@record``.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    read = ProcessFailure.__post_init__
+    if getattr(read, "tolerates_half_written", False):
+        return
+
+    def post_init(self: ProcessFailure) -> None:
+        try:
+            read(self)
+        except ValueError:  # json.JSONDecodeError: torchrun has logged "Failed to parse reply file"
+            self.error_file = ""  # no file: torchrun's own "no reply" path, with a message from the exit code
+            read(self)
+
+    post_init.tolerates_half_written = True  # type: ignore[attr-defined]
+    ProcessFailure.__post_init__ = post_init  # type: ignore[method-assign]
+
+
 def main(argv: list[str]) -> int:
     become_subreaper()
     grace_s = float(os.environ.get(GRACE_ENV, "5"))
@@ -148,6 +174,7 @@ def main(argv: list[str]) -> int:
     try:
         from torch.distributed.run import main as torchrun_main
 
+        tolerate_half_written_error_files()
         torchrun_main(argv)
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
