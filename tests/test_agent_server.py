@@ -5,18 +5,23 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 
 import psutil
 import pytest
+from conftest import assert_gone, descendants, processes_matching
 
 from ddp_helpers import launch
-from ddp_helpers.launcher import agent_client
+from ddp_helpers.launcher import agent_client, runner
 from ddp_helpers.launcher.agent_client import ForkedAgent
 from ddp_helpers.launcher.agent_server import IDLE_ENV
 from ddp_helpers.launcher.config import make_config
 from ddp_helpers.launcher.process_tree import ProcessTree
 from ddp_helpers.launcher.processes import start_run, stop_run, wait_for_exit
+from ddp_helpers.launcher.runner import RunFollower
 
 
 @pytest.fixture(autouse=True)
@@ -71,19 +76,57 @@ def test_a_variable_torch_reads_at_import_gets_a_server_of_its_own(script, tmp_p
     assert agent_client.wait_for_stopped_servers(30)
 
 
-def test_a_dead_server_is_replaced_and_its_runs_still_end(script, tmp_path):
-    config = make_config(script("tick.py"), "server-dies", nproc=1, run_dir=tmp_path / "run", timeout=None)
-    agent = _run(config)
+def test_a_dead_server_is_replaced_and_its_runs_still_report_how_they_ended(script, tmp_path):
+    configs = [
+        make_config(script("tick.py"), nproc=1, run_dir=tmp_path / name, timeout=None) for name in ("a", "b")
+    ]
+    stopped, killed = (_run(config) for config in configs)
     [server] = _server_pids()
     os.kill(server, signal.SIGKILL)
-    tree = ProcessTree(agent.pid)
-    stop_run(tree, agent, 2.0)  # the agent, now an orphan, is followed by its pid
-    assert agent.returncode == 1 and agent.status_lost
-    assert not tree.alive()
+    trees = [ProcessTree(agent.pid) for agent in (stopped, killed)]
+    stop_run(trees[0], stopped, 2.0)  # SIGTERM: the agent stops its worker and says how it ended itself
+    assert stopped.returncode == 128 + signal.SIGTERM and not stopped.status_lost
+    os.kill(killed.pid, signal.SIGKILL)  # no word from the agent, and none from its dead server
+    stop_run(trees[1], killed, 2.0)
+    assert killed.returncode == 1 and killed.status_lost
+    assert "how the run ended is unknown" in str(runner._failure(RunFollower(configs[1], "off"), killed))
+    assert not trees[0].alive() and not trees[1].alive()
     result = launch(script("chatty.py"), nproc=1, run_dir=tmp_path / "after")
     assert result.returncode == 0
     [fresh] = _server_pids()
     assert fresh != server
+
+
+def test_an_interrupt_while_the_server_imports_torch_leaves_nothing(script, tmp_path):
+    code = textwrap.dedent(f"""
+        import signal, time
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        from ddp_helpers.launcher.config import make_config
+        from ddp_helpers.launcher.runner import run_config
+        config = make_config({str(script("tick.py"))!r}, nproc=1, run_dir={str(tmp_path / "run")!r}, progress="off")
+        print("starting", flush=True)
+        try:
+            run_config(config)
+        except KeyboardInterrupt as interrupted:
+            print(type(interrupted).__name__, interrupted, flush=True)
+        print("the kernel lives on", flush=True)
+        time.sleep(60)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "starting\n"
+        time.sleep(0.5)  # the server is importing torch (seconds): the launch waits for it to fork the agent
+        started = descendants(child.pid)
+        assert any("agent_server" in " ".join(p.cmdline()) for p in started), started
+        child.send_signal(signal.SIGINT)
+        said = child.stdout.readline()
+        assert said.startswith("LaunchInterrupted interrupted while the run started"), said
+        assert child.stdout.readline() == "the kernel lives on\n"
+        assert_gone(started, wait_s=5)
+        assert [p.pid for p in processes_matching(str(tmp_path))] == [child.pid]  # tick.py is on its line
+    finally:
+        child.kill()
+        child.wait()
 
 
 @pytest.mark.parametrize("why", ["switched off", "an environment too big for one message"])

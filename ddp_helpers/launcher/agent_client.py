@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 
-from .agent_server import IDLE_ENV, SERVER_FD_ENV
+from .agent_server import IDLE_ENV, NOT_FORKABLE, SERVER_FD_ENV
 from .torchrun_agent import OWNER_FD_ENV
 
 # Set by the launcher for each run and read only when the run uses them (by torchrun's agent at run
@@ -112,8 +112,18 @@ class AgentServer:
 
     def stop(self) -> None:
         """Close the channel: the server takes no new run and leaves when its runs have ended."""
-        self.channel.close()
-        _stopped.append(self.process)
+        with self.lock:
+            self.channel.close()
+        with _stopped_lock:
+            _stopped.append(self.process)
+
+    def kill(self) -> None:
+        """For a server that did not answer: a request it still holds must never be forked."""
+        try:
+            self.process.kill()
+        except ProcessLookupError:
+            pass
+        self.stop()
 
 
 class ForkedAgent:
@@ -122,38 +132,44 @@ class ForkedAgent:
     def __init__(self, run_socket: socket.socket) -> None:
         self.pid = 0
         self.returncode: int | None = None
-        self.status_lost = False  # the server died before the agent: its exit code is unknown
+        self.status_lost = False  # killed by a signal after its server died: the exit code is unknown
         self._socket = run_socket
         self._buffer = b""
 
     def read_pid(self, timeout_s: float) -> bool:
+        """Wait for the server's word that the agent runs; False if it went without saying so."""
         self._socket.settimeout(timeout_s)
         try:
-            message = self._next_message()
+            while not self.pid:
+                message = self._next_message()
+                if message is None:
+                    return False
+                self._take(message)  # a fast agent's exit code may come before its pid
         except (TimeoutError, OSError):
             return False
         finally:
             self._socket.setblocking(False)
-        if message is None or "pid" not in message:
-            return False
-        self.pid = int(message["pid"])
         return True
 
     def poll(self) -> int | None:
         """The agent's exit code (negative: the signal that ended it), or None while it runs."""
-        if self.returncode is not None:
-            return self.returncode
-        try:
-            message = self._next_message()
-        except BlockingIOError:
-            return None
-        if message is not None and "exit" in message:
-            self.returncode = int(message["exit"])
-        elif not _pid_alive(self.pid):  # the server died and the agent has ended since: code unknown
-            self.returncode, self.status_lost = 1, True
-        if self.returncode is not None:
-            self.close()
+        while self.returncode is None:
+            try:
+                message = self._next_message()
+            except BlockingIOError:
+                return None
+            if message is None:  # the server and the agent are gone, and neither said how it ended:
+                self.returncode, self.status_lost = 1, True  # killed by a signal after the server died
+            else:
+                self._take(message)
+        self.close()
         return self.returncode
+
+    def _take(self, message: dict) -> None:
+        if "pid" in message:
+            self.pid = int(message["pid"])
+        if "exit" in message and self.returncode is None:  # the agent's own word, or the server's
+            self.returncode = int(message["exit"])
 
     def _next_message(self) -> dict | None:
         """The next message, or None at end-of-file (the server is gone)."""
@@ -169,15 +185,6 @@ class ForkedAgent:
         self._socket.close()
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2 :][:1] != b"Z"
-
-
 def _reap(process: subprocess.Popen) -> int | None:
     try:
         pid, status = os.waitpid(process.pid, os.WNOHANG)
@@ -190,6 +197,8 @@ def _reap(process: subprocess.Popen) -> int | None:
 
 _servers: dict[tuple, AgentServer] = {}  # most recently used last
 _stopped: list[subprocess.Popen] = []  # servers told to leave, reaped when they have
+_stopped_lock = threading.Lock()
+_not_forkable: set[str] = set()  # Pythons whose server found threads after importing torch
 _servers_lock = threading.Lock()
 
 
@@ -207,9 +216,11 @@ def start_agent(
     environment). None where that cannot be done: start a fresh agent instead."""
     if not supported() or len(json.dumps([argv, env])) > MAX_REQUEST_BYTES - 4096:  # 4 kB: the folder's name
         return None
+    if python in _not_forkable:
+        return None
     key = server_key(python, env)
+    _reap_stopped()
     with _servers_lock:
-        _stopped[:] = [p for p in _stopped if _reap(p) is None]
         server = _servers.pop(key, None)
         if server is not None and not server.alive():
             server.stop()
@@ -224,11 +235,15 @@ def start_agent(
             _servers.pop(next(iter(_servers))).stop()
     try:
         return server.fork(argv, env, output_fd, lifeline_fd)
-    except ServerGone:
+    except (ServerGone, KeyboardInterrupt) as error:  # an interrupt while a cold server imports torch
         with _servers_lock:
             if _servers.get(key) is server:
                 del _servers[key]
-        server.stop()
+        server.kill()
+        if server.process.wait() == NOT_FORKABLE:
+            _not_forkable.add(python)
+        if isinstance(error, KeyboardInterrupt):
+            raise
         return None
 
 
@@ -239,17 +254,22 @@ def stop_servers() -> None:
             _servers.popitem()[1].stop()
 
 
+def _reap_stopped() -> bool:
+    """Reap the servers that have left; True if none is left to wait for."""
+    with _stopped_lock:
+        _stopped[:] = [p for p in _stopped if _reap(p) is None]
+        return not _stopped
+
+
 def wait_for_stopped_servers(timeout_s: float) -> bool:
-    """Wait until every server told to leave has; True if they all did (for tests and exit)."""
+    """Wait until every server told to leave has; True if they all did (a server leaves once its
+    runs, live ranks included, have ended)."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        with _servers_lock:
-            _stopped[:] = [p for p in _stopped if _reap(p) is None]
-            if not _stopped:
-                return True
+    while not _reap_stopped():
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.05)
+    return True
 
 
 atexit.register(stop_servers)

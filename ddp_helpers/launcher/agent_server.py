@@ -18,9 +18,9 @@ run and leaves once its agents have ended. It stops none of them: each agent wat
 so a dead launcher's runs stop by themselves (torchrun_agent.py). After `IDLE_S` seconds without a run
 (``DDP_HELPERS_AGENT_SERVER_IDLE_S``) it leaves too: the next launch starts a fresh one.
 
-Forking is safe here: the server runs one thread of its own (numpy's BLAS pool, started by importing
-torch, is kept to one thread, and OpenBLAS re-creates it after a fork), has run no torch operation, and a
-child never returns into the server's loop.
+Forking is safe here: the server runs one thread (numpy's BLAS pool, which importing torch starts, is
+kept to that thread; a server that finds more threads after its imports leaves with `NOT_FORKABLE`), has
+run no torch operation, and a child never returns into the server's loop.
 """
 
 from __future__ import annotations
@@ -48,6 +48,11 @@ def preload() -> None:
     from . import torchrun_agent  # noqa: F401
 
 
+def one_thread() -> bool:
+    """Only this thread runs here: what makes a fork safe."""
+    return len(os.listdir("/proc/self/task")) == 1
+
+
 def become_agent(request: dict, output_fd: int, lifeline_fd: int, close: list[int]) -> int:
     """In the forked child: become the run's agent, as if started by ``python -m ...torchrun_agent``."""
     from . import torchrun_agent
@@ -72,19 +77,25 @@ def become_agent(request: dict, output_fd: int, lifeline_fd: int, close: list[in
 
 
 def start_agent(runs: dict[int, socket.socket], request: dict, fds: list[int], close: list[int]) -> None:
-    """Fork one run's agent; tell the launcher its pid on the run's socket."""
+    """Fork one run's agent; tell the launcher its pid on the run's socket.
+
+    The agent writes its own exit code there too, before it leaves: if this server dies first, the
+    launcher still learns how the run ended (the server's report, from its wait status, covers an
+    agent killed by a signal).
+    """
     run_fd, output_fd, lifeline_fd = fds
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
-            code = become_agent(request, output_fd, lifeline_fd, [run_fd, *close])
+            code = become_agent(request, output_fd, lifeline_fd, close)
         except BaseException:  # noqa: BLE001 - reported in the run's log, like a crash at start-up
             traceback.print_exc()
         finally:
             try:
                 sys.stdout.flush()
                 sys.stderr.flush()
+                os.write(run_fd, (json.dumps({"exit": code}) + "\n").encode())
             finally:
                 os._exit(code)
     os.close(output_fd)
@@ -154,9 +165,14 @@ def serve(channel: socket.socket, idle_s: float) -> None:
             start_agent(runs, json.loads(data), fds, others)
 
 
+NOT_FORKABLE = 3  # the exit code that tells the launcher not to start servers for this Python again
+
+
 def main() -> None:
     channel = socket.socket(fileno=int(os.environ.pop(SERVER_FD_ENV)))
     preload()
+    if not one_thread():  # something started a thread at import (an MKL numpy, a newer torch): no forks
+        sys.exit(NOT_FORKABLE)
     serve(channel, float(os.environ.get(IDLE_ENV, IDLE_S)))
 
 

@@ -78,7 +78,10 @@ def stop_run(tree: ProcessTree, proc: subprocess.Popen[bytes] | ForkedAgent, gra
     """
     killed = tree.terminate(grace_s)
     if not wait_for_exit(proc, grace_s + 5):
-        os.kill(proc.pid, signal.SIGKILL)  # not reaped yet, so the pid is still ours
+        try:  # not reaped yet, so the pid is still ours (a forked agent's server reaps it: it may be gone)
+            os.kill(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         wait_for_exit(proc, None)
     lifeline = getattr(proc, "lifeline", None)
     if lifeline is not None:

@@ -246,10 +246,34 @@ class RunFollower:
         )
 
 
+def _start(config: LaunchConfig, run: RunFollower) -> Any:
+    """`start_run`, which waits for a cold agent server to import torch: an interrupt there stops it."""
+    try:
+        return start_run(config)
+    except KeyboardInterrupt:
+        stop_servers()
+        run.echo.close()
+        run.progress.close(False)
+        raise LaunchInterrupted(
+            f"interrupted while the run started: nothing of it is left running; logs are in {config.run_dir}"
+        ) from None
+
+
+def _failure(run: RunFollower, proc: Any) -> LaunchError:
+    if getattr(proc, "status_lost", False):  # see agent_client.ForkedAgent
+        return LaunchFailed(
+            "torchrun's agent was killed by a signal after the agent server that started it had died, so "
+            f"how the run ended is unknown. Logs are in {run.config.run_dir}",
+            returncode=proc.returncode,
+            output="\n".join(run.agent_lines),
+        )
+    return run.failure(proc.returncode)
+
+
 def _stop_interrupted(tree: ProcessTree, proc: object, config: LaunchConfig) -> LaunchInterrupted:
     killed = stop_run(tree, proc, config.grace_s)  # type: ignore[arg-type]
-    stop_servers()  # an interrupted cell leaves no process: not even the agent server
-    wait_for_stopped_servers(config.grace_s)
+    stop_servers()  # an interrupted cell leaves no process: not even the agent server,
+    wait_for_stopped_servers(0.5)  # which leaves at once unless live ranks still use it
     detail = f" ({len(killed)} needed SIGKILL)" if killed else ""
     return LaunchInterrupted(
         f"interrupted: every process of the run was stopped{detail}; logs are in {config.run_dir}"
@@ -289,7 +313,7 @@ def run_config(config: LaunchConfig, progress: str | None = None) -> LaunchResul
     """Run a validated `LaunchConfig` (what `launch` does after checking its arguments)."""
     keep_previous_outputs(config.run_dir)
     run = RunFollower(config, progress or resolve_progress(config.progress))
-    proc = start_run(config)
+    proc = _start(config, run)
     tree = ProcessTree(proc.pid)
     sampler = ResourceSampler(tree, gpus=config.device == "cuda", root_is_worker=config.launcher == "python")
     success = False
@@ -317,7 +341,7 @@ def run_config(config: LaunchConfig, progress: str | None = None) -> LaunchResul
             time.sleep(POLL_S)
         run.poll_files(final=True)
         if proc.returncode != 0:
-            raise run.failure(proc.returncode)
+            raise _failure(run, proc)
         success = True
     except KeyboardInterrupt as interrupt:
         if isinstance(interrupt, LaunchInterrupted):

@@ -157,7 +157,7 @@ def tolerate_half_written_error_files() -> None:
     def post_init(self: ProcessFailure) -> None:
         try:
             read(self)
-        except ValueError:  # json.JSONDecodeError: torchrun has logged "Failed to parse reply file"
+        except (ValueError, KeyError, TypeError):  # half-written, or JSON that @record did not write
             self.error_file = ""  # no file: torchrun's own "no reply" path, with a message from the exit code
             read(self)
 
