@@ -41,18 +41,20 @@ def _quiet_progress(monkeypatch, tmp_path):
 
 
 def processes_matching(marker: str) -> list[psutil.Process]:
-    """Live (non-zombie) processes, other than this one, whose command line or open files mention `marker`.
+    """Live (non-zombie) processes, other than this one, whose command line mentions `marker`, and
+    torchrun agents whose open files do.
 
-    The open files find torchrun's agent: forked from the agent server, it has the server's command line,
-    but its output goes to the run's ``logs/torchrun.log``.
+    An agent forked from the agent server has the server's command line, but its output goes to the
+    run's ``logs/torchrun.log``.
     """
     found = []
     for proc in psutil.process_iter(["pid", "cmdline", "status"]):
         try:
             if proc.pid == os.getpid() or proc.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
-            if marker in " ".join(proc.info["cmdline"] or []) or any(
-                marker in f.path for f in proc.open_files()
+            command = " ".join(proc.info["cmdline"] or [])
+            if marker in command or (
+                "agent_server" in command and any(marker in f.path for f in proc.open_files())
             ):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
