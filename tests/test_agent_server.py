@@ -43,10 +43,11 @@ def _run(config) -> ForkedAgent:
     return proc
 
 
-def test_each_run_forks_its_agent_from_the_same_warm_server(tmp_path):
+def test_each_run_forks_its_agent_from_the_same_warm_server(tmp_path, monkeypatch):
     (tmp_path / "exit3.py").write_text("import sys\nprint('hello from a rank')\nsys.exit(3)\n")
     pids, parents, codes = [], [], []
     for name in ("a", "b"):
+        monkeypatch.setenv("PYTEST_CURRENT_TEST", f"run {name}")  # a variable read at run time only
         config = make_config(tmp_path / "exit3.py", nproc=1, run_dir=tmp_path / name)
         agent = _run(config)
         pids.append(agent.pid)

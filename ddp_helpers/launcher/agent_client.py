@@ -33,7 +33,13 @@ from .torchrun_agent import OWNER_FD_ENV
 # Set by the launcher for each run and read only when the run uses them (by torchrun's agent at run
 # time, or by the workers), so a warm server may fork runs that differ in them.
 RUN_TIME_KEYS = frozenset(
-    {"OMP_NUM_THREADS", "MPLBACKEND", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", OWNER_FD_ENV}
+    {
+        "OMP_NUM_THREADS",
+        "MPLBACKEND",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
+        OWNER_FD_ENV,
+        "PYTEST_CURRENT_TEST",  # pytest names the running test there: a new value for every test
+    }
 )
 RUN_TIME_PREFIX = "DDP_"  # this package's own variables: the grace period, the run's folder, live ranks
 KEEP_SERVERS = 2
