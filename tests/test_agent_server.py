@@ -15,6 +15,7 @@ import pytest
 from conftest import assert_gone, descendants, processes_matching
 
 from ddp_helpers import launch
+from ddp_helpers.lab.chapter import chapter_setup
 from ddp_helpers.launcher import agent_client, runner
 from ddp_helpers.launcher.agent_client import ForkedAgent
 from ddp_helpers.launcher.agent_server import IDLE_ENV
@@ -155,3 +156,12 @@ def test_an_idle_server_leaves_and_the_next_launch_starts_another(script, tmp_pa
     assert launch(script("chatty.py"), nproc=1, run_dir=tmp_path / "second").returncode == 0
     [fresh] = _server_pids()
     assert fresh != server.process.pid
+
+
+def test_chapter_setup_starts_the_server_that_the_first_launch_forks_from(script, tmp_path):
+    chapter_setup(1)
+    [server] = agent_client._servers.values()
+    agent = _run(make_config(script("chatty.py"), nproc=1, run_dir=tmp_path / "run"))
+    assert psutil.Process(agent.pid).ppid() == server.process.pid
+    assert wait_for_exit(agent, 120) and agent.returncode == 0
+    stop_run(ProcessTree(agent.pid), agent, 2.0)

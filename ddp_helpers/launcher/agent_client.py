@@ -253,6 +253,25 @@ def start_agent(
         return None
 
 
+def warm_up(python: str, env: dict[str, str]) -> bool:
+    """Start the server that a launch with this Python and environment will use, without waiting: it
+    imports torch while this process does other work, and the first launch finds it ready. True if a
+    server was started."""
+    if not supported() or python in _not_forkable:
+        return False
+    key = server_key(python, env)
+    with _servers_lock:
+        if key in _servers:
+            return False
+        try:
+            _servers[key] = AgentServer(python, env)
+        except OSError:
+            return False
+        while len(_servers) > KEEP_SERVERS:
+            _servers.pop(next(iter(_servers))).stop()
+    return True
+
+
 def stop_servers() -> None:
     """Let every server leave (each once its runs have ended). The next launch starts a fresh one."""
     with _servers_lock:

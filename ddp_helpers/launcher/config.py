@@ -191,12 +191,10 @@ class LaunchConfig:
     def environment(self) -> dict[str, str]:
         from .torchrun_agent import GRACE_ENV
 
-        env = dict(os.environ)
+        env = base_environment()
         # torchrun would set 1 thread per worker and warn; share the cores out instead.
         env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(self.nproc)))  # type: ignore[arg-type]
         env.update(
-            PYTHONUNBUFFERED="1",  # a worker's print reaches its log file, and the cell, at once
-            PYTHONFAULTHANDLER="1",  # a segfault still leaves a Python stack in stderr
             DDP_BACKEND=self.backend,
             DDP_DEVICE=self.device,
             DDP_RUN_DIR=str(self.run_dir),  # where workers write metrics/ and summary.json
@@ -221,6 +219,15 @@ class LaunchConfig:
             env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         env.update(self.env)
         return env
+
+
+def base_environment() -> dict[str, str]:
+    """This process's environment, with what every run's processes get on top of it."""
+    return {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",  # a worker's print reaches its log file, and the cell, at once
+        "PYTHONFAULTHANDLER": "1",  # a segfault still leaves a Python stack in stderr
+    }
 
 
 def make_config(
