@@ -70,6 +70,7 @@ def test_a_variable_torch_reads_at_import_gets_a_server_of_its_own(script, tmp_p
     # imported it without LOGLEVEL could not honour it
     verbose = launch(script("chatty.py"), nproc=1, run_dir=tmp_path / "verbose", env={"LOGLEVEL": "INFO"})
     assert len(_server_pids()) == 2
+    assert plain.agent == verbose.agent == "forked"
     info = re.compile(r"I\d{4} ")  # torch's INFO lines: "I1201 23:08:00.756000 11519 .../run.py:1102] ..."
     assert not any(info.match(line) for line in plain.launcher_output), plain.launcher_output
     assert any(info.match(line) for line in verbose.launcher_output), verbose.launcher_output
@@ -138,7 +139,7 @@ def test_a_fresh_agent_where_no_server_can_fork_it(script, tmp_path, monkeypatch
         monkeypatch.setenv(agent_client.SWITCH_ENV, "off")
     config = make_config(script("chatty.py"), nproc=1, run_dir=tmp_path / "run", env=env)
     proc = start_run(config)
-    assert not isinstance(proc, ForkedAgent)
+    assert not isinstance(proc, ForkedAgent) and runner._agent_kind(config, proc) == "fresh"
     assert psutil.Process(proc.pid).ppid() == os.getpid()
     assert wait_for_exit(proc, 120) and proc.returncode == 0
     stop_run(ProcessTree(proc.pid), proc, 2.0)

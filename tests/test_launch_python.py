@@ -47,7 +47,9 @@ def test_runs_a_script_with_the_environment_torchrun_would_give_a_world_of_one(t
 
 def test_nproc_defaults_to_one(tmp_path):
     script = write(tmp_path, "import os; print(os.environ['WORLD_SIZE'])\n")
-    assert launch(script, launcher="python", run_dir=tmp_path / "run").logs[0] == ["1"]
+    result = launch(script, launcher="python", run_dir=tmp_path / "run")
+    assert result.logs[0] == ["1"]
+    assert result.agent == "none"  # no torchrun, so no agent
 
 
 def test_a_crash_without_record_names_rank_0_and_keeps_its_traceback(tmp_path):

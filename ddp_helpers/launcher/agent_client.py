@@ -139,6 +139,7 @@ class ForkedAgent:
         self.pid = 0
         self.returncode: int | None = None
         self.status_lost = False  # killed by a signal after its server died: the exit code is unknown
+        self.wait_s = 0.0  # how long the launch waited for the fork (a cold server: its import of torch)
         self._socket = run_socket
         self._buffer = b""
 

@@ -40,11 +40,14 @@ def start_run(config: LaunchConfig) -> subprocess.Popen[bytes] | ForkedAgent:
     try:
         # torchrun's agent forked from a warm server that has imported torch already (agent_client.py);
         # where that cannot be done, a fresh process, as below
+        asked = time.monotonic()
         proc = (
             None
             if direct
             else start_agent(config.python, config.agent_args(), env, stdout.fileno(), lifeline_read)
         )
+        if proc is not None:
+            proc.wait_s = time.monotonic() - asked
         proc = proc or subprocess.Popen(
             config.command(),
             stdout=stdout,

@@ -32,6 +32,10 @@ class LaunchResult:
     resources: pd.DataFrame = field(default_factory=_empty_frame)  # per-rank CPU/RSS, per-GPU use, over time
     gpu_sampling: str = "not requested"  # "sampled", or why not ("not sampled: ...")
     lines_held_back: int = 0  # lines not echoed into the cell (all are in `logs` and on disk)
+    # how torchrun's agent started: "forked" from the agent server (it imported no torch of its own),
+    # "fresh" (a new interpreter: no server here, or it was turned off), or "none" (launcher="python")
+    agent: str = "none"
+    agent_wait_s: float = 0.0  # launch()'s wait for the fork (a cold server: the rest of its import)
 
     def log(self, rank: int) -> str:
         """Every line rank `rank` printed, stdout and stderr, in the order they were read."""

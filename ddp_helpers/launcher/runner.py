@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import LaunchError, LaunchFailed, LaunchInterrupted, LaunchTimeout, WorkerFailed
-from .agent_client import stop_servers, wait_for_stopped_servers
+from .agent_client import ForkedAgent, stop_servers, wait_for_stopped_servers
 from .cell_output import CellEcho
 from .config import LaunchConfig, make_config
 from .diagnosis import diagnose, strip_rank_prefix
@@ -259,6 +259,12 @@ def _start(config: LaunchConfig, run: RunFollower) -> Any:
         ) from None
 
 
+def _agent_kind(config: LaunchConfig, proc: Any) -> str:
+    if config.launcher == "python":
+        return "none"
+    return "forked" if isinstance(proc, ForkedAgent) else "fresh"
+
+
 def _failure(run: RunFollower, proc: Any) -> LaunchError:
     if getattr(proc, "status_lost", False):  # see agent_client.ForkedAgent
         return LaunchFailed(
@@ -364,4 +370,6 @@ def run_config(config: LaunchConfig, progress: str | None = None) -> LaunchResul
         resources=sampler.frame(),
         gpu_sampling=sampler.gpu_sampling,
         lines_held_back=run.echo.held_back,
+        agent=_agent_kind(config, proc),
+        agent_wait_s=getattr(proc, "wait_s", 0.0),
     )
