@@ -125,6 +125,10 @@ def load_latest_on_every_rank(
         state, path = load_latest(directory, map_location)
         choice[0] = None if path is None else str(path)
     dist.broadcast_object_list(choice, src=0)  # rank 0's choice reaches every rank
+    # torch 2.7's gloo can free a broadcast's tensors on its own thread, which then needs the GIL: a
+    # destroy_process_group() soon after, which joins that thread holding the GIL, deadlocked there
+    # (seen in 4 of 10 runs). A barrier waits, without the GIL, until the broadcasts' work is done.
+    dist.barrier()
     if choice[0] is None:
         return None, None
     if dist.get_rank() == 0:

@@ -198,7 +198,7 @@ OPTIONS: tuple[Option, ...] = (
         one_of(LAUNCHERS),
         str,
         more="The script gets the environment torchrun would give a world of one (RANK, WORLD_SIZE, "
-        "MASTER_PORT, the error file), and starts sooner: only one interpreter imports torch.",
+        "MASTER_PORT, the error file), with no agent or rendezvous before it starts.",
     ),
     Option(
         "python",
