@@ -125,9 +125,10 @@ def load_latest_on_every_rank(
         state, path = load_latest(directory, map_location)
         choice[0] = None if path is None else str(path)
     dist.broadcast_object_list(choice, src=0)  # rank 0's choice reaches every rank
-    # torch 2.7's gloo can free a broadcast's tensors on its own thread, which then needs the GIL: a
-    # destroy_process_group() soon after, which joins that thread holding the GIL, deadlocked there
-    # (seen in 4 of 10 runs). A barrier waits, without the GIL, until the broadcasts' work is done.
+    # On torch 2.7 with gloo, a destroy_process_group() right after this broadcast sometimes hung (9 of 25
+    # runs of test_checkpoint's agreement test; 0 of 35 with the barrier). py-spy showed ~ProcessGroupGloo
+    # joining a gloo thread while holding the GIL, and that thread waiting for the GIL to free the
+    # broadcast's tensors. The barrier returns once that work is done, and waits without the GIL.
     dist.barrier()
     if choice[0] is None:
         return None, None

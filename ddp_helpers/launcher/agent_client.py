@@ -1,10 +1,9 @@
 """The launcher's side of the agent server (agent_server.py): torchrun's agent, forked warm.
 
 `start_agent` asks this process's server to fork a run's agent, starting the server first when there
-is none yet; the first launch pays for importing torch as before, and every later one starts at once.
-It returns None where a fork cannot be used (not Linux, a server that died or cannot start): the
-launcher then starts ``python -m ddp_helpers.launcher.torchrun_agent`` as a fresh process, as before.
-
+is none (`warm_up` starts one ahead, so that its import of torch overlaps other work). It returns None
+where a fork cannot be used (not Linux, a server that died, cannot start or has threads): the launcher
+then starts ``python -m ddp_helpers.launcher.torchrun_agent`` as a fresh process.
 ``DDP_HELPERS_AGENT_SERVER=off`` turns the server off.
 
 A server serves one Python and one environment, because torch reads some variables when it is imported
@@ -12,8 +11,9 @@ A server serves one Python and one environment, because torch reads some variabl
 run, which are read later, may differ between a server and the runs it forks (`RUN_TIME_KEYS`). A run
 with other variables (``launch(env=...)``) gets a server of its own; the two most recently used are kept.
 
-The server lives as long as this process: it holds no run of its own, and leaves when this process
-closes its end of the channel, at exit or in `stop_servers` (an interrupted launch calls it), or dies.
+A server holds no run of its own. It leaves when this process closes its end of the channel (at exit,
+in `stop_servers`, which an interrupted launch calls, or when a third server evicts it) or dies, and
+after `agent_server.IDLE_S` seconds without a run.
 """
 
 from __future__ import annotations
