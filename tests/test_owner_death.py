@@ -3,6 +3,7 @@ process of the run outlives it: the agent watches a pipe whose write end only th
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -18,20 +19,20 @@ LEFT_WITHIN_S = 10.0  # the issue's bound: nothing of the run is alive this long
 
 
 def _start_owner(command: list[str], marker: str, tmp_path, processes: int = 2) -> subprocess.Popen[bytes]:
+    runs = tmp_path / marker  # every file of the run has the marker in its path: so do its processes
     owner = subprocess.Popen(
         command,
         cwd=REPO,
+        env={**os.environ, "DDP_HELPERS_RUNS_DIR": str(runs)},
         stdout=open(tmp_path / "owner.out", "wb"),
         stderr=subprocess.STDOUT,
         start_new_session=True,  # the test signals the owner alone, as a kernel manager or a scheduler would
     )
     deadline = time.monotonic() + STARTED_S
     while time.monotonic() < deadline:
-        # the workers carry the marker on their command lines (the script's argument)
-        workers = [
-            p for p in processes_matching(marker) if p.pid != owner.pid and "tick.py" in " ".join(p.cmdline())
-        ]
-        if len(workers) >= processes and owner.poll() is None:
+        # every rank has printed a tick (a forked worker's command line is its fork server's)
+        ticking = [log for log in runs.rglob("stdout.log") if "tick" in log.read_text()]
+        if len(ticking) >= processes and owner.poll() is None:
             time.sleep(1.0)  # the workers are printing their ticks
             return owner
         assert owner.poll() is None, (tmp_path / "owner.out").read_text()

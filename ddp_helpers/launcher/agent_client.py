@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import TypeVar
 
 from .agent_server import IDLE_ENV, NOT_FORKABLE, SERVER_FD_ENV
 from .torchrun_agent import OWNER_FD_ENV
@@ -98,20 +99,7 @@ class AgentServer:
         request = json.dumps({"argv": argv, "env": env, "cwd": os.getcwd()}).encode()
         if len(request) > MAX_REQUEST_BYTES:
             return None
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            with self.lock:
-                socket.send_fds(self.channel, [request], [theirs.fileno(), output_fd, lifeline_fd])
-        except OSError as error:
-            ours.close()
-            raise ServerGone from error
-        finally:
-            theirs.close()  # the server holds its own copy now: if it dies, `ours` reads end-of-file
-        agent = ForkedAgent(ours)
-        if not agent.read_pid(START_TIMEOUT_S):
-            agent.close()
-            raise ServerGone
-        return agent
+        return request_fork(self.channel, self.lock, request, [output_fd, lifeline_fd], ForkedAgent)
 
     def alive(self) -> bool:
         return self.process.returncode is None and _reap(self.process) is None
@@ -130,6 +118,30 @@ class AgentServer:
         except ProcessLookupError:
             pass
         self.stop()
+
+
+Forked = TypeVar("Forked", bound="ForkedAgent")
+
+
+def request_fork(
+    channel: socket.socket, lock: threading.Lock, request: bytes, fds: list[int], kind: type[Forked]
+) -> Forked:
+    """Send one fork request (with the new child's own socket first, then `fds`) and wait for its pid.
+    Raises `ServerGone` if the server is gone, or went before it answered."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with lock:
+            socket.send_fds(channel, [request], [theirs.fileno(), *fds])
+    except OSError as error:
+        ours.close()
+        raise ServerGone from error
+    finally:
+        theirs.close()  # the server holds its own copy now: if it dies, `ours` reads end-of-file
+    child = kind(ours)
+    if not child.read_pid(START_TIMEOUT_S):
+        child.close()
+        raise ServerGone
+    return child
 
 
 class ForkedAgent:

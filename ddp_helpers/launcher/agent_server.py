@@ -33,11 +33,14 @@ import signal
 import socket
 import sys
 import traceback
+from typing import Callable
 
 SERVER_FD_ENV = "DDP_HELPERS_SERVER_FD"
 IDLE_ENV = "DDP_HELPERS_AGENT_SERVER_IDLE_S"
 IDLE_S = 600.0  # with no run for this long, leave: an idle server holds about 300 MB (torch's libraries)
 MAX_REQUEST = 1 << 20  # an environment and a command line: far less
+# (children by pid, the request, its three fds, fds the child must close): forks the child, reports its pid
+StartFork = Callable[[dict[int, socket.socket], dict, list[int], list[int]], None]
 
 
 def preload() -> None:
@@ -85,8 +88,8 @@ def start_agent(runs: dict[int, socket.socket], request: dict, fds: list[int], c
     agent killed by a signal).
     """
     run_fd, output_fd, lifeline_fd = fds
-    pid = os.fork()
-    if pid == 0:
+
+    def agent() -> int:
         code = 1
         try:
             code = become_agent(request, output_fd, lifeline_fd, close)
@@ -97,13 +100,32 @@ def start_agent(runs: dict[int, socket.socket], request: dict, fds: list[int], c
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os.write(run_fd, (json.dumps({"exit": code}) + "\n").encode())
-            finally:
-                os._exit(code)
-    os.close(output_fd)
-    os.close(lifeline_fd)
+            except (OSError, ValueError):  # the log or the launcher's socket is gone: the server reports
+                pass
+        return code
+
+    fork_child(runs, run_fd, agent, close_here=[output_fd, lifeline_fd])
+
+
+def fork_child(
+    runs: dict[int, socket.socket], run_fd: int, child: Callable[[], int], close_here: list[int]
+) -> int:
+    """Fork; the child runs `child` and leaves with its code, never returning into the loop here. This
+    process closes `close_here` (the child's own fds), keeps `run_fd`, writes the child's pid there and
+    returns it."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = child()
+        finally:
+            os._exit(code)
+    for fd in close_here:
+        os.close(fd)
     run = socket.socket(fileno=run_fd)
     runs[pid] = run
     _send(run, {"pid": pid})
+    return pid
 
 
 def reap(runs: dict[int, socket.socket]) -> None:
@@ -128,7 +150,10 @@ def _send(run: socket.socket, message: dict) -> None:
         pass
 
 
-def serve(channel: socket.socket, idle_s: float) -> None:
+def serve(channel: socket.socket, idle_s: float | None, start: StartFork | None = None) -> None:
+    """Fork one child per request (`start`: the run's agent, by default) until the channel closes and
+    every child has ended, or nothing has run for `idle_s` seconds (None: never idle out)."""
+    start = start or start_agent
     runs: dict[int, socket.socket] = {}
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_read, False)
@@ -163,7 +188,7 @@ def serve(channel: socket.socket, idle_s: float) -> None:
                     os.close(fd)
                 continue
             others = [channel.fileno(), wake_read, wake_write, *(run.fileno() for run in runs.values())]
-            start_agent(runs, json.loads(data), fds, others)
+            start(runs, json.loads(data), fds, others)
 
 
 NOT_FORKABLE = 3  # the exit code that tells the launcher not to start servers for this Python again

@@ -190,6 +190,7 @@ class LaunchConfig:
 
     def environment(self) -> dict[str, str]:
         from .torchrun_agent import GRACE_ENV
+        from .worker_forks import SWITCH_ENV as WORKER_FORK_ENV
 
         env = base_environment()
         # torchrun would set 1 thread per worker and warn; share the cores out instead.
@@ -200,6 +201,9 @@ class LaunchConfig:
             DDP_RUN_DIR=str(self.run_dir),  # where workers write metrics/ and summary.json
         )
         env[GRACE_ENV] = f"{self.grace_s:g}"
+        # No GPU visible: the agent forks its workers with torch already imported (worker_forks.py).
+        # With GPUs they stay fresh interpreters: a fork must never follow a CUDA initialisation.
+        env.setdefault(WORKER_FORK_ENV, "1" if self.gpus == 0 else "0")
         if self.launcher == "python":
             # what torchrun would give a world of one, so the same script runs unchanged
             env.update(

@@ -321,7 +321,9 @@ def run_config(config: LaunchConfig, progress: str | None = None) -> LaunchResul
     run = RunFollower(config, progress or resolve_progress(config.progress))
     proc = _start(config, run)
     tree = ProcessTree(proc.pid)
-    sampler = ResourceSampler(tree, gpus=config.device == "cuda", root_is_worker=config.launcher == "python")
+    sampler = ResourceSampler(
+        tree, gpus=config.device == "cuda", root_is_worker=config.launcher == "python", log_dir=config.log_dir
+    )
     success = False
     try:
         last_refresh = 0.0

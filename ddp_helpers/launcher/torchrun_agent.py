@@ -15,7 +15,9 @@ end: when the owner dies, however it dies, the read sees end-of-file, and the ag
 SIGTERM would. A pipe rather than ``PR_SET_PDEATHSIG``, which fires when the parent *thread* that
 started us exits (a kernel may launch from a thread that ends long before the run), and exists on Linux only.
 
-Imports only the standard library and torch (the agent is on every launch's critical path).
+Where the launcher asks for it, the workers are forked warm rather than started as fresh interpreters
+(worker_forks.py). Imports only the standard library, torch and its own package (the agent is on every
+launch's critical path).
 """
 
 from __future__ import annotations
@@ -169,9 +171,13 @@ def main(argv: list[str]) -> int:
     become_subreaper()
     grace_s = float(os.environ.get(GRACE_ENV, "5"))
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    _watch_owner_if_asked(grace_s)
+    from .worker_forks import start_if_asked
+
+    worker_forks = None
     code = 0
     try:
+        worker_forks = start_if_asked()  # before the owner's watch: its fork must copy one thread
+        _watch_owner_if_asked(grace_s)
         from torch.distributed.run import main as torchrun_main
 
         tolerate_half_written_error_files()
@@ -188,6 +194,8 @@ def main(argv: list[str]) -> int:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+        if worker_forks is not None:
+            worker_forks.close()
         stop_children(grace_s)
     return code
 

@@ -1,0 +1,267 @@
+"""torchrun's workers, forked from a copy of the agent that has torch imported, where no GPU is visible.
+
+Every worker that torchrun starts is ``python -u script.py``: a fresh interpreter that imports torch
+before the script's first line runs (2.4 to 2.9 CPU-seconds each here, on 2 cores: most of a small
+launch's time). Where the launcher asks for it (``DDP_HELPERS_WORKER_FORK=1``, which it sets when the
+machine has no visible GPU), the agent forks a *worker fork server* before it does anything else: a
+child of the agent with torch imported and one thread. torchrun's `SubprocessHandler` then gets each
+worker from it instead of from ``subprocess.Popen``. The fork server forks the worker, which becomes
+what ``python -u script.py`` would have been, and reports its pid and then its exit code.
+
+What a forked worker shares with a fresh one:
+- its own session (``start_new_session``), its stdout and stderr files, the environment torchrun built
+  for it, its folder, ``sys.argv``, ``sys.path[0]`` (the script's folder), ``__main__``, unbuffered output;
+- an uncaught exception prints its traceback (through ``sys.excepthook``, torch's ``[rankN]:`` one
+  included) and exits with 1, ``sys.exit`` gives its code, Ctrl-C ends it by SIGINT;
+- at the end, non-daemon threads are joined and ``atexit`` functions run, as Python's exit does;
+- ``OMP_NUM_THREADS`` sets torch's threads (it was read when torch was imported: set again here), and
+  numpy's global random state is seeded afresh, as each fresh process seeds it.
+
+Where it differs, and why that is allowed here: the interpreter is not finalized (objects still alive at
+the end are not destroyed: the process ends with ``os._exit`` once the ``atexit`` functions ran); all
+workers share one string-hash seed; numpy's BLAS keeps the one thread of the server; warnings printed
+while torch was imported are not printed again. Where a GPU is visible none of this is used: a fork
+must never follow a CUDA initialisation, and there the workers are torchrun's own fresh interpreters.
+``DDP_HELPERS_WORKER_FORK=off`` turns it off everywhere; a command that is not ``python -u script``
+(``--no-python``, ``-m module``, ``PYTHON_EXEC``) is started by torchrun as always.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from .agent_client import MAX_REQUEST_BYTES, ForkedAgent, ServerGone, request_fork
+from .agent_server import fork_child, one_thread, preload, serve
+
+SWITCH_ENV = "DDP_HELPERS_WORKER_FORK"  # "1": fork this run's workers (set by the launcher, see config.py)
+# In the run's logs/: one JSON line per forked worker, {"pid", "rank", "local_rank"}. A fork's
+# /proc/PID/environ still shows the server's environment, so the launcher learns its rank from here.
+PIDS_FILE = "forked_workers.jsonl"
+
+
+def forked_ranks(log_dir: Path) -> dict[int, dict[str, int]]:
+    """What the fork server wrote: each forked worker's rank and local rank, by pid."""
+    try:
+        lines = (log_dir / PIDS_FILE).read_text().splitlines()
+    except OSError:
+        return {}
+    found = {}
+    for line in lines:
+        try:
+            entry = json.loads(line)
+            found[int(entry["pid"])] = {"rank": int(entry["rank"]), "local_rank": int(entry["local_rank"])}
+        except (ValueError, KeyError, TypeError):  # a line being written: read again next time
+            continue
+    return found
+
+
+# ------------------------------------------------------------------------------- in the agent
+class ForkedWorker(ForkedAgent):
+    """A worker from the fork server: what torchrun's `SubprocessHandler` uses of a Popen."""
+
+    args: list[str] = []
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            time.sleep(0.02)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class WorkerForks:
+    """The agent's end of its fork server, and the patch that makes torchrun use it."""
+
+    def __init__(self, channel: socket.socket) -> None:
+        self.channel = channel
+        self.lock = threading.Lock()
+        self.gone = False
+
+    def fork(self, args: tuple, env: dict[str, str], handler: Any) -> ForkedWorker | None:
+        """The worker for torchrun's command `args`, or None: torchrun starts that one itself."""
+        command = [str(a) for a in args]
+        if self.gone or len(command) < 3 or command[:2] != [sys.executable, "-u"] or command[2] == "-m":
+            return None
+        request = json.dumps({"argv": command[2:], "env": env, "cwd": os.getcwd()}).encode()
+        if len(request) > MAX_REQUEST_BYTES:
+            return None
+        outputs = [
+            stream.fileno() if stream is not None else default
+            for stream, default in ((getattr(handler, "_stdout", None), 1), (getattr(handler, "_stderr", None), 2))
+        ]
+        try:
+            worker = request_fork(self.channel, self.lock, request, outputs, ForkedWorker)
+        except ServerGone:
+            self.gone = True  # the next workers start as torchrun starts them
+            return None
+        worker.args = command
+        return worker
+
+    def install(self) -> None:
+        from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
+
+        popen = subprocess_handler.SubprocessHandler._popen
+        forks = self
+
+        def forked_popen(handler: Any, args: tuple, env: dict[str, str]) -> Any:
+            return forks.fork(args, env, handler) or popen(handler, args, env)
+
+        subprocess_handler.SubprocessHandler._popen = forked_popen  # type: ignore[method-assign]
+
+    def close(self) -> None:
+        """No more workers: the fork server leaves once the ones it forked have ended."""
+        self.channel.close()
+
+
+def start_if_asked() -> WorkerForks | None:
+    """In the agent, before anything starts a thread: fork the fork server, and route torchrun's
+    workers to it. None where not asked for, not Linux, or this process already runs threads."""
+    if os.environ.get(SWITCH_ENV) != "1" or not hasattr(socket, "send_fds"):
+        return None
+    preload()  # a forked agent has it already; a fresh one imports what it will need anyway
+    if not one_thread():
+        return None
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    if os.fork() == 0:
+        code = 1
+        try:
+            ours.close()
+            # A run being stopped signals every process of it: this one stays to report how each
+            # worker ended, and leaves when the agent closes the channel and its workers are gone.
+            for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+                signal.signal(sig, signal.SIG_IGN)
+            serve(theirs, None, start_worker)
+            code = 0
+        except BaseException:  # noqa: BLE001 - into the agent's log: the workers then fail to start
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    theirs.close()
+    forks = WorkerForks(ours)
+    forks.install()
+    return forks
+
+
+# ------------------------------------------------------------------------------- in the fork server
+def start_worker(runs: dict[int, socket.socket], request: dict, fds: list[int], close: list[int]) -> None:
+    run_fd, stdout_fd, stderr_fd = fds
+    pid = fork_child(
+        runs,
+        run_fd,
+        lambda: become_worker(request, stdout_fd, stderr_fd, [run_fd, *close]),
+        close_here=[stdout_fd, stderr_fd],
+    )
+    env = request["env"]
+    if "DDP_RUN_DIR" in env and "RANK" in env:
+        entry = {"pid": pid, "rank": env["RANK"], "local_rank": env.get("LOCAL_RANK", env["RANK"])}
+        try:
+            with open(Path(env["DDP_RUN_DIR"]) / "logs" / PIDS_FILE, "a") as pids:
+                pids.write(json.dumps(entry) + "\n")
+        except OSError:  # the run's folder is gone: the launcher no longer samples this run
+            pass
+
+
+def become_worker(request: dict, stdout_fd: int, stderr_fd: int, close: list[int]) -> int:
+    """In the forked child: become ``python -u script args...`` in torchrun's environment."""
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # what a fresh Python installs
+    os.setsid()  # torchrun's start_new_session: it stops a worker with killpg
+    for fd in close:
+        os.close(fd)
+    for fd, target in ((stdout_fd, 1), (stderr_fd, 2)):
+        if fd != target:
+            os.dup2(fd, target)
+            os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    script, *args = request["argv"]
+    sys.argv = [script, *args]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python script.py` sets it
+    _as_if_imported_now()
+    return run_script(script)
+
+
+def _as_if_imported_now() -> None:
+    """What a fresh interpreter reads from its environment when it imports torch and numpy."""
+    import torch
+
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()  # from the OS's entropy, as at import: each worker its own
+
+
+def run_script(path: str) -> int:
+    """Run `path` as ``__main__`` and end as Python's own exit would; returns the exit code."""
+    import runpy
+
+    code = 0
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as exit_:
+        code = _system_exit_code(exit_)
+    except BaseException as error:  # noqa: BLE001 - uncaught in the script: what Python prints
+        error.__traceback__ = _from_script(error.__traceback__, path)  # what Python's excepthook prints
+        sys.excepthook(type(error), error, error.__traceback__)
+        code = 1
+        if isinstance(error, KeyboardInterrupt):
+            code = -signal.SIGINT
+        del error
+    try:
+        threading._shutdown()  # type: ignore[attr-defined] - Python joins non-daemon threads at exit
+        import atexit
+
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:  # noqa: BLE001 - as Python's exit: report and keep the code
+        traceback.print_exc()
+    if code == -signal.SIGINT:  # Python ends an uncaught Ctrl-C by the signal itself
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    return code & 0xFF
+
+
+def _system_exit_code(exit_: SystemExit) -> int:
+    if exit_.code is None:
+        return 0
+    if isinstance(exit_.code, int):
+        return exit_.code
+    print(exit_.code, file=sys.stderr)  # sys.exit("message"): Python prints it and exits with 1
+    return 1
+
+
+def _from_script(tb: Any, path: str) -> Any:
+    """The traceback from the script's own first frame on, as ``python script.py`` prints it."""
+    start = tb
+    while start is not None and start.tb_frame.f_code.co_filename != path:
+        start = start.tb_next
+    return start or tb
