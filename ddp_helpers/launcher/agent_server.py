@@ -33,13 +33,16 @@ import signal
 import socket
 import sys
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 SERVER_FD_ENV = "DDP_HELPERS_SERVER_FD"
 IDLE_ENV = "DDP_HELPERS_AGENT_SERVER_IDLE_S"
 IDLE_S = 600.0  # with no run for this long, leave: an idle server holds about 300 MB (torch's libraries)
 MAX_REQUEST = 1 << 20  # an environment and a command line: far less
 # (children by pid, the request, its three fds, fds the child must close): forks the child, reports its pid
+# In a forked agent: its end of the launcher's run socket. Only the agent may hold it (a child that kept a
+# copy would keep the launcher from seeing the agent's end): the agent's own fork server closes it.
+AGENT_ONLY_FDS: list[int] = []
 StartFork = Callable[[dict[int, socket.socket], dict, list[int], list[int]], None]
 
 
@@ -49,7 +52,7 @@ def preload() -> None:
     from torch.distributed.elastic.agent.server import local_elastic_agent  # noqa: F401
     from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, dynamic_rendezvous  # noqa: F401
 
-    from . import torchrun_agent  # noqa: F401
+    from . import torchrun_agent, worker_forks  # noqa: F401
 
 
 def one_thread() -> bool:
@@ -92,6 +95,7 @@ def start_agent(runs: dict[int, socket.socket], request: dict, fds: list[int], c
     def agent() -> int:
         code = 1
         try:
+            AGENT_ONLY_FDS.append(run_fd)
             code = become_agent(request, output_fd, lifeline_fd, close)
         except BaseException:  # noqa: BLE001 - reported in the run's log, like a crash at start-up
             traceback.print_exc()

@@ -55,7 +55,9 @@ class ResourceSampler:
             rank = None
             try:
                 parent = proc.ppid()
-                is_worker = proc.pid == self.tree.root_pid if self.root_is_worker else parent == self.tree.root_pid
+                is_worker = (
+                    proc.pid == self.tree.root_pid if self.root_is_worker else parent == self.tree.root_pid
+                )
                 forked = self._forked_worker(proc.pid, parent)
                 if forked is None and not is_worker and self._parent_is_agents_child(parent):
                     return None  # forked a moment ago, and not listed yet: ask again later

@@ -21,6 +21,7 @@ from .progress import StepProgress, resolve_progress
 from .resources import ResourceSampler
 from .result import LaunchResult
 from .run_outputs import MetricsFollower, keep_previous_outputs, read_metrics, read_summary
+from .worker_forks import forked_ranks
 
 __all__ = ["LaunchResult", "launch"]
 
@@ -359,6 +360,10 @@ def run_config(config: LaunchConfig, progress: str | None = None) -> LaunchResul
         stop_run(tree, proc, config.grace_s)  # anything a worker left behind goes too
         run.echo.close()
         run.progress.close(success)
+    return _result(config, run, proc, sampler)
+
+
+def _result(config: LaunchConfig, run: RunFollower, proc: Any, sampler: ResourceSampler) -> LaunchResult:
     return LaunchResult(
         returncode=proc.returncode,
         wall_s=time.monotonic() - run.started,
@@ -374,4 +379,5 @@ def run_config(config: LaunchConfig, progress: str | None = None) -> LaunchResul
         lines_held_back=run.echo.held_back,
         agent=_agent_kind(config, proc),
         agent_wait_s=getattr(proc, "wait_s", 0.0),
+        workers="forked" if forked_ranks(config.log_dir) else "fresh",
     )

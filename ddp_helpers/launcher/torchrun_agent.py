@@ -171,12 +171,16 @@ def main(argv: list[str]) -> int:
     become_subreaper()
     grace_s = float(os.environ.get(GRACE_ENV, "5"))
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    from .worker_forks import start_if_asked
-
     worker_forks = None
     code = 0
     try:
-        worker_forks = start_if_asked()  # before the owner's watch: its fork must copy one thread
+        from .worker_forks import start_if_asked
+
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # one that lands in the fork waits
+        try:
+            worker_forks = start_if_asked()  # before the owner's watch: its fork must copy one thread
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         _watch_owner_if_asked(grace_s)
         from torch.distributed.run import main as torchrun_main
 

@@ -28,6 +28,7 @@ must never follow a CUDA initialisation, and there the workers are torchrun's ow
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -41,8 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from .agent_client import MAX_REQUEST_BYTES, ForkedAgent, ServerGone, request_fork
-from .agent_server import fork_child, one_thread, preload, serve
+from .agent_server import AGENT_ONLY_FDS, fork_child, one_thread, preload, serve
 
+PR_SET_PDEATHSIG = 1
 SWITCH_ENV = "DDP_HELPERS_WORKER_FORK"  # "1": fork this run's workers (set by the launcher, see config.py)
 # In the run's logs/: one JSON line per forked worker, {"pid", "rank", "local_rank"}. A fork's
 # /proc/PID/environ still shows the server's environment, so the launcher learns its rank from here.
@@ -111,7 +113,10 @@ class WorkerForks:
             return None
         outputs = [
             stream.fileno() if stream is not None else default
-            for stream, default in ((getattr(handler, "_stdout", None), 1), (getattr(handler, "_stderr", None), 2))
+            for stream, default in (
+                (getattr(handler, "_stdout", None), 1),
+                (getattr(handler, "_stderr", None), 2),
+            )
         ]
         try:
             worker = request_fork(self.channel, self.lock, request, outputs, ForkedWorker)
@@ -139,7 +144,10 @@ class WorkerForks:
 
 def start_if_asked() -> WorkerForks | None:
     """In the agent, before anything starts a thread: fork the fork server, and route torchrun's
-    workers to it. None where not asked for, not Linux, or this process already runs threads."""
+    workers to it. None where not asked for, not Linux, or this process already runs threads.
+
+    Call it with SIGTERM blocked (the agent's SIGTERM raises): the fork server unblocks it once it
+    ignores it, and the agent once it holds the result."""
     if os.environ.get(SWITCH_ENV) != "1" or not hasattr(socket, "send_fds"):
         return None
     preload()  # a forked agent has it already; a fresh one imports what it will need anyway
@@ -150,10 +158,13 @@ def start_if_asked() -> WorkerForks | None:
         code = 1
         try:
             ours.close()
+            for fd in AGENT_ONLY_FDS:
+                os.close(fd)
             # A run being stopped signals every process of it: this one stays to report how each
             # worker ended, and leaves when the agent closes the channel and its workers are gone.
             for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
                 signal.signal(sig, signal.SIG_IGN)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
             serve(theirs, None, start_worker)
             code = 0
         except BaseException:  # noqa: BLE001 - into the agent's log: the workers then fail to start
@@ -192,6 +203,7 @@ def become_worker(request: dict, stdout_fd: int, stderr_fd: int, close: list[int
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # what a fresh Python installs
     os.setsid()  # torchrun's start_new_session: it stops a worker with killpg
+    _die_with_fork_server()
     for fd in close:
         os.close(fd)
     for fd, target in ((stdout_fd, 1), (stderr_fd, 2)):
@@ -206,6 +218,19 @@ def become_worker(request: dict, stdout_fd: int, stderr_fd: int, close: list[int
     sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python script.py` sets it
     _as_if_imported_now()
     return run_script(script)
+
+
+def _die_with_fork_server() -> None:
+    """A fork server is killed only with its run (SIGKILL, once the run's grace period is over): its
+    workers go with it, and none is left running outside the run's process tree."""
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it died before the line above took effect
+        os._exit(128 + signal.SIGKILL)
 
 
 def _as_if_imported_now() -> None:
