@@ -10,7 +10,7 @@ import pytest
 from ddp_helpers import launch
 from ddp_helpers.errors import WorkerFailed
 from ddp_helpers.launcher.config import make_config
-from ddp_helpers.launcher.worker_forks import PIDS_FILE, SWITCH_ENV, forked_ranks
+from ddp_helpers.launcher.worker_forks import PIDS_FILE, SWITCH_ENV, forked_ranks, run_script
 
 # Prints what a fresh interpreter would have set up for the script, then leaves a non-daemon thread
 # and an atexit function behind: Python's exit joins the one and runs the other.
@@ -30,6 +30,15 @@ REPORT = textwrap.dedent(
         print("the thread finished", flush=True)
     threading.Thread(target=late).start()
     atexit.register(lambda: print("atexit ran", flush=True))
+    class Point:
+        pass
+    def pickle_at_exit():  # __main__ must still be the script's: pickle finds Point there
+        import pickle
+        pickle.dumps(Point())
+        print("pickled at exit", flush=True)
+    atexit.register(pickle_at_exit)
+    log = open(os.path.join(os.environ["DDP_RUN_DIR"], f"unclosed-{report['rank']}.txt"), "w")
+    log.write("the tail of a file never closed")  # written when Python frees it at exit
     if report["rank"] == 1 and sys.argv[1:] and sys.argv[1].startswith("stopped"):
         sys.exit(sys.argv[1])
     """
@@ -67,6 +76,9 @@ def test_a_forked_worker_starts_and_ends_as_python_would(report_script, tmp_path
         assert report["threads"] == 1 and report["omp"] == "1"  # read again after the fork
     assert reports[0]["numpy_draw"] != reports[1]["numpy_draw"]  # each its own random state
     assert _count(result, "the thread finished") == 2 and _count(result, "atexit ran") == 2
+    assert _count(result, "pickled at exit") == 2
+    for rank in (0, 1):
+        assert (tmp_path / "run" / f"unclosed-{rank}.txt").read_text() == "the tail of a file never closed"
 
 
 def test_a_forked_worker_exits_with_its_code_and_its_message(report_script, tmp_path):
@@ -85,6 +97,18 @@ def test_an_uncaught_exception_shows_the_scripts_own_traceback(tmp_path):
     assert trace.splitlines()[1].strip() == f'File "{script}", line 4, in <module>', trace
     assert "worker_forks" not in trace and "runpy" not in trace  # no frame of the fork itself
     assert "ValueError: bad batch" in trace
+
+
+def test_a_syntax_error_or_a_missing_script_reads_as_python_says_it(tmp_path, capsys):
+    script = tmp_path / "broken.py"
+    script.write_text("print('never')\ndef (:\n")
+    with pytest.raises(WorkerFailed) as failed:
+        launch(script, nproc=1, run_dir=tmp_path / "run", progress="off")
+    stderr = "\n".join(failed.value.logs[0])
+    assert "SyntaxError" in stderr and f'File "{script}", line 2' in stderr and "runpy" not in stderr, stderr
+    assert "never" not in stderr
+    assert run_script(str(tmp_path / "gone.py")) == 2  # (launch refuses a missing script before it starts)
+    assert "can't open file" in capsys.readouterr().err
 
 
 def test_switched_off_or_with_gpus_the_workers_are_torchruns_own(report_script, tmp_path, monkeypatch):

@@ -124,7 +124,12 @@ Forked = TypeVar("Forked", bound="ForkedAgent")
 
 
 def request_fork(
-    channel: socket.socket, lock: threading.Lock, request: bytes, fds: list[int], kind: type[Forked]
+    channel: socket.socket,
+    lock: threading.Lock,
+    request: bytes,
+    fds: list[int],
+    kind: type[Forked],
+    timeout_s: float = START_TIMEOUT_S,
 ) -> Forked:
     """Send one fork request (with the new child's own socket first, then `fds`) and wait for its pid.
     Raises `ServerGone` if the server is gone, or went before it answered."""
@@ -138,7 +143,7 @@ def request_fork(
     finally:
         theirs.close()  # the server holds its own copy now: if it dies, `ours` reads end-of-file
     child = kind(ours)
-    if not child.read_pid(START_TIMEOUT_S):
+    if not child.read_pid(timeout_s):
         child.close()
         raise ServerGone
     return child

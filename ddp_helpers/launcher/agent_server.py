@@ -192,7 +192,15 @@ def serve(channel: socket.socket, idle_s: float | None, start: StartFork | None 
                     os.close(fd)
                 continue
             others = [channel.fileno(), wake_read, wake_write, *(run.fileno() for run in runs.values())]
-            start(runs, json.loads(data), fds, others)
+            try:
+                start(runs, json.loads(data), fds, others)
+            except Exception:  # noqa: BLE001 - one request failed (a fork refused): serve the next ones
+                traceback.print_exc()  # the launcher reads end-of-file on that run and starts it afresh
+                for fd in fds:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
 
 
 NOT_FORKABLE = 3  # the exit code that tells the launcher not to start servers for this Python again

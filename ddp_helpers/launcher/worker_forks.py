@@ -28,9 +28,14 @@ must never follow a CUDA initialisation, and there the workers are torchrun's ow
 
 from __future__ import annotations
 
+import atexit
+import builtins
 import ctypes
+import gc
+import importlib.machinery
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -38,6 +43,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +55,8 @@ SWITCH_ENV = "DDP_HELPERS_WORKER_FORK"  # "1": fork this run's workers (set by t
 # In the run's logs/: one JSON line per forked worker, {"pid", "rank", "local_rank"}. A fork's
 # /proc/PID/environ still shows the server's environment, so the launcher learns its rank from here.
 PIDS_FILE = "forked_workers.jsonl"
+REPORT_WAIT_S = 2.0  # a dead worker's exit code, from its fork server: milliseconds, unless it is gone
+FORK_TIMEOUT_S = 30.0  # the server is warm and one fork takes milliseconds: longer means it is stuck
 
 
 def forked_ranks(log_dir: Path) -> dict[int, dict[str, int]]:
@@ -72,6 +80,16 @@ class ForkedWorker(ForkedAgent):
     """A worker from the fork server: what torchrun's `SubprocessHandler` uses of a Popen."""
 
     args: list[str] = []
+
+    def poll(self) -> int | None:
+        """As Popen's: the exit code as soon as the worker has died. (Its fork server reports it a moment
+        later: torchrun, which polls its ranks in turn, would otherwise see a rank that lost its peer fail
+        before the rank that died first, and name the wrong root cause.)"""
+        code = super().poll()
+        if code is None and not _alive(self.pid):
+            select.select([self._socket], [], [], REPORT_WAIT_S)
+            code = super().poll()
+        return code
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -98,10 +116,12 @@ class ForkedWorker(ForkedAgent):
 class WorkerForks:
     """The agent's end of its fork server, and the patch that makes torchrun use it."""
 
-    def __init__(self, channel: socket.socket) -> None:
+    def __init__(self, channel: socket.socket, server_pid: int) -> None:
         self.channel = channel
+        self.server_pid = server_pid
         self.lock = threading.Lock()
         self.gone = False
+        self.workers: list[ForkedWorker] = []
 
     def fork(self, args: tuple, env: dict[str, str], handler: Any) -> ForkedWorker | None:
         """The worker for torchrun's command `args`, or None: torchrun starts that one itself."""
@@ -119,11 +139,15 @@ class WorkerForks:
             )
         ]
         try:
-            worker = request_fork(self.channel, self.lock, request, outputs, ForkedWorker)
+            worker = request_fork(self.channel, self.lock, request, outputs, ForkedWorker, FORK_TIMEOUT_S)
         except ServerGone:
-            self.gone = True  # the next workers start as torchrun starts them
+            # the next workers start as torchrun starts them; a request the server still holds must
+            # never become a second copy of this rank
+            self.gone = True
+            _kill(self.server_pid)
             return None
         worker.args = command
+        self.workers.append(worker)
         return worker
 
     def install(self) -> None:
@@ -136,10 +160,59 @@ class WorkerForks:
             return forks.fork(args, env, handler) or popen(handler, args, env)
 
         subprocess_handler.SubprocessHandler._popen = forked_popen  # type: ignore[method-assign]
+        subprocess_handler.SubprocessHandler.close = _tolerant_close(
+            subprocess_handler.SubprocessHandler.close
+        )
 
     def close(self) -> None:
-        """No more workers: the fork server leaves once the ones it forked have ended."""
+        """No more workers: SIGTERM any that torchrun left running (they are not the agent's children,
+        so its own stop does not reach them), and the fork server leaves once they have ended."""
+        for worker in self.workers:
+            if worker.poll() is None:
+                _signal_group(worker.pid, signal.SIGTERM)
         self.channel.close()
+
+
+def _tolerant_close(close: Any) -> Any:
+    """torchrun stops a worker with ``os.killpg(pid)``. A forked worker may not lead its group yet (it
+    calls setsid just after the fork) or may be reaped already (its exit code on its way): signal the
+    process itself then, or nothing, instead of letting ProcessLookupError end the agent."""
+
+    def close_forked(handler: Any, death_sig: Any = None) -> None:
+        try:
+            close(handler, death_sig)
+        except ProcessLookupError:
+            if not isinstance(handler.proc, ForkedWorker):
+                raise
+            _kill(handler.proc.pid, death_sig or signal.SIGTERM)
+            for stream in (handler._stdout, handler._stderr):
+                if stream is not None:
+                    stream.close()
+
+    return close_forked
+
+
+def _alive(pid: int) -> bool:
+    """Running still: neither a zombie waiting for its fork server's wait nor reaped already."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        _kill(pid, sig)
+
+
+def _kill(pid: int, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def start_if_asked() -> WorkerForks | None:
@@ -154,7 +227,8 @@ def start_if_asked() -> WorkerForks | None:
     if not one_thread():
         return None
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    if os.fork() == 0:
+    server_pid = os.fork()
+    if server_pid == 0:
         code = 1
         try:
             ours.close()
@@ -172,7 +246,7 @@ def start_if_asked() -> WorkerForks | None:
         finally:
             os._exit(code)
     theirs.close()
-    forks = WorkerForks(ours)
+    forks = WorkerForks(ours, server_pid)
     forks.install()
     return forks
 
@@ -183,7 +257,7 @@ def start_worker(runs: dict[int, socket.socket], request: dict, fds: list[int], 
     pid = fork_child(
         runs,
         run_fd,
-        lambda: become_worker(request, stdout_fd, stderr_fd, [run_fd, *close]),
+        lambda: _printing_errors(become_worker, request, stdout_fd, stderr_fd, [run_fd, *close]),
         close_here=[stdout_fd, stderr_fd],
     )
     env = request["env"]
@@ -196,11 +270,19 @@ def start_worker(runs: dict[int, socket.socket], request: dict, fds: list[int], 
             pass
 
 
+def _printing_errors(become: Any, *args: Any) -> int:
+    try:
+        return become(*args)
+    except BaseException:  # noqa: BLE001 - a worker that could not start says why, in its stderr log
+        traceback.print_exc()
+        return 1
+
+
 def become_worker(request: dict, stdout_fd: int, stderr_fd: int, close: list[int]) -> int:
     """In the forked child: become ``python -u script args...`` in torchrun's environment."""
     signal.set_wakeup_fd(-1)
-    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)  # torchrun handles these in the agent: a fresh worker's default
     signal.signal(signal.SIGINT, signal.default_int_handler)  # what a fresh Python installs
     os.setsid()  # torchrun's start_new_session: it stops a worker with killpg
     _die_with_fork_server()
@@ -215,7 +297,8 @@ def become_worker(request: dict, stdout_fd: int, stderr_fd: int, close: list[int
     os.environ.update(request["env"])
     script, *args = request["argv"]
     sys.argv = [script, *args]
-    sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python script.py` sets it
+    if not sys.flags.safe_path:  # then sys.path[0] is the server's folder: the script's, as Python sets it
+        sys.path[0] = os.path.dirname(os.path.abspath(script))
     _as_if_imported_now()
     return run_script(script)
 
@@ -246,33 +329,59 @@ def _as_if_imported_now() -> None:
 
 def run_script(path: str) -> int:
     """Run `path` as ``__main__`` and end as Python's own exit would; returns the exit code."""
-    import runpy
-
+    try:
+        with open(path, "rb") as source_file:
+            source = source_file.read()
+    except OSError as error:  # what Python says, with its exit code
+        print(
+            f"{sys.executable}: can't open file {path!r}: [Errno {error.errno}] {error.strerror}",
+            file=sys.stderr,
+        )
+        return 2
+    main = _main_module(path)
     code = 0
     try:
-        runpy.run_path(path, run_name="__main__")
+        exec(compile(source, path, "exec"), main.__dict__)
     except SystemExit as exit_:
         code = _system_exit_code(exit_)
     except BaseException as error:  # noqa: BLE001 - uncaught in the script: what Python prints
         error.__traceback__ = _from_script(error.__traceback__, path)  # what Python's excepthook prints
         sys.excepthook(type(error), error, error.__traceback__)
-        code = 1
-        if isinstance(error, KeyboardInterrupt):
-            code = -signal.SIGINT
+        code = -signal.SIGINT if isinstance(error, KeyboardInterrupt) else 1
         del error
-    try:
-        threading._shutdown()  # type: ignore[attr-defined] - Python joins non-daemon threads at exit
-        import atexit
-
-        atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except BaseException:  # noqa: BLE001 - as Python's exit: report and keep the code
-        traceback.print_exc()
+    _exit_as_python_does(main)
     if code == -signal.SIGINT:  # Python ends an uncaught Ctrl-C by the signal itself
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     return code & 0xFF
+
+
+def _main_module(path: str) -> types.ModuleType:
+    """A ``__main__`` for the script that stays (runpy would put the server's back once it returns, and
+    threads and atexit functions still run after that, pickling classes of the script)."""
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    main.__builtins__ = builtins  # type: ignore[attr-defined]
+    sys.modules["__main__"] = main
+    return main
+
+
+def _exit_as_python_does(main: types.ModuleType) -> None:
+    """Join non-daemon threads, run the atexit functions, free the script's globals (an unclosed file
+    writes its tail when it is freed), flush: each step even if an earlier one failed."""
+    for step in (
+        threading._shutdown,  # type: ignore[attr-defined]
+        atexit._run_exitfuncs,
+        main.__dict__.clear,
+        gc.collect,
+        sys.stdout.flush,
+        sys.stderr.flush,
+    ):
+        try:
+            step()
+        except BaseException:  # noqa: BLE001 - as Python's exit: report it and go on
+            traceback.print_exc()
 
 
 def _system_exit_code(exit_: SystemExit) -> int:
@@ -285,8 +394,8 @@ def _system_exit_code(exit_: SystemExit) -> int:
 
 
 def _from_script(tb: Any, path: str) -> Any:
-    """The traceback from the script's own first frame on, as ``python script.py`` prints it."""
-    start = tb
-    while start is not None and start.tb_frame.f_code.co_filename != path:
-        start = start.tb_next
-    return start or tb
+    """The traceback from the script's own first frame on, as ``python script.py`` prints it (None for
+    a SyntaxError: no frame of the script ran, and Python prints only where the error is)."""
+    while tb is not None and tb.tb_frame.f_code.co_filename != path:
+        tb = tb.tb_next
+    return tb
