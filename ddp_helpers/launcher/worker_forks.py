@@ -17,11 +17,19 @@ What a forked worker shares with a fresh one:
 - ``OMP_NUM_THREADS`` sets torch's threads (it was read when torch was imported: set again here), and
   numpy's global random state is seeded afresh, as each fresh process seeds it.
 
-Where it differs, and why that is allowed here: the interpreter is not finalized (objects still alive at
-the end are not destroyed: the process ends with ``os._exit`` once the ``atexit`` functions ran); all
-workers share one string-hash seed; numpy's BLAS keeps the one thread of the server; warnings printed
-while torch was imported are not printed again. Where a GPU is visible none of this is used: a fork
-must never follow a CUDA initialisation, and there the workers are torchrun's own fresh interpreters.
+Where it differs, and why that is allowed here:
+- ``ps``, ``/proc/PID/cmdline`` and ``/proc/PID/environ`` show the agent server's command line and
+  environment (the launcher reads a forked worker's rank from `PIDS_FILE`); ``os.getppid()`` is the
+  fork server, not the agent;
+- the interpreter is not finalized: after the ``atexit`` functions the script's globals are freed (an
+  unclosed file still writes its tail) and the process ends with ``os._exit``; objects held elsewhere
+  are not destroyed;
+- torch, torchrun and this package's launcher modules are imported already (an edit to those needs a
+  new server: it leaves after 10 idle minutes); all workers share one string-hash seed and
+  multiprocessing's authkey; numpy's BLAS keeps the server's one thread; warnings printed while torch
+  was imported are not printed again.
+Where a GPU is visible none of this is used: a fork must never follow a CUDA initialisation, and there
+the workers are torchrun's own fresh interpreters.
 ``DDP_HELPERS_WORKER_FORK=off`` turns it off everywhere; a command that is not ``python -u script``
 (``--no-python``, ``-m module``, ``PYTHON_EXEC``) is started by torchrun as always.
 """
