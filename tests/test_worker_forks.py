@@ -10,7 +10,8 @@ import pytest
 from ddp_helpers import launch
 from ddp_helpers.errors import WorkerFailed
 from ddp_helpers.launcher.config import make_config
-from ddp_helpers.launcher.worker_forks import PIDS_FILE, SWITCH_ENV, forked_ranks, run_script
+from ddp_helpers.launcher.forked_worker import run_script
+from ddp_helpers.launcher.worker_forks import PIDS_FILE, SWITCH_ENV, forked_ranks
 
 # Prints what a fresh interpreter would have set up for the script, then leaves a non-daemon thread
 # and an atexit function behind: Python's exit joins the one and runs the other.
