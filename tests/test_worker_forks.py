@@ -19,7 +19,9 @@ REPORT = textwrap.dedent(
     """
     import atexit, json, os, sys, threading, time
     import numpy, torch
+    def typed(x: int): pass
     report = {
+        "annotation": repr(typed.__annotations__["x"]),
         "argv": sys.argv, "path0": sys.path[0], "name": __name__, "cwd": os.getcwd(),
         "threads": torch.get_num_threads(), "omp": os.environ["OMP_NUM_THREADS"],
         "rank": int(os.environ["RANK"]), "numpy_draw": float(numpy.random.random()),
@@ -74,6 +76,7 @@ def test_a_forked_worker_starts_and_ends_as_python_would(report_script, tmp_path
         assert report["argv"] == [str(report_script), "--flag"]
         assert report["path0"] == str(report_script.parent)  # as `python script.py` sets it
         assert report["name"] == "__main__" and report["session_leader"]
+        assert report["annotation"] == "<class 'int'>"  # no `from __future__` of the launcher's leaks in
         assert report["threads"] == 1 and report["omp"] == "1"  # read again after the fork
     assert reports[0]["numpy_draw"] != reports[1]["numpy_draw"]  # each its own random state
     assert _count(result, "the thread finished") == 2 and _count(result, "atexit ran") == 2

@@ -81,7 +81,8 @@ def run_script(path: str) -> int:
     main = _main_module(path)
     code = 0
     try:
-        exec(compile(source, path, "exec"), main.__dict__)
+        # dont_inherit: this module's own `from __future__ import annotations` must not reach the script
+        exec(compile(source, path, "exec", dont_inherit=True), main.__dict__)
     except SystemExit as exit_:
         code = _system_exit_code(exit_)
     except BaseException as error:  # noqa: BLE001 - uncaught in the script: what Python prints
