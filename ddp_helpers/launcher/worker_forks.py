@@ -1,7 +1,7 @@
 """torchrun's workers, forked from a copy of the agent that has torch imported, where no GPU is visible.
 
 Every worker that torchrun starts is ``python -u script.py``: a fresh interpreter that imports torch
-before the script's first line runs (2.4 to 2.9 CPU-seconds each here, on 2 cores: most of a small
+before the script's first line runs (2.8 to 3.2 CPU-seconds each here, torch 2.14: most of a small
 launch's time). Where the launcher asks for it (``DDP_HELPERS_WORKER_FORK=1``, which it sets when the
 machine has no visible GPU), the agent forks a *worker fork server* before it does anything else: a
 child of the agent with torch imported and one thread. torchrun's `SubprocessHandler` then gets each
