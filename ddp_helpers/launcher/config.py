@@ -202,7 +202,8 @@ class LaunchConfig:
         )
         env[GRACE_ENV] = f"{self.grace_s:g}"
         # No GPU visible: the agent forks its workers with torch already imported (worker_forks.py).
-        # With GPUs they stay fresh interpreters: a fork must never follow a CUDA initialisation.
+        # With GPUs they stay fresh interpreters, so that no worker is the copy of a process that had
+        # initialised CUDA (such a copy's CUDA calls fail).
         env.setdefault(WORKER_FORK_ENV, "1" if self.gpus == 0 else "0")
         if self.launcher == "python":
             # what torchrun would give a world of one, so the same script runs unchanged

@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 
 from .process_tree import ProcessTree
-from .worker_forks import forked_ranks
+from .worker_forks import PIDS_FILE, forked_ranks
 
 
 def nvml_handles() -> tuple[list[Any], str]:
@@ -41,6 +41,7 @@ class ResourceSampler:
         self.tree = tree
         self.log_dir = log_dir  # where the fork server lists the workers it forked (worker_forks.py)
         self._forked: dict[int, dict[str, int]] = {}
+        self._forked_size = 0  # of the pid file when last read
         self.root_is_worker = root_is_worker  # launched without an agent: the root is rank 0 itself
         self.rows: list[dict[str, Any]] = []
         self._ranks: dict[int, int | None] = {}  # pid -> global rank (None: not a worker)
@@ -81,7 +82,12 @@ class ResourceSampler:
 
     def _forked_worker(self, pid: int, parent: int) -> dict[str, int] | None:
         if pid not in self._forked and self.log_dir is not None and parent != self.tree.root_pid:
-            self._forked = forked_ranks(self.log_dir)
+            try:  # read again only when the fork server has added a line
+                size = (self.log_dir / PIDS_FILE).stat().st_size
+            except OSError:
+                size = 0
+            if size != self._forked_size:
+                self._forked, self._forked_size = forked_ranks(self.log_dir), size
         return self._forked.get(pid)
 
     def _parent_is_agents_child(self, parent: int) -> bool:
