@@ -21,6 +21,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from . import stack_dumps
 from .backends import BACKENDS, resolve_backend  # noqa: F401  (re-exported: the rule lives there)
 
 
@@ -70,6 +71,7 @@ def setup_distributed(backend: str | None = None, timeout: timedelta | None = No
         backend, device_type = worker_backend()
     else:
         device_type = "cuda" if backend == "nccl" else "cpu"
+    stack_dumps.register_in_run()  # where it waits, if the launcher finds the run hung
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ["LOCAL_RANK"])
     world_size = int(os.environ["WORLD_SIZE"])

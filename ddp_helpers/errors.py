@@ -63,11 +63,22 @@ class WorkerFailed(LaunchError):
 
 
 class LaunchTimeout(LaunchError):
-    """The run made no progress (no output line, no metrics line) within the timeout and was killed."""
+    """The run made no progress (no output line, no metrics line) within the timeout and was killed.
 
-    def __init__(self, message: str, *, silent_ranks: list[int], run_dir: str | None = None) -> None:
+    `stacks`: where each rank that still ran was waiting, by rank (its Python frames, innermost first,
+    each followed by its source line), for the ranks that could say (see stack_dumps.py)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        silent_ranks: list[int],
+        run_dir: str | None = None,
+        stacks: dict[int, str] | None = None,
+    ) -> None:
         self.silent_ranks = silent_ranks
         self.run_dir = run_dir
+        self.stacks = stacks or {}
         super().__init__(message)
 
 

@@ -103,15 +103,18 @@ def test_hard_coded_cuda_script_on_cpu_gets_a_hint(script, tmp_path):
 
 def test_hang_is_killed_after_the_timeout_and_names_silent_ranks(script, tmp_path):
     started = time.monotonic()
+    hang = script("hang.py")
     with pytest.raises(LaunchTimeout) as info:
         # a short timeout once the ranks speak; start-up (importing torch on a busy machine) gets its own
-        launch(
-            script("hang.py"), nproc=2, run_dir=tmp_path / "run", timeout=4, startup_timeout=120, grace_s=2
-        )
+        launch(hang, nproc=2, run_dir=tmp_path / "run", timeout=4, startup_timeout=120, grace_s=2)
     message = str(info.value)
     assert message.startswith("the run hung")
     assert info.value.silent_ranks == [0, 1]
     assert "rank 0: running" in message and "entering all_reduce" in message
+    # where each rank waits, from its own stack: rank 0 in the collective, rank 1 in its loop
+    assert "dist.all_reduce(torch.ones(1))" in info.value.stacks[0]
+    assert info.value.stacks[1].splitlines()[:2] == [f'File "{hang}", line 15 in <module>', "  time.sleep(1)"]
+    assert "slow here" not in message  # the ranks spoke: no advice about a slow start-up
     assert "TORCH_DISTRIBUTED_DEBUG" in message
     assert time.monotonic() - started < 60
 

@@ -15,6 +15,8 @@ import traceback
 import types
 from typing import Any
 
+from .. import stack_dumps
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -35,6 +37,7 @@ def become_worker(request: dict, stdout_fd: int, stderr_fd: int, close: list[int
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    stack_dumps.register_in_run()  # where it waits, if the run hangs (see stack_dumps.py)
     script, *args = request["argv"]
     sys.argv = [script, *args]
     if not sys.flags.safe_path:  # then sys.path[0] is the server's folder: the script's, as Python sets it

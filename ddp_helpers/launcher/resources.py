@@ -96,6 +96,12 @@ class ResourceSampler:
         except psutil.Error:
             return False
 
+    def alive_pids(self) -> dict[int, int]:
+        """The pid of each rank whose worker process still runs."""
+        return {
+            rank: proc.pid for proc in self.tree.alive() if (rank := self._ranks.get(proc.pid)) is not None
+        }
+
     def alive_ranks(self) -> set[int]:
         """The ranks whose worker process still runs."""
         return {rank for proc in self.tree.alive() if (rank := self._ranks.get(proc.pid)) is not None}

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from .. import stack_dumps
 from ..errors import LaunchError, LaunchFailed, LaunchInterrupted, LaunchTimeout, WorkerFailed
 from .agent_client import ForkedAgent, stop_servers, wait_for_stopped_servers
 from .cell_output import CellEcho
@@ -150,8 +151,10 @@ class RunFollower:
         return now - self.last_progress > limit
 
     # ---------------------------------------------------------------- reports
-    def hang_report(self, alive_ranks: set[int]) -> LaunchTimeout:
+    def hang_report(self, alive_ranks: set[int], stacks: dict[int, str] | None = None) -> LaunchTimeout:
+        """The error for a hung run: each rank's state and, from `stacks`, where a live one waits."""
         now = time.monotonic()
+        stacks = stacks or {}
         rows, silent = [], []
         for rank, state in sorted(self.ranks.items()):
             heard = (
@@ -163,10 +166,13 @@ class RunFollower:
             step = f", last step {state.last_step}" if state.last_step is not None else ""
             line = f", last line: {state.last_line[:120]!r}" if state.last_line else ""
             rows.append(f"  rank {rank}: {status}, {heard}{step}{line}")
+            if rank in stacks:
+                rows.append("    waits in (innermost call first):")
+                rows += [f"      {frame}" for frame in stacks[rank].splitlines()]
             if state.last_heard is None or now - state.last_heard >= (self.config.timeout or 0):
                 silent.append(rank)
         advice = []
-        if not self.heard_any:
+        if not self.heard_any and not stacks:
             advice.append(
                 "No rank printed anything: if start-up (importing torch, the rendezvous) is slow here, "
                 "a longer startup_timeout may be all that is needed."
@@ -184,7 +190,7 @@ class RunFollower:
             + "\n"
             + "\n".join(advice)
         )
-        return LaunchTimeout(message, silent_ranks=silent, run_dir=str(self.config.run_dir))
+        return LaunchTimeout(message, silent_ranks=silent, run_dir=str(self.config.run_dir), stacks=stacks)
 
     def failure(self, returncode: int, stderr_since: dict[int, int] | None = None) -> LaunchError:
         """The error for a run that ended with `returncode`; `stderr_since`: read each rank's stderr from there."""
@@ -344,7 +350,9 @@ def run_config(config: LaunchConfig, progress: str | None = None) -> LaunchResul
             if run.hung(now):
                 tree.refresh()
                 sampler.sample()  # also learns the ranks of workers started since the last sample
-                error = run.hang_report(sampler.alive_ranks())
+                error = run.hang_report(
+                    sampler.alive_ranks(), stack_dumps.ask(sampler.alive_pids(), config.log_dir)
+                )
                 stop_run(tree, proc, config.grace_s)
                 raise error
             time.sleep(POLL_S)
