@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 from typing import IO
 
-STACK_SIGNAL = signal.SIGRTMIN + 6
+# None where the system has no real-time signals (macOS): no worker registers, none is asked
+STACK_SIGNAL: int | None = signal.SIGRTMIN + 6 if hasattr(signal, "SIGRTMIN") else None
 STACKS_DIR = "stacks"  # in the run's logs/
 WAIT_S = 1.0  # a live worker answers within milliseconds; one that does not is left out
 SETTLE_S = 0.1  # faulthandler writes a frame at a time: let the dump finish
@@ -42,7 +43,7 @@ _registered: list[IO[str]] = []  # the open dump file, for as long as the worker
 def register(log_dir: Path) -> None:
     """In a worker: answer `STACK_SIGNAL` with the stack of every Python thread, the main one named.
     Once per process; a folder that cannot be written leaves the worker as it was."""
-    if _registered:
+    if _registered or STACK_SIGNAL is None:
         return
     folder = log_dir / STACKS_DIR
     try:
@@ -63,6 +64,8 @@ def register_in_run() -> None:
 
 def ask(pids_by_rank: dict[int, int], log_dir: Path) -> dict[int, str]:
     """Each registered worker's main-thread stack, by rank (see `where_it_waits`); the others: none."""
+    if STACK_SIGNAL is None:
+        return {}
     files, offsets = {}, {}
     for rank, pid in pids_by_rank.items():
         path = log_dir / STACKS_DIR / f"{pid}.txt"
