@@ -3,15 +3,15 @@
 Rank side: imports no torch and nothing of the launcher, which calls `ask`.
 
 A worker that calls `register` (every forked worker does, see launcher/forked_worker.py, and so does
-`distributed.setup_distributed`) has faulthandler
-write the stack of each of its Python threads to ``logs/stacks/<pid>.txt`` when it receives
-`STACK_SIGNAL`. faulthandler writes from the signal handler itself, so a worker blocked in C++ (a
-collective, a destructor, a lock) answers too: it is how a run that the launcher stops for a hang
-says where each rank was waiting.
+`distributed.setup_distributed`) has faulthandler write the stack of each of its Python threads to
+``logs/stacks/<host>-<pid>.txt`` when it receives `STACK_SIGNAL`. faulthandler writes from the signal
+handler itself, so a worker blocked in C++ (a collective, a destructor, a lock) answers too: it is how
+a run that the launcher stops for a hang says where each rank was waiting.
 
-A worker is signalled only when its file exists, that is when it registered: the signal's default
-action would end a process that did not. The signal is a real-time one that no DDP tool sends
-(SLURM and Lightning use SIGUSR1 and SIGUSR2 to ask for a checkpoint or a requeue).
+A worker is signalled only when its file exists: the file gets its name once the handler is in place,
+because the signal's default action ends a process. The signal is a real-time one, which SLURM,
+Lightning and torchrun leave alone by default (SLURM's ``--signal`` and Lightning's requeue use
+SIGUSR1 or SIGUSR2). A script that installs its own handler for it gives no stack, and nothing else.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import linecache
 import os
 import re
 import signal
+import socket
+import sysconfig
 import threading
 import time
 from pathlib import Path
@@ -29,15 +31,21 @@ from typing import IO
 # None where the system has no real-time signals (macOS): no worker registers, none is asked
 STACK_SIGNAL: int | None = signal.SIGRTMIN + 6 if hasattr(signal, "SIGRTMIN") else None
 STACKS_DIR = "stacks"  # in the run's logs/
-WAIT_S = 1.0  # a live worker answers within milliseconds; one that does not is left out
-SETTLE_S = 0.1  # faulthandler writes a frame at a time: let the dump finish
-MAX_FRAMES = 8  # innermost first: where it waits, and the calls of the script that led there
+WAIT_S = 2.0  # a live worker answers within milliseconds; one that does not is left out
+POLL_S = 0.05  # faulthandler writes a few bytes at a time, the main thread last: read once it stops
+MAX_FRAMES = 8  # innermost first: where it waits, and the calls that led there
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)', re.MULTILINE)
-_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)", re.MULTILINE)
+_THREAD = re.compile(r"^(?:Current thread|Thread) 0x([0-9a-f]+)", re.MULTILINE)
 # a forked worker's start, below the script's frames: not shown
-_LAUNCHER = str(Path(__file__).resolve().parent / "launcher")
+_LAUNCHER = str(Path(__file__).resolve().parent / "launcher") + os.sep
+_STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 _registered: list[IO[str]] = []  # the open dump file, for as long as the worker runs
+
+
+def _dump_file(log_dir: Path, pid: int) -> Path:
+    # the host too: nodes that share a run_dir (or pods, whose pids repeat) must not share a file
+    return log_dir / STACKS_DIR / f"{socket.gethostname()}-{pid}.txt"
 
 
 def register(log_dir: Path) -> None:
@@ -45,74 +53,102 @@ def register(log_dir: Path) -> None:
     Once per process; a folder that cannot be written leaves the worker as it was."""
     if _registered or STACK_SIGNAL is None:
         return
-    folder = log_dir / STACKS_DIR
+    path = _dump_file(log_dir, os.getpid())
+    partial = path.with_suffix(".partial")
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        dump = open(folder / f"{os.getpid()}.txt", "w", buffering=1)  # noqa: SIM115 - open while it runs
+        path.parent.mkdir(parents=True, exist_ok=True)
+        dump = open(partial, "w", buffering=1)  # noqa: SIM115 - open while the worker runs
+        dump.write(f"main thread 0x{threading.main_thread().ident:x}\n")
+        faulthandler.register(STACK_SIGNAL, file=dump, all_threads=True, chain=False)
+        os.replace(partial, path)  # now the launcher may signal it
     except OSError:
         return
-    dump.write(f"main thread 0x{threading.main_thread().ident:016x}\n")
-    faulthandler.register(STACK_SIGNAL, file=dump, all_threads=True, chain=False)
     _registered.append(dump)
 
 
 def register_in_run() -> None:
-    """`register` in the logs of the run that started this worker, if ddp_helpers started it."""
+    """`register` in the logs of this worker's run, where ``DDP_RUN_DIR`` names it (the launcher,
+    the cluster job files and the workers set it)."""
     if "DDP_RUN_DIR" in os.environ:
         register(Path(os.environ["DDP_RUN_DIR"]) / "logs")
 
 
 def ask(pids_by_rank: dict[int, int], log_dir: Path) -> dict[int, str]:
-    """Each registered worker's main-thread stack, by rank (see `where_it_waits`); the others: none."""
+    """Each registered worker's main-thread stack, by rank (see `where_it_waits`); the others: none.
+    Never raises: it runs on the way to reporting a hang."""
     if STACK_SIGNAL is None:
         return {}
     files, offsets = {}, {}
     for rank, pid in pids_by_rank.items():
-        path = log_dir / STACKS_DIR / f"{pid}.txt"
+        path = _dump_file(log_dir, pid)
         try:
             offsets[rank] = path.stat().st_size
             os.kill(pid, STACK_SIGNAL)
-        except (OSError, ProcessLookupError):  # never registered, or gone meanwhile
+        except OSError:  # never registered, or gone meanwhile
             continue
         files[rank] = path
-    deadline = time.monotonic() + WAIT_S
-    while files and time.monotonic() < deadline:
-        if all(path.stat().st_size > offsets[rank] for rank, path in files.items()):
-            break
-        time.sleep(0.02)
-    time.sleep(SETTLE_S if files else 0)
+    _wait_until_written(files, offsets)
     stacks = {}
     for rank, path in files.items():
-        text = path.read_text(errors="replace")
-        where = where_it_waits(text[: text.index("\n") + 1] + text[offsets[rank] :])
+        try:
+            text = path.read_text(errors="replace")  # ASCII: faulthandler escapes the rest
+        except OSError:
+            continue
+        where = where_it_waits(text.partition("\n")[0] + "\n" + text[offsets[rank] :])
         if where:
             stacks[rank] = where
     return stacks
 
 
+def _wait_until_written(files: dict[int, Path], offsets: dict[int, int]) -> None:
+    """Until every file has grown and then stopped growing, or `WAIT_S` is over."""
+    deadline = time.monotonic() + WAIT_S
+    previous: dict[int, int] = {}
+    while files and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        sizes = {}
+        for rank, path in files.items():
+            try:
+                sizes[rank] = path.stat().st_size
+            except OSError:
+                sizes[rank] = offsets[rank]
+        if sizes == previous and all(sizes[rank] > offsets[rank] for rank in files):
+            return
+        previous = sizes
+
+
 def where_it_waits(dump: str) -> str:
     """The main thread's frames from a dump (header line first), innermost first, each with its source
-    line; the frames that started the script (runpy's, a forked worker's launcher frames) are left out."""
-    header = re.match(r"main thread (0x[0-9a-f]+)", dump)
+    line. The frames that started the script (runpy's, a forked worker's launcher) are left out; where
+    the innermost frames are all a library's, the innermost frame of the script's own code follows."""
+    header = re.match(r"main thread 0x([0-9a-f]+)", dump)
     threads = list(_THREAD.finditer(dump))
-    main = [i for i, m in enumerate(threads) if header and m[1] == header[1]]
+    main = [i for i, m in enumerate(threads) if header and int(m[1], 16) == int(header[1], 16)]
     if not main:
         return ""
     last = main[-1]  # the newest dump's
     end = threads[last + 1].start() if last + 1 < len(threads) else len(dump)
-    body = dump[threads[last].end() : end]
     frames = [
         m
-        for m in _FRAME.finditer(body)
+        for m in _FRAME.finditer(dump, threads[last].end(), end)
         if not m["file"].startswith(_LAUNCHER) and m["file"] != "<frozen runpy>"
     ]
-    lines = []
-    for m in frames[:MAX_FRAMES]:
-        lines.append(f'File "{m["file"]}", line {m["line"]} in {m["func"]}')
-        linecache.checkcache(m["file"])  # a script edited since an earlier run
-        source = linecache.getline(m["file"], int(m["line"])).strip()
-        if source:
-            lines.append(f"  {source}")
-    if len(frames) > MAX_FRAMES:
-        lines.append(f"({len(frames) - MAX_FRAMES} outer frames not shown)")
+    shown = frames[:MAX_FRAMES]
+    own = next((m for m in frames if _is_the_scripts(m["file"])), None)
+    lines = [line for m in shown for line in _with_source(m)]
+    if own is not None and own not in shown:
+        lines += ["...", *_with_source(own)]
     return "\n".join(lines)
+
+
+def _is_the_scripts(file: str) -> bool:
+    """Not Python's own library, nor an installed package's."""
+    return not (file.startswith(("<", _STDLIB)) or f"-packages{os.sep}" in file)
+
+
+def _with_source(frame: re.Match[str]) -> list[str]:
+    linecache.checkcache(frame["file"])  # a script edited since an earlier run
+    source = linecache.getline(frame["file"], int(frame["line"])).strip()
+    return [f'File "{frame["file"]}", line {frame["line"]} in {frame["func"]}'] + (
+        [f"  {source}"] if source else []
+    )

@@ -111,10 +111,14 @@ def test_hang_is_killed_after_the_timeout_and_names_silent_ranks(script, tmp_pat
     assert message.startswith("the run hung")
     assert info.value.silent_ranks == [0, 1]
     assert "rank 0: running" in message and "entering all_reduce" in message
-    # where each rank waits, from its own stack: rank 0 in the collective, rank 1 in its loop
-    assert "dist.all_reduce(torch.ones(1))" in info.value.stacks[0]
-    assert info.value.stacks[1].splitlines()[:2] == [f'File "{hang}", line 15 in <module>', "  time.sleep(1)"]
     assert "slow here" not in message  # the ranks spoke: no advice about a slow start-up
+    if machine.visible_gpus() == 0:  # forked workers, which answer; hang.py does not register itself
+        # where each rank waits, from its own stack: rank 0 in the collective, rank 1 in its loop
+        assert "dist.all_reduce(torch.ones(1))" in info.value.stacks[0]
+        assert info.value.stacks[1].splitlines()[:2] == [
+            f'File "{hang}", line 15 in <module>',
+            "  time.sleep(1)",
+        ]
     assert "TORCH_DISTRIBUTED_DEBUG" in message
     assert time.monotonic() - started < 60
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -50,9 +51,19 @@ def waiter(tmp_path):
     proc.wait()
 
 
+def _ask_until(pid, logs, innermost):
+    """Ask until the innermost frame is `innermost`: the waiter prints its marker a moment before it
+    waits, and on a busy machine a first answer may come from the print."""
+    deadline = time.monotonic() + 20
+    while True:
+        stack = stack_dumps.ask({3: pid}, logs)[3]
+        if stack.splitlines()[0].endswith(f" in {innermost}") or time.monotonic() > deadline:
+            return stack
+
+
 def test_a_registered_process_says_where_it_waits_each_time_it_is_asked(waiter, tmp_path):
     logs = tmp_path / "logs"
-    first = stack_dumps.ask({3: waiter.pid}, logs)[3]
+    first = _ask_until(waiter.pid, logs, "wait_for_line")
     assert first.splitlines()[:2] == [
         f'File "{tmp_path / "waiter.py"}", line 10 in wait_for_line',
         "  return sys.stdin.readline()",
@@ -61,7 +72,7 @@ def test_a_registered_process_says_where_it_waits_each_time_it_is_asked(waiter, 
     waiter.stdin.write("go\n")
     waiter.stdin.flush()
     assert waiter.stdout.readline() == "moved on\n"
-    second = stack_dumps.ask({3: waiter.pid}, logs)[3]  # the newest dump, not the first one again
+    second = _ask_until(waiter.pid, logs, "wait_forever")  # the newest dump, not the first one again
     assert second.splitlines()[0].endswith("in wait_forever") and "wait_for_line" not in second
     assert waiter.poll() is None  # asking does not stop it
 
@@ -75,6 +86,33 @@ def test_a_process_that_did_not_register_is_not_signalled(tmp_path):
     finally:
         plain.kill()
         plain.wait()
+
+
+def test_the_stack_shown_is_the_main_threads_and_reaches_the_scripts_own_line(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import torch\n\nmodel(batch)  # the script's own line\n")
+    library = "/venv/lib/python3.11/site-packages/torch/nn/modules/module.py"
+    launcher = stack_dumps._LAUNCHER + "forked_worker.py"
+    dump = (
+        "main thread 0x7f00aa\n"  # faulthandler pads ids with zeros: the same thread
+        "Thread 0x00000000007f00bb (most recent call first):\n"
+        '  File "/elsewhere/loader.py", line 5 in helper_thread\n\n'
+        "Current thread 0x00000000007f00aa (most recent call first):\n"
+        + "".join(f'  File "{library}", line {n} in forward\n' for n in range(10, 20))
+        + f'  File "{script}", line 3 in <module>\n'
+        + f'  File "{launcher}", line 85 in run_script\n'
+        + '  File "<frozen runpy>", line 88 in _run_code\n'
+    )
+    lines = stack_dumps.where_it_waits(dump).splitlines()
+    assert lines[0] == f'File "{library}", line 10 in forward'
+    assert sum(line.startswith("File") for line in lines) == stack_dumps.MAX_FRAMES + 1
+    assert lines[-3:] == [
+        "...",
+        f'File "{script}", line 3 in <module>',
+        "  model(batch)  # the script's own line",
+    ]
+    assert "helper_thread" not in "\n".join(lines)
+    assert stack_dumps.where_it_waits(dump.replace("main thread 0x7f00aa", "main thread 0x1")) == ""
 
 
 HANG_AFTER_SETUP = textwrap.dedent(

@@ -172,10 +172,11 @@ class RunFollower:
             if state.last_heard is None or now - state.last_heard >= (self.config.timeout or 0):
                 silent.append(rank)
         advice = []
-        if not self.heard_any and not stacks:
+        if not self.heard_any:
             advice.append(
                 "No rank printed anything: if start-up (importing torch, the rendezvous) is slow here, "
-                "a longer startup_timeout may be all that is needed."
+                "a longer startup_timeout may be all that is needed"
+                + (" (the stacks above show how far each rank got)." if stacks else ".")
             )
         advice += [
             "To find the collective that does not match, rerun with env={'TORCH_DISTRIBUTED_DEBUG': 'DETAIL'}"
