@@ -73,8 +73,17 @@ def descendants(pid: int) -> list[psutil.Process]:
 def assert_gone(processes: list[psutil.Process], wait_s: float) -> None:
     """None of `processes` (a pid reused by a stranger is not one of them) still runs after `wait_s`."""
     _, alive = psutil.wait_procs(processes, timeout=wait_s)
-    alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    alive = [p for p in alive if p.is_running() and not _exiting(p)]
     assert not alive, f"still running: {[(p.pid, ' '.join(p.cmdline())) for p in alive]}"
+
+
+def _exiting(proc: psutil.Process) -> bool:
+    """A zombie, or a process inside its exit: its address space is gone already (no user code can run
+    again), the kernel has not made it a zombie yet. On a busy machine that step can take a while."""
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE or proc.memory_info().vms == 0
+    except psutil.NoSuchProcess:
+        return True
 
 
 def assert_no_processes_left(marker: str, wait_s: float = 3.0) -> None:

@@ -102,10 +102,6 @@ class ResourceSampler:
             rank: proc.pid for proc in self.tree.alive() if (rank := self._ranks.get(proc.pid)) is not None
         }
 
-    def alive_ranks(self) -> set[int]:
-        """The ranks whose worker process still runs."""
-        return {rank for proc in self.tree.alive() if (rank := self._ranks.get(proc.pid)) is not None}
-
     def sample(self) -> None:
         elapsed = time.monotonic() - self._started
         for proc in self.tree.alive():

@@ -351,9 +351,8 @@ def run_config(config: LaunchConfig, progress: str | None = None) -> LaunchResul
             if run.hung(now):
                 tree.refresh()
                 sampler.sample()  # also learns the ranks of workers started since the last sample
-                error = run.hang_report(
-                    sampler.alive_ranks(), stack_dumps.ask(sampler.alive_pids(), config.log_dir)
-                )
+                pids = sampler.alive_pids()  # each live rank's, to ask where it waits
+                error = run.hang_report(set(pids), stack_dumps.ask(pids, config.log_dir))
                 stop_run(tree, proc, config.grace_s)
                 raise error
             time.sleep(POLL_S)
