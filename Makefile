@@ -17,7 +17,7 @@ COMPAT_TORCH := constraints/torch-2.7.txt
 # often set, every process would compile torch again (4 CPU-seconds each).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: venv lab test test-shapes test-compat test-browser test-slurm notebooks notebook-times bench lint gpu-check clean
+.PHONY: venv lab test test-shapes test-compat test-browser test-slurm mutants notebooks notebook-times bench lint gpu-check clean
 
 # Rebuilt when pyproject.toml changes, so `make test` always runs against the declared dependencies.
 # $(1): the venv's folder; $(2): extra pip arguments (a constraints file)
@@ -80,6 +80,11 @@ test-browser: venv
 test-slurm: venv
 	bash scripts/install_slurm.sh
 	$(call run_pytest,$(PY),make test-slurm,-m slurm tests/test_slurm.py)
+
+# Each catalogued DDP bug (mutants/catalogue/) put into a throwaway copy of the project, and the notebook that
+# teaches its lesson run on it in smoke mode: every one must fail that notebook. ARGS: e.g. --only 03 --jobs 1.
+mutants: venv
+	$(PY) mutants/run.py --jobs 2 $(ARGS)
 
 # Every notebook at full size (smoke=False), outputs kept under runs/executed/.
 notebooks: venv
