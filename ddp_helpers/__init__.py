@@ -22,6 +22,7 @@ from .errors import (
     LaunchInterrupted,
     LaunchTimeout,
     RankError,
+    RunDirInUse,
     WorkerFailed,
 )
 
@@ -74,6 +75,7 @@ __all__ = [
     "LiveRanks",
     "RankError",
     "RankResults",
+    "RunDirInUse",
     "WorkerFailed",
     "launch",
     "read_metrics",

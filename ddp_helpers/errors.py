@@ -16,6 +16,10 @@ class InvalidLaunchArguments(LaunchError, ValueError):
     """The arguments were refused before any process was started."""
 
 
+class RunDirInUse(InvalidLaunchArguments):
+    """Another launch, in this process or another, is running into the same run_dir."""
+
+
 class WorkerFailed(LaunchError):
     """A worker process exited with an error.
 

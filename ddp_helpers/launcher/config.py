@@ -20,7 +20,7 @@ from typing import Any
 from ..backends import resolve_backend  # the one rule, shared with every worker
 from ..errors import InvalidLaunchArguments
 from .checks import check_int, ranks_outside
-from .machine import free_port, threads_per_rank, visible_gpus
+from .machine import check_cpu_ranks, free_port, threads_per_rank, visible_gpus
 from .options import OPTION_NAMES, OPTIONS
 
 __all__ = ["LaunchConfig", "default_run_dir", "make_config"]
@@ -124,6 +124,8 @@ class LaunchConfig:
         if self.nproc is None:
             self.nproc = self.gpus if self.gpus > 0 else 2
         self.nproc = check_int("nproc", self.nproc, 1)
+        if self.device == "cpu":
+            check_cpu_ranks(self.nproc)
         if self.backend == "nccl" and self.nproc > self.gpus:
             raise InvalidLaunchArguments(
                 f"nproc={self.nproc} but only {self.gpus} GPU(s) are visible: NCCL needs one GPU per process. "

@@ -21,6 +21,7 @@ from .processes import exit_code, start_run, stop_run
 from .progress import StepProgress, resolve_progress
 from .resources import ResourceSampler
 from .result import LaunchResult
+from .run_lock import holding_run_dir
 from .run_outputs import MetricsFollower, keep_previous_outputs, read_metrics, read_summary
 from .worker_forks import forked_ranks
 
@@ -324,7 +325,15 @@ def launch(
 
 
 def run_config(config: LaunchConfig, progress: str | None = None) -> LaunchResult:
-    """Run a validated `LaunchConfig` (what `launch` does after checking its arguments)."""
+    """Run a validated `LaunchConfig` (what `launch` does after checking its arguments).
+
+    Raises `RunDirInUse` (an `InvalidLaunchArguments`) while another launch runs into the same run_dir.
+    """
+    with holding_run_dir(config.run_dir):
+        return _run_held(config, progress)
+
+
+def _run_held(config: LaunchConfig, progress: str | None) -> LaunchResult:
     keep_previous_outputs(config.run_dir)
     run = RunFollower(config, progress or resolve_progress(config.progress))
     proc = _start(config, run)
