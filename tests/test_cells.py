@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from IPython.testing import globalipapp
 
@@ -36,7 +38,7 @@ def test_torchrun_magic_runs_the_cell_on_every_rank(ipython, tmp_path, capsys):
     cell = "import os\nprint('hello from', os.environ['RANK'])\n"
     result = ipython.run_cell_magic("torchrun", f"--nproc 2 --run-dir {tmp_path}", cell)
     assert isinstance(result, LaunchResult)
-    assert (tmp_path / "cell.py").read_text() == cell
+    assert (tmp_path / "cell.py").read_text() == "\n" + cell  # the magic's line kept, empty
     out = capsys.readouterr().out
     assert "[rank 0] hello from 0" in out and "[rank 1] hello from 1" in out
 
@@ -52,3 +54,16 @@ def test_torchrun_magic_reports_the_exception_of_a_plain_ddp_cell(ipython, tmp_p
         "    ~~^~~",
         "ZeroDivisionError: division by zero",
     ]
+    # line 5 as the editor numbers it, the %%torchrun line being line 1
+    assert re.search(r'File ".*cell\.py", line 5, in <module>', info.value.traceback), info.value.traceback
+
+
+def test_torchrun_magic_refuses_a_syntax_error_before_starting_a_rank(ipython, tmp_path):
+    from ddp_helpers.launcher.cell_source import CellSyntaxError
+
+    cell = "import os\nprint(os.getpid()\n"
+    with pytest.raises(CellSyntaxError) as info:
+        ipython.run_cell_magic("torchrun", f"--nproc 2 --run-dir '{tmp_path}'", cell)
+    assert info.value.error.lineno == 3, info.value.error  # the editor's line: %%torchrun is line 1
+    assert not (tmp_path / "logs").exists(), "ranks were started for a cell that cannot compile"
+    assert "ddp_helpers" not in "\n".join(info.value._render_traceback_())

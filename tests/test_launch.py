@@ -198,6 +198,8 @@ def test_bad_arguments_are_refused_before_anything_starts(script, tmp_path, kwar
 def test_missing_script_and_bad_script_args_are_refused(tmp_path):
     with pytest.raises(InvalidLaunchArguments, match="script not found"):
         launch(tmp_path / "nope.py")
+    with pytest.raises(InvalidLaunchArguments, match="is a directory: pass the Python file"):
+        launch(tmp_path)
     (tmp_path / "s.py").write_text("print(1)\n")
     with pytest.raises(InvalidLaunchArguments, match="pass strings, numbers or paths"):
         launch(tmp_path / "s.py", ["--steps", 3])

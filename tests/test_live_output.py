@@ -82,6 +82,7 @@ def test_a_syntax_error_shows_its_line_and_none_of_our_frames(ranks, monkeypatch
     monkeypatch.setattr(live_magics, "_current", ranks)
     with pytest.raises(live_magics.CellSyntaxError) as shown:
         magics.ranks("", "await something()")
+    assert shown.value.error.lineno == 2  # as the editor numbers it: the %%ranks line is line 1
     rendered = "\n".join(shown.value._render_traceback_())
     assert "await something()" in rendered and "SyntaxError" in rendered, rendered
     assert "ddp_helpers" not in rendered, rendered  # none of our frames

@@ -97,7 +97,7 @@ def test_the_server_answers_each_request_with_its_typed_reply(cells):
     assert 'File "<cell 2>", line 2' in failed.traceback and "1 / 0" in failed.traceback
     assert handle(cells, Run(3, "raise KeyboardInterrupt")) == Interrupted(3)
     assert isinstance(handle(cells, Run(4, "raise SystemExit(1)")), Error)  # a cell never ends the rank
-    assert handle(cells, Gather(5, "nope")) == Error(5, "NameError: name 'nope' is not defined", "")
+    assert handle(cells, Gather(5, "nope")) == Error(5, "name 'nope' is not defined", "")
     assert handle(cells, Push(6, pickle.dumps({"lr": 0.5}))) == Value(6, None, "None")
     assert pickle.loads(handle(cells, Gather(7, "lr")).data) == 0.5
     unpicklable = handle(cells, Run(8, "import threading\nthreading.Lock()"))

@@ -95,6 +95,8 @@ class LaunchConfig:
 
     def _check_script(self) -> None:
         script = Path(self.script).expanduser()
+        if script.is_dir():
+            raise InvalidLaunchArguments(f"script {script} is a directory: pass the Python file to run in it")
         if not script.is_file():
             raise InvalidLaunchArguments(f"script not found: {script} (cwd is {Path.cwd()})")
         self.script = script.resolve()

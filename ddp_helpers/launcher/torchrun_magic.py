@@ -64,14 +64,17 @@ class TorchrunMagics(Magics):
             {flags}
             --args ARGS: the script's own arguments, quoted: --args '--steps 5'
         """
+        from .cell_source import as_in_editor, check_compiles
         from .config import default_run_dir
         from .runner import launch
 
         run_dir, script_args, options = parse_magic_line(line)
         run_dir = run_dir or default_run_dir("cell")
         script = run_dir / "cell.py"
+        code = as_in_editor(cell)  # cell.py's line numbers are the editor's
+        check_compiles(code, str(script))  # a typo fails here, not after every rank has started
         script.parent.mkdir(parents=True, exist_ok=True)
-        script.write_text(cell)
+        script.write_text(code)
         return launch(script, *script_args, run_dir=run_dir, **options)
 
 

@@ -13,13 +13,13 @@ x.item()
 from __future__ import annotations
 
 import shlex
-import traceback
 
 from IPython.core.displayhook import DisplayHook
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import ArgDecorator, argument, magic_arguments, parse_argstring
 
 from ..errors import InvalidLaunchArguments
+from ..launcher.cell_source import CellSyntaxError, as_in_editor
 from ..launcher.checks import rank_list
 from ..launcher.options import LIVE_OPTIONS, add_flags, given_options
 from .ranks import LiveRanks, shown_value, start_ranks
@@ -52,20 +52,6 @@ def _parse_ranks(text: str | None) -> list[int] | None:
         ) from None
 
 
-class CellSyntaxError(Exception):
-    """A ``%%ranks`` cell that does not compile: shown as Python shows a SyntaxError, without our frames.
-
-    (IPython prints a SyntaxError raised inside a magic with the magic's whole call stack.)
-    """
-
-    def __init__(self, error: SyntaxError) -> None:
-        self.error = error
-        super().__init__(str(error))
-
-    def _render_traceback_(self) -> list[str]:
-        return "".join(traceback.format_exception_only(type(self.error), self.error)).rstrip().splitlines()
-
-
 @magics_class
 class RanksMagics(Magics):
     @magic_arguments()
@@ -84,7 +70,7 @@ class RanksMagics(Magics):
         ranks = current_ranks()
         timeout = ... if opts.timeout is None else opts.timeout
         try:
-            results = ranks.run(cell, ranks=_parse_ranks(opts.rank), timeout=timeout)
+            results = ranks.run(as_in_editor(cell), ranks=_parse_ranks(opts.rank), timeout=timeout)
         except SyntaxError as error:
             raise CellSyntaxError(error) from None
         quiet = DisplayHook.semicolon_at_end_of_expression(cell)  # `x;` shows no Out, as in IPython

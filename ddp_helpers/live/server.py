@@ -203,7 +203,9 @@ def handle(cells: Cells, request: Request) -> Reply:
             return encode(cell_id, value)
         case Gather(cell_id, name):
             if name not in cells.namespace:
-                return Error(cell_id, f"NameError: name {name!r} is not defined", "")
+                return Error(
+                    cell_id, f"name {name!r} is not defined", ""
+                )  # the caller raises it as a NameError
             return encode(cell_id, cells.namespace[name])
         case Check(cell_id):  # after an interrupt: is the process group still usable?
             dist.barrier()
