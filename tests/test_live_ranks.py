@@ -186,6 +186,7 @@ def test_the_ranks_magic_runs_under_papermill(tmp_path):
         "%%ranks\ny = torch.tensor([float(rank + 1)])\ndist.all_reduce(y)\ny.item()",
         "%%ranks --rank 1\nprint('only', rank)",
         "assert [t.item() for t in ranks.gather('y')] == [3.0, 3.0]",
+        "%ranks start --nproc 2 --backend gloo",  # a second start replaces the ranks, and says so
         "%%ranks\nif rank == 1:\n    raise ValueError('bad shard')",
     ]
     nb = nbformat.v4.new_notebook()
@@ -208,6 +209,8 @@ def test_the_ranks_magic_runs_under_papermill(tmp_path):
     assert "[rank 0] Out: 3.0" in outputs[nb.cells[2].source]
     assert "[rank 1] Out: 3.0" in outputs[nb.cells[2].source]
     assert "[rank 1] only 1" in outputs[nb.cells[3].source] and "[rank 0]" not in outputs[nb.cells[3].source]
+    restarted = outputs[nb.cells[5].source]
+    assert "stopped the 2 live rank(s) that were running: every variable they held is gone" in restarted
     assert_no_processes_left(str(tmp_path), wait_s=15)  # the kernel's exit took the ranks with it
 
 

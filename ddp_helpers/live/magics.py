@@ -83,12 +83,17 @@ class RanksMagics(Magics):
     def _line(self, opts):
         global _current
         if opts.action == "start":
+            replaced = ""
             if _current is not None and _current.alive:
                 _current.shutdown()  # one set of live ranks per kernel: a second start replaces the first
+                replaced = (
+                    f"stopped the {_current.world_size} live rank(s) that were running: every variable "
+                    "they held is gone. "
+                )
             _current = start_ranks(**given_options(opts, LIVE_OPTIONS))
             self.shell.user_ns[opts.name] = _current
             print(
-                f"{_current.world_size} live rank(s) on {_current.backend}, bound to `{opts.name}`; "
+                f"{replaced}{_current.world_size} live rank(s) on {_current.backend}, bound to `{opts.name}`; "
                 f"logs in {_current.run_dir}/logs"
             )
             return None
