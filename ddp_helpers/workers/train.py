@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import time
 from dataclasses import dataclass
 
@@ -31,7 +32,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from ddp_helpers import teardown
 from ddp_helpers.data import ResumableDistributedSampler, build_dataset
 from ddp_helpers.distributed import DistInfo, setup_distributed
-from ddp_helpers.workers.train_checkpoint import Position, resume, save
+from ddp_helpers.workers.train_checkpoint import Position, Preemption, resume, save
 from ddp_helpers.workers.train_options import RESUME_PARTS, parse_args
 from ddp_helpers.workers.train_report import Reporter, mean_over_ranks, summarize
 
@@ -67,6 +68,12 @@ class Training:
     device: torch.device
     max_grad_norm: float | None = None  # clip the gradients' global norm to this; None: no clipping
     skipped_steps: int = 0  # steps whose optimizer step the GradScaler skipped (inf/NaN gradients)
+    # what the last step measured, for the reports: the dtype autocast gave the model's output,
+    # and the gradient norm the clip saw (a tensor on the device: read only when logged)
+    output_dtype: torch.dtype | None = None
+    grad_norm: torch.Tensor | None = None
+    # with --overflow-at-steps: how many of this rank's own gradients (before the all-reduce) were inf/NaN
+    local_overflows: torch.Tensor | None = None
 
 
 def setup(args: argparse.Namespace) -> DistInfo:
@@ -159,24 +166,35 @@ def build_training(args: argparse.Namespace, world: DistInfo, data: Data, total_
     # fp16 has a narrow range: scale the loss so small gradients do not flush to zero. On the CPU
     # too: CPU autocast takes float16 and GradScaler("cpu") exists (torch 2.7 and later)
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
-    if world.rank == args.overflow_rank and args.overflow_at_steps:
-        inject_overflow(model, set(args.overflow_at_steps))
-    return Training(
+    training = Training(
         model, model, optimizer, scheduler, scaler, amp_dtype, memory_format, device, args.max_grad_norm
     )
+    if args.overflow_at_steps:  # every rank counts its own overflows; one rank makes them
+        own_steps = set(args.overflow_at_steps) if world.rank == args.overflow_rank else set()
+        training.local_overflows = inject_overflow(model, own_steps)
+    return training
 
 
-def inject_overflow(model: nn.Module, steps: set[int]) -> None:
+def inject_overflow(model: nn.Module, steps: set[int]) -> torch.Tensor:
     """Fault injection: at these steps (counted from 1 in this process) this rank's first weight
-    gets inf/NaN gradients, as an fp16 overflow gives them, before DDP all-reduces them."""
+    gets inf/NaN gradients, as an fp16 overflow gives them, before DDP all-reduces them.
+
+    Returns a counter of the steps at which this rank's own gradient of that weight was not finite
+    (counted on the device, before the all-reduce): the ranks that overflowed, told from those that only
+    received the inf through the average."""
     backward_calls = 0
+    first = next(model.parameters())
+    local_overflows = torch.zeros((), dtype=torch.int64, device=first.device)
 
     def overflow(grad: torch.Tensor) -> torch.Tensor:
         nonlocal backward_calls
         backward_calls += 1
-        return grad * float("inf") if backward_calls in steps else grad  # 0 * inf is NaN: both kinds
+        grad = grad * float("inf") if backward_calls in steps else grad  # 0 * inf is NaN: both kinds
+        local_overflows.add_((~torch.isfinite(grad)).any().long())  # no sync: read when logged
+        return grad
 
-    next(model.parameters()).register_hook(overflow)
+    first.register_hook(overflow)  # a tensor hook: it sees this rank's gradient, before DDP averages it
+    return local_overflows
 
 
 def wrap(args: argparse.Namespace, world: DistInfo, training: Training) -> None:
@@ -206,7 +224,9 @@ def train_step(training: Training, x: torch.Tensor, y: torch.Tensor) -> torch.Te
     x = x.to(device, non_blocking=True, memory_format=training.memory_format)
     y = y.to(device, non_blocking=True)
     with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-        loss = F.cross_entropy(training.model(x), y)
+        logits = training.model(x)  # 16 bits under autocast: the summary reports this dtype
+        loss = F.cross_entropy(logits, y)  # autocast computes the loss in fp32
+    training.output_dtype = logits.dtype
     training.optimizer.zero_grad(set_to_none=True)
     # fp16: the loss times the scale, so small gradients stay above fp16's smallest number; DDP
     # all-reduces the gradient buckets during backward, in the parameters' dtype (fp32)
@@ -214,7 +234,10 @@ def train_step(training: Training, x: torch.Tensor, y: torch.Tensor) -> torch.Te
     if training.max_grad_norm is not None:
         # clip the true gradients: divide the scale out first (in place; step() won't again)
         training.scaler.unscale_(training.optimizer)
-        torch.nn.utils.clip_grad_norm_(training.model.parameters(), training.max_grad_norm)
+        # the norm the clip measured (before clipping) is logged: scaled gradients would show in it
+        training.grad_norm = torch.nn.utils.clip_grad_norm_(
+            training.model.parameters(), training.max_grad_norm
+        )
     scale = training.scaler.get_scale()  # 1.0 without a scaler; else a sync, as step() makes one
     training.scaler.step(training.optimizer)  # no optimizer.step() if any gradient is inf/NaN...
     training.scaler.update()  # ...and then the scale shrinks: that marks every skipped step
@@ -230,8 +253,11 @@ def train(
     training: Training,
     pos: Position,
     reporter: Reporter,
+    preemption: Preemption | None = None,
 ) -> torch.Tensor:
-    """Run steps until `reporter.last_step`, logging and checkpointing on the way; the last loss."""
+    """Run steps until `reporter.last_step` (or a SIGTERM, with --save-on-sigterm), logging and
+    checkpointing on the way; the last loss."""
+    preemption = preemption or Preemption(enabled=False)
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     loss = torch.zeros((), device=world.device)
     training.model.train()
@@ -250,9 +276,22 @@ def train(
             pos.batch_in_epoch += 1
             if args.fail_at_step == pos.step and world.rank == args.fail_rank and attempt == 0:
                 raise RuntimeError(f"injected fault on rank {world.rank} at step {pos.step}")
+            if args.sigterm_at_step == pos.step and world.rank == args.sigterm_rank:
+                os.kill(os.getpid(), signal.SIGTERM)  # injected: a scheduler's preemption notice, to one rank
             reporter.after_step(pos, loss, training)
-            if args.checkpoint_dir and (pos.step % args.save_every == 0 or pos.step == reporter.last_step):
+            saved = args.checkpoint_dir and (
+                pos.step % args.save_every == 0 or pos.step == reporter.last_step
+            )
+            if saved:
                 save(args, world, training, pos)
+            # told to stop (SIGTERM)? Asked on logged steps only, where the loop synchronises anyway
+            if reporter.logs(pos.step) and preemption.agreed(world):
+                if not saved:
+                    save(args, world, training, pos)
+                preemption.stopped_at_step = pos.step
+                if world.is_main:
+                    print(f"SIGTERM: checkpoint saved at step {pos.step}; stopping")
+                return loss
             if pos.step >= reporter.last_step:
                 break
             reporter.phases.start(timed=reporter.logs(pos.step + 1))
@@ -321,7 +360,8 @@ def main(argv: list[str] | None = None) -> None:
             f"{len(data.dataset)} samples per epoch, {len(data.loader)} steps"
         )
 
-    loss = train(args, world, data, training, pos, reporter)
+    with Preemption(args.save_on_sigterm) as preemption:
+        loss = train(args, world, data, training, pos, reporter, preemption)
 
     final_loss = mean_over_ranks(loss, world).item()
     accuracy, eval_samples = None, 0
@@ -344,6 +384,7 @@ def main(argv: list[str] | None = None) -> None:
             eval_accuracy=accuracy,
             eval_samples=eval_samples,
             wall_s=time.time() - t_start,
+            preempted_at_step=preemption.stopped_at_step,
         )
         reporter.writer.write_summary(summary)
         scored = f", test accuracy {accuracy:.1%} on {eval_samples} samples" if args.eval else ""

@@ -7,9 +7,12 @@ ddp_helpers/checkpoint.py.
 from __future__ import annotations
 
 import argparse
+import signal
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import torch
 import torch.distributed as dist
 
 from ddp_helpers.checkpoint import capture_rng, load_latest_on_every_rank, restore_rng, save_checkpoint
@@ -68,6 +71,10 @@ def resume(args: argparse.Namespace, world: DistInfo, training: Training, steps_
         if world.is_main:
             print(f"no checkpoint in {args.checkpoint_dir}: starting from scratch")
         return Position()
+    # every rank says where its copy landed: without map_location, all would land on the saver's GPU
+    print(
+        f"rank {world.rank}: checkpoint {path.name} loaded onto {next(iter(ckpt['model'].values())).device}"
+    )
     training.raw_model.load_state_dict(ckpt["model"])
     parts = {"optimizer": training.optimizer, "scheduler": training.scheduler, "scaler": training.scaler}
     for part, target in parts.items():
@@ -99,3 +106,42 @@ def resume(args: argparse.Namespace, world: DistInfo, training: Training, steps_
             f"resumed from {path.name}: step {pos.step}, epoch {pos.epoch}, batch {pos.batch_in_epoch}{ignored}"
         )
     return pos
+
+
+class Preemption:
+    """--save-on-sigterm: save a checkpoint and stop when the job is told to end.
+
+    A scheduler that preempts a job sends SIGTERM first and SIGKILL a grace period later (SLURM's
+    KillWait, Kubernetes' terminationGracePeriodSeconds), and torchrun, signalled, passes SIGTERM on to
+    its workers. The handler only sets a flag. The loop asks `agreed()` on logged steps: an all-reduce
+    of the flags (MAX), so every rank saves at the same step even when one rank heard the signal first.
+    """
+
+    def __init__(self, enabled: bool) -> None:
+        # a signal handler can only be set from the main thread (live ranks may run main() elsewhere)
+        self.enabled = enabled and threading.current_thread() is threading.main_thread()
+        self.requested = False
+        self.stopped_at_step: int | None = None
+        self._previous = None
+
+    def __enter__(self) -> Preemption:
+        if self.enabled:
+            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:  # the process's own SIGTERM handling comes back once training is over
+            signal.signal(signal.SIGTERM, self._previous)
+
+    def _on_sigterm(self, signum: int, frame: object) -> None:
+        self.requested = True  # nothing more in a handler: the loop saves, between two steps
+
+    def agreed(self, world: DistInfo) -> bool:
+        """Whether any rank was asked to stop; every rank must call it at the same step (a collective)."""
+        if not self.enabled:
+            return False
+        if not world.distributed:
+            return self.requested
+        flag = torch.tensor(float(self.requested), device=world.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())

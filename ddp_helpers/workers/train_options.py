@@ -82,6 +82,11 @@ def add_checkpoints(p: argparse.ArgumentParser) -> None:
         help="teaching aid: resume without these states (each drops only its own), to watch the run drift",
     )
     p.add_argument("--stop-at-step", type=int, default=None, help="stop after this step, as if interrupted")
+    p.add_argument(
+        "--save-on-sigterm",
+        action="store_true",
+        help="on SIGTERM (a preemption notice), save a checkpoint at the next logged step and stop",
+    )
 
 
 def add_fault_injection(p: argparse.ArgumentParser) -> None:
@@ -91,6 +96,10 @@ def add_fault_injection(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overflow-rank", type=int, default=0, help="...on this rank, at these steps of its own")
     p.add_argument("--fail-at-step", type=int, default=None, help="fault injection: raise at this step...")
     p.add_argument("--fail-rank", type=int, default=0, help="...on this rank (first attempt only)")
+    p.add_argument(
+        "--sigterm-at-step", type=int, default=None, help="fault injection: send this process SIGTERM..."
+    )
+    p.add_argument("--sigterm-rank", type=int, default=0, help="...on this rank, after this step")
     p.add_argument(
         "--straggler",
         type=straggler_spec,
@@ -118,6 +127,8 @@ def check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         )
     if args.resume and not args.checkpoint_dir:
         p.error("--resume needs --checkpoint-dir")
+    if args.save_on_sigterm and not args.checkpoint_dir:
+        p.error("--save-on-sigterm needs --checkpoint-dir")
     counts = ("batch_size", "epochs", "steps", "stop_at_step", "log_every", "save_every", "keep_checkpoints")
     for name in counts:
         if getattr(args, name) is not None and getattr(args, name) < 1:

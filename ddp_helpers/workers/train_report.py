@@ -11,6 +11,7 @@ import os
 import resource
 import statistics
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -140,6 +141,7 @@ class Reporter:
             grad_scale=scale,
             attempt=self.attempt,
             **self.phases.fields(),
+            **step_facts(training),
         )
         if self.tensorboard:
             self.tensorboard.add_scalar("loss", loss_value, pos.step)
@@ -153,6 +155,26 @@ class Reporter:
         self.writer.close()
         if self.tensorboard:
             self.tensorboard.close()
+
+
+def step_facts(training: Training) -> dict:
+    """What this rank's last step did, measured: the checks a notebook makes on AMP and on a resume."""
+    return {
+        "skipped_steps": training.skipped_steps,  # this rank's own count
+        "grad_norm": None if training.grad_norm is None else training.grad_norm.item(),  # what the clip saw
+        "output_dtype": None if training.output_dtype is None else str(training.output_dtype),
+        "local_overflows": None if training.local_overflows is None else int(training.local_overflows.item()),
+        "rng_crc": rng_fingerprint(training.device),
+    }
+
+
+def rng_fingerprint(device: torch.device) -> int:
+    """CRC-32 of this rank's torch generator states (the CPU one, and its GPU's): equal fingerprints at
+    the same step mean the same random numbers from here on (dropout draws from them)."""
+    states = [torch.get_rng_state()]
+    if device.type == "cuda":
+        states.append(torch.cuda.get_rng_state(device))
+    return zlib.crc32(b"".join(state.numpy().tobytes() for state in states))
 
 
 def mean_over_ranks(value: torch.Tensor, world: DistInfo) -> torch.Tensor:
@@ -190,9 +212,12 @@ def precision_flags(device: torch.device) -> dict:
         "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "device_capability": None,  # (8, 0) and up: Ampere or newer, where TF32 exists
+        "bf16_native": None,  # GPUs only
     }
     if device.type == "cuda":
         flags["device_capability"] = list(torch.cuda.get_device_capability(device))
+        # bf16 in hardware (compute capability 8.0 and up); older GPUs (V100, T4) emulate it, slowly
+        flags["bf16_native"] = torch.cuda.is_bf16_supported(including_emulation=False)
     return flags
 
 
@@ -232,6 +257,7 @@ def summarize(
         "peak_mem_kind": peak_kind,
         "grad_scale": training.scaler.get_scale() if training.scaler.is_enabled() else None,
         "skipped_steps": training.skipped_steps,
+        "output_dtype": None if training.output_dtype is None else str(training.output_dtype),
         "num_threads": torch.get_num_threads(),
         **precision_flags(world.device),
         "torch_version": torch.__version__,
