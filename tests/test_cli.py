@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
+
 import pytest
-from conftest import SCRIPTS
+from conftest import SCRIPTS, assert_no_processes_left
 
 from ddp_helpers.__main__ import main
 
@@ -30,3 +35,33 @@ def test_doctor_with_a_refused_nproc_points_at_the_argument_not_at_an_error_abov
     assert "FAIL" in row and "nproc" in row, out
     assert "see the error above" not in out and "show_ranks" not in out, out
     assert "nothing was started" in out, out
+
+
+def test_ctrl_c_twice_stops_the_run_at_once_with_one_line_not_a_traceback(tmp_path):
+    # the ranks ignore SIGTERM, so the first Ctrl-C waits out the grace period; the second skips it
+    script = tmp_path / "stubborn.py"
+    script.write_text((SCRIPTS / "stubborn.py").read_text())
+    command = [sys.executable, "-m", "ddp_helpers", "launch", "--nproc", "2", "--grace-s", "30"]
+    child = subprocess.Popen(
+        [*command, "--run-dir", str(tmp_path / "run"), str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for line in child.stdout:
+            if "rank 1 tick 1" in line:
+                break
+        child.send_signal(signal.SIGINT)
+        time.sleep(1.0)
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=20)
+    finally:
+        child.kill()
+    assert child.returncode == 128 + signal.SIGINT, (child.returncode, err)
+    assert "Traceback" not in err, err
+    assert err.strip().startswith(
+        "LaunchInterrupted: SIGINT: interrupted: every process of the run was stopped"
+    )
+    assert "you interrupted again" in err and str(tmp_path / "run") in err, err
+    assert_no_processes_left(str(script), wait_s=5)

@@ -11,6 +11,7 @@ import threading
 import time
 
 import pandas as pd
+import psutil
 import pytest
 from conftest import assert_gone, assert_no_processes_left, descendants, processes_matching
 
@@ -163,6 +164,51 @@ def test_interrupt_stops_every_process(script, tmp_path):
         ]  # the "kernel" has tick's path
         assert not left, left
         assert child.poll() is None
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_second_interrupt_ends_as_cleanly_only_faster(script, tmp_path):
+    # ranks that ignore SIGTERM hold the first stop for its 30 s grace period; a second Ctrl-C skips it
+    stubborn = script("stubborn.py")
+    code = textwrap.dedent(f"""
+        import signal, time
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        from ddp_helpers import launch
+        try:
+            launch({str(stubborn)!r}, nproc=2, run_dir={str(tmp_path / "run")!r}, progress="off", grace_s=30)
+        except BaseException as interrupted:
+            print(f"caught {{type(interrupted).__name__}}: {{interrupted}}", flush=True)
+        print("the kernel lives on", flush=True)
+        time.sleep(60)
+    """)
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        seen = []
+        for line in child.stdout:
+            seen.append(line)
+            if "[rank 1] rank 1 tick 1" in line:
+                break
+        started = descendants(child.pid)
+        child.send_signal(signal.SIGINT)
+        time.sleep(1.0)  # inside the grace period: the ranks ignored SIGTERM
+        interrupted_again = time.monotonic()
+        child.send_signal(signal.SIGINT)
+        for line in child.stdout:
+            seen.append(line)
+            if "the kernel lives on" in line:
+                break
+        took = time.monotonic() - interrupted_again
+        text = "".join(seen)
+        assert "caught LaunchInterrupted: interrupted: every process of the run was stopped" in text, text
+        assert "at once: you interrupted again" in text, text
+        assert "Traceback" not in text, text
+        assert took < 15, f"the second interrupt still waited {took:.0f} s of the 30 s grace period"
+        assert_gone(started, wait_s=5)  # the agent server too, reaped: no zombie of the kernel
+        assert not [c for c in psutil.Process(child.pid).children() if c.status() == psutil.STATUS_ZOMBIE]
     finally:
         child.kill()
         child.wait()

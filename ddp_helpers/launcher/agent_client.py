@@ -315,4 +315,10 @@ def wait_for_stopped_servers(timeout_s: float) -> bool:
     return True
 
 
+def reap_stopped_servers_in_background(timeout_s: float = 60.0) -> None:
+    """Reap, from a daemon thread, the servers told to leave that have not left yet (none stays a zombie)."""
+    if not _reap_stopped():
+        threading.Thread(target=wait_for_stopped_servers, args=(timeout_s,), daemon=True).start()
+
+
 atexit.register(stop_servers)

@@ -10,7 +10,12 @@ from typing import Any
 
 from .. import stack_dumps
 from ..errors import LaunchError, LaunchFailed, LaunchInterrupted, LaunchTimeout, WorkerFailed
-from .agent_client import ForkedAgent, stop_servers, wait_for_stopped_servers
+from .agent_client import (
+    ForkedAgent,
+    reap_stopped_servers_in_background,
+    stop_servers,
+    wait_for_stopped_servers,
+)
 from .cell_output import CellEcho
 from .config import LaunchConfig, make_config
 from .diagnosis import diagnose, strip_rank_prefix
@@ -260,7 +265,11 @@ def _start(config: LaunchConfig, run: RunFollower) -> Any:
     try:
         return start_run(config)
     except KeyboardInterrupt:
-        stop_servers()
+        try:
+            stop_servers()
+        except KeyboardInterrupt:  # interrupted again: the servers are told to leave all the same
+            stop_servers()
+        reap_stopped_servers_in_background()
         run.echo.close()
         run.progress.close(False)
         raise LaunchInterrupted(
@@ -286,13 +295,33 @@ def _failure(run: RunFollower, proc: Any) -> LaunchError:
 
 
 def _stop_interrupted(tree: ProcessTree, proc: object, config: LaunchConfig) -> LaunchInterrupted:
-    killed = stop_run(tree, proc, config.grace_s)  # type: ignore[arg-type]
-    stop_servers()  # an interrupted cell leaves no process: not even the agent server,
-    wait_for_stopped_servers(0.5)  # which leaves at once unless live ranks still use it
+    killed, hurried = stop_despite_interrupts(tree, proc, config.grace_s)
+    try:
+        stop_servers()  # an interrupted cell leaves no process: not even the agent server,
+        wait_for_stopped_servers(0.0 if hurried else 0.5)  # which leaves at once unless live ranks use it
+    except KeyboardInterrupt:
+        hurried = True
+    reap_stopped_servers_in_background()  # whatever has not left yet is reaped later: no zombie stays
     detail = f" ({len(killed)} needed SIGKILL)" if killed else ""
+    if hurried:
+        detail += ", at once: you interrupted again"
     return LaunchInterrupted(
         f"interrupted: every process of the run was stopped{detail}; logs are in {config.run_dir}"
     )
+
+
+def stop_despite_interrupts(tree: ProcessTree, proc: Any, grace_s: float) -> tuple[list[int], bool]:
+    """`stop_run`, which a second interrupt cannot cut short: it only skips the grace period (SIGKILL
+    at once). Returns the pids that needed SIGKILL, and whether an interrupt hurried the stop."""
+    try:
+        return stop_run(tree, proc, grace_s), False
+    except KeyboardInterrupt:
+        pass
+    while True:
+        try:
+            return stop_run(tree, proc, 0.0), True
+        except KeyboardInterrupt:  # a third, a fourth: the stop goes on, as fast as it can
+            continue
 
 
 @with_options(
@@ -374,7 +403,7 @@ def _run_held(config: LaunchConfig, progress: str | None) -> LaunchResult:
             raise
         raise _stop_interrupted(tree, proc, config) from None
     finally:
-        stop_run(tree, proc, config.grace_s)  # anything a worker left behind goes too
+        stop_despite_interrupts(tree, proc, config.grace_s)  # anything a worker left behind goes too
         run.echo.close()
         run.progress.close(success)
     return _result(config, run, proc, sampler)
