@@ -44,14 +44,18 @@ def sizes(min_bytes, max_bytes):
         size *= 4
 
 
-def measure(nbytes: int, args, rank: int, world_size: int, device: torch.device) -> dict:
-    """One all-reduce size: checked for the right sum, then timed (median of --iters, slowest rank)."""
+def measure(nbytes: int, args, rank: int, world_size: int, device: torch.device) -> tuple[dict, dict]:
+    """One all-reduce size: its sum as this rank sees it, then its time (median of --iters, slowest rank).
+
+    Returns the row for the summary (every rank's view, reduced) and this rank's own row for its
+    metrics file, which holds what it saw: the sum's smallest and largest element, and every timed call.
+    """
     numel = nbytes // 4  # float32
     # rank r contributes r+1 everywhere, so the sum is n(n+1)/2 in every element
     tensor = torch.full((numel,), float(rank + 1), device=device)
     expected = world_size * (world_size + 1) / 2
     dist.all_reduce(tensor)
-    correct = bool(torch.all(tensor == expected).item())
+    seen = torch.stack([tensor.min(), tensor.max()]).to(torch.float64)  # every element, not one
     times = []
     for i in range(args.warmup + args.iters):
         if device.type == "cuda":
@@ -61,24 +65,38 @@ def measure(nbytes: int, args, rank: int, world_size: int, device: torch.device)
         dist.all_reduce(tensor)
         if device.type == "cuda":
             torch.cuda.synchronize()
-        if i >= args.warmup:
+        if i >= args.warmup:  # the first calls set up connections and buffers: not timed
             times.append(time.perf_counter() - t0)
+    median = statistics.median(times)  # one slow call cannot move it
     # the slowest rank decides when the collective is done
-    t = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
+    t = torch.tensor([median], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    ok = torch.tensor([int(correct)], device=device)
-    dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # right on every rank, or not
+    lowest, highest = seen[:1].clone(), seen[1:].clone()
+    dist.all_reduce(lowest, op=dist.ReduceOp.MIN)  # over every rank
+    dist.all_reduce(highest, op=dist.ReduceOp.MAX)
     seconds = t.item()
-    algbw = numel * 4 / seconds
+    message = tensor.numel() * tensor.element_size()  # the bytes each rank hands to all_reduce
+    algbw = message / seconds
     busbw = algbw * 2 * (world_size - 1) / world_size
-    return {
-        "bytes": numel * 4,
+    correct = lowest.item() == highest.item() == expected
+    summary_row = {
+        "bytes": message,
         "time_s": seconds,
         "algbw_gbps": algbw / 1e9,
         "busbw_gbps": busbw / 1e9,
-        "correct_all_ranks": bool(ok.item()),
-        "correct_this_rank": correct,  # for this rank's metrics line; not in the summary
+        "sum_min": lowest.item(),
+        "sum_max": highest.item(),
+        "correct_all_ranks": correct,
     }
+    rank_row = {
+        "bytes": message,
+        "time_s": median,
+        "times_s": times,
+        "warmup": args.warmup,
+        "sum_min": seen[0].item(),
+        "sum_max": seen[1].item(),
+    }
+    return summary_row, rank_row
 
 
 @record
@@ -97,10 +115,9 @@ def main():
     writer.write_plan(len(plan))
     results = []
     for step, nbytes in enumerate(plan, start=1):
-        row = measure(nbytes, args, rank, world_size, device)
-        correct = row.pop("correct_this_rank")
+        row, own = measure(nbytes, args, rank, world_size, device)
         results.append(row)
-        writer.log(step=step, bytes=row["bytes"], time_s=row["time_s"], correct=correct)
+        writer.log(step=step, **own)
         if rank == 0:
             print(
                 f"{row['bytes']:>12,d} B  {row['time_s'] * 1e6:10.1f} us  algbw {row['algbw_gbps']:7.3f} GB/s  "
@@ -112,6 +129,7 @@ def main():
             "backend": backend,
             "device": device.type,
             "torch_version": torch.__version__,
+            "expected_sum": world_size * (world_size + 1) / 2,
             "all_correct": all(r["correct_all_ranks"] for r in results),
             "results": results,
         }
