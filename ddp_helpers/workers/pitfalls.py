@@ -152,17 +152,26 @@ def unused(rank, world, device, fix):
     ddp = DDP(TwoHeads().to(device))
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
     torch.manual_seed(1 + rank)  # each rank its own batches, as under a DistributedSampler
-    failed_at, phase, error = None, None, None
+    failed_at, phase, error, step1 = None, None, None, {}
     for step in (1, 2):
         phase = "forward"
         try:
-            loss = ddp(torch.randn(16, 8, device=device)).pow(2).mean()
+            x = torch.randn(16, 8, device=device)
+            loss = ddp(x).pow(2).mean()
             phase = "backward"
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # head_b's gradient never comes, so its bucket is never all-reduced
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                loss.backward()  # head_b's gradient never comes, so its bucket is never all-reduced
         except RuntimeError as err:
             failed_at, error = step, str(err).splitlines()[0]
             break
+        if step == 1:  # what step 1's backward did to body's gradient: all-reduced, or this rank's own?
+            own = ddp.module.body.weight
+            local = torch.autograd.grad(ddp.module(x).pow(2).mean(), own)[0]  # no DDP: this rank only
+            step1 = {
+                "allreduces": sum(event.name == "c10d::allreduce_" for event in prof.events()),
+                "grad_minus_local": (own.grad - local).abs().max().item(),
+            }
         optimizer.step()
         print(f"rank {rank}: step {step} ran without an error")
     print(f"rank {rank}: step {failed_at} failed in the {phase}: {error}")
@@ -176,6 +185,8 @@ def unused(rank, world, device, fix):
         failed_at_step=failed_at,
         phase=phase,
         error=error,
+        step1_allreduces=step1.get("allreduces"),
+        step1_grad_minus_local=step1.get("grad_minus_local"),
         gap_to_rank0=(weights - rank0).abs().max().item(),
     )
 
@@ -187,11 +198,12 @@ def time_unused_fixes(rank, world, device):
         "find_unused_parameters=True": {"find_unused_parameters": True},  # walks the graph every step
         "static_graph=True": {"static_graph": True},  # learns the unused set once, in the first step
     }
-    timings = {}
+    timings, gaps = {}, {}
     for label, kwargs in options.items():
         torch.manual_seed(0)
         ddp = DDP(TwoHeads().to(device), **kwargs)
         optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        torch.manual_seed(1 + rank)  # each rank its own batches: only averaging keeps the replicas equal
         for step in range(WARMUP_STEPS + TIMED_STEPS):
             if step == WARMUP_STEPS:
                 synchronize(device)
@@ -202,11 +214,16 @@ def time_unused_fixes(rank, world, device):
             optimizer.step()
         synchronize(device)  # GPU work is asynchronous: wait for it before reading the clock
         timings[label] = (time.perf_counter() - start) / TIMED_STEPS * 1e3
+        # the fix must average every gradient: each replica ends with rank 0's weights
+        weights = torch.cat([p.detach().reshape(-1) for p in ddp.module.parameters()])
+        rank0 = weights.clone()
+        dist.broadcast(rank0, src=0)
+        gaps[label] = (weights - rank0).abs().max().item()
         if rank == 0:
             print(
                 f"{label}: {timings[label]:.2f} ms/step over {TIMED_STEPS} steps after {WARMUP_STEPS} warm-up"
             )
-    report(rank, world, ms_per_step=timings)
+    report(rank, world, ms_per_step=timings, gap_to_rank0=gaps)
 
 
 def batchnorm(rank, world, device, fix):
@@ -300,13 +317,18 @@ def all_reduces_per_step(model, optimizer, x):
 def slow_save(rank, world, device, fix, save_seconds):
     # rank 0 writes a checkpoint (here: sleeps as long as a big save takes) while the others
     # wait at the barrier after it, and a barrier waits at most the process group's timeout
+    save_ended = None
     if rank == 0:
         print(f"rank 0: saving a checkpoint, {save_seconds:g} s")
         time.sleep(save_seconds)
+        save_ended = time.time()
     else:
         print(f"rank {rank}: waiting at the barrier for rank 0's save")
+    entered = time.time()
     dist.barrier()
     print(f"rank {rank}: past the barrier")
+    # one machine, one clock: when each rank reached and left the barrier, and when rank 0's save ended
+    report(rank, world, entered=entered, left=time.time(), save_ended=save_ended)
 
 
 def oom(rank, world, device, fix):
