@@ -22,6 +22,7 @@ from .errors import (
     LaunchInterrupted,
     LaunchTimeout,
     RankError,
+    RanksNotRunning,
     RunDirInUse,
     WorkerFailed,
 )
@@ -75,6 +76,7 @@ __all__ = [
     "LiveRanks",
     "RankError",
     "RankResults",
+    "RanksNotRunning",
     "RunDirInUse",
     "WorkerFailed",
     "launch",

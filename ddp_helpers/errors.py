@@ -20,6 +20,10 @@ class RunDirInUse(InvalidLaunchArguments):
     """Another launch, in this process or another, is running into the same run_dir."""
 
 
+class RanksNotRunning(LaunchError):
+    """The live ranks were stopped (after a failure, a hang or an interrupt, or by ``%ranks stop``)."""
+
+
 class WorkerFailed(LaunchError):
     """A worker process exited with an error.
 

@@ -12,6 +12,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import nbformat
 import papermill
@@ -21,7 +22,15 @@ import torch
 from conftest import assert_no_processes_left
 
 import ddp_helpers
-from ddp_helpers import InvalidLaunchArguments, LaunchInterrupted, LaunchTimeout, RankError, WorkerFailed
+from ddp_helpers import (
+    InvalidLaunchArguments,
+    LaunchInterrupted,
+    LaunchTimeout,
+    RankError,
+    RanksNotRunning,
+    WorkerFailed,
+)
+from ddp_helpers.live import magics as live_magics
 
 # Its module-scoped fixture starts a job: with `--dist loadgroup` one xdist worker runs the whole
 # module, so the job starts once, not once per worker.
@@ -101,7 +110,7 @@ def test_bad_input_is_refused_before_anything_is_sent(ranks):
     assert ranks.run("rank") == {0: 0, 1: 1}
 
 
-def test_a_hang_names_the_stuck_rank_and_its_line_then_restart_and_a_death(tmp_path):
+def test_a_hang_names_the_stuck_rank_and_its_line_then_restart_and_a_death(tmp_path, monkeypatch):
     live = ddp_helpers.start_ranks(nproc=2, backend="gloo", run_dir=tmp_path / "r", timeout=3)
     try:
         with pytest.raises(LaunchTimeout) as caught:
@@ -119,9 +128,14 @@ def test_a_hang_names_the_stuck_rank_and_its_line_then_restart_and_a_death(tmp_p
         with pytest.raises(WorkerFailed) as died:
             live.run("import os, time\nif rank == 1:\n    os._exit(3)\ntime.sleep(60)")
         assert died.value.rank == 1 and died.value.exitcode == 3
-        assert "ranks.restart()" in str(died.value)
-        with pytest.raises(InvalidLaunchArguments, match="not running"):
+        assert "%ranks restart" in str(died.value)
+        with pytest.raises(RanksNotRunning, match=r"not running .* `%ranks restart`"):  # the same advice
             live.run("1")
+        monkeypatch.setattr(live_magics, "_current", live)  # what %%ranks finds in the kernel now
+        with pytest.raises(RanksNotRunning, match=r"not running .* `%ranks restart`"):
+            live_magics.current_ranks()
+        live_magics.RanksMagics(shell=None)._line(SimpleNamespace(action="restart"))  # the advice works
+        assert live.run("rank") == {0: 0, 1: 1}
     finally:
         live.shutdown()
     assert_no_processes_left(str(tmp_path))

@@ -18,19 +18,23 @@ from IPython.core.displayhook import DisplayHook
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import ArgDecorator, argument, magic_arguments, parse_argstring
 
-from ..errors import InvalidLaunchArguments
+from ..errors import InvalidLaunchArguments, RanksNotRunning
 from ..launcher.cell_source import CellSyntaxError, as_in_editor
 from ..launcher.checks import rank_list
 from ..launcher.options import LIVE_OPTIONS, add_flags, given_options
-from .ranks import LiveRanks, shown_value, start_ranks
+from .ranks import LiveRanks, not_running_message, shown_value, start_ranks
 
 _current: LiveRanks | None = None
 
 
 def current_ranks() -> LiveRanks:
     """The ranks that ``%ranks start`` started in this kernel."""
-    if _current is None or not _current.alive:
-        raise InvalidLaunchArguments("no live ranks are running: start them with %ranks start --nproc 2")
+    if _current is None:
+        raise RanksNotRunning(
+            "no live ranks were started in this kernel: start them with %ranks start --nproc 2"
+        )
+    if not _current.alive:
+        raise RanksNotRunning(not_running_message())
     return _current
 
 

@@ -27,18 +27,27 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidLaunchArguments
+from ..errors import InvalidLaunchArguments, RanksNotRunning
 from ..launcher.checks import check_rank_list, check_seconds
 from ..launcher.config import LaunchConfig, default_run_dir, make_config
 from ..launcher.options import LIVE_OPTIONS, bind_options, with_options
 from .calls import CellLog, request
 from .protocol import Gather, Push, Reply, Run
+from .recovery import RESTART_HINT
 from .results import RankResults, cell_results, check_syntax, gathered, shown_value
 from .session import RANK_SERVER, Session
 
 __all__ = ["LiveRanks", "RankResults", "shown_value", "start_ranks"]
 
 STARTUP_TIMEOUT_S = 180.0  # importing torch and the rendezvous, on a loaded 2-core machine
+
+
+def not_running_message() -> str:
+    """One story wherever stopped ranks are used: what happened, and the advice that works."""
+    return (
+        "the live ranks are not running (stopped after a failure, a hang or an interrupt, or by %ranks stop), "
+        f"and the variables they held are gone: {RESTART_HINT}"
+    )
 
 
 class LiveRanks:
@@ -186,10 +195,7 @@ class LiveRanks:
     def _targets(self, ranks: Iterable[int] | int | None) -> list[int]:
         session = self._session
         if session is None or session.closed or not session.links:
-            raise InvalidLaunchArguments(
-                "the ranks are not running (shut down, or stopped after a failure): "
-                "ranks.restart() or start_ranks() starts new ones"
-            )
+            raise RanksNotRunning(not_running_message())
         if ranks is None:
             return list(session.links)
         chosen = check_rank_list(ranks)  # the launcher's one reading of "a rank, or some ranks"

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 INTERRUPT_WAIT_S = 5.0  # how long an interrupted rank gets to come back before the ranks are stopped
 CHECK_TIMEOUT_S = 10.0  # the barrier that tells whether an interrupt left the process group usable
 EXIT_REPORT_WAIT_S = 1.0  # torchrun polls its workers every 0.1 s: a failure is reported well within this
-RESTART_HINT = "ranks.restart() starts afresh."
+RESTART_HINT = "`%ranks restart` (or `ranks.restart()`) starts them afresh, with the same options."
 
 
 # ------------------------------------------------------------------ interrupts
