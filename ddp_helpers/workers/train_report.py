@@ -258,6 +258,7 @@ def summarize(
         "grad_scale": training.scaler.get_scale() if training.scaler.is_enabled() else None,
         "skipped_steps": training.skipped_steps,
         "output_dtype": None if training.output_dtype is None else str(training.output_dtype),
+        "param_dtype": str(next(training.raw_model.parameters()).dtype),  # autocast leaves the weights fp32
         "num_threads": torch.get_num_threads(),
         **precision_flags(world.device),
         "torch_version": torch.__version__,
