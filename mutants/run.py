@@ -310,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--catalogue", type=Path, default=CATALOGUE, help="a folder of *.toml catalogue files"
     )
+    parser.add_argument(
+        "--report", type=Path, default=REPORT_DIR, help="where mutants.md and mutants.json go"
+    )
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
@@ -354,8 +357,14 @@ def main(argv: list[str] | None = None) -> int:
     order = {(m.name, n): i for i, (m, n) in enumerate(runs)}
     outcomes.sort(key=lambda o: order[(o.mutant.name, o.nproc)])
     report = table(outcomes + unkillable)
-    REPORT_DIR.mkdir(parents=True, exist_ok=True)
-    (REPORT_DIR / "report.md").write_text(report + "\n")
+    args.report.mkdir(parents=True, exist_ok=True)
+    (args.report / "mutants.md").write_text(report + "\n")
+    rows = [
+        {"name": o.mutant.name, "notebook": o.mutant.notebook, "nproc": o.nproc, "status": o.status}
+        | {"cell": o.cell, "failure": o.failure, "seconds": round(o.seconds, 1)}
+        for o in outcomes + unkillable
+    ]
+    (args.report / "mutants.json").write_text(json.dumps(rows, indent=1) + "\n")
     print(report)
     bad = [o for o in outcomes if not o.ok]
     print(

@@ -40,7 +40,7 @@ __all__ = ["NO_GPU_EXIT", "KernelWatch", "main"]
 
 NO_GPU_EXIT = 3
 NOTEBOOKS_DIR = REPO / "notebooks"
-PARTS = ("checks", "allreduce", "notebooks", "training")
+PARTS = ("checks", "allreduce", "notebooks", "mutants", "training")
 
 
 def _train(
@@ -198,6 +198,27 @@ class GpuCheck:
             self.gpus > 0,
             self.args.nproc,
         )
+
+    def mutants(self) -> None:
+        """The mutants a CPU cannot kill (CUDA-only lines), each run on the notebook that teaches it."""
+        import subprocess
+
+        if self.gpus == 0:  # --cpu-smoke: these mutants survive a CPU by definition
+            self.report["mutants"] = {"status": "not run: they need a GPU"}
+            return
+        left = int(self.deadline - time.time())
+        command = [sys.executable, str(REPO / "mutants" / "run.py"), "--gpu", "--jobs", "1"]
+        proc = subprocess.run(
+            [*command, "--timeout", str(max(60, left)), "--report", str(self.out)],
+            capture_output=True,
+            text=True,
+        )
+        report = self.out / "mutants.json"
+        self.report["mutants"] = {
+            "exit": proc.returncode,
+            "runs": json.loads(report.read_text()) if report.exists() else [],
+            "output_tail": (proc.stdout + proc.stderr)[-2000:],
+        }
 
     def training(self) -> None:
         plan, runs = self.plan, self.report.setdefault("training", [])
