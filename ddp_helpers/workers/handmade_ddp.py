@@ -360,6 +360,7 @@ def main(argv: list[str] | None = None):  # argv: for a caller in-process (live 
             "model": args.model,
             "parameters": n_params,
             "buffer_values": n_buffers,
+            "parameter_tensors": len(list(reference_model.parameters())),
             "rewrap": args.rewrap,
             "steps": args.steps,
             "bucket_cap_mb": args.bucket_cap_mb,
