@@ -13,8 +13,10 @@ further part under the part's name (summary["save"]).
 The measuring (bytes held, bytes sent, step times) is fsdp_measures.py's; --part save and resume
 are fsdp_checkpoint.py's.
 
-On torch 2.7 with gloo, FSDP2 sums the gradients over ranks instead of averaging them
-(pytorch#162338): `gradient_factor()` measures that on a probe, and `divide_gradients()` fixes it.
+On torch 2.7 with gloo, FSDP2 sums the gradients over ranks instead of averaging them where the reduce
+dtype is fp32 or bf16 (it asks for ReduceOp.AVG, pytorch#162338; fp16 is reduced with SUM and divided by
+FSDP2 itself): `gradient_factor()` measures that on a probe sharded with the model's own options, and
+`divide_gradients()` fixes it.
 """
 
 import argparse
@@ -33,9 +35,9 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 try:  # torch >= 2.6 exports FSDP2 here; 2.4-2.5 kept it private
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 except ImportError:  # pragma: no cover
-    from torch.distributed._composable.fsdp import FSDPModule, fully_shard
+    from torch.distributed._composable.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from ddp_helpers import teardown
 from ddp_helpers.workers.fsdp_measures import (
@@ -89,26 +91,32 @@ def my_slice(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.chunk(dist.get_world_size())[dist.get_rank()]
 
 
-def shard(model: BlockMLP, mesh) -> BlockMLP:
-    """FSDP2: each block is one unit (one all-gather, one reduce-scatter), the root holds the rest."""
+def shard(model: BlockMLP, mesh, **fsdp_options) -> BlockMLP:
+    """FSDP2: each block is one unit (one all-gather, one reduce-scatter), the root holds the rest.
+    `fsdp_options` (mp_policy=..., ...) go to every fully_shard call."""
     for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)  # embed and head: gathered once, kept until backward
+        fully_shard(block, mesh=mesh, **fsdp_options)
+    fully_shard(model, mesh=mesh, **fsdp_options)  # embed and head: gathered once, kept until backward
     return model
 
 
 # ---------------------------------------------------------------------------- pytorch#162338
 
 
-def gradient_factor(mesh, device: torch.device) -> float:
+def gradient_factor(mesh, device: torch.device, force_sum: bool = False, **fsdp_options) -> float:
     """FSDP2's gradient divided by the true mean, on a probe where the answer is known.
 
     Every rank's local gradient is all ones, so the mean over ranks is all ones: a correct FSDP2
-    gives 1.0; torch 2.7 on gloo gives the world size (it sums: pytorch#162338).
+    gives 1.0; torch 2.7 on gloo gives the world size (it sums: pytorch#162338). The factor depends on
+    how FSDP2 reduces, so the probe must be sharded with the model's own `fsdp_options`: with
+    `MixedPrecisionPolicy(reduce_dtype=torch.float16)` torch 2.7 reduces with SUM and divides itself (1.0).
+    `force_sum`: torch >= 2.8's set_force_sum_reduction_for_comms(True) (SUM, then FSDP2's own divide).
     """
     probe = nn.Linear(1, mesh.size(), bias=False, device=device)
     nn.init.ones_(probe.weight)
-    fully_shard(probe, mesh=mesh)
+    fully_shard(probe, mesh=mesh, **fsdp_options)
+    if force_sum:
+        probe.set_force_sum_reduction_for_comms(True)
     probe(torch.ones(1, 1, device=device)).sum().backward()  # d(sum)/dW = input = 1 on every rank
     factor = probe.weight.grad.to_local().mean().reshape(1)
     dist.all_reduce(factor, op=dist.ReduceOp.MAX)
@@ -117,16 +125,16 @@ def gradient_factor(mesh, device: torch.device) -> float:
 
 def divide_gradients(model: nn.Module, factor: float) -> None:
     """Divide every reduce-scatter output by `factor`: FSDP2 calls this hook on each unit's sharded
-    gradient right after its reduce-scatter, before the gradient reaches .grad."""
+    gradient right after its reduce-scatter, before its own post-divide (fp16) and before .grad."""
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_all_reduce_hook(lambda reduced: reduced.div_(factor))
 
 
-def checked_fsdp(args, mesh, device) -> tuple[BlockMLP, float]:
+def checked_fsdp(args, mesh, device, **fsdp_options) -> tuple[BlockMLP, float]:
     """An FSDP2 model whose gradients are the mean over ranks, whichever torch this is."""
-    model = shard(build_model(args, device), mesh)
-    factor = gradient_factor(mesh, device)
+    model = shard(build_model(args, device), mesh, **fsdp_options)
+    factor = gradient_factor(mesh, device, **fsdp_options)  # the probe reduces as the model does
     if mesh.size() > 1 and math.isclose(factor, mesh.size(), rel_tol=1e-6):
         divide_gradients(model, factor)
     elif not math.isclose(factor, 1.0, rel_tol=1e-6):
@@ -177,6 +185,16 @@ def fsdp_versus_one_process(args, mesh, device, result: dict) -> None:
         divide_gradients(model, probe)
         fixed = fsdp_grad()
     grad = before if fixed is None else fixed
+    # the factor per reduce dtype (the probe sharded with that MixedPrecisionPolicy), and with torch >= 2.8's
+    # set_force_sum_reduction_for_comms(True): which settings ask the backend for ReduceOp.AVG
+    factors = {
+        str(dtype).removeprefix("torch."): gradient_factor(
+            mesh, device, mp_policy=MixedPrecisionPolicy(reduce_dtype=dtype)
+        )
+        for dtype in (torch.float32, torch.bfloat16, torch.float16)
+    }
+    if hasattr(FSDPModule, "set_force_sum_reduction_for_comms"):
+        factors["float32, force_sum"] = gradient_factor(mesh, device, force_sum=True)
     grad_diff = (grad - true_grad).abs().max().item()
     assert torch.allclose(grad, true_grad, rtol=RTOL, atol=ATOL), f"FSDP2 gradients off by {grad_diff}"
 
@@ -192,6 +210,7 @@ def fsdp_versus_one_process(args, mesh, device, result: dict) -> None:
     assert torch.allclose(trained, expected, rtol=RTOL, atol=ATOL), f"FSDP2 weights off by {weight_diff}"
     result["fsdp_vs_one_process"] = {
         "probe_factor": probe,
+        "factor_by_reduce": factors,
         "ratio_before_fix": ratio(before),
         "ratio_after_fix": None if fixed is None else ratio(fixed),
         "max_grad_diff": grad_diff,
@@ -208,6 +227,7 @@ def adam_run(kind: str, args, mesh, device) -> dict:
     """Train with Adam as DDP, ZeRO-1 or FSDP2: memory per rank, bytes sent and step time."""
     world_size = dist.get_world_size()
     sent = {"all_reduce": 0}
+    buckets = []  # DDP's flat gradient buckets, as its comm hook sees them
     if kind == "fsdp2":
         model, _ = checked_fsdp(args, mesh, device)
         optimizer = torch.optim.Adam(model.parameters(), lr=args.adam_lr)
@@ -217,6 +237,7 @@ def adam_run(kind: str, args, mesh, device) -> dict:
         ddp = DDP(model, gradient_as_bucket_view=True)  # .grad is a view of the bucket: one copy
 
         def count_allreduce(state, bucket):
+            buckets.append(bucket.buffer())
             sent["all_reduce"] += bucket.buffer().numel() * bucket.buffer().element_size()
             buffer = bucket.buffer().div_(world_size)
             return dist.all_reduce(buffer, async_op=True).get_future().then(lambda fut: fut.value()[0])
@@ -238,7 +259,10 @@ def adam_run(kind: str, args, mesh, device) -> dict:
 
     step(0)  # Adam creates its state in the first step
     local_state = optimizer.optim if kind == "zero1" else optimizer
-    memory = memory_row(model, local_state)
+    memory = memory_row(model, local_state, buckets)
+    params = list(model.parameters())
+    # which parameters this rank keeps optimizer state for (ZeRO-1: its own share only)
+    state_params = [i for i, p in enumerate(params) if p in local_state.state]
     sent["all_reduce"] = 0
     with CollectiveCounter() as counter:
         step(1)
@@ -255,6 +279,7 @@ def adam_run(kind: str, args, mesh, device) -> dict:
         "weights": weights,
         "param_tensors": len(list(model.parameters())),
         "state_tensors": len(local_state.state),
+        "state_params": state_params,
     }
 
 
@@ -274,6 +299,7 @@ def part_train(args, mesh, device) -> dict:
             "step_time_s": run["step_time_s"],
             "param_tensors": run["param_tensors"],
             "state_tensors_per_rank": gathered(run["state_tensors"]),
+            "state_params_per_rank": gathered(run["state_params"]),
         }
     for kind in ("zero1", "fsdp2"):
         diff = (runs[kind]["weights"] - runs["ddp"]["weights"]).abs().max().item()
@@ -327,6 +353,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint-dir", default="runs/fsdp-ckpt")
     p.add_argument("--ddp-checkpoint", default=None, help="a train.py checkpoint to load into FSDP2")
+    p.add_argument(
+        "--saved-full", default=None, help="--part resume: the saving job's full_model.pt, to check the load"
+    )
     p.add_argument("--run-dir", default=os.environ.get("DDP_RUN_DIR", "runs/fsdp"))
     return p.parse_args()
 

@@ -33,6 +33,22 @@ def shard_shapes(model: nn.Module) -> dict:
     return {name: list(p.to_local().shape) for name, p in model.named_parameters()}
 
 
+def compare_with_full(model: nn.Module, full: dict) -> dict:
+    """This rank's shard of each parameter against its rows of the saved full tensor (FSDP2 deals
+    dim 0 out as torch.chunk does: a rank past the last chunk holds no rows)."""
+    world_size, rank = dist.get_world_size(), dist.get_rank()
+    max_diff, elements = 0.0, 0
+    for name, param in model.named_parameters():
+        chunks = full[name].chunk(world_size)
+        rows = chunks[rank] if rank < len(chunks) else full[name][:0]
+        mine = param.to_local().detach().cpu()
+        if mine.shape != rows.shape:
+            return {"max_diff": float("inf"), "elements": elements, "mismatch": name}
+        max_diff = max(max_diff, (mine - rows).abs().max().item() if rows.numel() else 0.0)
+        elements += rows.numel()
+    return {"max_diff": max_diff, "elements": elements}
+
+
 def part_save(args, mesh, device) -> dict:
     model, factor = checked_fsdp(args, mesh, device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.adam_lr)
@@ -80,8 +96,11 @@ def part_resume(args, mesh, device) -> dict:
     state = {"model": model_state, "optim": optim_state, "step": 0}
     dcp.load(state, checkpoint_id=args.checkpoint_dir)  # each rank reads the bytes of *its* shards
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    losses = train_steps(model, optimizer, args, device, range(state["step"], args.steps))
-    result = {"gradient_factor": factor, "resumed_at_step": state["step"], "losses": losses}
+    result = {"gradient_factor": factor, "resumed_at_step": state["step"]}
+    if args.saved_full:  # what each rank now holds, against the saving job's gathered full model
+        full = torch.load(args.saved_full, map_location="cpu", weights_only=True)
+        result["loaded_vs_saved"] = gathered(compare_with_full(model, full))
+    result["losses"] = train_steps(model, optimizer, args, device, range(state["step"], args.steps))
     result["shard_shapes"] = gathered(shard_shapes(model))
     if args.ddp_checkpoint:
         result["ddp_checkpoint"] = load_ddp_checkpoint(args, mesh, device)
@@ -103,25 +122,38 @@ def train_py_mlp(features: int, hidden: int, classes: int) -> nn.Sequential:
 
 
 def load_ddp_checkpoint(args, mesh, device) -> dict:
-    """A DDP job's checkpoint (train.py: rank 0 saved the plain model's full state_dict) into FSDP2."""
-    plain = torch.load(args.ddp_checkpoint, map_location="cpu", weights_only=True)["model"]
-    hidden, features = plain["1.weight"].shape
-    classes = plain["7.weight"].shape[0]
+    """A DDP job's checkpoint (train.py: rank 0 saved the plain model's full state_dict) into FSDP2.
+
+    Only rank 0 reads the file: the others would each hold the whole model in memory for a moment,
+    which is what sharding is for avoiding. They get the sizes from rank 0, and their shards from
+    set_model_state_dict's broadcast_from_rank0 (StateDictOptions, in torch 2.7 and 2.14)."""
+    rank = dist.get_rank()
+    plain = torch.load(args.ddp_checkpoint, map_location="cpu", weights_only=True)["model"] if rank == 0 else {}
+    shapes = [{name: list(t.shape) for name, t in plain.items()}]
+    dist.broadcast_object_list(shapes, src=0)  # the model's sizes, for the ranks that did not read
+    hidden, features = shapes[0]["1.weight"]
+    classes = shapes[0]["7.weight"][0]
     model = train_py_mlp(features, hidden, classes).to(device)
     for layer in model:
         if isinstance(layer, nn.Linear):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    # full_state_dict=True: the input is whole tensors; each rank keeps only its shard of each
-    # (a copy: set_model_state_dict turns the dict's values into DTensors in place)
-    set_model_state_dict(model, dict(plain), options=StateDictOptions(full_state_dict=True))
+    # full_state_dict=True: the input is whole tensors; broadcast_from_rank0=True: only rank 0's dict
+    # is read, and each rank keeps only its shard of each tensor (a copy of the dict:
+    # set_model_state_dict may turn its values into DTensors in place)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, dict(plain), options=options)
     back = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     x = torch.randn(args.global_batch, features, generator=torch.Generator().manual_seed(args.seed))
     sharded_out = model(x.to(device)).detach().cpu()
-    unsharded = train_py_mlp(features, hidden, classes)
-    unsharded.load_state_dict(plain)
-    row = {"keys": sorted(plain), "shard_shapes": gathered(shard_shapes(model))}
-    if dist.get_rank() == 0:
+    row = {
+        "keys": sorted(shapes[0]),
+        "shard_shapes": gathered(shard_shapes(model)),
+        "tensors_read_per_rank": gathered(len(plain)),  # what each rank loaded from the file
+    }
+    if rank == 0:
+        unsharded = train_py_mlp(features, hidden, classes)
+        unsharded.load_state_dict(plain)
         row["max_weight_diff"] = max((back[k].cpu() - plain[k]).abs().max().item() for k in plain)
         row["max_output_diff"] = (sharded_out - unsharded(x).detach()).abs().max().item()
         assert row["max_weight_diff"] == 0.0, f"the DDP checkpoint did not load exactly: {row}"

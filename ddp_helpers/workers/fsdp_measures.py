@@ -13,24 +13,32 @@ import torch.distributed as dist
 import torch.nn as nn
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t  # a DTensor: this rank's shard
+
+
 def local_bytes(tensors) -> int:
     """Bytes this rank holds for `tensors`: a DTensor counts its local shard only."""
-    total = 0
-    for t in tensors:
-        t = t.to_local() if hasattr(t, "to_local") else t
-        total += t.numel() * t.element_size()
-    return total
+    return sum(_local(t).numel() * _local(t).element_size() for t in tensors)
 
 
 def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
     return local_bytes(v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v))
 
 
-def memory_row(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+def memory_row(model: nn.Module, optimizer: torch.optim.Optimizer, ddp_buckets=()) -> dict:
+    """Bytes this rank holds. `ddp_buckets`: DDP's flat gradient buckets (from a comm hook); they count
+    only where .grad is not a view of them (DDP's default, gradient_as_bucket_view=False: a second copy)."""
     params = list(model.parameters())
+    grads = [p.grad for p in params if p.grad is not None]
+    grad_storages = {_local(g).untyped_storage().data_ptr() for g in grads}
     return {
         "weights": local_bytes(params),
-        "grads": local_bytes(p.grad for p in params if p.grad is not None),
+        "grads": local_bytes(grads),
+        "ddp_buckets": local_bytes(
+            {b.untyped_storage().data_ptr(): b for b in ddp_buckets}.get(ptr)
+            for ptr in {b.untyped_storage().data_ptr() for b in ddp_buckets} - grad_storages
+        ),
         "optimizer": optimizer_bytes(optimizer),
     }
 
