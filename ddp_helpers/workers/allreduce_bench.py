@@ -5,7 +5,9 @@
 Bandwidths follow nccl-tests (PERFORMANCE.md there):
     algbw = bytes / time
     busbw = algbw * 2(n-1)/n   (what each link carries in a ring; comparable across world sizes)
-Rank 0 writes them to <run-dir>/summary.json; every rank logs one metrics line per size.
+Rank 0 writes them to <run-dir>/summary.json. Every rank logs one metrics line per size with what it
+saw itself: the smallest and largest element of its sum, and each timed call, so that a reader can
+check the sum on every rank and recompute each row without trusting this script's own verdict.
 """
 
 import argparse
