@@ -128,7 +128,9 @@ def load_ddp_checkpoint(args, mesh, device) -> dict:
     which is what sharding is for avoiding. They get the sizes from rank 0, and their shards from
     set_model_state_dict's broadcast_from_rank0 (StateDictOptions, in torch 2.7 and 2.14)."""
     rank = dist.get_rank()
-    plain = torch.load(args.ddp_checkpoint, map_location="cpu", weights_only=True)["model"] if rank == 0 else {}
+    plain = (
+        torch.load(args.ddp_checkpoint, map_location="cpu", weights_only=True)["model"] if rank == 0 else {}
+    )
     shapes = [{name: list(t.shape) for name, t in plain.items()}]
     dist.broadcast_object_list(shapes, src=0)  # the model's sizes, for the ranks that did not read
     hidden, features = shapes[0]["1.weight"]
