@@ -9,7 +9,10 @@ handler itself, so a worker blocked in C++ (a collective, a destructor, a lock) 
 a run that the launcher stops for a hang says where each rank was waiting.
 
 A worker is signalled only when its file exists: the file gets its name once the handler is in place,
-because the signal's default action ends a process. The signal is a real-time one, which SLURM,
+because the signal's default action ends a process. The file's first line also records when its process
+started, so a file left by an earlier worker whose pid a new one reuses (a restart round) never gets
+the new one signalled before it has registered. Live ranks register the same way (their server joins
+through `setup_distributed`): there is one mechanism, and SIGUSR1 stays free. The signal is a real-time one, which SLURM,
 Lightning and torchrun leave alone by default (SLURM's ``--signal`` and Lightning's requeue use
 SIGUSR1 or SIGUSR2). A script that installs its own handler for it gives no stack, and nothing else.
 """
@@ -58,7 +61,7 @@ def register(log_dir: Path) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         dump = open(partial, "w", buffering=1)  # noqa: SIM115 - open while the worker runs
-        dump.write(f"main thread 0x{threading.main_thread().ident:x}\n")
+        dump.write(f"main thread 0x{threading.main_thread().ident:x} started {_start_time(os.getpid())}\n")
         faulthandler.register(STACK_SIGNAL, file=dump, all_threads=True, chain=False)
         os.replace(partial, path)  # now the launcher may signal it
     except OSError:
@@ -76,28 +79,51 @@ def register_in_run() -> None:
 def ask(pids_by_rank: dict[int, int], log_dir: Path) -> dict[int, str]:
     """Each registered worker's main-thread stack, by rank (see `where_it_waits`); the others: none.
     Never raises: it runs on the way to reporting a hang."""
+    stacks = {}
+    for rank, dump in ask_dumps(pids_by_rank, log_dir).items():
+        where = where_it_waits(dump)
+        if where:
+            stacks[rank] = where
+    return stacks
+
+
+def ask_dumps(pids_by_rank: dict[int, int], log_dir: Path) -> dict[int, str]:
+    """Each registered worker's new dump, by rank, after its file's header line. Never raises."""
     if STACK_SIGNAL is None:
         return {}
-    files, offsets = {}, {}
+    files, offsets, headers = {}, {}, {}
     for rank, pid in pids_by_rank.items():
         path = _dump_file(log_dir, pid)
         try:
+            with open(path, errors="replace") as fh:
+                headers[rank] = fh.readline()
+            if not headers[rank].rstrip().endswith(f" started {_start_time(pid)}"):
+                continue  # an earlier process's file, whose pid this one reuses: not registered yet
             offsets[rank] = path.stat().st_size
             os.kill(pid, STACK_SIGNAL)
         except OSError:  # never registered, or gone meanwhile
             continue
         files[rank] = path
     _wait_until_written(files, offsets)
-    stacks = {}
+    dumps = {}
     for rank, path in files.items():
         try:
             text = path.read_text(errors="replace")  # ASCII: faulthandler escapes the rest
         except OSError:
             continue
-        where = where_it_waits(text.partition("\n")[0] + "\n" + text[offsets[rank] :])
-        if where:
-            stacks[rank] = where
-    return stacks
+        dumps[rank] = headers[rank] + text[offsets[rank] :]
+    return dumps
+
+
+def _start_time(pid: int) -> str:
+    """When process `pid` started, in clock ticks since boot (/proc/PID/stat's 22nd field); "" without
+    /proc. A pid reused by a new process gets a new start time."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return ""
+    return stat[stat.rindex(b")") + 2 :].split()[19].decode()  # fields after the command's ")"; 22 is [19]
 
 
 def _wait_until_written(files: dict[int, Path], offsets: dict[int, int]) -> None:
@@ -121,16 +147,10 @@ def where_it_waits(dump: str) -> str:
     """The main thread's frames from a dump (header line first), innermost first, each with its source
     line. The frames that started the script (runpy's, a forked worker's launcher) are left out; where
     the innermost frames are all a library's, the innermost frame of the script's own code follows."""
-    header = re.match(r"main thread 0x([0-9a-f]+)", dump)
-    threads = list(_THREAD.finditer(dump))
-    main = [i for i, m in enumerate(threads) if header and int(m[1], 16) == int(header[1], 16)]
-    if not main:
-        return ""
-    last = main[-1]  # the newest dump's
-    end = threads[last + 1].start() if last + 1 < len(threads) else len(dump)
+    main = main_thread(dump)
     frames = [
         m
-        for m in _FRAME.finditer(dump, threads[last].end(), end)
+        for m in _FRAME.finditer(main)
         if not m["file"].startswith(_LAUNCHER) and m["file"] != "<frozen runpy>"
     ]
     shown = frames[:MAX_FRAMES]
@@ -139,6 +159,18 @@ def where_it_waits(dump: str) -> str:
     if own is not None and own not in shown:
         lines += ["...", *_with_source(own)]
     return "\n".join(lines)
+
+
+def main_thread(dump: str) -> str:
+    """The newest dump's main-thread part (its frames, innermost first), "" if the dump has none."""
+    header = re.match(r"main thread 0x([0-9a-f]+)", dump)
+    threads = list(_THREAD.finditer(dump))
+    main = [i for i, m in enumerate(threads) if header and int(m[1], 16) == int(header[1], 16)]
+    if not main:
+        return ""
+    last = main[-1]  # the newest dump's
+    end = threads[last + 1].start() if last + 1 < len(threads) else len(dump)
+    return dump[threads[last].start() : end]
 
 
 def _is_the_scripts(file: str) -> bool:

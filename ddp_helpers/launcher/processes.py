@@ -10,7 +10,14 @@ import signal
 import subprocess
 import time
 
-from .agent_client import ForkedAgent, start_agent
+from ..errors import LaunchInterrupted
+from .agent_client import (
+    ForkedAgent,
+    reap_stopped_servers_in_background,
+    start_agent,
+    stop_servers,
+    wait_for_stopped_servers,
+)
 from .config import LaunchConfig
 from .lifeline import die_with_owner
 from .process_tree import ProcessTree
@@ -118,3 +125,38 @@ def wait_for_exit(proc: subprocess.Popen[bytes] | ForkedAgent, timeout_s: float 
             return False
         time.sleep(0.05)
     return True
+
+
+def stop_interrupted(
+    tree: ProcessTree, proc: subprocess.Popen[bytes] | ForkedAgent, config: LaunchConfig
+) -> LaunchInterrupted:
+    """Stop an interrupted run and the agent servers; the `LaunchInterrupted` that says how."""
+    killed, hurried = stop_despite_interrupts(tree, proc, config.grace_s)
+    try:
+        stop_servers()  # an interrupted cell leaves no process: not even the agent server,
+        wait_for_stopped_servers(0.0 if hurried else 0.5)  # which leaves at once unless live ranks use it
+    except KeyboardInterrupt:
+        hurried = True
+    reap_stopped_servers_in_background()  # whatever has not left yet is reaped later: no zombie stays
+    detail = f" ({len(killed)} needed SIGKILL)" if killed else ""
+    if hurried:
+        detail += ", at once: you interrupted again"
+    return LaunchInterrupted(
+        f"interrupted: every process of the run was stopped{detail}; logs are in {config.run_dir}"
+    )
+
+
+def stop_despite_interrupts(
+    tree: ProcessTree, proc: subprocess.Popen[bytes] | ForkedAgent, grace_s: float
+) -> tuple[list[int], bool]:
+    """`stop_run`, which a second interrupt cannot cut short: it only skips the grace period (SIGKILL
+    at once). Returns the pids that needed SIGKILL, and whether an interrupt hurried the stop."""
+    try:
+        return stop_run(tree, proc, grace_s), False
+    except KeyboardInterrupt:
+        pass
+    while True:
+        try:
+            return stop_run(tree, proc, 0.0), True
+        except KeyboardInterrupt:  # a third, a fourth: the stop goes on, as fast as it can
+            continue

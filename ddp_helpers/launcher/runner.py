@@ -14,7 +14,6 @@ from .agent_client import (
     ForkedAgent,
     reap_stopped_servers_in_background,
     stop_servers,
-    wait_for_stopped_servers,
 )
 from .cell_output import CellEcho
 from .config import LaunchConfig, make_config
@@ -22,7 +21,7 @@ from .diagnosis import diagnose, strip_rank_prefix
 from .log_follow import FileFollower, LogChunk, RankLogTail
 from .options import OPTIONS, with_options
 from .process_tree import ProcessTree
-from .processes import exit_code, start_run, stop_run
+from .processes import exit_code, start_run, stop_despite_interrupts, stop_interrupted, stop_run
 from .progress import StepProgress, resolve_progress
 from .resources import ResourceSampler
 from .result import LaunchResult
@@ -294,36 +293,6 @@ def _failure(run: RunFollower, proc: Any) -> LaunchError:
     return run.failure(proc.returncode)
 
 
-def _stop_interrupted(tree: ProcessTree, proc: object, config: LaunchConfig) -> LaunchInterrupted:
-    killed, hurried = stop_despite_interrupts(tree, proc, config.grace_s)
-    try:
-        stop_servers()  # an interrupted cell leaves no process: not even the agent server,
-        wait_for_stopped_servers(0.0 if hurried else 0.5)  # which leaves at once unless live ranks use it
-    except KeyboardInterrupt:
-        hurried = True
-    reap_stopped_servers_in_background()  # whatever has not left yet is reaped later: no zombie stays
-    detail = f" ({len(killed)} needed SIGKILL)" if killed else ""
-    if hurried:
-        detail += ", at once: you interrupted again"
-    return LaunchInterrupted(
-        f"interrupted: every process of the run was stopped{detail}; logs are in {config.run_dir}"
-    )
-
-
-def stop_despite_interrupts(tree: ProcessTree, proc: Any, grace_s: float) -> tuple[list[int], bool]:
-    """`stop_run`, which a second interrupt cannot cut short: it only skips the grace period (SIGKILL
-    at once). Returns the pids that needed SIGKILL, and whether an interrupt hurried the stop."""
-    try:
-        return stop_run(tree, proc, grace_s), False
-    except KeyboardInterrupt:
-        pass
-    while True:
-        try:
-            return stop_run(tree, proc, 0.0), True
-        except KeyboardInterrupt:  # a third, a fourth: the stop goes on, as fast as it can
-            continue
-
-
 @with_options(
     OPTIONS,
     [
@@ -401,7 +370,7 @@ def _run_held(config: LaunchConfig, progress: str | None) -> LaunchResult:
     except KeyboardInterrupt as interrupt:
         if isinstance(interrupt, LaunchInterrupted):
             raise
-        raise _stop_interrupted(tree, proc, config) from None
+        raise stop_interrupted(tree, proc, config) from None
     finally:
         stop_despite_interrupts(tree, proc, config.grace_s)  # anything a worker left behind goes too
         run.echo.close()

@@ -14,13 +14,10 @@ either side: the standard library only. Each message is a small frozen dataclass
 
 from __future__ import annotations
 
-import signal
 from dataclasses import dataclass
 
 ADDRESS_ENV = "DDP_RANKS_ADDRESS"  # the kernel's Unix socket
 AUTHKEY_ENV = "DDP_RANKS_AUTHKEY"  # a random key per start, hex; the rank removes it from its environment
-STACKS_ENV = "DDP_RANKS_STACK_DIR"  # where each rank's faulthandler writes its stack on request
-STACK_SIGNAL = signal.SIGUSR1  # the kernel asks a stuck rank for its Python stack with this
 
 
 # ---------------------------------------------------------------- rank -> kernel, once

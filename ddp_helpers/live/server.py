@@ -16,7 +16,6 @@ notebook follows those files. The rank exits when the kernel says so, or when it
 from __future__ import annotations
 
 import ast
-import faulthandler
 import linecache
 import os
 import pickle
@@ -38,8 +37,6 @@ from ddp_helpers.distributed import setup_distributed
 from ddp_helpers.live.protocol import (
     ADDRESS_ENV,
     AUTHKEY_ENV,
-    STACK_SIGNAL,
-    STACKS_ENV,
     Check,
     Error,
     Exited,
@@ -241,9 +238,7 @@ def main() -> None:
         if cells.running:
             raise KeyboardInterrupt
 
-    signal.signal(signal.SIGINT, on_sigint)
-    stack_file = open(os.path.join(os.environ[STACKS_ENV], f"rank{info.rank}.txt"), "w")  # noqa: SIM115
-    faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=False)
+    signal.signal(signal.SIGINT, on_sigint)  # its stack on request: setup_distributed registered it
 
     conn = Client(os.environ[ADDRESS_ENV], authkey=bytes.fromhex(os.environ.pop(AUTHKEY_ENV)))
     conn.send(Hello(info.rank, info.local_rank, os.getpid(), info.backend, str(info.device)))

@@ -111,16 +111,8 @@ class Session:
         """The socket the ranks connect back to, and the environment that tells them where it is."""
         config = self.config
         address = str(self._socket_dir / "control.sock")
-        stacks = config.run_dir / "stacks"
-        stacks.mkdir(parents=True, exist_ok=True)
         config.log_dir.mkdir(parents=True, exist_ok=True)
-        config.env.update(
-            {
-                protocol.ADDRESS_ENV: address,
-                protocol.AUTHKEY_ENV: authkey.hex(),
-                protocol.STACKS_ENV: str(stacks),
-            }
-        )
+        config.env.update({protocol.ADDRESS_ENV: address, protocol.AUTHKEY_ENV: authkey.hex()})
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             listener.bind(address)

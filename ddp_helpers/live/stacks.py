@@ -1,45 +1,28 @@
-"""Where a stuck rank waits: its Python stack, asked for with a signal, trimmed to the cell's own frames.
+"""Where a stuck rank waits: its Python stack, trimmed to the cell's own frames.
 
-Each rank's server registers faulthandler on `protocol.STACK_SIGNAL`, writing to
-``<run_dir>/stacks/rank<N>.txt``: a rank blocked inside a collective (in C++, where no Python code
-runs) still dumps its stack, because faulthandler writes from the signal handler itself.
+A live rank registers for stack dumps as every worker does (`stack_dumps.register`, through
+`setup_distributed`): a real-time signal makes faulthandler write each thread's stack to the run's
+``logs/stacks/<host>-<pid>.txt``, from the signal handler itself, so a rank blocked inside a collective
+(in C++, where no Python code runs) still answers. This module only formats the main thread's frames
+with the cells' lines.
 """
 
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Mapping
 
-from . import protocol
+from .. import stack_dumps
 from .session import Session
-
-STACK_WAIT_S = 1.0
-DUMP_SETTLE_S = 0.1  # faulthandler writes a frame at a time: let the dump finish
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 
 
 def read_stacks(session: Session, ranks: list[int], sources: Mapping[int, str]) -> dict[int, str]:
     """Each rank's current Python stack (most recent call first), with the cells' lines from `sources`."""
-    files = {r: session.config.run_dir / "stacks" / f"rank{r}.txt" for r in ranks}
-    offsets = {r: files[r].stat().st_size if files[r].exists() else 0 for r in ranks}
-    session.signal(ranks, protocol.STACK_SIGNAL)
-    deadline = time.monotonic() + STACK_WAIT_S
-    while time.monotonic() < deadline and not all(
-        files[r].exists() and files[r].stat().st_size > offsets[r] for r in ranks
-    ):
-        time.sleep(0.05)
-    time.sleep(DUMP_SETTLE_S)
-    stacks = {}
-    for rank in ranks:
-        try:
-            with open(files[rank]) as fh:
-                fh.seek(offsets[rank])
-                stacks[rank] = format_stack(fh.read(), sources)
-        except FileNotFoundError:
-            continue
-    return stacks
+    pids = {r: session.links[r].pid for r in ranks if r in session.links}
+    dumps = stack_dumps.ask_dumps(pids, session.config.log_dir)
+    return {rank: format_stack(stack_dumps.main_thread(dump), sources) for rank, dump in dumps.items()}
 
 
 def format_stack(dump: str, sources: Mapping[int, str]) -> str:
