@@ -34,7 +34,7 @@ from ddp_helpers.data import ResumableDistributedSampler, build_dataset
 from ddp_helpers.distributed import DistInfo, setup_distributed
 from ddp_helpers.workers.train_checkpoint import Position, Preemption, resume, save
 from ddp_helpers.workers.train_options import RESUME_PARTS, parse_args
-from ddp_helpers.workers.train_report import Reporter, mean_over_ranks, summarize
+from ddp_helpers.workers.train_report import Reporter, inject_overflow, mean_over_ranks, summarize
 
 __all__ = ["RESUME_PARTS", "build_model", "main", "parse_args", "train_step"]
 
@@ -173,28 +173,6 @@ def build_training(args: argparse.Namespace, world: DistInfo, data: Data, total_
         own_steps = set(args.overflow_at_steps) if world.rank == args.overflow_rank else set()
         training.local_overflows = inject_overflow(model, own_steps)
     return training
-
-
-def inject_overflow(model: nn.Module, steps: set[int]) -> torch.Tensor:
-    """Fault injection: at these steps (counted from 1 in this process) this rank's first weight
-    gets inf/NaN gradients, as an fp16 overflow gives them, before DDP all-reduces them.
-
-    Returns a counter of the steps at which this rank's own gradient of that weight was not finite
-    (counted on the device, before the all-reduce): the ranks that overflowed, told from those that only
-    received the inf through the average."""
-    backward_calls = 0
-    first = next(model.parameters())
-    local_overflows = torch.zeros((), dtype=torch.int64, device=first.device)
-
-    def overflow(grad: torch.Tensor) -> torch.Tensor:
-        nonlocal backward_calls
-        backward_calls += 1
-        grad = grad * float("inf") if backward_calls in steps else grad  # 0 * inf is NaN: both kinds
-        local_overflows.add_((~torch.isfinite(grad)).any().long())  # no sync: read when logged
-        return grad
-
-    first.register_hook(overflow)  # a tensor hook: it sees this rank's gradient, before DDP averages it
-    return local_overflows
 
 
 def wrap(args: argparse.Namespace, world: DistInfo, training: Training) -> None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 
 from ddp_helpers.distributed import DistInfo
 from ddp_helpers.metrics import MetricsWriter
@@ -264,3 +265,25 @@ def summarize(
         "torch_version": torch.__version__,
         **device_memory(args, world),
     }
+
+
+def inject_overflow(model: nn.Module, steps: set[int]) -> torch.Tensor:
+    """Fault injection: at these steps (counted from 1 in this process) this rank's first weight
+    gets inf/NaN gradients, as an fp16 overflow gives them, before DDP all-reduces them.
+
+    Returns a counter of the steps at which this rank's own gradient of that weight was not finite
+    (counted on the device, before the all-reduce): the ranks that overflowed, told from those that only
+    received the inf through the average."""
+    backward_calls = 0
+    first = next(model.parameters())
+    local_overflows = torch.zeros((), dtype=torch.int64, device=first.device)
+
+    def overflow(grad: torch.Tensor) -> torch.Tensor:
+        nonlocal backward_calls
+        backward_calls += 1
+        grad = grad * float("inf") if backward_calls in steps else grad  # 0 * inf is NaN: both kinds
+        local_overflows.add_((~torch.isfinite(grad)).any().long())  # no sync: read when logged
+        return grad
+
+    first.register_hook(overflow)  # a tensor hook: it sees this rank's gradient, before DDP averages it
+    return local_overflows
