@@ -7,6 +7,7 @@ cell's source). Entries marked `cpu_unkillable` are listed with their reason, no
 them (scripts/gpu_check.py does, on a GPU machine).
 
     python mutants/run.py                   # every mutant, two at a time
+    python mutants/run.py --ci              # the subset marked ci = true, which .ci/run runs
     python mutants/run.py --only 01 no-set-epoch --jobs 1
     python mutants/run.py --list
 """
@@ -36,7 +37,7 @@ DEFAULT_NPROC = (2,)
 MUTANT_TIMEOUT_S = (
     600  # a notebook's smoke run takes about a minute; a mutant that hangs it is killed by this
 )
-FIELDS = {"name", "notebook", "lesson", "file", "old", "new", "nproc", "cpu_unkillable", "kills_with"}
+FIELDS = {"name", "notebook", "lesson", "file", "old", "new", "nproc", "cpu_unkillable", "kills_with", "ci"}
 
 
 class CatalogueError(ValueError):
@@ -54,6 +55,7 @@ class Mutant:
     nproc: tuple[int, ...] = DEFAULT_NPROC
     cpu_unkillable: str = ""  # why a CPU run cannot kill it, and the shape that would
     kills_with: str = ""  # a regex the failure must match, where another failure would prove nothing
+    ci: bool = False  # in the subset that CI runs (--ci): the whole catalogue takes too long for CI
 
 
 @dataclass
@@ -113,6 +115,7 @@ def _mutant(entry: dict, source: str, stems: list[str]) -> Mutant:
         nproc=nproc,
         cpu_unkillable=entry.get("cpu_unkillable", ""),
         kills_with=entry.get("kills_with", ""),
+        ci=bool(entry.get("ci", False)),
     )
 
 
@@ -287,8 +290,8 @@ def table(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
-def select(mutants: list[Mutant], only: list[str], gpu: bool) -> list[Mutant]:
-    chosen = [m for m in mutants if bool(m.cpu_unkillable) == gpu]
+def select(mutants: list[Mutant], only: list[str], gpu: bool, ci: bool = False) -> list[Mutant]:
+    chosen = [m for m in mutants if bool(m.cpu_unkillable) == gpu and (m.ci or not ci)]
     if only:
         chosen = [m for m in chosen if any(m.name == o or m.notebook.startswith(o) for o in only)]
     return chosen
@@ -306,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=MUTANT_TIMEOUT_S, help="seconds per mutant run")
     parser.add_argument("--list", action="store_true", help="print the catalogue and run nothing")
     parser.add_argument("--gpu", action="store_true", help="run only the mutants a CPU cannot kill")
+    parser.add_argument(
+        "--ci", action="store_true", help="run only the subset marked ci = true (what CI runs)"
+    )
     parser.add_argument("--keep", type=Path, help="keep each executed notebook in this folder")
     parser.add_argument(
         "--catalogue", type=Path, default=CATALOGUE, help="a folder of *.toml catalogue files"
@@ -318,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--jobs must be at least 1")
 
     mutants = load_catalogue(args.catalogue)
-    chosen = select(mutants, args.only, args.gpu)
+    chosen = select(mutants, args.only, args.gpu, args.ci)
     if args.only and not chosen:
         parser.error(f"no mutant matches {args.only}")
     if args.list:
