@@ -71,13 +71,24 @@ def test_fsdp2_gradients_and_weights_equal_one_process_at_the_global_batch(train
 def test_memory_per_rank_is_the_arithmetic(trained):
     params, tensors = trained["parameters"], trained["ddp"]["param_tensors"]
     assert params == 32 * 48 + 48 + 2 * (48 * 48 + 48) + 48 * 10 + 10
-    for rank in trained["ddp"]["memory_per_rank"]:  # fp32 weights and grads; Adam: 2 moments + a step
-        assert rank == {"weights": 4 * params, "grads": 4 * params, "optimizer": 8 * params + 4 * tensors}
+    # fp32 weights and grads; Adam: 2 moments + a step; gradient_as_bucket_view: .grad lies in the buckets
+    for rank in trained["ddp"]["memory_per_rank"]:
+        assert rank == {
+            "weights": 4 * params,
+            "grads": 4 * params,
+            "ddp_buckets": 0,
+            "optimizer": 8 * params + 4 * tensors,
+        }
     zero = [rank["optimizer"] for rank in trained["zero1"]["memory_per_rank"]]
     assert sum(zero) == 8 * params + 4 * tensors and max(zero) < 8 * params  # partitioned, not copied
     assert trained["zero1"]["max_weight_diff_vs_ddp"] < 1e-5
     for rank in trained["fsdp2"]["memory_per_rank"]:  # every row count here splits evenly over 2
-        assert rank == {"weights": 2 * params, "grads": 2 * params, "optimizer": 4 * params + 4 * tensors}
+        assert rank == {
+            "weights": 2 * params,
+            "grads": 2 * params,
+            "ddp_buckets": 0,
+            "optimizer": 4 * params + 4 * tensors,
+        }
     assert trained["fsdp2"]["max_weight_diff_vs_ddp"] < 1e-5
 
 

@@ -10,13 +10,8 @@ so a run on N ranks must follow a single process trained on the whole batch: tha
 Rank 0 writes what it measured to <run-dir>/summary.json: the first part's results, and those of each
 further part under the part's name (summary["save"]).
 
-The measuring (bytes held, bytes sent, step times) is fsdp_measures.py's; --part save and resume
-are fsdp_checkpoint.py's.
-
-On torch 2.7 with gloo, FSDP2 sums the gradients over ranks instead of averaging them where the reduce
-dtype is fp32 or bf16 (it asks for ReduceOp.AVG, pytorch#162338; fp16 is reduced with SUM and divided by
-FSDP2 itself): `gradient_factor()` measures that on a probe sharded with the model's own options, and
-`divide_gradients()` fixes it.
+The model, its sharding and the pytorch#162338 probe are fsdp_model.py's; the measuring (bytes held,
+bytes sent, step times) is fsdp_measures.py's; --part save and resume are fsdp_checkpoint.py's.
 """
 
 import argparse
@@ -27,19 +22,14 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-try:  # torch >= 2.6 exports FSDP2 here; 2.4-2.5 kept it private
-    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-except ImportError:  # pragma: no cover
-    from torch.distributed._composable.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-
 from ddp_helpers import teardown
+from ddp_helpers.workers import fsdp_checkpoint
 from ddp_helpers.workers.fsdp_measures import (
     CollectiveCounter,
     gathered,
@@ -47,99 +37,28 @@ from ddp_helpers.workers.fsdp_measures import (
     padded_numel,
     timed_steps,
 )
+from ddp_helpers.workers.fsdp_model import (
+    BlockMLP,
+    build_model,
+    checked_fsdp,
+    divide_gradients,
+    factors_by_reduce,
+    global_batch,
+    gradient_factor,
+    my_slice,
+    shard,
+)
 
-__all__ = ["CollectiveCounter", "build_model", "memory_row", "shard"]  # what notebook 08's live ranks call
+__all__ = [
+    "BlockMLP",
+    "CollectiveCounter",
+    "build_model",
+    "memory_row",
+    "shard",
+]  # what notebook 08's live ranks call
 
 FLOAT_BYTES = 4  # fp32 weights, gradients and Adam moments
 RTOL, ATOL = 1e-4, 1e-6  # float rounding differs between a sharded and a whole-batch sum
-
-
-# ---------------------------------------------------------------------------- the model and its data
-
-
-class BlockMLP(nn.Module):
-    """An input layer, `depth` residual blocks, a head: a transformer's layout with Linear blocks."""
-
-    def __init__(self, features: int, width: int, depth: int, classes: int):
-        super().__init__()
-        self.embed = nn.Linear(features, width)
-        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(depth))
-        self.head = nn.Linear(width, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.embed(x)
-        for block in self.blocks:
-            x = x + block(x)
-        return self.head(x)
-
-
-def build_model(args: argparse.Namespace, device: torch.device) -> BlockMLP:
-    torch.manual_seed(args.seed)  # the same initial weights on every rank and in the reference
-    return BlockMLP(args.features, args.width, args.depth, args.classes).to(device)
-
-
-def global_batch(args: argparse.Namespace, step: int, device: torch.device):
-    """The whole batch of `step`, the same on every rank (a deterministic generator per step)."""
-    g = torch.Generator().manual_seed(args.seed * 1000 + step)
-    x = torch.randn(args.global_batch, args.features, generator=g)
-    y = torch.randint(args.classes, (args.global_batch,), generator=g)
-    return x.to(device), y.to(device)
-
-
-def my_slice(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's contiguous share of the global batch (what a DistributedSampler would give)."""
-    return tensor.chunk(dist.get_world_size())[dist.get_rank()]
-
-
-def shard(model: BlockMLP, mesh, **fsdp_options) -> BlockMLP:
-    """FSDP2: each block is one unit (one all-gather, one reduce-scatter), the root holds the rest.
-    `fsdp_options` (mp_policy=..., ...) go to every fully_shard call."""
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh, **fsdp_options)
-    fully_shard(model, mesh=mesh, **fsdp_options)  # embed and head: gathered once, kept until backward
-    return model
-
-
-# ---------------------------------------------------------------------------- pytorch#162338
-
-
-def gradient_factor(mesh, device: torch.device, force_sum: bool = False, **fsdp_options) -> float:
-    """FSDP2's gradient divided by the true mean, on a probe where the answer is known.
-
-    Every rank's local gradient is all ones, so the mean over ranks is all ones: a correct FSDP2
-    gives 1.0; torch 2.7 on gloo gives the world size (it sums: pytorch#162338). The factor depends on
-    how FSDP2 reduces, so the probe must be sharded with the model's own `fsdp_options`: with
-    `MixedPrecisionPolicy(reduce_dtype=torch.float16)` torch 2.7 reduces with SUM and divides itself (1.0).
-    `force_sum`: torch >= 2.8's set_force_sum_reduction_for_comms(True) (SUM, then FSDP2's own divide).
-    """
-    probe = nn.Linear(1, mesh.size(), bias=False, device=device)
-    nn.init.ones_(probe.weight)
-    fully_shard(probe, mesh=mesh, **fsdp_options)
-    if force_sum:
-        probe.set_force_sum_reduction_for_comms(True)
-    probe(torch.ones(1, 1, device=device)).sum().backward()  # d(sum)/dW = input = 1 on every rank
-    factor = probe.weight.grad.to_local().mean().reshape(1)
-    dist.all_reduce(factor, op=dist.ReduceOp.MAX)
-    return factor.item()
-
-
-def divide_gradients(model: nn.Module, factor: float) -> None:
-    """Divide every reduce-scatter output by `factor`: FSDP2 calls this hook on each unit's sharded
-    gradient right after its reduce-scatter, before its own post-divide (fp16) and before .grad."""
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.set_all_reduce_hook(lambda reduced: reduced.div_(factor))
-
-
-def checked_fsdp(args, mesh, device, **fsdp_options) -> tuple[BlockMLP, float]:
-    """An FSDP2 model whose gradients are the mean over ranks, whichever torch this is."""
-    model = shard(build_model(args, device), mesh, **fsdp_options)
-    factor = gradient_factor(mesh, device, **fsdp_options)  # the probe reduces as the model does
-    if mesh.size() > 1 and math.isclose(factor, mesh.size(), rel_tol=1e-6):
-        divide_gradients(model, factor)
-    elif not math.isclose(factor, 1.0, rel_tol=1e-6):
-        raise RuntimeError(f"FSDP2's gradients are {factor}x the mean, not a known bug: stopping")
-    return model, factor
 
 
 # ---------------------------------------------------------------------------- --part train
@@ -185,16 +104,6 @@ def fsdp_versus_one_process(args, mesh, device, result: dict) -> None:
         divide_gradients(model, probe)
         fixed = fsdp_grad()
     grad = before if fixed is None else fixed
-    # the factor per reduce dtype (the probe sharded with that MixedPrecisionPolicy), and with torch >= 2.8's
-    # set_force_sum_reduction_for_comms(True): which settings ask the backend for ReduceOp.AVG
-    factors = {
-        str(dtype).removeprefix("torch."): gradient_factor(
-            mesh, device, mp_policy=MixedPrecisionPolicy(reduce_dtype=dtype)
-        )
-        for dtype in (torch.float32, torch.bfloat16, torch.float16)
-    }
-    if hasattr(FSDPModule, "set_force_sum_reduction_for_comms"):
-        factors["float32, force_sum"] = gradient_factor(mesh, device, force_sum=True)
     grad_diff = (grad - true_grad).abs().max().item()
     assert torch.allclose(grad, true_grad, rtol=RTOL, atol=ATOL), f"FSDP2 gradients off by {grad_diff}"
 
@@ -210,7 +119,7 @@ def fsdp_versus_one_process(args, mesh, device, result: dict) -> None:
     assert torch.allclose(trained, expected, rtol=RTOL, atol=ATOL), f"FSDP2 weights off by {weight_diff}"
     result["fsdp_vs_one_process"] = {
         "probe_factor": probe,
-        "factor_by_reduce": factors,
+        "factor_by_reduce": factors_by_reduce(mesh, device),
         "ratio_before_fix": ratio(before),
         "ratio_after_fix": None if fixed is None else ratio(fixed),
         "max_grad_diff": grad_diff,
@@ -311,24 +220,6 @@ def part_train(args, mesh, device) -> dict:
     return result
 
 
-# ---------------------------------------------------------------------------- training steps (also --part save / resume's)
-
-
-def train_steps(model, optimizer, args, device, steps: range) -> list[float]:
-    """Train `steps` and return each step's loss over the whole global batch (mean of the ranks')."""
-    losses = []
-    for step in steps:
-        x, y = global_batch(args, step, device)
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(my_slice(x)), my_slice(y))
-        loss.backward()
-        optimizer.step()
-        mean = loss.detach().clone()
-        dist.all_reduce(mean)  # equal slices: the mean of the ranks' means is the global mean
-        losses.append(mean.item() / dist.get_world_size())
-    return losses
-
-
 # ---------------------------------------------------------------------------- main
 
 
@@ -375,10 +266,6 @@ def main():
         raise SystemExit(f"--global-batch {args.global_batch} does not split evenly over {world_size} ranks")
     # a 1-D mesh: every rank holds 1/world_size of each parameter
     mesh = init_device_mesh(device_type, (world_size,))
-    # imported here, as it imports this file's model and steps: as the package's module
-    # ddp_helpers.workers.fsdp (so an edited copy of this file runs its own train part only)
-    from ddp_helpers.workers import fsdp_checkpoint
-
     parts = {"train": part_train, "save": fsdp_checkpoint.part_save, "resume": fsdp_checkpoint.part_resume}
     first, *others = args.part
     result = parts[first](args, mesh, device)

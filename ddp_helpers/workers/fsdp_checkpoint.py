@@ -2,7 +2,7 @@
 
 `part_save` writes on N ranks, synchronously and in the background; `part_resume` loads on M ranks (DCP
 reshards); `load_ddp_checkpoint` loads a plain DDP job's checkpoint (train.py's) into a sharded model.
-The model, its check against one process and the training steps are fsdp.py's.
+The model and the training steps are fsdp_model.py's.
 """
 
 import time
@@ -25,8 +25,8 @@ try:  # torch >= 2.6 exports FSDP2 here; 2.4-2.5 kept it private
 except ImportError:  # pragma: no cover
     from torch.distributed._composable.fsdp import fully_shard
 
-from ddp_helpers.workers.fsdp import checked_fsdp, train_steps
 from ddp_helpers.workers.fsdp_measures import gathered
+from ddp_helpers.workers.fsdp_model import checked_fsdp, train_steps
 
 
 def shard_shapes(model: nn.Module) -> dict:

@@ -12,11 +12,8 @@ check it rather than trust a printed line.
 """
 
 import argparse
-import json
-import os
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -28,28 +25,7 @@ from torch.utils.data import DistributedSampler
 
 from ddp_helpers import teardown
 from ddp_helpers.distributed import setup_distributed
-
-# -----------------------------------------------------------------------------
-# reporting: every rank's facts, gathered, written by rank 0
-
-
-def report(rank, world, **facts):
-    """Gather `facts` from every rank; rank 0 writes them, as a list by rank, to summary.json."""
-    gathered = [None] * world
-    dist.all_gather_object(gathered, facts)  # every rank must take part
-    if rank == 0:
-        run_dir = Path(os.environ.get("DDP_RUN_DIR", "runs/pitfalls"))
-        run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = run_dir / ".summary.json.tmp"
-        tmp.write_text(json.dumps({"world_size": world, "backend": dist.get_backend(), "ranks": gathered}))
-        os.replace(tmp, run_dir / "summary.json")  # the notebook never sees half a file
-
-
-def synchronize(device):
-    """Wait for the GPU's queued work (a no-op on the CPU), so that a clock read measures it."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
+from ddp_helpers.workers.pitfalls_measures import all_reduces_per_step, report, synchronize
 
 WARMUP_STEPS = 5  # steps left out of a timing: the first ones set up buckets and caches
 TIMED_STEPS = 50  # steps timed: enough to average out the scheduler's noise on a busy CPU
@@ -293,25 +269,6 @@ def uneven(rank, world, device, fix):
     # .item() waits for the GPU: on NCCL the collectives run asynchronously, and only this line
     # shows whether they ever finished
     print(f"rank {rank}: trained on {batches} batches, weight sum {model.module.weight.sum().item():.4f}")
-
-
-def all_reduces_per_step(model, optimizer, x):
-    """All-reduces that one training step issues, counted by the profiler: outside Join, then inside it."""
-
-    def count_one_step():
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            optimizer.zero_grad(set_to_none=True)
-            model(x).sum().backward()
-        optimizer.zero_grad(set_to_none=True)  # a measurement, not a training step
-        # c10d::allreduce_ is the dispatcher op every all_reduce goes through, recorded on the calling
-        # thread as it is issued. The backend's own range (gloo:all_reduce) ends on gloo's thread, and
-        # can end after the profiler has stopped: DDP waits on the bucket's future, which completes first.
-        return sum(event.name == "c10d::allreduce_" for event in prof.events())
-
-    counts = {"without Join": count_one_step()}
-    with Join([model]):  # every rank is here, so nobody joins early: only the step's own cost is counted
-        counts["inside Join"] = count_one_step()
-    return counts
 
 
 def slow_save(rank, world, device, fix, save_seconds):

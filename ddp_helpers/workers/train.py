@@ -8,9 +8,9 @@ Each rank appends one JSON line per logged step to <run-dir>/metrics/rank{R}.jso
 rank 0 writes <run-dir>/summary.json at the end. The notebooks read those files.
 
 Read it from `main()` down: setup, data, model, resume, wrap, the loop (`train`, `train_step`),
-then the results. Three files beside it hold what is not DDP itself: the command line (train_options.py),
-the timers and reports (train_report.py) and the checkpoints (train_checkpoint.py). ddp.py is the same
-idea in 70 lines, without the measuring and checkpointing.
+then the results. The files beside it hold what is not DDP itself: the command line (train_options.py),
+the timers and reports (train_report.py), the checkpoints (train_checkpoint.py) and the run's state that
+those share (train_state.py). ddp.py is the same idea in 70 lines, without the measuring and checkpointing.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import argparse
 import os
 import signal
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -32,48 +31,16 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from ddp_helpers import teardown
 from ddp_helpers.data import ResumableDistributedSampler, build_dataset
 from ddp_helpers.distributed import DistInfo, setup_distributed
-from ddp_helpers.workers.train_checkpoint import Position, Preemption, resume, save
+from ddp_helpers.workers.train_checkpoint import Preemption, resume, save
 from ddp_helpers.workers.train_options import RESUME_PARTS, parse_args
 from ddp_helpers.workers.train_report import Reporter, inject_overflow, mean_over_ranks, summarize
+from ddp_helpers.workers.train_state import Data, Position, Training
 
 __all__ = ["RESUME_PARTS", "build_model", "main", "parse_args", "train_step"]
 
 
 # -----------------------------------------------------------------------------
 # the pieces of a run
-
-
-@dataclass
-class Data:
-    name: str
-    dataset: Dataset
-    shape: tuple[int, int, int]
-    num_classes: int
-    channels: int
-    sampler: ResumableDistributedSampler
-    loader: DataLoader
-
-
-@dataclass
-class Training:
-    """The model and everything that updates it."""
-
-    model: nn.Module  # what the loop calls: DDP- or DataParallel-wrapped once wrap() ran
-    raw_model: nn.Module  # the plain model: what is saved, evaluated and resumed
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    scaler: torch.amp.GradScaler
-    amp_dtype: torch.dtype | None  # autocast's dtype, None for full precision
-    memory_format: torch.memory_format
-    device: torch.device
-    max_grad_norm: float | None = None  # clip the gradients' global norm to this; None: no clipping
-    skipped_steps: int = 0  # steps whose optimizer step the GradScaler skipped (inf/NaN gradients)
-    # what the last step measured, for the reports: the dtype autocast gave the model's output,
-    # and the gradient norm the clip saw (a tensor on the device: read only when logged)
-    output_dtype: torch.dtype | None = None
-    grad_norm: torch.Tensor | None = None
-    # with --overflow-at-steps: how many of this rank's own gradients (before the all-reduce) were inf/NaN
-    local_overflows: torch.Tensor | None = None
 
 
 def setup(args: argparse.Namespace) -> DistInfo:
@@ -307,6 +274,20 @@ def evaluate(training: Training, dataset: Dataset, world: DistInfo, batch_size: 
 # main
 
 
+def announce(args: argparse.Namespace, world: DistInfo, data: Data, total_steps: int, pos: Position) -> None:
+    if world.is_main:  # prints, plans and summaries come from rank 0 only
+        resuming = f" (resuming at step {pos.step})" if pos.step else ""
+        print(
+            f"{args.mode}: world_size={world.world_size} backend={world.backend} device={world.device} "
+            f"model={args.model} dataset={data.name} batch={args.batch_size}/rank steps={total_steps}{resuming}"
+        )
+    if world.distributed:  # every rank trains on a shard of its own, and says which
+        print(
+            f"rank {world.rank} of {world.world_size} on {world.device}: {len(data.sampler)} of "
+            f"{len(data.dataset)} samples per epoch, {len(data.loader)} steps"
+        )
+
+
 @record  # on failure torchelastic writes this rank's traceback to its error file
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
@@ -326,17 +307,7 @@ def main(argv: list[str] | None = None) -> None:
 
     reporter = Reporter(args, world, last_step=min(total_steps, args.stop_at_step or total_steps))
     reporter.writer.write_plan(total_steps, mode=args.mode, world_size=world.world_size)
-    if world.is_main:  # prints, plans and summaries come from rank 0 only
-        resuming = f" (resuming at step {pos.step})" if pos.step else ""
-        print(
-            f"{args.mode}: world_size={world.world_size} backend={world.backend} device={world.device} "
-            f"model={args.model} dataset={data.name} batch={args.batch_size}/rank steps={total_steps}{resuming}"
-        )
-    if world.distributed:  # every rank trains on a shard of its own, and says which
-        print(
-            f"rank {world.rank} of {world.world_size} on {world.device}: {len(data.sampler)} of "
-            f"{len(data.dataset)} samples per epoch, {len(data.loader)} steps"
-        )
+    announce(args, world, data, total_steps, pos)
 
     with Preemption(args.save_on_sigterm) as preemption:
         loss = train(args, world, data, training, pos, reporter, preemption)

@@ -1,0 +1,48 @@
+"""pitfalls.py's measuring: every rank's facts gathered into summary.json, a clock that waits for the
+GPU, and the all-reduces one step issues (counted by the profiler).
+"""
+
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.join import Join
+
+
+def report(rank, world, **facts):
+    """Gather `facts` from every rank; rank 0 writes them, as a list by rank, to summary.json."""
+    gathered = [None] * world
+    dist.all_gather_object(gathered, facts)  # every rank must take part
+    if rank == 0:
+        run_dir = Path(os.environ.get("DDP_RUN_DIR", "runs/pitfalls"))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = run_dir / ".summary.json.tmp"
+        tmp.write_text(json.dumps({"world_size": world, "backend": dist.get_backend(), "ranks": gathered}))
+        os.replace(tmp, run_dir / "summary.json")  # the notebook never sees half a file
+
+
+def synchronize(device):
+    """Wait for the GPU's queued work (a no-op on the CPU), so that a clock read measures it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def all_reduces_per_step(model, optimizer, x):
+    """All-reduces that one training step issues, counted by the profiler: outside Join, then inside it."""
+
+    def count_one_step():
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            optimizer.zero_grad(set_to_none=True)
+            model(x).sum().backward()
+        optimizer.zero_grad(set_to_none=True)  # a measurement, not a training step
+        # c10d::allreduce_ is the dispatcher op every all_reduce goes through, recorded on the calling
+        # thread as it is issued. The backend's own range (gloo:all_reduce) ends on gloo's thread, and
+        # can end after the profiler has stopped: DDP waits on the bucket's future, which completes first.
+        return sum(event.name == "c10d::allreduce_" for event in prof.events())
+
+    counts = {"without Join": count_one_step()}
+    with Join([model]):  # every rank is here, so nobody joins early: only the step's own cost is counted
+        counts["inside Join"] = count_one_step()
+    return counts
