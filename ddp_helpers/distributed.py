@@ -15,6 +15,7 @@ the launcher's choice from ``DDP_BACKEND``, or resolve "auto" themselves under p
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -26,9 +27,23 @@ from .backends import BACKENDS, resolve_backend  # noqa: F401  (re-exported: the
 
 
 def worker_backend() -> tuple[str, str]:
-    """The backend and device type for this worker: the launcher's choice, else "auto"."""
+    """The backend and device type for this worker: the launcher's choice, else "auto".
+
+    "auto" under a plain torchrun with fewer GPUs than local ranks (two ranks on a one-GPU box) means
+    gloo on the CPU: with nccl, rank 1 would ask for a ``cuda:1`` that does not exist.
+    """
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     backend = os.environ.get("DDP_BACKEND") or "auto"
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if backend == "auto" and 0 < gpus < local_ranks:
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            print(
+                f"{local_ranks} local ranks but {gpus} GPU(s) visible: NCCL needs one GPU per rank, "
+                "so this run uses gloo on the CPU",
+                file=sys.stderr,
+                flush=True,
+            )
+        return "gloo", "cpu"
     return resolve_backend(backend, gpus)
 
 

@@ -340,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
         else [Outcome(m, 0, "unkillable", m.cpu_unkillable) for m in mutants if m.cpu_unkillable]
     )
     runs = [(m, n) for m in chosen for n in ((args.nproc,) if args.nproc else m.nproc)]
+    if not runs:  # nothing run must never read as every mutant killed
+        parser.error("no mutant is chosen" + (": none is marked ci = true" if args.ci else ""))
     print(
         f"{len(runs)} mutant runs, {args.jobs} at a time; {len(unkillable)} listed as CPU-unkillable",
         flush=True,
@@ -374,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     print(report)
     bad = [o for o in outcomes if not o.ok]
     print(
-        f"{sum(o.status in ('killed', 'timeout') for o in outcomes)} killed, {len(bad)} survived or invalid, "
+        f"{sum(o.status == 'killed' for o in outcomes)} killed, {len(bad)} survived, timed out or invalid, "
         f"{len(unkillable)} CPU-unkillable; {time.monotonic() - start:.0f} s"
     )
     for o in unkillable:

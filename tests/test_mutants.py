@@ -163,3 +163,20 @@ def test_only_a_kill_counts_as_guarded():
     assert runner.Outcome(mutant, 2, "killed").ok
     for status in ("survived", "invalid", "timeout"):
         assert not runner.Outcome(mutant, 2, status).ok, status
+
+
+def test_a_run_that_would_run_no_mutant_is_refused(tmp_path, capsys):
+    catalogue = _catalogue(tmp_path, _entry())  # not marked ci = true
+    with pytest.raises(SystemExit) as exit_info:
+        runner.main(["--ci", "--catalogue", str(catalogue), "--report", str(tmp_path / "report")])
+    assert exit_info.value.code == 2
+    assert "none is marked ci = true" in capsys.readouterr().err
+    assert not (tmp_path / "report").exists()
+
+
+def test_the_ci_subset_guards_every_notebook_twice():
+    """CI runs only the ci = true entries: each notebook's main lessons must still be among them."""
+    chosen = runner.select(runner.load_catalogue(), [], gpu=False, ci=True)
+    per_notebook = {stem: sum(m.notebook == stem for m in chosen) for stem in runner.notebook_stems()}
+    thin = {stem: n for stem, n in per_notebook.items() if n < 2}
+    assert not thin, f"mark at least 2 mutants ci = true for every notebook; these have fewer: {thin}"

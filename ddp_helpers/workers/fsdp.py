@@ -29,6 +29,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_helpers import teardown
+from ddp_helpers.distributed import worker_backend
 from ddp_helpers.workers import fsdp_checkpoint
 from ddp_helpers.workers.fsdp_measures import (
     CollectiveCounter,
@@ -255,11 +256,11 @@ def parse_args() -> argparse.Namespace:
 def main():
     args = parse_args()
     Path(args.run_dir).mkdir(parents=True, exist_ok=True)
-    use_cuda = torch.cuda.is_available() and os.environ.get("DDP_BACKEND", "auto") != "gloo"
-    device_type = "cuda" if use_cuda else "cpu"
+    backend, device_type = worker_backend()  # the launcher's choice; gloo where GPUs are too few
+    use_cuda = device_type == "cuda"
     if use_cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("nccl" if use_cuda else "gloo")
+    dist.init_process_group(backend)
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     world_size = dist.get_world_size()
     if args.global_batch % world_size:
