@@ -9,26 +9,13 @@ from __future__ import annotations
 import argparse
 import signal
 import threading
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from ddp_helpers.checkpoint import capture_rng, load_latest_on_every_rank, restore_rng, save_checkpoint
 from ddp_helpers.distributed import DistInfo
-
-if TYPE_CHECKING:  # train.py imports this module: Training is only named here, for the types
-    from ddp_helpers.workers.train import Training
-
-
-@dataclass
-class Position:
-    """Where the run is: with the states below, all a checkpoint needs to continue exactly."""
-
-    step: int = 0
-    epoch: int = 0
-    batch_in_epoch: int = 0
+from ddp_helpers.workers.train_state import Position, Training
 
 
 def save(args: argparse.Namespace, world: DistInfo, training: Training, pos: Position) -> None:

@@ -13,7 +13,6 @@ import statistics
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -21,10 +20,7 @@ import torch.nn as nn
 
 from ddp_helpers.distributed import DistInfo
 from ddp_helpers.metrics import MetricsWriter
-
-if TYPE_CHECKING:  # train.py imports this module: its classes are only named here, for the types
-    from ddp_helpers.workers.train import Data, Training
-    from ddp_helpers.workers.train_checkpoint import Position
+from ddp_helpers.workers.train_state import Data, Position, Training
 
 
 @dataclass

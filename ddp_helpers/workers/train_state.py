@@ -1,0 +1,57 @@
+"""The state of one train.py run, shared by train.py and the files beside it.
+
+Data and Training are built in train.py, Position says where the run is; train_checkpoint.py saves and
+restores them, train_report.py reports on them. Here, apart from all three, so that none imports another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, Dataset
+
+from ddp_helpers.data import ResumableDistributedSampler
+
+
+@dataclass
+class Data:
+    name: str
+    dataset: Dataset
+    shape: tuple[int, int, int]
+    num_classes: int
+    channels: int
+    sampler: ResumableDistributedSampler
+    loader: DataLoader
+
+
+@dataclass
+class Training:
+    """The model and everything that updates it."""
+
+    model: nn.Module  # what the loop calls: DDP- or DataParallel-wrapped once wrap() ran
+    raw_model: nn.Module  # the plain model: what is saved, evaluated and resumed
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    amp_dtype: torch.dtype | None  # autocast's dtype, None for full precision
+    memory_format: torch.memory_format
+    device: torch.device
+    max_grad_norm: float | None = None  # clip the gradients' global norm to this; None: no clipping
+    skipped_steps: int = 0  # steps whose optimizer step the GradScaler skipped (inf/NaN gradients)
+    # what the last step measured, for the reports: the dtype autocast gave the model's output,
+    # and the gradient norm the clip saw (a tensor on the device: read only when logged)
+    output_dtype: torch.dtype | None = None
+    grad_norm: torch.Tensor | None = None
+    # with --overflow-at-steps: how many of this rank's own gradients (before the all-reduce) were inf/NaN
+    local_overflows: torch.Tensor | None = None
+
+
+@dataclass
+class Position:
+    """Where the run is: with the states above, all a checkpoint needs to continue exactly."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
