@@ -7,29 +7,12 @@ session's one receive loop; whatever ends a cell early is turned into an error b
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 from ..launcher.processes import exit_code
 from . import recovery
+from .cells import CellLog
 from .protocol import Exited, Reply, Request
 from .session import Session
-
-
-@dataclass
-class CellLog:
-    """Every request's id and code, for the life of a `LiveRanks` (ids go on across restarts).
-
-    A stuck rank's stack names its cell by id (``<cell 3>``); the code shows the line it waits on.
-    """
-
-    sources: dict[int, str] = field(default_factory=dict)
-    last_id: int = 0  # the id given last
-    last_sent: int = 0  # the id of the last request sent
-
-    def new(self, code: str) -> int:
-        self.last_id += 1
-        self.sources[self.last_id] = code
-        return self.last_id
 
 
 def request(

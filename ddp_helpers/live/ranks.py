@@ -12,8 +12,9 @@ an authenticated Unix socket. The ranks exit by themselves when that socket clos
 kernel leaves nothing behind.
 
 `LiveRanks` is the notebook's handle; the work is done by the modules beside it: `session` (start,
-connections, the one receive loop, stop), `calls` (one request, from send to every reply), `results`
-(values and errors), `recovery` (interrupts, hangs, deaths) and `stacks` (where a stuck rank waits).
+connections, the one receive loop, stop), `calls` (one request, from send to every reply), `cells`
+(each request's id and code), `results` (values and errors), `recovery` (interrupts, hangs, deaths)
+and `stacks` (where a stuck rank waits).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from ..errors import InvalidLaunchArguments, RanksNotRunning
 from ..launcher.checks import check_rank_list, check_seconds
 from ..launcher.config import LaunchConfig, default_run_dir, make_config
 from ..launcher.options import LIVE_OPTIONS, bind_options, with_options
-from .calls import CellLog, request
+from .calls import request
+from .cells import CellLog
 from .protocol import Gather, Push, Reply, Run
 from .recovery import RESTART_HINT
 from .results import RankResults, cell_results, check_syntax, gathered, shown_value

@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import signal
 import time
-from typing import TYPE_CHECKING
 
 import psutil
 
 from ..errors import LaunchError, LaunchInterrupted, LaunchTimeout, WorkerFailed
 from ..launcher.processes import exit_code
+from .cells import CellLog
 from .protocol import Check, Reply, Value
 from .session import POLL_S, Session
 from .stacks import read_stacks
-
-if TYPE_CHECKING:
-    from .calls import CellLog
 
 INTERRUPT_WAIT_S = 5.0  # how long an interrupted rank gets to come back before the ranks are stopped
 CHECK_TIMEOUT_S = 10.0  # the barrier that tells whether an interrupt left the process group usable
