@@ -26,9 +26,9 @@ import subprocess
 import sys
 import threading
 import time
-from typing import TypeVar
 
 from .agent_server import IDLE_ENV, NOT_FORKABLE, SERVER_FD_ENV
+from .fork_server import MAX_REQUEST_BYTES, ForkedAgent, ServerGone, request_fork
 from .torchrun_agent import OWNER_FD_ENV
 
 # Set by the launcher for each run and read only when the run uses them (by torchrun's agent at run
@@ -47,8 +47,6 @@ KEEP_SERVERS = 2
 SWITCH_ENV = (
     "DDP_HELPERS_AGENT_SERVER"  # "off": no server, a fresh agent per launch (as before; for comparing)
 )
-MAX_REQUEST_BYTES = 100_000  # one datagram: well under the socket's buffer (about 200 kB by default)
-START_TIMEOUT_S = 300.0  # the first fork waits for the server to import torch: minutes on a slow disk
 
 
 def server_key(python: str, env: dict[str, str]) -> tuple:
@@ -57,10 +55,6 @@ def server_key(python: str, env: dict[str, str]) -> tuple:
 
 def _run_time(key: str) -> bool:
     return key in RUN_TIME_KEYS or key.startswith(RUN_TIME_PREFIX)
-
-
-class ServerGone(Exception):
-    """The server died, left (idle), or did not answer in time: start the run's agent afresh."""
 
 
 class AgentServer:
@@ -118,95 +112,6 @@ class AgentServer:
         except ProcessLookupError:
             pass
         self.stop()
-
-
-Forked = TypeVar("Forked", bound="ForkedAgent")
-
-
-def request_fork(
-    channel: socket.socket,
-    lock: threading.Lock,
-    request: bytes,
-    fds: list[int],
-    kind: type[Forked],
-    timeout_s: float = START_TIMEOUT_S,
-) -> Forked:
-    """Send one fork request (with the new child's own socket first, then `fds`) and wait for its pid.
-    Raises `ServerGone` if the server is gone, or went before it answered."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        with lock:
-            socket.send_fds(channel, [request], [theirs.fileno(), *fds])
-    except OSError as error:
-        ours.close()
-        raise ServerGone from error
-    finally:
-        theirs.close()  # the server holds its own copy now: if it dies, `ours` reads end-of-file
-    child = kind(ours)
-    if not child.read_pid(timeout_s):
-        child.close()
-        raise ServerGone
-    return child
-
-
-class ForkedAgent:
-    """A run's agent forked by the server: what `processes` needs of a Popen (pid, returncode)."""
-
-    def __init__(self, run_socket: socket.socket) -> None:
-        self.pid = 0
-        self.returncode: int | None = None
-        self.status_lost = False  # killed by a signal after its server died: the exit code is unknown
-        self.wait_s = 0.0  # how long the launch waited for the fork (a cold server: its import of torch)
-        self._socket = run_socket
-        self._buffer = b""
-
-    def read_pid(self, timeout_s: float) -> bool:
-        """Wait for the server's word that the agent runs; False if it went without saying so."""
-        self._socket.settimeout(timeout_s)
-        try:
-            while not self.pid:
-                message = self._next_message()
-                if message is None:
-                    return False
-                self._take(message)  # a fast agent's exit code may come before its pid
-        except (TimeoutError, OSError):
-            return False
-        finally:
-            self._socket.setblocking(False)
-        return True
-
-    def poll(self) -> int | None:
-        """The agent's exit code (negative: the signal that ended it), or None while it runs."""
-        while self.returncode is None:
-            try:
-                message = self._next_message()
-            except BlockingIOError:
-                return None
-            if message is None:  # the server and the agent are gone, and neither said how it ended:
-                self.returncode, self.status_lost = 1, True  # killed by a signal after the server died
-            else:
-                self._take(message)
-        self.close()
-        return self.returncode
-
-    def _take(self, message: dict) -> None:
-        if "pid" in message:
-            self.pid = int(message["pid"])
-        if "exit" in message and self.returncode is None:  # the agent's own word, or the server's
-            self.returncode = int(message["exit"])
-
-    def _next_message(self) -> dict | None:
-        """The next message, or None at end-of-file (the server is gone)."""
-        while b"\n" not in self._buffer:
-            data = self._socket.recv(4096)
-            if not data:
-                return None
-            self._buffer += data
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        return json.loads(line)
-
-    def close(self) -> None:
-        self._socket.close()
 
 
 def _reap(process: subprocess.Popen) -> int | None:

@@ -28,36 +28,22 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import socket
 import sys
 import traceback
-from collections.abc import Callable
+
+from .fork_server import AGENT_ONLY_FDS, fork_child, one_thread, preload_torchrun, serve
 
 SERVER_FD_ENV = "DDP_HELPERS_SERVER_FD"
 IDLE_ENV = "DDP_HELPERS_AGENT_SERVER_IDLE_S"
 IDLE_S = 600.0  # with no run for this long, leave: an idle server holds about 300 MB (torch's libraries)
-MAX_REQUEST = 1 << 20  # an environment and a command line: far less
-# (children by pid, the request, its three fds, fds the child must close): forks the child, reports its pid
-# In a forked agent: its end of the launcher's run socket. Only the agent may hold it (a child that kept a
-# copy would keep the launcher from seeing the agent's end): the agent's own fork server closes it.
-AGENT_ONLY_FDS: list[int] = []
-StartFork = Callable[[dict[int, socket.socket], dict, list[int], list[int]], None]
 
 
 def preload() -> None:
-    """Import what torchrun's agent imports, so that a fork has nothing left to import."""
-    import torch.distributed.run  # noqa: F401
-    from torch.distributed.elastic.agent.server import local_elastic_agent  # noqa: F401
-    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, dynamic_rendezvous  # noqa: F401
-
+    """Import what torchrun's agent imports, and the agent itself: a fork has nothing left to import."""
+    preload_torchrun()
     from . import torchrun_agent, worker_forks  # noqa: F401
-
-
-def one_thread() -> bool:
-    """Only this thread runs here: what makes a fork safe."""
-    return len(os.listdir("/proc/self/task")) == 1
 
 
 def become_agent(request: dict, output_fd: int, lifeline_fd: int, close: list[int]) -> int:
@@ -111,98 +97,6 @@ def start_agent(runs: dict[int, socket.socket], request: dict, fds: list[int], c
     fork_child(runs, run_fd, agent, close_here=[output_fd, lifeline_fd])
 
 
-def fork_child(
-    runs: dict[int, socket.socket], run_fd: int, child: Callable[[], int], close_here: list[int]
-) -> int:
-    """Fork; the child runs `child` and leaves with its code, never returning into the loop here. This
-    process closes `close_here` (the child's own fds), keeps `run_fd`, writes the child's pid there and
-    returns it."""
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            code = child()
-        finally:
-            os._exit(code)
-    for fd in close_here:
-        os.close(fd)
-    run = socket.socket(fileno=run_fd)
-    runs[pid] = run
-    _send(run, {"pid": pid})
-    return pid
-
-
-def reap(runs: dict[int, socket.socket]) -> None:
-    """Report each agent that has ended (its exit code, negative for a signal) and forget it."""
-    while runs:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        run = runs.pop(pid, None)
-        if run is not None:
-            _send(run, {"exit": os.waitstatus_to_exitcode(status)})
-            run.close()
-
-
-def _send(run: socket.socket, message: dict) -> None:
-    try:
-        run.sendall((json.dumps(message) + "\n").encode())
-    except OSError:  # the launcher closed its end: nobody waits for this run's news
-        pass
-
-
-def serve(channel: socket.socket, idle_s: float | None, start: StartFork | None = None) -> None:
-    """Fork one child per request (`start`: the run's agent, by default) until the channel closes and
-    every child has ended, or nothing has run for `idle_s` seconds (None: never idle out)."""
-    start = start or start_agent
-    runs: dict[int, socket.socket] = {}
-    wake_read, wake_write = os.pipe()
-    os.set_blocking(wake_read, False)
-    os.set_blocking(wake_write, False)
-    signal.set_wakeup_fd(wake_write)  # a SIGCHLD wakes the select below at once
-    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-    accepting = True
-    while accepting or runs:
-        watched = [wake_read, channel] if accepting else [wake_read]
-        readable, _, _ = select.select(watched, [], [], (idle_s if not runs else None) if accepting else 1.0)
-        if accepting and not readable and not runs:  # idle for idle_s: a request sent meanwhile is
-            break  # dropped with the channel, and the launcher starts that run's agent afresh
-        if wake_read in readable:
-            while True:
-                try:
-                    if not os.read(wake_read, 4096):
-                        break
-                except BlockingIOError:
-                    break
-        reap(runs)
-        if channel in readable:
-            try:
-                data, fds, _, _ = socket.recv_fds(channel, MAX_REQUEST, 3)
-            except OSError:
-                data, fds = b"", []
-            if not data:
-                accepting = False  # the launcher is gone or done: finish the runs under way, then leave
-                channel.close()
-                continue
-            if len(fds) != 3:
-                for fd in fds:
-                    os.close(fd)
-                continue
-            others = [channel.fileno(), wake_read, wake_write, *(run.fileno() for run in runs.values())]
-            try:
-                start(runs, json.loads(data), fds, others)
-            except Exception:  # noqa: BLE001 - one request failed (a fork refused): serve the next ones
-                traceback.print_exc()  # the launcher reads end-of-file on that run and starts it afresh
-                for fd in fds:
-                    try:
-                        os.close(fd)
-                    except OSError:
-                        pass
-
-
 NOT_FORKABLE = 3  # the exit code that tells the launcher not to start servers for this Python again
 
 
@@ -211,7 +105,7 @@ def main() -> None:
     preload()
     if not one_thread():  # something started a thread at import (an MKL numpy, a newer torch): no forks
         sys.exit(NOT_FORKABLE)
-    serve(channel, float(os.environ.get(IDLE_ENV, IDLE_S)))
+    serve(channel, float(os.environ.get(IDLE_ENV, IDLE_S)), start_agent)
 
 
 if __name__ == "__main__":

@@ -283,7 +283,7 @@ def _agent_kind(config: LaunchConfig, proc: Any) -> str:
 
 
 def _failure(run: RunFollower, proc: Any) -> LaunchError:
-    if getattr(proc, "status_lost", False):  # see agent_client.ForkedAgent
+    if getattr(proc, "status_lost", False):  # see fork_server.ForkedAgent
         return LaunchFailed(
             "torchrun's agent was killed by a signal after the agent server that started it had died, so "
             f"how the run ended is unknown. Logs are in {run.config.run_dir}",

@@ -49,8 +49,17 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from .agent_client import MAX_REQUEST_BYTES, ForkedAgent, ServerGone, request_fork
-from .agent_server import AGENT_ONLY_FDS, fork_child, one_thread, preload, serve
+from .fork_server import (
+    AGENT_ONLY_FDS,
+    MAX_REQUEST_BYTES,
+    ForkedAgent,
+    ServerGone,
+    fork_child,
+    one_thread,
+    preload_torchrun,
+    request_fork,
+    serve,
+)
 from .forked_worker import become_worker
 
 SWITCH_ENV = "DDP_HELPERS_WORKER_FORK"  # "1": fork this run's workers (set by the launcher, see config.py)
@@ -225,7 +234,7 @@ def start_if_asked() -> WorkerForks | None:
     ignores it, and the agent once it holds the result."""
     if os.environ.get(SWITCH_ENV) != "1" or not hasattr(socket, "send_fds"):
         return None
-    preload()  # a forked agent has it already; a fresh one imports what it will need anyway
+    preload_torchrun()  # a forked agent has it already; a fresh one imports what it will need anyway
     if not one_thread():
         return None
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
