@@ -8,7 +8,8 @@ import pytest
 
 from ddp_helpers.__main__ import main
 from ddp_helpers.lab import doctor as env
-from ddp_helpers.lab.measures import bus_bandwidth, scaling_efficiency
+from ddp_helpers.lab.measures import scaling_efficiency
+from ddp_helpers.workers.allreduce_bench import bus_bandwidth
 
 
 def test_shm_below_one_gib_warns_with_the_docker_fix():
@@ -37,6 +38,7 @@ def test_this_machine_has_no_failing_check_and_cuda_is_info_without_gpus():
 
 
 def test_busbw_follows_nccl_tests():
+    # the formula allreduce_bench.py runs (the doctor and notebook 00 read its busbw_gbps)
     assert bus_bandwidth(10.0, 1) == 0.0
     assert bus_bandwidth(10.0, 2) == pytest.approx(10.0)
     assert bus_bandwidth(10.0, 8) == pytest.approx(17.5)

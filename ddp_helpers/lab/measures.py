@@ -1,4 +1,7 @@
-"""The maths on measured runs: scaling efficiency, bus bandwidth, results tables, phase times."""
+"""The maths on measured runs: scaling efficiency, results tables, phase times.
+
+(The all-reduce bus bandwidth is computed where it is measured: workers/allreduce_bench.py.)
+"""
 
 from __future__ import annotations
 
@@ -13,13 +16,6 @@ def scaling_efficiency(throughput_n: float, throughput_1: float, world_size: int
     if throughput_1 <= 0 or world_size < 1:
         raise ValueError("throughput_1 must be > 0 and world_size >= 1")
     return throughput_n / (world_size * throughput_1)
-
-
-def bus_bandwidth(algbw: float, world_size: int) -> float:
-    """nccl-tests' all_reduce bus bandwidth: algbw x 2(n-1)/n, comparable across world sizes."""
-    if world_size < 1:
-        raise ValueError("world_size must be >= 1")
-    return algbw * 2 * (world_size - 1) / world_size
 
 
 def step_time_spread(metrics: pd.DataFrame) -> float | None:

@@ -54,22 +54,6 @@ def scaling_curve(nprocs, samples_per_s, title: str = "DDP scaling"):
     return fig
 
 
-def step_time_per_rank(metrics, title: str = "step time per rank"):
-    """Each rank's timed step windows: a straggler shows as one line above the others."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    timed = metrics.dropna(subset=["step_time_s"])
-    for rank, rows in timed.groupby("rank"):
-        ax.plot(rows["step"], rows["step_time_s"] * 1e3, marker=".", label=f"rank {rank}")
-    ax.set_xlabel("step")
-    ax.set_ylabel("ms / step")
-    ax.set_title(title)
-    ax.legend()
-    fig.tight_layout()
-    return fig
-
-
 def phase_times_per_rank(phases, title: str = "where each rank's step goes"):
     """One stacked bar per rank from `metrics.phase_times`: its own data time, the train step's
     work (forward, backward, communication), and the time it waited for the slowest rank."""

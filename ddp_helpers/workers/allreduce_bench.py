@@ -46,6 +46,13 @@ def sizes(min_bytes, max_bytes):
         size *= 4
 
 
+def bus_bandwidth(algbw: float, world_size: int) -> float:
+    """nccl-tests' all_reduce bus bandwidth: in a ring each rank sends 2(n-1)/n of the message (a
+    reduce-scatter, then an all-gather), so this is what each link carries, comparable across world sizes."""
+    busbw = algbw * 2 * (world_size - 1) / world_size
+    return busbw
+
+
 def measure(nbytes: int, args, rank: int, world_size: int, device: torch.device) -> tuple[dict, dict]:
     """One all-reduce size: its sum as this rank sees it, then its time (median of --iters, slowest rank).
 
@@ -79,7 +86,7 @@ def measure(nbytes: int, args, rank: int, world_size: int, device: torch.device)
     seconds = t.item()
     message = tensor.numel() * tensor.element_size()  # the bytes each rank hands to all_reduce
     algbw = message / seconds
-    busbw = algbw * 2 * (world_size - 1) / world_size
+    busbw = bus_bandwidth(algbw, world_size)
     correct = lowest.item() == highest.item() == expected
     summary_row = {
         "bytes": message,

@@ -58,7 +58,6 @@ __all__ = [
     "shard",
 ]  # what notebook 08's live ranks call
 
-FLOAT_BYTES = 4  # fp32 weights, gradients and Adam moments
 RTOL, ATOL = 1e-4, 1e-6  # float rounding differs between a sharded and a whole-batch sum
 
 
