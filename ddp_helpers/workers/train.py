@@ -34,7 +34,7 @@ from ddp_helpers.distributed import DistInfo, setup_distributed
 from ddp_helpers.workers.train_checkpoint import Preemption, resume, save
 from ddp_helpers.workers.train_options import RESUME_PARTS, parse_args
 from ddp_helpers.workers.train_report import Reporter, inject_overflow, mean_over_ranks, summarize
-from ddp_helpers.workers.train_state import Data, Position, Training
+from ddp_helpers.workers.train_state import Data, Position, Run, Training
 
 __all__ = ["RESUME_PARTS", "build_model", "main", "parse_args", "train_step"]
 
@@ -191,17 +191,10 @@ def train_step(training: Training, x: torch.Tensor, y: torch.Tensor) -> torch.Te
     return loss
 
 
-def train(
-    args: argparse.Namespace,
-    world: DistInfo,
-    data: Data,
-    training: Training,
-    pos: Position,
-    reporter: Reporter,
-    preemption: Preemption | None = None,
-) -> torch.Tensor:
+def train(run: Run, reporter: Reporter, preemption: Preemption | None = None) -> torch.Tensor:
     """Run steps until `reporter.last_step` (or a SIGTERM, with --save-on-sigterm), logging and
     checkpointing on the way; the last loss."""
+    args, world, data, training, pos = run.args, run.world, run.data, run.training, run.pos
     preemption = preemption or Preemption(enabled=False)
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     loss = torch.zeros((), device=world.device)
@@ -274,7 +267,8 @@ def evaluate(training: Training, dataset: Dataset, world: DistInfo, batch_size: 
 # main
 
 
-def announce(args: argparse.Namespace, world: DistInfo, data: Data, total_steps: int, pos: Position) -> None:
+def announce(run: Run, total_steps: int) -> None:
+    args, world, data, pos = run.args, run.world, run.data, run.pos
     if world.is_main:  # prints, plans and summaries come from rank 0 only
         resuming = f" (resuming at step {pos.step})" if pos.step else ""
         print(
@@ -304,13 +298,14 @@ def main(argv: list[str] | None = None) -> None:
     # resume before wrapping: DDP then broadcasts the restored weights from rank 0
     pos = resume(args, world, training, len(data.loader)) if args.resume else Position()
     wrap(args, world, training)
+    run = Run(args, world, data, training, pos)
 
     reporter = Reporter(args, world, last_step=min(total_steps, args.stop_at_step or total_steps))
     reporter.writer.write_plan(total_steps, mode=args.mode, world_size=world.world_size)
-    announce(args, world, data, total_steps, pos)
+    announce(run, total_steps)
 
     with Preemption(args.save_on_sigterm) as preemption:
-        loss = train(args, world, data, training, pos, reporter, preemption)
+        loss = train(run, reporter, preemption)
 
     final_loss = mean_over_ranks(loss, world).item()
     accuracy, eval_samples = None, 0
@@ -327,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
     if world.is_main:
         if args.save_final:  # the plain model's weights: no "module." prefix, loads into a plain model
             torch.save(training.raw_model.state_dict(), args.save_final)
-        summary = summarize(args, world, data, training, pos, reporter)
+        summary = summarize(run, reporter)
         summary.update(
             final_loss=final_loss,
             eval_accuracy=accuracy,

@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from ddp_helpers.distributed import DistInfo
 from ddp_helpers.metrics import MetricsWriter
-from ddp_helpers.workers.train_state import Data, Position, Training
+from ddp_helpers.workers.train_state import Position, Run, Training
 
 
 @dataclass
@@ -218,15 +218,9 @@ def precision_flags(device: torch.device) -> dict:
     return flags
 
 
-def summarize(
-    args: argparse.Namespace,
-    world: DistInfo,
-    data: Data,
-    training: Training,
-    pos: Position,
-    reporter: Reporter,
-) -> dict:
+def summarize(run: Run, reporter: Reporter) -> dict:
     """The summary.json fields that need no collective (the caller adds loss and accuracy)."""
+    args, world, data, training, pos = run.args, run.world, run.data, run.training, run.pos
     global_batch = args.batch_size * world.world_size
     median_step = reporter.timer.median
     peak_bytes, peak_kind = peak_memory(world.device)

@@ -1,18 +1,21 @@
 """The state of one train.py run, shared by train.py and the files beside it.
 
-Data and Training are built in train.py, Position says where the run is; train_checkpoint.py saves and
-restores them, train_report.py reports on them. Here, apart from all three, so that none imports another.
+Data and Training are built in train.py, Position says where the run is, and Run holds them with the
+options and the process group; train_checkpoint.py saves and restores them, train_report.py reports on
+them. Here, apart from all three, so that none imports another.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import argparse
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset
 
 from ddp_helpers.data import ResumableDistributedSampler
+from ddp_helpers.distributed import DistInfo
 
 
 @dataclass
@@ -55,3 +58,14 @@ class Position:
     step: int = 0
     epoch: int = 0
     batch_in_epoch: int = 0
+
+
+@dataclass
+class Run:
+    """One run: its options, its process group, its data, its model and where it is."""
+
+    args: argparse.Namespace
+    world: DistInfo
+    data: Data
+    training: Training
+    pos: Position = field(default_factory=Position)
