@@ -1,0 +1,83 @@
+"""What notebook 02's throughput runs run on, decided once from the GPU count and nproc: a pure plan.
+
+Its rules, tested over GPUs in {0, 1, 2, 4, 8} x nproc in {1, 2, 3, 8} (tests/test_plans.py):
+
+- nothing is compared across device kinds: the single process, DataParallel, DDP and every point of
+  the scaling sweep compute on the same kind of device;
+- NCCL (launch's "auto" with GPUs) only where every DDP rank has a GPU of its own; with fewer GPUs than
+  ranks every run goes to the CPU, and the GPUs are hidden from it (``CUDA_VISIBLE_DEVICES=""``), since
+  DataParallel would otherwise reach for GPUs that do not hold its module;
+- DataParallel splits over exactly the GPUs DDP uses (the first nproc), and over none on the CPU;
+- on the CPU a device is one core: every process runs one thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    nproc: int
+    backend: str  # launch()'s backend: "auto" (nccl with GPUs, gloo without) or "gloo"
+    device: str  # "cuda" or "cpu": where the run computes
+    devices: int  # devices the run drives: DataParallel's GPUs, DDP's ranks
+    env: dict[str, str] = field(default_factory=dict)  # launch()'s env
+
+
+@dataclass(frozen=True)
+class ThroughputPlan:
+    device: str  # every run's device kind
+    line: str  # one sentence that says where the runs go, and why
+    single: RunPlan
+    dp: RunPlan
+    ddp: RunPlan
+    sweep: dict[int, RunPlan]  # processes -> run; 1 and nproc are the single and DDP runs
+
+    def runs(self) -> list[RunPlan]:
+        return [self.single, self.dp, self.ddp, *self.sweep.values()]
+
+
+def sweep_points(nproc: int) -> list[int]:
+    """1, 2, 4, ... up to nproc, and nproc itself."""
+    return sorted({n for n in (1, 2, 4, 8, 16, 32) if n <= nproc} | {nproc})
+
+
+def throughput_plan(gpus: int, nproc: int) -> ThroughputPlan:
+    if gpus < 0 or nproc < 1:
+        raise ValueError(f"expected gpus >= 0 and nproc >= 1, got gpus={gpus}, nproc={nproc}")
+    if gpus >= nproc:  # one GPU per rank: NCCL, and DataParallel over the same GPUs
+        dp_env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(nproc)))} if gpus > nproc else {}
+
+        def ddp(n: int) -> RunPlan:
+            return RunPlan(n, "auto", "cuda", n)
+
+        return ThroughputPlan(
+            device="cuda",
+            line=f"every run on GPUs: DDP with nccl, one GPU per rank ({gpus} visible).",
+            single=RunPlan(1, "auto", "cuda", 1),
+            dp=RunPlan(1, "auto", "cuda", nproc, dp_env),
+            ddp=ddp(nproc),
+            sweep={n: ddp(n) for n in sweep_points(nproc)},
+        )
+    # the CPU: no GPU at all, or fewer GPUs than ranks (then hidden, and gloo named explicitly)
+    backend = "gloo" if gpus else "auto"
+    env = {"OMP_NUM_THREADS": "1", **({"CUDA_VISIBLE_DEVICES": ""} if gpus else {})}
+
+    def cpu(n: int) -> RunPlan:
+        return RunPlan(n, backend, "cpu", n, dict(env))
+
+    why = (
+        f"{nproc} ranks but {gpus} GPU(s): NCCL needs one GPU per rank, so every run (single and "
+        "DataParallel too, with the GPUs hidden) goes to the CPU, one core per process, to compare like with like."
+        if gpus
+        else "every run on the CPU with gloo (no GPU here), one core per process."
+    )
+    return ThroughputPlan(
+        device="cpu",
+        line=why,
+        single=cpu(1),
+        dp=RunPlan(1, backend, "cpu", 1, dict(env)),
+        ddp=cpu(nproc),
+        sweep={n: cpu(n) for n in sweep_points(nproc)},
+    )
