@@ -6,6 +6,7 @@ import pytest
 
 from ddp_helpers import InvalidLaunchArguments, LaunchError, LaunchInterrupted
 from ddp_helpers.__main__ import main
+from ddp_helpers.launcher import config as config_module
 from ddp_helpers.launcher import machine
 from ddp_helpers.launcher.cell_output import CellEcho
 from ddp_helpers.launcher.config import LaunchConfig, make_config
@@ -21,45 +22,59 @@ def worker(tmp_path):
     return path
 
 
-def test_defaults_pick_gloo_and_two_processes_without_gpus(worker, monkeypatch):
+@pytest.fixture
+def gpus(monkeypatch):
+    """``gpus(n)``: the machine shows n GPUs to the configs made after it (in place of asking torch)."""
+    return lambda count: monkeypatch.setattr(config_module, "visible_gpus", lambda: count)
+
+
+def test_defaults_pick_gloo_and_two_processes_without_gpus(worker, monkeypatch, gpus):
     monkeypatch.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", raising=False)
-    config = make_config(worker, gpus=0)
-    assert (config.nproc, config.backend, config.device) == (2, "gloo", "cpu")
+    gpus(0)
+    config = make_config(worker)
+    assert (config.nproc, config.local_world_size, config.backend, config.device) == (None, 2, "gloo", "cpu")
     env = config.environment()
     assert env["DDP_BACKEND"] == "gloo" and env["PYTHONUNBUFFERED"] == "1"
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in env
     config.max_restarts = 1  # restarts get a fresh rendezvous store: no stale peer addresses
     assert config.environment()["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
-    config = make_config(worker, gpus=4)
-    assert (config.nproc, config.backend, config.device) == (4, "nccl", "cuda")
+    gpus(4)
+    config = make_config(worker)
+    assert (config.local_world_size, config.backend, config.device) == (4, "nccl", "cuda")
 
 
-def test_nccl_needs_one_gpu_per_process(worker):
+def test_nccl_needs_one_gpu_per_process(worker, gpus):
+    gpus(0)
     with pytest.raises(InvalidLaunchArguments, match="needs CUDA GPUs"):
-        make_config(worker, backend="nccl", gpus=0)
+        make_config(worker, backend="nccl")
+    gpus(1)
     with pytest.raises(InvalidLaunchArguments, match="only 1 GPU"):
-        make_config(worker, backend="nccl", nproc=2, gpus=1)
-    assert make_config(worker, backend="gloo", nproc=3, gpus=1).device == "cpu"  # N gloo ranks instead
+        make_config(worker, backend="nccl", nproc=2)
+    assert make_config(worker, backend="gloo", nproc=3).device == "cpu"  # N gloo ranks instead
 
 
 @pytest.mark.parametrize(
-    "gpus, nproc, cores, threads", [(0, 2, 16, 8), (8, 8, 16, 2), (1, 1, 16, 16), (4, 3, 2, 1)]
+    "visible, nproc, cores, threads", [(0, 2, 16, 8), (8, 8, 16, 2), (1, 1, 16, 16), (4, 3, 2, 1)]
 )
-def test_threads_are_the_cores_shared_out_on_every_backend(worker, monkeypatch, gpus, nproc, cores, threads):
+def test_threads_are_the_cores_shared_out_on_every_backend(
+    worker, monkeypatch, gpus, visible, nproc, cores, threads
+):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(machine, "cpu_cores", lambda: cores)
-    config = make_config(worker, nproc=nproc, gpus=gpus)
+    gpus(visible)
+    config = make_config(worker, nproc=nproc)
     assert config.environment()["OMP_NUM_THREADS"] == str(threads)
     assert threads_per_rank(nproc, cores) == threads
 
 
-def test_multinode_waits_120s_by_default_and_keeps_script_args_from_torchrun(worker):
-    config = make_config(worker, ["--max", 3], nnodes=2, node_rank=1, rdzv_endpoint="h:29500", gpus=0)
+def test_multinode_waits_120s_by_default_and_keeps_script_args_from_torchrun(worker, gpus):
+    gpus(0)
+    config = make_config(worker, ["--max", 3], nnodes=2, node_rank=1, rdzv_endpoint="h:29500")
     assert config.rdzv_timeout == 120
     command = config.command()
     assert "join_timeout=120" in command
     assert command[-4:] == ["--", str(worker), "--max", "3"]
-    assert make_config(worker, nnodes=2, rdzv_endpoint="h:1", rdzv_timeout=5, gpus=0).rdzv_timeout == 5
+    assert make_config(worker, nnodes=2, rdzv_endpoint="h:1", rdzv_timeout=5).rdzv_timeout == 5
 
 
 def test_every_option_has_one_default():

@@ -5,23 +5,26 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import typing
 
 import pytest
 
 import ddp_helpers
 from ddp_helpers import InvalidLaunchArguments
 from ddp_helpers.__main__ import build_parser, main
-from ddp_helpers.launcher import config as config_module
 from ddp_helpers.launcher.checks import check_seconds, int_at_least, rank_list
 from ddp_helpers.launcher.config import LaunchConfig
 from ddp_helpers.launcher.options import (
     LIVE_OPTIONS,
     OPTIONS,
-    Option,
+    LaunchKeywords,
+    LaunchOptions,
     add_flags,
     command_line_options,
     given_options,
+    option,
     options_doc,
+    options_of,
     options_signature,
     with_options,
 )
@@ -56,12 +59,12 @@ def test_every_declared_option_reaches_every_front_end():
     assert _documented(launch.__doc__) == NAMES and "{options}" not in launch.__doc__
     config_fields = {f.name: f for f in dataclasses.fields(LaunchConfig) if f.init}
     assert set(config_fields) - {"script", "script_args"} == NAMES
-    for option in OPTIONS:
-        f = config_fields[option.name]
+    for declared in OPTIONS:
+        f = config_fields[declared.name]
         default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
-        assert default == option.default, option.name
-    # the command line and %%torchrun: every option with a flag; only a test's stand-in has none
-    assert NAMES - {o.name for o in command_line_options()} == {"gpus"}
+        assert default == declared.default, declared.name
+    # the command line and %%torchrun: every option has a flag
+    assert {o.name for o in command_line_options()} == NAMES
     assert _flags(_launch_parser()) == FLAGS | {"--help"}
     assert _flags(magic_parser()) == FLAGS | {"--args"}
     assert all(flag in TorchrunMagics.torchrun.__doc__ for flag in FLAGS)
@@ -73,9 +76,24 @@ def test_every_declared_option_reaches_every_front_end():
     assert _flags(RanksMagics.ranks.parser) == live_flags | {"--rank", "--name"}
 
 
-def test_adding_an_option_is_one_declaration(monkeypatch):
-    knob = Option("demo_knob", 3, "int", "a knob only this test has", int_at_least(0), int, live=True)
-    options = (*OPTIONS, knob)
+def test_launch_keywords_are_the_options_names_and_types():
+    """launch()'s keywords, as a type checker reads them, are LaunchOptions' fields (and gpus is not one)."""
+    keywords = typing.get_type_hints(LaunchKeywords)
+    fields = typing.get_type_hints(LaunchOptions)
+    assert list(keywords) == list(fields) == [o.name for o in OPTIONS]
+    assert keywords == fields
+    assert "gpus" not in NAMES and "gpus" not in inspect.signature(launch).parameters
+    assert typing.get_type_hints(launch)["options"] == typing.Unpack[LaunchKeywords]
+
+
+def test_adding_an_option_is_one_declaration():
+    @dataclasses.dataclass(kw_only=True)
+    class WithKnob(LaunchOptions):
+        demo_knob: int = option(3, "a knob only this test has", int_at_least(0), int, live=True)
+
+    options = options_of(WithKnob)
+    knob = options[-1]
+    assert options[:-1] == OPTIONS and knob.name == "demo_knob" and knob.annotation == "int"
 
     signature = options_signature([], options)
     assert signature.parameters["demo_knob"].default == 3
@@ -98,10 +116,8 @@ def test_adding_an_option_is_one_declaration(monkeypatch):
     with pytest.raises(InvalidLaunchArguments, match="demo_knob must be >= 0"):
         knob.check("demo_knob", -1)
 
-    # LaunchConfig's fields come from the same list
-    monkeypatch.setattr(config_module, "OPTIONS", options)
-    built = dataclasses.dataclass(config_module._option_fields(type("Config", (), {"__annotations__": {}})))
-    assert built().demo_knob == 3 and built().env is not built().env  # a mutable default is not shared
+    # the dataclass's own fields carry the default, and a mutable default is not shared
+    assert WithKnob().demo_knob == 3 and WithKnob().env is not WithKnob().env
 
 
 def test_one_check_of_seconds_and_one_parser_of_rank_lists():

@@ -9,6 +9,7 @@ import pytest
 
 from ddp_helpers import launch
 from ddp_helpers.errors import WorkerFailed
+from ddp_helpers.launcher import config as config_module
 from ddp_helpers.launcher.config import make_config
 from ddp_helpers.launcher.forked_worker import run_script
 from ddp_helpers.launcher.worker_forks import PIDS_FILE, SWITCH_ENV, forked_ranks
@@ -116,7 +117,9 @@ def test_a_syntax_error_or_a_missing_script_reads_as_python_says_it(tmp_path, ca
 
 
 def test_switched_off_or_with_gpus_the_workers_are_torchruns_own(report_script, tmp_path, monkeypatch):
-    assert make_config(report_script, nproc=1, gpus=1, backend="gloo").environment()[SWITCH_ENV] == "0"
+    with monkeypatch.context() as machine:
+        machine.setattr(config_module, "visible_gpus", lambda: 1)  # a machine with a GPU
+        assert make_config(report_script, nproc=1, backend="gloo").environment()[SWITCH_ENV] == "0"
     monkeypatch.setenv(SWITCH_ENV, "off")
     result = launch(report_script, nproc=2, run_dir=tmp_path / "run", progress="off")
     assert not (tmp_path / "run" / "logs" / PIDS_FILE).exists() and result.workers == "fresh"

@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Literal, overload
 
 from ..backends import BACKENDS
 from ..errors import InvalidLaunchArguments
@@ -32,17 +33,30 @@ def check_int(name: str, value: object, minimum: int) -> int:
     return value
 
 
+@overload
+def check_seconds(
+    name: str, value: object, *, allow_none: Literal[False], allow_zero: bool = False
+) -> float: ...
+@overload
+def check_seconds(
+    name: str, value: object, *, allow_none: bool, allow_zero: bool = False
+) -> float | None: ...
 def check_seconds(name: str, value: object, *, allow_none: bool, allow_zero: bool = False) -> float | None:
     """The one check of a duration: a finite number of seconds, > 0 (>= 0 with `allow_zero`), or None."""
     if value is None and allow_none:
         return None
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (value == 0 and not allow_zero):  # type: ignore[operator]
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+        or (value == 0 and not allow_zero)
+    ):
         what = ">= 0" if allow_zero else "a positive number of"
         raise InvalidLaunchArguments(
             f"{name} must be {what} seconds{' or None' if allow_none else ''}, got {value!r}"
         )
-    return float(value)  # type: ignore[arg-type]
+    return float(value)
 
 
 def rank_list(text: str) -> list[int]:
@@ -78,34 +92,42 @@ def int_at_least(minimum: int) -> Callable[[str, object], int]:
     return lambda name, value: check_int(name, value, minimum)
 
 
+@overload
+def seconds(*, allow_none: Literal[False], allow_zero: bool = False) -> Callable[[str, object], float]: ...
+@overload
+def seconds(*, allow_none: bool, allow_zero: bool = False) -> Callable[[str, object], float | None]: ...
 def seconds(*, allow_none: bool, allow_zero: bool = False) -> Callable[[str, object], float | None]:
     return lambda name, value: check_seconds(name, value, allow_none=allow_none, allow_zero=allow_zero)
 
 
 def one_of(choices: Sequence[str]) -> Callable[[str, object], str]:
     def check(name: str, value: object) -> str:
-        if value not in choices:
+        if not isinstance(value, str) or value not in choices:
             raise InvalidLaunchArguments(f"{name} must be one of {', '.join(choices)}, got {value!r}")
-        return value  # type: ignore[return-value]
+        return value
 
     return check
 
 
 def check_backend(name: str, value: object) -> str:
-    if value not in BACKENDS:
+    if not isinstance(value, str) or value not in BACKENDS:
         raise InvalidLaunchArguments(f"unknown backend {value!r}; choose one of {', '.join(BACKENDS)}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def check_env(name: str, value: object) -> dict[str, str]:
-    env = dict(value or {})  # type: ignore[call-overload]
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidLaunchArguments(f"{name} must be a dict of strings, got {value!r}")
+    env = dict(value)
     bad = [k for k, v in env.items() if not isinstance(k, str) or not isinstance(v, str)]
     if bad:
         raise InvalidLaunchArguments(f"env keys and values must be strings; check {bad}")
     return env
 
 
-def check_show_ranks(name: str, value: object) -> object:
+def check_show_ranks(name: str, value: object) -> str | list[int]:
     """ "all", "none" (also for None) or a list of ranks; whether they exist waits for the world size."""
     if value == "all" or value == "none" or value is None:
         return "all" if value == "all" else "none"
@@ -139,15 +161,16 @@ def check_optional_text(name: str, value: object) -> str | None:
 
 
 def check_program(name: str, value: object) -> str:
-    if not isinstance(value, str | os.PathLike) or not os.fspath(value):
+    path = os.fspath(value) if isinstance(value, str | os.PathLike) else None
+    if not isinstance(path, str) or not path:
         raise InvalidLaunchArguments(f"{name} must be the path of a Python interpreter, got {value!r}")
-    return os.fspath(value)  # type: ignore[return-value]
+    return path
 
 
 # ---------------------------------------------------------------------------- reading a command line
 
 
-def parse_show_ranks(text: str) -> object:
+def parse_show_ranks(text: str) -> str | list[int]:
     """``--show-ranks``: "all", "none" or comma-separated ranks."""
     if text in ("all", "none"):
         return text

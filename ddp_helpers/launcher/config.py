@@ -2,8 +2,8 @@
 
 `launch()`, ``%%torchrun``, ``python -m ddp_helpers launch`` and live ranks all build a `LaunchConfig`
 from what the user gave and leave the rest to its defaults. Its option fields, their defaults and
-their checks come from `options.OPTIONS`. It validates itself on construction, so bad input is
-refused before a process is spawned, and turns into a torchrun command line.
+their checks are `options.LaunchOptions`' (it subclasses it). It validates itself on construction, so
+bad input is refused before a process is spawned, and turns into a torchrun command line.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Unpack
 
 from ..backends import resolve_backend  # the one rule, shared with every worker
 from ..errors import InvalidLaunchArguments
 from .checks import check_int, ranks_outside
 from .machine import check_cpu_ranks, free_port, threads_per_rank, visible_gpus
-from .options import OPTION_NAMES, OPTIONS
+from .options import OPTION_NAMES, OPTIONS, LaunchKeywords, LaunchOptions
 
 __all__ = ["LaunchConfig", "default_run_dir", "make_config"]
 
@@ -48,30 +48,25 @@ def _check_script_args(args: Iterable[object]) -> list[str]:
     return checked
 
 
-def _option_fields(cls: type) -> type:
-    """One dataclass field per declared option, in `OPTIONS`' order, with the option's default."""
-    for option in OPTIONS:
-        cls.__annotations__[option.name] = option.annotation
-        setattr(cls, option.name, option.dataclass_field())
-    return cls
-
-
 # ---------------------------------------------------------------------------- the config
 
 
 @dataclass
-@_option_fields
-class LaunchConfig:
-    """A validated launch. Its option fields (nproc, backend, timeout, ...) are `options.OPTIONS`.
+class LaunchConfig(LaunchOptions):
+    """A validated launch: a script, its arguments and the options (`LaunchOptions`' fields) it runs with.
 
-    Built with the user's options only; every default lives in `OPTIONS`. On construction, "auto"
-    and None are resolved (`backend`, `nproc`, `run_dir`, `rdzv_timeout`), and bad input raises
-    `InvalidLaunchArguments` before anything is spawned.
+    Built with the user's options only; every default lives in `LaunchOptions`. On construction, bad
+    input raises `InvalidLaunchArguments` before anything is spawned, an "auto" backend is resolved,
+    and what depends on the machine is set: `gpus`, `device`, `local_world_size` (nproc, or its
+    default), `out_dir` (run_dir, or a new folder) and `shown_ranks`.
     """
 
     script: Path
     script_args: list[str] = field(default_factory=list)
+    gpus: int = field(init=False)  # CUDA devices this process sees, counted without a CUDA context
     device: str = field(init=False)  # "cpu" or "cuda"
+    local_world_size: int = field(init=False)  # ranks on this node: nproc, or one per GPU (2 on the CPU)
+    out_dir: Path = field(init=False)  # where the run writes: run_dir, or a new runs/<time>-<script>-<id>
     shown_ranks: set[int] | None = field(init=False)  # None: every rank
 
     def __post_init__(self) -> None:
@@ -81,17 +76,17 @@ class LaunchConfig:
         for option in OPTIONS:  # each option on its own
             setattr(self, option.name, option.check(option.name, getattr(self, option.name)))
         self._check_nodes()
-        if self.show_ranks not in ("all", "none") and self.nproc is not None:
+        if isinstance(self.show_ranks, list) and self.nproc is not None:
             ranks_outside("show_ranks", self.show_ranks, self.nproc * self.nnodes)
         # then what needs the machine
-        self.gpus = visible_gpus() if self.gpus is None else self.gpus
+        self.gpus = visible_gpus()
         self._resolve_world()
         if self.show_ranks == "all":
             self.shown_ranks = None
-        else:
-            self.shown_ranks = set() if self.show_ranks == "none" else set(self.show_ranks)
+        else:  # "none" or a list of ranks, once checked
+            self.shown_ranks = set(self.show_ranks) if isinstance(self.show_ranks, list) else set()
             ranks_outside("show_ranks", self.shown_ranks, self.world_size)
-        self.run_dir = self.run_dir or default_run_dir(self.script.stem)
+        self.out_dir = Path(self.run_dir) if self.run_dir is not None else default_run_dir(self.script.stem)
 
     def _check_script(self) -> None:
         script = Path(self.script).expanduser()
@@ -100,7 +95,6 @@ class LaunchConfig:
         if not script.is_file():
             raise InvalidLaunchArguments(f"script not found: {script} (cwd is {Path.cwd()})")
         self.script = script.resolve()
-        self.script_args = _check_script_args(self.script_args)
 
     def _check_nodes(self) -> None:
         """The options that only make sense together: a node's rank, the rendezvous across nodes."""
@@ -116,33 +110,34 @@ class LaunchConfig:
             self.rdzv_timeout = MULTINODE_RDZV_TIMEOUT_S
 
     def _resolve_world(self) -> None:
-        """`backend` and `nproc` from the visible GPUs; what a one-process launch can do."""
-        if self.launcher == "python" and self.nproc is None:
-            self.nproc = 1
+        """`backend` and `local_world_size` from the visible GPUs; what a one-process launch can do."""
+        nproc = self.nproc
+        if self.launcher == "python" and nproc is None:
+            nproc = 1
         try:
             self.backend, self.device = resolve_backend(self.backend, self.gpus)
         except ValueError as err:
             raise InvalidLaunchArguments(str(err)) from None
-        if self.nproc is None:
-            self.nproc = self.gpus if self.gpus > 0 else 2
-        self.nproc = check_int("nproc", self.nproc, 1)
+        if nproc is None:
+            nproc = self.gpus if self.gpus > 0 else 2
+        nproc = self.local_world_size = check_int("nproc", nproc, 1)
         if self.device == "cpu":
-            check_cpu_ranks(self.nproc)
-        if self.backend == "nccl" and self.nproc > self.gpus:
+            check_cpu_ranks(nproc)
+        if self.backend == "nccl" and nproc > self.gpus:
             raise InvalidLaunchArguments(
-                f"nproc={self.nproc} but only {self.gpus} GPU(s) are visible: NCCL needs one GPU per process. "
+                f"nproc={nproc} but only {self.gpus} GPU(s) are visible: NCCL needs one GPU per process. "
                 f"Use nproc<={self.gpus}, or backend='gloo' to run on the CPU"
             )
-        if self.launcher == "python" and (self.nproc != 1 or self.nnodes != 1 or self.max_restarts):
+        if self.launcher == "python" and (nproc != 1 or self.nnodes != 1 or self.max_restarts):
             raise InvalidLaunchArguments(
                 "launcher='python' runs one process without torchrun's agent: it needs nproc=1, nnodes=1 and "
-                f"max_restarts=0 (got nproc={self.nproc}, nnodes={self.nnodes}, max_restarts={self.max_restarts})"
+                f"max_restarts=0 (got nproc={nproc}, nnodes={self.nnodes}, max_restarts={self.max_restarts})"
             )
 
     # ------------------------------------------------------------------ derived
     @property
     def log_dir(self) -> Path:
-        return self.run_dir / "logs"  # type: ignore[operator]
+        return self.out_dir / "logs"
 
     @property
     def agent_log(self) -> Path:
@@ -152,11 +147,11 @@ class LaunchConfig:
     @property
     def rank_offset(self) -> int:
         """node_rank * nproc: the global rank of local rank 0 where node_rank decides it (one node)."""
-        return self.node_rank * self.nproc  # type: ignore[operator]
+        return self.node_rank * self.local_world_size
 
     @property
     def world_size(self) -> int:
-        return self.nproc * self.nnodes  # type: ignore[operator]
+        return self.local_world_size * self.nnodes
 
     @property
     def direct_log_dir(self) -> Path:
@@ -171,7 +166,7 @@ class LaunchConfig:
 
     def agent_args(self) -> list[str]:
         """torchrun's arguments, as the agent (`torchrun_agent.main`) takes them."""
-        cmd = ["--nproc-per-node", str(self.nproc)]
+        cmd = ["--nproc-per-node", str(self.local_world_size)]
         if self.nnodes == 1:
             cmd += ["--standalone"]  # c10d rendezvous on a free localhost port: no clashes
         else:
@@ -198,11 +193,11 @@ class LaunchConfig:
 
         env = base_environment()
         # torchrun would set 1 thread per worker and warn; share the cores out instead.
-        env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(self.nproc)))  # type: ignore[arg-type]
+        env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(self.local_world_size)))
         env.update(
             DDP_BACKEND=self.backend,
             DDP_DEVICE=self.device,
-            DDP_RUN_DIR=str(self.run_dir),  # where workers write metrics/ and summary.json
+            DDP_RUN_DIR=str(self.out_dir),  # where workers write metrics/ and summary.json
         )
         env[GRACE_ENV] = f"{self.grace_s:g}"
         # No GPU visible: the agent forks its workers with torch already imported (worker_forks.py).
@@ -240,7 +235,7 @@ def base_environment() -> dict[str, str]:
 
 
 def make_config(
-    script: str | os.PathLike[str], script_args: Iterable[object] = (), **options: Any
+    script: str | os.PathLike[str], script_args: Iterable[object] = (), **options: Unpack[LaunchKeywords]
 ) -> LaunchConfig:
     """A `LaunchConfig` from `launch()`'s arguments. Raises `InvalidLaunchArguments` saying what to change."""
     unknown = sorted(set(options) - set(OPTION_NAMES))
@@ -248,4 +243,4 @@ def make_config(
         raise InvalidLaunchArguments(
             f"unknown option(s) {unknown}; the options are {', '.join(OPTION_NAMES)}"
         )
-    return LaunchConfig(Path(script), list(script_args), **options)
+    return LaunchConfig(Path(script), _check_script_args(script_args), **options)

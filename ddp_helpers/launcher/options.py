@@ -1,21 +1,26 @@
-"""Every launcher option, declared once: its default, its check, its help and its command-line flag.
+"""Every launcher option, declared once: a field of `LaunchOptions`, with its default, check, help and flag.
 
-`OPTIONS` is the one list. From it come `LaunchConfig`'s fields and per-option checks, `launch()`'s
+`LaunchOptions` is the one list, and a type checker reads it. From it come `LaunchConfig`'s option
+fields (it subclasses `LaunchOptions`), `OPTIONS` (each field with its metadata), `launch()`'s shown
 signature and the options part of its docstring, the flags of ``python -m ddp_helpers launch`` and of
 ``%%torchrun``, and (for the options marked `live`) `start_ranks`' keywords and ``%ranks start``'s
-flags. Adding an option is one `Option(...)` below, plus the code that acts on it
-(`LaunchConfig.command` or `environment`). Nothing here imports torch: a typo is refused at once.
+flags. `LaunchKeywords` writes the same names and types out for a checker to hold `launch()`'s
+keywords to (tests/test_launch_options.py keeps the two equal). Adding an option is one field below,
+its line in `LaunchKeywords`, and the code that acts on it (`LaunchConfig.command` or `environment`).
+Nothing here imports torch: a typo is refused at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
+import os
 import sys
 import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, TypeVar
 
 from .checks import (
     LAUNCHERS,
@@ -34,17 +39,193 @@ from .checks import (
     seconds,
 )
 
+D = TypeVar("D")  # an option's default
+C = TypeVar("C")  # what its check keeps
+F = TypeVar("F", bound=Callable[..., Any])
+
+METADATA_KEY = "ddp_helpers.option"  # where a field of LaunchOptions keeps its help, check and flag
+
 # ---------------------------------------------------------------------------- the declarations
+
+
+def option(
+    default: D,
+    help: str,
+    check: Callable[[str, object], C],
+    parse: Callable[[str], Any] | None = None,
+    *,
+    more: str = "",
+    live: bool = False,
+    collect: Callable[[list[Any]], Any] | None = None,
+    metavar: str | None = None,
+    shown_default: str = "",
+) -> D | C:
+    """A field of `LaunchOptions`: its default, and in its metadata what the front ends need.
+
+    Typed so that a checker holds both the default and what the check keeps to the field's type. The
+    keywords are `Option`'s fields, described there. A mutable default is copied for each config.
+    """
+    metadata = {
+        METADATA_KEY: dict(
+            help=help,
+            check=check,
+            parse=parse,
+            more=more,
+            live=live,
+            collect=collect,
+            metavar=metavar,
+            shown_default=shown_default,
+        )
+    }
+    if isinstance(default, dict | list):
+
+        def copy() -> Any:  # each config gets its own
+            return type(default)(default)
+
+        return field(default_factory=copy, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(kw_only=True)
+class LaunchOptions:
+    """Every option of a launch, with its default: what ``launch(script, **options)`` takes.
+
+    Each field's type is what a user may pass; `LaunchConfig` (a subclass) checks the values and
+    resolves the defaults that depend on the machine.
+    """
+
+    nproc: int | None = option(
+        None,
+        "processes on this node; None: one per visible GPU, or 2 on the CPU (1 with launcher='python')",
+        optional_int_at_least(1),
+        int,
+        live=True,
+    )
+    backend: str = option(
+        "auto",
+        "'auto' (nccl with GPUs, gloo without), 'gloo' or 'nccl'",
+        check_backend,
+        str,
+        more="Workers read it from DDP_BACKEND, and the device from DDP_DEVICE.",
+        live=True,
+    )
+    timeout: float | None = option(
+        None,
+        "seconds without progress (any output, or a metrics line) before the "
+        "run counts as hung and is stopped; None waits for ever",
+        seconds(allow_none=True),
+        float,
+        live=True,
+    )
+    startup_timeout: float | None = option(
+        None,
+        "seconds allowed before the first sign of life; None: timeout",
+        seconds(allow_none=True),
+        float,
+        live=True,
+        more="Importing torch and the rendezvous can be slow on a busy machine.",
+    )
+    run_dir: str | os.PathLike[str] | None = option(
+        None,
+        "where logs, metrics and the summary go; None: runs/<time>-<script>-<id>",
+        check_path,
+        str,
+        live=True,
+        more="A run_dir used before keeps the earlier launch's outputs under previous/.",
+    )
+    env: dict[str, str] = option(
+        {},
+        "extra environment variables for the workers (repeat the flag for each)",
+        check_env,
+        parse_env_item,
+        live=True,
+        collect=dict,
+        metavar="KEY=VALUE",
+    )
+    max_restarts: int = option(0, "torchrun's elastic restarts after a failure", int_at_least(0), int)
+    show_ranks: str | int | Iterable[int] | None = option(
+        "all",
+        "which ranks to echo: 'all', 'none', a rank or a list",
+        check_show_ranks,
+        parse_show_ranks,
+        live=True,
+        metavar="all|none|0,2",
+        more="Every line is kept in the result and on disk either way; a flood is shown rate-limited.",
+    )
+    progress: str = option(
+        "auto", "progress display: 'auto', 'widget', 'text' or 'off'", one_of(PROGRESS_CHOICES), str
+    )
+    grace_s: float = option(
+        5.0,
+        "seconds between SIGTERM and SIGKILL when stopping the run",
+        seconds(allow_none=False, allow_zero=True),
+        float,
+    )
+    nnodes: int = option(1, "nodes in a multi-node job (each node runs its own launch)", int_at_least(1), int)
+    node_rank: int = option(
+        0,
+        "this node's index, 0..nnodes-1",
+        int_at_least(0),
+        int,
+        more="With nnodes > 1 the c10d rendezvous, not node_rank, decides which node gets ranks 0..nproc-1; "
+        "the result and the echo use each worker's real RANK.",
+    )
+    rdzv_endpoint: str | None = option(
+        None,
+        "'host:port' of the first node, the same on every node (needed with nnodes > 1)",
+        check_optional_text,
+        str,
+    )
+    rdzv_timeout: float | None = option(
+        None,
+        "seconds to wait for all nodes to join; None: 120 with nnodes > 1",
+        seconds(allow_none=True),
+        float,
+    )
+    launcher: str = option(
+        "torchrun",
+        "'torchrun', or 'python' for one process without torchrun's agent",
+        one_of(LAUNCHERS),
+        str,
+        more="The script gets the environment torchrun would give a world of one (RANK, WORLD_SIZE, "
+        "MASTER_PORT, the error file), with no agent or rendezvous before it starts.",
+    )
+    python: str = option(
+        sys.executable,
+        "the Python interpreter that runs torchrun and the workers",
+        check_program,
+        str,
+        shown_default="the running interpreter",
+    )
+
+
+class LaunchKeywords(TypedDict, total=False):
+    """`launch()`'s keywords for a type checker: `LaunchOptions`' fields, names and types, written out.
+
+    (A TypedDict cannot be built from a dataclass; tests/test_launch_options.py holds the two equal.)
+    """
+
+    nproc: int | None
+    backend: str
+    timeout: float | None
+    startup_timeout: float | None
+    run_dir: str | os.PathLike[str] | None
+    env: dict[str, str]
+    max_restarts: int
+    show_ranks: str | int | Iterable[int] | None
+    progress: str
+    grace_s: float
+    nnodes: int
+    node_rank: int
+    rdzv_endpoint: str | None
+    rdzv_timeout: float | None
+    launcher: str
+    python: str
 
 
 @dataclass(frozen=True)
 class Option:
-    """One launcher option: ``Option(name, default, annotation, help, check, parse, ...)``.
-
-    `check(name, value)` returns the value to keep, or raises `InvalidLaunchArguments`; it sees one
-    option only (the checks across options are `LaunchConfig`'s). `parse` turns a flag's text into a
-    value; an option without it has no flag.
-    """
+    """One launcher option as the front ends use it: a field of `LaunchOptions` and its metadata."""
 
     name: str
     default: Any
@@ -58,161 +239,26 @@ class Option:
     metavar: str | None = None  # how the flag's value is written, where its name does not say
     shown_default: str = ""  # the docstring's words for a default that differs by machine
 
+    @classmethod
+    def of(cls, declared: dataclasses.Field[Any]) -> Option:
+        """The option that a field made by `option()` declares."""
+        if declared.default_factory is not dataclasses.MISSING:
+            default = declared.default_factory()
+        else:
+            default = declared.default
+        return cls(declared.name, default, str(declared.type), **declared.metadata[METADATA_KEY])
+
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
-    def fresh_default(self) -> Any:
-        """The default, copied if it is mutable (each config gets its own dict)."""
-        return type(self.default)(self.default) if isinstance(self.default, dict | list) else self.default
 
-    def dataclass_field(self) -> Any:
-        if isinstance(self.default, dict | list):
-            return field(default_factory=self.fresh_default)
-        return field(default=self.default)
+def options_of(cls: type) -> tuple[Option, ...]:
+    """The options a dataclass declares with `option()`, in its fields' order."""
+    return tuple(Option.of(f) for f in dataclasses.fields(cls) if METADATA_KEY in f.metadata)
 
 
-OPTIONS: tuple[Option, ...] = (
-    Option(
-        "nproc",
-        None,
-        "int | None",
-        "processes on this node; None: one per visible GPU, or 2 on the CPU (1 with launcher='python')",
-        optional_int_at_least(1),
-        int,
-        live=True,
-    ),
-    Option(
-        "backend",
-        "auto",
-        "str",
-        "'auto' (nccl with GPUs, gloo without), 'gloo' or 'nccl'",
-        check_backend,
-        str,
-        more="Workers read it from DDP_BACKEND, and the device from DDP_DEVICE.",
-        live=True,
-    ),
-    Option(
-        "timeout",
-        None,
-        "float | None",
-        "seconds without progress (any output, or a metrics line) before the "
-        "run counts as hung and is stopped; None waits for ever",
-        seconds(allow_none=True),
-        float,
-        live=True,
-    ),
-    Option(
-        "startup_timeout",
-        None,
-        "float | None",
-        "seconds allowed before the first sign of life; None: timeout",
-        seconds(allow_none=True),
-        float,
-        live=True,
-        more="Importing torch and the rendezvous can be slow on a busy machine.",
-    ),
-    Option(
-        "run_dir",
-        None,
-        "str | os.PathLike[str] | None",
-        "where logs, metrics and the summary go; None: runs/<time>-<script>-<id>",
-        check_path,
-        str,
-        live=True,
-        more="A run_dir used before keeps the earlier launch's outputs under previous/.",
-    ),
-    Option(
-        "env",
-        {},
-        "dict[str, str]",
-        "extra environment variables for the workers (repeat the flag for each)",
-        check_env,
-        parse_env_item,
-        live=True,
-        collect=dict,
-        metavar="KEY=VALUE",
-    ),
-    Option("max_restarts", 0, "int", "torchrun's elastic restarts after a failure", int_at_least(0), int),
-    Option(
-        "show_ranks",
-        "all",
-        "object",
-        "which ranks to echo: 'all', 'none', a rank or a list",
-        check_show_ranks,
-        parse_show_ranks,
-        live=True,
-        metavar="all|none|0,2",
-        more="Every line is kept in the result and on disk either way; a flood is shown rate-limited.",
-    ),
-    Option(
-        "progress",
-        "auto",
-        "str",
-        "progress display: 'auto', 'widget', 'text' or 'off'",
-        one_of(PROGRESS_CHOICES),
-        str,
-    ),
-    Option(
-        "grace_s",
-        5.0,
-        "float",
-        "seconds between SIGTERM and SIGKILL when stopping the run",
-        seconds(allow_none=False, allow_zero=True),
-        float,
-    ),
-    Option(
-        "nnodes", 1, "int", "nodes in a multi-node job (each node runs its own launch)", int_at_least(1), int
-    ),
-    Option(
-        "node_rank",
-        0,
-        "int",
-        "this node's index, 0..nnodes-1",
-        int_at_least(0),
-        int,
-        more="With nnodes > 1 the c10d rendezvous, not node_rank, decides which node gets ranks 0..nproc-1; "
-        "the result and the echo use each worker's real RANK.",
-    ),
-    Option(
-        "rdzv_endpoint",
-        None,
-        "str | None",
-        "'host:port' of the first node, the same on every node (needed with nnodes > 1)",
-        check_optional_text,
-        str,
-    ),
-    Option(
-        "rdzv_timeout",
-        None,
-        "float | None",
-        "seconds to wait for all nodes to join; None: 120 with nnodes > 1",
-        seconds(allow_none=True),
-        float,
-    ),
-    Option(
-        "launcher",
-        "torchrun",
-        "str",
-        "'torchrun', or 'python' for one process without torchrun's agent",
-        one_of(LAUNCHERS),
-        str,
-        more="The script gets the environment torchrun would give a world of one (RANK, WORLD_SIZE, "
-        "MASTER_PORT, the error file), with no agent or rendezvous before it starts.",
-    ),
-    Option(
-        "python",
-        sys.executable,
-        "str",
-        "the Python interpreter that runs torchrun and the workers",
-        check_program,
-        str,
-        shown_default="the running interpreter",
-    ),
-    # no flag: a test's stand-in for the machine, not a user's choice
-    Option("gpus", None, "int | None", "GPUs to assume visible; None asks torch", optional_int_at_least(0)),
-)
-
+OPTIONS: tuple[Option, ...] = options_of(LaunchOptions)
 OPTION_NAMES = tuple(option.name for option in OPTIONS)
 LIVE_OPTIONS = tuple(option for option in OPTIONS if option.live)
 
@@ -294,11 +340,15 @@ def with_options(
     *,
     positional: Sequence[str] = (),
     defaults: Mapping[str, Any] | None = None,
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Give a function that takes ``**options`` their signature, and fill its docstring's ``{options}``."""
+) -> Callable[[F], F]:
+    """Give a function that takes ``**options`` their signature, and fill its docstring's ``{options}``.
+
+    What `inspect.signature` (Shift-Tab, `help()`) shows; a type checker reads the function's own.
+    """
     options = tuple(options)
 
-    def apply(func: Callable[..., Any]) -> Callable[..., Any]:
+    def apply(func: F) -> F:
+        # a function object takes any attribute; the Callable type declares no __signature__
         func.__signature__ = options_signature(  # type: ignore[attr-defined]
             leading or [], options, positional=positional, defaults=defaults
         )
@@ -312,10 +362,16 @@ def with_options(
 
 def add_flags(parser: argparse.ArgumentParser, options: Iterable[Option] = OPTIONS) -> None:
     """One flag per option that has one. Each defaults to None, which leaves the option's own default."""
-    for option in command_line_options(options):
-        repeat = {"action": "append"} if option.collect else {}
+    for option in options:
+        if option.parse is None:  # no flag
+            continue
         parser.add_argument(
-            option.flag, type=option.parse, default=None, help=option.help, metavar=option.metavar, **repeat
+            option.flag,
+            type=option.parse,
+            action="append" if option.collect else "store",
+            default=None,
+            help=option.help,
+            metavar=option.metavar,
         )
 
 

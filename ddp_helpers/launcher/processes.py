@@ -142,7 +142,7 @@ def stop_interrupted(
     if hurried:
         detail += ", at once: you interrupted again"
     return LaunchInterrupted(
-        f"interrupted: every process of the run was stopped{detail}; logs are in {config.run_dir}"
+        f"interrupted: every process of the run was stopped{detail}; logs are in {config.out_dir}"
     )
 
 

@@ -6,7 +6,7 @@ import inspect
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 from .. import stack_dumps
 from ..errors import LaunchError, LaunchFailed, LaunchInterrupted, LaunchTimeout, WorkerFailed
@@ -19,7 +19,7 @@ from .cell_output import CellEcho
 from .config import LaunchConfig, make_config
 from .diagnosis import diagnose, strip_rank_prefix
 from .log_follow import FileFollower, LogChunk, RankLogTail
-from .options import OPTIONS, with_options
+from .options import OPTIONS, LaunchKeywords, with_options
 from .process_tree import ProcessTree
 from .processes import exit_code, start_run, stop_despite_interrupts, stop_interrupted, stop_run
 from .progress import StepProgress, resolve_progress
@@ -55,11 +55,11 @@ class RunFollower:
             config.log_dir, rank_offset=config.rank_offset, ranks_known_up_front=config.nnodes == 1
         )
         self.agent = FileFollower(config.agent_log)
-        self.follower = MetricsFollower(config.run_dir)
+        self.follower = MetricsFollower(config.out_dir)
         self.progress = StepProgress(progress, config.script.name)
         self.echo = CellEcho(where=str(config.log_dir), write=self.progress.write)
         # on one node the ranks are known up front; across nodes the rendezvous decides
-        expected = range(config.nproc) if config.nnodes == 1 else ()
+        expected = range(config.local_world_size) if config.nnodes == 1 else ()
         self.ranks = {r: _RankState() for r in expected}
         self.logs: dict[int, list[str]] = {r: [] for r in self.ranks}
         self.agent_lines: list[str] = []
@@ -196,7 +196,7 @@ class RunFollower:
             + "\n"
             + "\n".join(advice)
         )
-        return LaunchTimeout(message, silent_ranks=silent, run_dir=str(self.config.run_dir), stacks=stacks)
+        return LaunchTimeout(message, silent_ranks=silent, run_dir=str(self.config.out_dir), stacks=stacks)
 
     def failure(self, returncode: int, stderr_since: dict[int, int] | None = None) -> LaunchError:
         """The error for a run that ended with `returncode`; `stderr_since`: read each rank's stderr from there."""
@@ -206,7 +206,7 @@ class RunFollower:
         diagnosis = diagnose(
             agent_output,
             self.tail,
-            self.config.nproc,
+            self.config.local_world_size,
             cuda_available=self.config.gpus > 0,
             exitcodes=known,
             stderr_since=stderr_since,
@@ -250,7 +250,7 @@ class RunFollower:
             diagnosis.error,
             diagnosis.traceback,
             hint=diagnosis.hint,
-            run_dir=str(self.config.run_dir),
+            run_dir=str(self.config.out_dir),
             logs=self.logs,
             stderr_tail=diagnosis.stderr_tail,
             headline=headline,
@@ -272,7 +272,7 @@ def _start(config: LaunchConfig, run: RunFollower) -> Any:
         run.echo.close()
         run.progress.close(False)
         raise LaunchInterrupted(
-            f"interrupted while the run started: nothing of it is left running; logs are in {config.run_dir}"
+            f"interrupted while the run started: nothing of it is left running; logs are in {config.out_dir}"
         ) from None
 
 
@@ -286,7 +286,7 @@ def _failure(run: RunFollower, proc: Any) -> LaunchError:
     if getattr(proc, "status_lost", False):  # see fork_server.ForkedAgent
         return LaunchFailed(
             "torchrun's agent was killed by a signal after the agent server that started it had died, so "
-            f"how the run ended is unknown. Logs are in {run.config.run_dir}",
+            f"how the run ended is unknown. Logs are in {run.config.out_dir}",
             returncode=proc.returncode,
             output="\n".join(run.agent_lines),
         )
@@ -301,11 +301,13 @@ def _failure(run: RunFollower, proc: Any) -> LaunchError:
     ],
 )
 def launch(
-    script: str | os.PathLike[str], *script_args: str | int | float | os.PathLike[str], **options: Any
+    script: str | os.PathLike[str],
+    *script_args: str | int | float | os.PathLike[str],
+    **options: Unpack[LaunchKeywords],
 ) -> LaunchResult:
     """Run `script` under torchrun (``torch.distributed.run``) and stream every rank's output live.
 
-    Options (keywords; built from `options.OPTIONS`, where each is declared once):
+    Options (keywords; each is a field of `options.LaunchOptions`, where it is declared once):
         {options}
 
     Returns:
@@ -327,12 +329,12 @@ def run_config(config: LaunchConfig, progress: str | None = None) -> LaunchResul
 
     Raises `RunDirInUse` (an `InvalidLaunchArguments`) while another launch runs into the same run_dir.
     """
-    with holding_run_dir(config.run_dir):
+    with holding_run_dir(config.out_dir):
         return _run_held(config, progress)
 
 
 def _run_held(config: LaunchConfig, progress: str | None) -> LaunchResult:
-    keep_previous_outputs(config.run_dir)
+    keep_previous_outputs(config.out_dir)
     run = RunFollower(config, progress or resolve_progress(config.progress))
     proc = _start(config, run)
     tree = ProcessTree(proc.pid)
@@ -348,7 +350,7 @@ def _run_held(config: LaunchConfig, progress: str | None) -> LaunchResult:
                 break
             now = time.monotonic()
             # across nodes, a rank's lines wait until its worker says who it is: look sooner
-            unmapped = config.nnodes > 1 and len(sampler.local_to_global) < config.nproc
+            unmapped = config.nnodes > 1 and len(sampler.local_to_global) < config.local_world_size
             if now - last_refresh > (POLL_S if unmapped else REFRESH_S):
                 tree.refresh()
                 sampler.sample()
@@ -382,10 +384,10 @@ def _result(config: LaunchConfig, run: RunFollower, proc: Any, sampler: Resource
     return LaunchResult(
         returncode=proc.returncode,
         wall_s=time.monotonic() - run.started,
-        run_dir=config.run_dir,
+        run_dir=config.out_dir,
         logs=run.logs,
-        metrics=read_metrics(config.run_dir),
-        summary=read_summary(config.run_dir),
+        metrics=read_metrics(config.out_dir),
+        summary=read_summary(config.out_dir),
         command=config.command(),
         launcher_output=run.agent_lines,
         attempts=max(run.attempts_seen, 1),

@@ -59,7 +59,7 @@ class LiveRanks:
         self._config = config
         self.timeout = timeout
         self._startup_timeout = startup_timeout
-        self._base_run_dir = config.run_dir
+        self._base_run_dir = config.out_dir
         self._starts = 0
         self._cells = CellLog()
         self._session: Session | None = None
@@ -69,7 +69,7 @@ class LiveRanks:
     # ------------------------------------------------------------------ start and stop
     @property
     def world_size(self) -> int:
-        return self._config.nproc
+        return self._config.local_world_size
 
     @property
     def backend(self) -> str:
@@ -78,7 +78,7 @@ class LiveRanks:
     @property
     def run_dir(self) -> Path:
         """Where this start's logs are (``logs/``), with the per-rank stack dumps (``stacks/``)."""
-        return self._config.run_dir
+        return self._config.out_dir
 
     @property
     def alive(self) -> bool:
@@ -91,7 +91,7 @@ class LiveRanks:
 
     def _start(self) -> None:
         if self._starts:
-            self._config.run_dir = self._base_run_dir / f"restart-{self._starts}"
+            self._config.out_dir = self._base_run_dir / f"restart-{self._starts}"
         self._starts += 1
         self._session = None
         self._session = Session(self._config, self._startup_timeout)

@@ -96,7 +96,7 @@ def hung(
             f"The stuck ranks did not answer an interrupt within {INTERRUPT_WAIT_S:g}s (they are blocked "
             f"inside a collective), so every rank was stopped. {RESTART_HINT}",
         ]
-    return LaunchTimeout("\n".join(lines), silent_ranks=stuck, run_dir=str(session.config.run_dir))
+    return LaunchTimeout("\n".join(lines), silent_ranks=stuck, run_dir=str(session.config.out_dir))
 
 
 # ------------------------------------------------------------------ deaths
@@ -122,7 +122,7 @@ def died(session: Session, rank: int | None, exitcode: int | None = None) -> Lau
             if exitcode is not None
             else "the rank's connection closed without a report from torchrun",
             "",
-            run_dir=str(session.config.run_dir),
+            run_dir=str(session.config.out_dir),
             stderr_tail="\n".join(session.cell_stderr(rank)),
         )
     session.stop()

@@ -124,12 +124,12 @@ class Session:
             raise OSError(
                 f"live ranks cannot listen at {address}: {err}{hint if size > 107 else ''}"
             ) from err
-        listener.listen(config.nproc)
+        listener.listen(config.local_world_size)
         return listener
 
     def _accept(self, listener: socket.socket, authkey: bytes, startup_timeout: float) -> None:
         """Wait until every rank has joined the process group and connected back."""
-        nproc = self.config.nproc
+        nproc = self.config.local_world_size
         deadline = time.monotonic() + startup_timeout
         links: dict[int, RankLink] = {}
         try:
@@ -142,7 +142,7 @@ class Session:
                         f"the ranks did not start within {startup_timeout:g}s: "
                         f"{len(links)} of {nproc} connected. Logs: {self.config.log_dir}",
                         silent_ranks=sorted(set(range(nproc)) - set(links)),
-                        run_dir=str(self.config.run_dir),
+                        run_dir=str(self.config.out_dir),
                     )
                 readable, _, _ = select.select([listener], [], [], 0.1)
                 if readable:
