@@ -38,7 +38,8 @@ def test_a_second_launch_into_a_run_dir_in_use_is_refused_not_mixed(script, tmp_
     other = subprocess.Popen([sys.executable, "-c", OTHER_KERNEL, str(tick), str(run_dir)])
     try:
         stdout = run_dir / "logs"
-        _wait_for(lambda: any(stdout.rglob("stdout.log")), 120, "the other kernel's ranks to start")
+        # both ranks: under load the second rank's log can appear seconds after the first's
+        _wait_for(lambda: len(list(stdout.rglob("stdout.log"))) == 2, 120, "the other kernel's 2 ranks to start")
         started = time.monotonic()
         with pytest.raises(
             RunDirInUse, match=rf"run_dir {run_dir} is in use by another launch \(process {other.pid}"
