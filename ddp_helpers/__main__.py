@@ -6,6 +6,7 @@ import argparse
 import json
 import signal
 import sys
+from typing import Any
 
 from .launcher.options import add_flags
 
@@ -16,7 +17,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
     facts = collect_facts()
     checks = run_checks(facts)
-    summary = {}
+    summary: dict[str, Any] = {}
     if not args.no_live:
         print("running a live all_reduce check through torchrun...", file=sys.stderr)
         live, summary = live_allreduce(nproc=args.nproc, max_bytes=args.max_bytes, progress="off")

@@ -145,7 +145,8 @@ def load_latest_on_every_rank(
 
 def capture_rng() -> dict[str, Any]:
     """Python, NumPy, torch CPU and (where present) CUDA generator states, as weights_only-safe values."""
-    np_state = np.random.get_state()
+    np_state = np.random.get_state(legacy=True)
+    assert isinstance(np_state, tuple)  # the global generator is an MT19937: its legacy state is a tuple
     state = {
         "python": random.getstate(),
         "numpy": {

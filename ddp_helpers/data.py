@@ -10,10 +10,19 @@ import gzip
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias, Union
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, DistributedSampler, TensorDataset
+from torch.utils.data import DistributedSampler, TensorDataset
+
+if TYPE_CHECKING:
+    from torchvision.datasets import VisionDataset
+
+# What the builders below return: a TensorDataset, or torchvision's CIFAR10. Both are indexed and have
+# a length, which torch's Dataset type does not declare. (Union, not |: VisionDataset is a type
+# checker's name only, as importing torchvision takes seconds.)
+SizedDataset: TypeAlias = Union[TensorDataset, "VisionDataset"]
 
 DIGITS_FILE = Path(__file__).parent / "shipped_data" / "digits.csv.gz"
 DATASETS = ("synthetic", "digits", "cifar10")
@@ -29,7 +38,7 @@ def _check_split(split: str) -> None:
 
 @dataclass
 class DatasetInfo:
-    dataset: Dataset
+    dataset: SizedDataset
     shape: tuple[int, int, int]  # channels, height, width
     num_classes: int
     name: str

@@ -9,7 +9,7 @@ import time
 import psutil
 
 from ddp_helpers.launcher.process_tree import ProcessTree
-from ddp_helpers.launcher.processes import stop_run
+from ddp_helpers.launcher.processes import hold_lifeline, stop_run
 
 STUBBORN = """
 import signal, subprocess, sys, time
@@ -26,7 +26,7 @@ def test_stop_run_kills_what_ignores_sigterm_reaps_the_root_and_may_run_twice():
     child = int(proc.stdout.readline())
     proc.stdout.close()
     lifeline = open(__file__, "rb")  # stands in for the agent's lifeline, which stop_run closes
-    proc.lifeline = lifeline
+    hold_lifeline(proc, lifeline)
     tree = ProcessTree(proc.pid)
     started = time.monotonic()
     killed = stop_run(tree, proc, grace_s=0.5)

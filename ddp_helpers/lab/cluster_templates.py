@@ -26,6 +26,7 @@ import os
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -222,9 +223,9 @@ def pytorchjob_manifest(
 
 def _pod_container(
     image: str, command: list[str], name: str, cpus_per_rank: int, gpus: int, fresh_store: bool
-) -> dict:
+) -> dict[str, Any]:
     """The Worker pods' one container: the image, torchrun's command, threads, shared memory, GPUs."""
-    container = {
+    container: dict[str, Any] = {
         "name": "pytorch",  # the operator looks for a container with this name
         "image": image,
         "command": command,
@@ -256,7 +257,7 @@ K8S_OPTIONS = SHARED_OPTIONS | {"image", "name"}
 
 
 def write_cluster_templates(
-    directory: str | os.PathLike[str], worker: str, worker_args: Sequence[object] = (), **options: object
+    directory: str | os.PathLike[str], worker: str, worker_args: Sequence[object] = (), **options: Any
 ) -> dict[str, Path]:
     """Write ``sbatch.sh`` and ``pytorchjob.yaml`` into `directory`; returns their paths.
 
@@ -271,6 +272,6 @@ def write_cluster_templates(
     slurm_options = {k: v for k, v in options.items() if k in SLURM_OPTIONS}
     k8s_options = {k: v for k, v in options.items() if k in K8S_OPTIONS}
     paths = {"slurm": folder / "sbatch.sh", "kubernetes": folder / "pytorchjob.yaml"}
-    paths["slurm"].write_text(slurm_script(worker, worker_args, **slurm_options))  # type: ignore[arg-type]
-    paths["kubernetes"].write_text(pytorchjob_manifest(worker, worker_args, **k8s_options))  # type: ignore[arg-type]
+    paths["slurm"].write_text(slurm_script(worker, worker_args, **slurm_options))
+    paths["kubernetes"].write_text(pytorchjob_manifest(worker, worker_args, **k8s_options))
     return paths

@@ -53,7 +53,8 @@ def bucket_sizes(
 ) -> list[int]:
     """DDP's rule: fill a bucket in gradient-ready order until it holds at least the cap, then start
     the next. `first_cap_bytes` caps the first bucket (DDP: 1 MiB when bucket_cap_mb is the default)."""
-    buckets, size = [], 0
+    buckets: list[int] = []
+    size = 0
     for n_bytes in param_bytes_in_ready_order:
         size += n_bytes
         if size >= (first_cap_bytes if first_cap_bytes is not None and not buckets else cap_bytes):

@@ -100,8 +100,8 @@ def straggler(phases: pd.DataFrame) -> int | None:
     also the rank that waits least (None with one rank, or when the two disagree)."""
     if len(phases) < 2:
         return None
-    slowest, least_waiting = phases["data_ms"].idxmax(), phases["wait_ms"].idxmin()
-    return int(slowest) if slowest == least_waiting else None
+    slowest, least_waiting = int(phases["data_ms"].argmax()), int(phases["wait_ms"].argmin())  # positions
+    return int(phases.index[slowest]) if slowest == least_waiting else None
 
 
 def loss_start_end(run: Any, last: int = 1) -> tuple[float, float]:

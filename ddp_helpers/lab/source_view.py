@@ -36,18 +36,22 @@ def _resolve(target: str | os.PathLike[str]) -> Path:
         raise
 
 
-def _find(tree: ast.AST, dotted: str) -> ast.AST:
-    node: ast.AST = tree
-    for part in dotted.split("."):
-        children = [
-            child
-            for child in ast.iter_child_nodes(node)
-            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and child.name == part
-        ]
-        if not children:
-            raise LookupError(f"no function or class named {dotted!r} (missing: {part!r})")
-        node = children[0]
+Definition = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+
+
+def _find(tree: ast.Module, dotted: str) -> Definition:
+    first, *inner = dotted.split(".")
+    node = _child(tree, first, dotted)
+    for part in inner:
+        node = _child(node, part, dotted)
     return node
+
+
+def _child(scope: ast.AST, name: str, dotted: str) -> Definition:
+    for child in ast.iter_child_nodes(scope):
+        if isinstance(child, Definition) and child.name == name:
+            return child
+    raise LookupError(f"no function or class named {dotted!r} (missing: {name!r})")
 
 
 def source_of(target: str | os.PathLike[str], *names: str) -> str:
@@ -66,7 +70,7 @@ def source_of(target: str | os.PathLike[str], *names: str) -> str:
     parts = []
     for name in names:
         node = _find(tree, name)
-        first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+        first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
         parts.append("\n".join(lines[first - 1 : node.end_lineno]))
     return "\n\n".join(parts)
 

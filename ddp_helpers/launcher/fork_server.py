@@ -100,7 +100,7 @@ def serve(channel: socket.socket, idle_s: float | None, start: StartFork) -> Non
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     accepting = True
     while accepting or runs:
-        watched = [wake_read, channel] if accepting else [wake_read]
+        watched: list[int | socket.socket] = [wake_read, channel] if accepting else [wake_read]
         readable, _, _ = select.select(watched, [], [], (idle_s if not runs else None) if accepting else 1.0)
         if accepting and not readable and not runs:  # idle for idle_s: a request sent meanwhile is
             break  # dropped with the channel, and the launcher starts that run's agent afresh

@@ -106,7 +106,7 @@ def _main_module(path: str) -> types.ModuleType:
     main = types.ModuleType("__main__")
     main.__file__ = path
     main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
-    main.__builtins__ = builtins  # type: ignore[attr-defined]
+    main.__dict__["__builtins__"] = builtins
     sys.modules["__main__"] = main
     return main
 
@@ -115,7 +115,7 @@ def _exit_as_python_does(main: types.ModuleType) -> None:
     """Join non-daemon threads, run the atexit functions, free the script's globals (an unclosed file
     writes its tail when it is freed), flush: each step even if an earlier one failed."""
     for step in (
-        threading._shutdown,  # type: ignore[attr-defined]
+        threading._shutdown,  # type: ignore[attr-defined]  # private: what the interpreter calls at exit
         atexit._run_exitfuncs,
         main.__dict__.clear,
         gc.collect,

@@ -9,6 +9,8 @@ import os
 import signal
 import subprocess
 import time
+import weakref
+from typing import BinaryIO
 
 from ..errors import LaunchInterrupted
 from .agent_client import (
@@ -23,6 +25,16 @@ from .lifeline import die_with_owner
 from .process_tree import ProcessTree
 from .torchrun_agent import OWNER_FD_ENV
 
+_LIFELINES: weakref.WeakKeyDictionary[subprocess.Popen[bytes] | ForkedAgent, BinaryIO] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def hold_lifeline(proc: subprocess.Popen[bytes] | ForkedAgent, lifeline: BinaryIO) -> None:
+    """Keep the write end of `proc`'s lifeline open until `stop_run` closes it (or the garbage
+    collector does, with `proc`)."""
+    _LIFELINES[proc] = lifeline
+
 
 def start_run(config: LaunchConfig) -> subprocess.Popen[bytes] | ForkedAgent:
     """Spawn torchrun (or the one process) in a session of its own, its output going to files that
@@ -32,7 +44,7 @@ def start_run(config: LaunchConfig) -> subprocess.Popen[bytes] | ForkedAgent:
     out_dir.mkdir(parents=True, exist_ok=True)
     # no agent: the process writes straight into the files torchrun's --redirects would write
     stdout = open(out_dir / "stdout.log" if direct else config.agent_log, "wb")
-    stderr = open(out_dir / "stderr.log", "wb") if direct else subprocess.STDOUT
+    stderr = open(out_dir / "stderr.log", "wb") if direct else None  # None: with torchrun's output
     env = config.environment()
     if env.get("MPLBACKEND", "").startswith("module://") and "MPLBACKEND" not in config.env:
         # the kernel's inline backend means nothing in a worker (plt.show() would print
@@ -48,17 +60,17 @@ def start_run(config: LaunchConfig) -> subprocess.Popen[bytes] | ForkedAgent:
         # torchrun's agent forked from a warm server that has imported torch already (agent_client.py);
         # where that cannot be done, a fresh process, as below
         asked = time.monotonic()
-        proc = (
+        agent = (
             None
-            if direct
+            if lifeline_read is None  # direct
             else start_agent(config.python, config.agent_args(), env, stdout.fileno(), lifeline_read)
         )
-        if proc is not None:
-            proc.wait_s = time.monotonic() - asked
-        proc = proc or subprocess.Popen(
+        if agent is not None:
+            agent.wait_s = time.monotonic() - asked
+        proc = agent or subprocess.Popen(
             config.command(),
             stdout=stdout,
-            stderr=stderr,
+            stderr=subprocess.STDOUT if stderr is None else stderr,
             stdin=subprocess.DEVNULL,
             env=env,
             start_new_session=True,  # the whole run can be signalled without touching the kernel
@@ -71,12 +83,12 @@ def start_run(config: LaunchConfig) -> subprocess.Popen[bytes] | ForkedAgent:
         raise
     finally:
         stdout.close()  # the child holds its own copies
-        if direct:
-            stderr.close()  # type: ignore[union-attr]
+        if stderr is not None:
+            stderr.close()
         if lifeline_read is not None:
             os.close(lifeline_read)
-    # kept open as long as the Popen lives: closed by `stop_run`, or by the garbage collector with it
-    proc.lifeline = None if lifeline_write is None else open(lifeline_write, "wb", buffering=0)  # type: ignore[attr-defined]
+    if lifeline_write is not None:
+        hold_lifeline(proc, open(lifeline_write, "wb", buffering=0))
     return proc
 
 
@@ -93,7 +105,7 @@ def stop_run(tree: ProcessTree, proc: subprocess.Popen[bytes] | ForkedAgent, gra
         except ProcessLookupError:
             pass
         wait_for_exit(proc, None)
-    lifeline = getattr(proc, "lifeline", None)
+    lifeline = _LIFELINES.pop(proc, None)
     if lifeline is not None:
         lifeline.close()
     return killed

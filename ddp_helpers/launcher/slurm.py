@@ -170,12 +170,13 @@ def follow(
     for line in lines:
         if match := RANK_LINE.match(line):
             rank_lines.setdefault(int(match[1]), []).append(match[2])
+    nodes = re.match(r"\d+", facts.get("NumNodes", ""))  # "2", or "2-2" for a range
     return SlurmJob(
         job_id=job_id,
         state=facts.get("JobState", "UNKNOWN"),
         exit_code=facts.get("ExitCode", "?"),
         node_list=facts.get("NodeList", "?"),
-        num_nodes=int(re.match(r"\d*", facts.get("NumNodes", "")).group() or 0),
+        num_nodes=int(nodes.group()) if nodes else 0,
         facts=facts,
         lines=lines,
         rank_lines=dict(sorted(rank_lines.items())),

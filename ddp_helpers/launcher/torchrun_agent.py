@@ -163,6 +163,8 @@ def tolerate_half_written_error_files() -> None:
             self.error_file = ""  # no file: torchrun's own "no reply" path, with a message from the exit code
             read(self)
 
+    # a mark on the function (a function takes any attribute), and a patch of torch's class: a type
+    # checker allows neither
     post_init.tolerates_half_written = True  # type: ignore[attr-defined]
     ProcessFailure.__post_init__ = post_init  # type: ignore[method-assign]
 

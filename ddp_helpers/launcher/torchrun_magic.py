@@ -17,7 +17,7 @@ import argparse
 import shlex
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from IPython.core.magic import Magics, cell_magic, magics_class
 
@@ -26,7 +26,7 @@ from .options import OPTIONS, Option, add_flags, fill_doc_slot, flags_doc, given
 
 
 class _RefusingParser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # not SystemExit: a cell shows the reason and stops
+    def error(self, message: str) -> NoReturn:  # not SystemExit: a cell shows the reason and stops
         raise InvalidLaunchArguments(f"%%torchrun: {message}\n{self.format_usage().strip()}")
 
 

@@ -167,13 +167,14 @@ class WorkerForks:
         popen = subprocess_handler.SubprocessHandler._popen
         forks = self
 
-        def forked_popen(handler: Any, args: tuple, env: dict[str, str]) -> Any:
+        def forked_popen(handler: Any, args: tuple[Any, ...], env: dict[str, str]) -> Any:
             return forks.fork(args, env, handler) or popen(handler, args, env)
 
-        subprocess_handler.SubprocessHandler._popen = forked_popen  # type: ignore[method-assign]
-        subprocess_handler.SubprocessHandler.close = _tolerant_close(
-            subprocess_handler.SubprocessHandler.close
-        )
+        # Patches of torch's class, which is what this module is for (a fork is not a Popen): a type
+        # checker refuses any assignment to a method.
+        handler_class = subprocess_handler.SubprocessHandler
+        handler_class._popen = forked_popen  # type: ignore[method-assign,assignment]
+        handler_class.close = _tolerant_close(handler_class.close)  # type: ignore[method-assign]
 
     def close(self) -> None:
         """No more workers: SIGTERM any that torchrun left running (they are not the agent's children,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 
-from ..launcher.processes import exit_code
 from . import recovery
 from .cells import CellLog
 from .protocol import Exited, Reply, Request
@@ -32,7 +31,7 @@ def request(
 
     def watch() -> None:  # between two waits: echo, and notice a dead torchrun or a silent rank
         session.follow()
-        if exit_code(session.proc) is not None:
+        if session.agent_exit_code() is not None:
             raise recovery.died(session, None)
         if timeout is not None and pending:
             now = time.monotonic()

@@ -81,6 +81,7 @@ class RanksMagics(Magics):
         for rank, value in sorted(results.items()):
             if value is not None and not quiet:
                 print(f"[rank {rank}] Out: {shown_value(value)}")
+        assert self.shell is not None  # a registered magic has its shell
         self.shell.user_ns["_ranks_out"] = results
         return None
 

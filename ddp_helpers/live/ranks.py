@@ -26,6 +26,7 @@ import time
 import weakref
 from collections.abc import Iterable
 from pathlib import Path
+from types import EllipsisType
 from typing import Any
 
 from ..errors import InvalidLaunchArguments, RanksNotRunning
@@ -126,7 +127,7 @@ class LiveRanks:
 
     # ------------------------------------------------------------------ the public calls
     def run(
-        self, code: str, ranks: Iterable[int] | int | None = None, timeout: float | None = ...
+        self, code: str, ranks: Iterable[int] | int | None = None, timeout: float | None | EllipsisType = ...
     ) -> RankResults:
         """Run `code` on `ranks` (default: every rank) and wait until each has finished it.
 
@@ -190,9 +191,14 @@ class LiveRanks:
         )
 
     # ------------------------------------------------------------------ internals
-    def _request(self, message: Run | Gather | Push, targets: list[int], timeout: Any) -> dict[int, Reply]:
-        timeout = _check_timeout(self.timeout if timeout is ... else timeout)
-        return request(self._session, self._cells, message, targets, timeout)
+    def _request(
+        self, message: Run | Gather | Push, targets: list[int], timeout: float | None | EllipsisType
+    ) -> dict[int, Reply]:
+        """Send `message` to `targets` (checked by `_targets`); `timeout` ``...``: the ranks' own."""
+        if self._session is None:
+            raise RanksNotRunning(not_running_message())
+        seconds = _check_timeout(self.timeout if timeout is ... else timeout)
+        return request(self._session, self._cells, message, targets, seconds)
 
     def _targets(self, ranks: Iterable[int] | int | None) -> list[int]:
         session = self._session

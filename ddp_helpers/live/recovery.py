@@ -13,7 +13,6 @@ import time
 import psutil
 
 from ..errors import LaunchError, LaunchInterrupted, LaunchTimeout, WorkerFailed
-from ..launcher.processes import exit_code
 from .cells import CellLog
 from .protocol import Check, Reply, Value
 from .session import POLL_S, Session
@@ -110,7 +109,7 @@ def died(session: Session, rank: int | None, exitcode: int | None = None) -> Lau
     if exitcode is None:
         exitcode = _silent_exit(session, rank)
     session.follow(final=True)
-    returncode = exit_code(session.proc)
+    returncode = session.agent_exit_code()
     error: LaunchError
     if exitcode is None and returncode not in (None, 0):
         error = session.run.failure(returncode, stderr_since=session.stderr_at)
@@ -142,7 +141,7 @@ def _silent_exit(session: Session, rank: int | None) -> int | None:
     pid = session.links[rank].pid if rank is not None and rank in session.links else None
     deadline = time.monotonic() + session.config.grace_s + 10
     gone_since: float | None = None
-    while exit_code(session.proc) is None and time.monotonic() < deadline:
+    while session.agent_exit_code() is None and time.monotonic() < deadline:
         if pid is not None and not _running(pid):
             gone_since = gone_since or time.monotonic()
             if time.monotonic() - gone_since > EXIT_REPORT_WAIT_S:

@@ -67,13 +67,17 @@ def cell_results(replies: dict[int, Reply]) -> RankResults:
     failed = {r: reply for r, reply in replies.items() if isinstance(reply, Error)}
     if failed:
         raise _rank_error(failed)
+    _refuse_interrupted(replies)
+    return RankResults({r: _decode(reply) for r, reply in replies.items() if isinstance(reply, Value)})
+
+
+def _refuse_interrupted(replies: dict[int, Reply]) -> None:
     stopped = sorted(r for r, reply in replies.items() if isinstance(reply, Interrupted))
     if stopped:  # not the kernel's Ctrl-C, which `calls.request` handles: the rank's own
         raise LaunchInterrupted(
             f"interrupted on rank(s) {', '.join(map(str, stopped))}: the cell raised KeyboardInterrupt there "
             "(or the rank got a SIGINT). The ranks are still running, with their state."
         )
-    return RankResults({r: _decode(reply) for r, reply in replies.items() if isinstance(reply, Value)})
 
 
 def gathered(name: str, replies: dict[int, Reply], targets: list[int]) -> list[Any]:
@@ -81,12 +85,14 @@ def gathered(name: str, replies: dict[int, Reply], targets: list[int]) -> list[A
 
     Raises `NameError` where it is unbound, and `ValueNotReturned` where a value cannot travel.
     """
-    missing = sorted(r for r, reply in replies.items() if isinstance(reply, Error))
+    missing = {r: reply for r, reply in replies.items() if isinstance(reply, Error)}
     if missing:
-        raise NameError(f"{replies[missing[0]].error} on rank(s) {', '.join(map(str, missing))}")
+        raise NameError(f"{missing[min(missing)].error} on rank(s) {', '.join(map(str, sorted(missing)))}")
+    _refuse_interrupted(replies)
     values, reprs, reasons = [], {}, {}
     for rank in targets:
         reply = replies[rank]
+        assert isinstance(reply, Value)  # an error or an interrupt was raised above, an exit by `request`
         try:
             if reply.data is None:
                 raise pickle.PicklingError(NOT_PICKLED)

@@ -27,7 +27,7 @@ import threading
 import traceback
 import types
 from multiprocessing.connection import Client, Connection
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -120,7 +120,9 @@ class Cells:
         # tracebacks then show the cell's own lines
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         tree = ast.parse(code, filename=filename)
-        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        last = tree.body[-1] if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        if last is not None:  # the cell's value: evaluated on its own, after the rest
+            tree.body.pop()
         self.running = True
         try:
             exec(compile(tree, filename, "exec"), self.namespace)
@@ -171,14 +173,14 @@ def announce_exits(conn: Connection, cells: Cells) -> None:
     torchrun reports failed workers only: without this, a rank leaving with code 0 is silence.
     """
 
-    def exit_announced(code: int) -> None:
+    def exit_announced(status: int) -> NoReturn:  # os._exit's own signature
         sys.stdout.flush()
         sys.stderr.flush()
         try:
-            conn.send(Exited(cells.cell_id, code))
+            conn.send(Exited(cells.cell_id, status))
         except Exception:  # noqa: BLE001 - leaving anyway
             pass
-        REAL_EXIT(code)
+        REAL_EXIT(status)
 
     os._exit = exit_announced
 

@@ -22,6 +22,7 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from pathlib import Path
 
 from ..errors import LaunchInterrupted, LaunchTimeout
+from ..launcher.agent_client import ForkedAgent
 from ..launcher.config import LaunchConfig
 from ..launcher.diagnosis import STDERR_TAIL_LINES
 from ..launcher.process_tree import ProcessTree
@@ -58,10 +59,10 @@ def receive(
     """
     while pending and (deadline is None or time.monotonic() < deadline):
         by_conn = {conns[rank]: rank for rank in pending}
-        for conn in wait(list(by_conn), timeout=POLL_S):
-            rank = by_conn[conn]
+        ready = wait(list(by_conn), timeout=POLL_S)
+        for rank in [rank for conn, rank in by_conn.items() if conn in ready]:
             try:
-                reply = conn.recv()
+                reply = conns[rank].recv()
             except (EOFError, OSError):
                 reply = None
             yield rank, reply
@@ -77,7 +78,7 @@ class Session:
         self.config = config
         self.links: dict[int, RankLink] = {}
         self.stderr_at: dict[int, int] = {}  # each rank's stderr.log size when the current cell began
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | ForkedAgent | None = None
         self.closed = False
         self._socket_dir = Path(tempfile.mkdtemp(prefix="ddp-ranks-"))  # 0700: only this user
         authkey = secrets.token_bytes(32)
@@ -107,6 +108,10 @@ class Session:
     def alive(self) -> bool:
         return not self.closed and self.proc is not None and exit_code(self.proc) is None
 
+    def agent_exit_code(self) -> int | None:
+        """torchrun's exit code (negative: the signal that ended it), or None while it runs or before."""
+        return None if self.proc is None else exit_code(self.proc)
+
     def _listen(self, authkey: bytes) -> socket.socket:
         """The socket the ranks connect back to, and the environment that tells them where it is."""
         config = self.config
@@ -135,8 +140,9 @@ class Session:
         try:
             while len(links) < nproc:
                 self.follow()
-                if exit_code(self.proc) is not None:
-                    raise self.run.failure(self.proc.returncode)
+                returncode = self.agent_exit_code()
+                if returncode is not None:
+                    raise self.run.failure(returncode)
                 if time.monotonic() > deadline:
                     raise LaunchTimeout(
                         f"the ranks did not start within {startup_timeout:g}s: "
@@ -211,7 +217,7 @@ class Session:
     def cell_stderr(self, rank: int | None) -> list[str]:
         """The last lines `rank` wrote to stderr during this cell (never an earlier cell's)."""
         path = self.run.tail.rank_file(rank, "stderr.log") if rank is not None else None
-        if path is None:
+        if rank is None or path is None:
             return []
         with open(path, "rb") as fh:
             fh.seek(self.stderr_at.get(rank, 0))

@@ -33,6 +33,7 @@ from ddp_helpers.distributed import worker_backend
 from ddp_helpers.workers import fsdp_checkpoint
 from ddp_helpers.workers.fsdp_measures import (
     CollectiveCounter,
+    flattened,
     gathered,
     memory_row,
     padded_numel,
@@ -83,12 +84,12 @@ def fsdp_versus_one_process(args, mesh, device, result: dict) -> None:
     reference = build_model(args, device)
     x, y = global_batch(args, 0, device)
     F.cross_entropy(reference(x), y).backward()
-    true_grad = torch.cat([p.grad.flatten() for p in reference.parameters()])
+    true_grad = flattened(p.grad for p in reference.parameters())
 
     def fsdp_grad() -> torch.Tensor:
         model.zero_grad()
         F.cross_entropy(model(my_slice(x)), my_slice(y)).backward()  # local mean; FSDP2 averages ranks
-        return torch.cat([p.grad.full_tensor().flatten() for p in model.parameters()])
+        return flattened(p.grad for p in model.parameters())  # FSDP2's gradients are DTensors
 
     def ratio(grad: torch.Tensor) -> float:  # least-squares factor: grad ~= ratio * true_grad
         return (grad @ true_grad / (true_grad @ true_grad)).item()
@@ -113,7 +114,7 @@ def fsdp_versus_one_process(args, mesh, device, result: dict) -> None:
         optimizer.zero_grad()
         F.cross_entropy(model(my_slice(xs)), my_slice(ys)).backward()
         optimizer.step()
-    trained = torch.cat([p.full_tensor().flatten() for p in model.parameters()])
+    trained = flattened(model.parameters())
     expected = torch.cat([p.detach().flatten() for p in train_reference(args, device).parameters()])
     weight_diff = (trained - expected).abs().max().item()
     assert torch.allclose(trained, expected, rtol=RTOL, atol=ATOL), f"FSDP2 weights off by {weight_diff}"
@@ -137,6 +138,8 @@ def adam_run(kind: str, args, mesh, device) -> dict:
     world_size = dist.get_world_size()
     sent = {"all_reduce": 0}
     buckets = []  # DDP's flat gradient buckets, as its comm hook sees them
+    forward: torch.nn.Module
+    optimizer: torch.optim.Optimizer
     if kind == "fsdp2":
         model, _ = checked_fsdp(args, mesh, device)
         optimizer = torch.optim.Adam(model.parameters(), lr=args.adam_lr)
@@ -167,7 +170,7 @@ def adam_run(kind: str, args, mesh, device) -> dict:
         optimizer.step()
 
     step(0)  # Adam creates its state in the first step
-    local_state = optimizer.optim if kind == "zero1" else optimizer
+    local_state = optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
     memory = memory_row(model, local_state, buckets)
     params = list(model.parameters())
     # which parameters this rank keeps optimizer state for (ZeRO-1: its own share only)
@@ -177,9 +180,7 @@ def adam_run(kind: str, args, mesh, device) -> dict:
         step(1)
     one_step = {**counter.bytes, **sent}  # copied now: the timed steps below count on
     seconds = timed_steps(lambda n: step(n + 2), args.timed_steps, device)
-    weights = torch.cat(
-        [(p.full_tensor() if kind == "fsdp2" else p.detach()).flatten() for p in model.parameters()]
-    )
+    weights = flattened(p.detach() for p in model.parameters())
     return {
         "memory": memory,
         "sent_bytes": one_step,

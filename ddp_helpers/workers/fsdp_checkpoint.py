@@ -6,7 +6,9 @@ The model and the training steps are fsdp_model.py's.
 """
 
 import time
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -25,12 +27,12 @@ try:  # torch >= 2.6 exports FSDP2 here; 2.4-2.5 kept it private
 except ImportError:  # pragma: no cover
     from torch.distributed._composable.fsdp import fully_shard
 
-from ddp_helpers.workers.fsdp_measures import gathered
+from ddp_helpers.workers.fsdp_measures import gathered, local_shard
 from ddp_helpers.workers.fsdp_model import checked_fsdp, train_steps
 
 
 def shard_shapes(model: nn.Module) -> dict:
-    return {name: list(p.to_local().shape) for name, p in model.named_parameters()}
+    return {name: list(local_shard(p).shape) for name, p in model.named_parameters()}
 
 
 def compare_with_full(model: nn.Module, full: dict) -> dict:
@@ -41,7 +43,7 @@ def compare_with_full(model: nn.Module, full: dict) -> dict:
     for name, param in model.named_parameters():
         chunks = full[name].chunk(world_size)
         rows = chunks[rank] if rank < len(chunks) else full[name][:0]
-        mine = param.to_local().detach().cpu()
+        mine = local_shard(param).detach().cpu()
         if mine.shape != rows.shape:
             return {"max_diff": float("inf"), "elements": elements, "mismatch": name}
         max_diff = max(max_diff, (mine - rows).abs().max().item() if rows.numel() else 0.0)
@@ -68,6 +70,7 @@ def part_save(args, mesh, device) -> dict:
     # runs collectives of its own (gathering the plan and metadata): on the training's group they would
     # interleave with the training's and gloo would abort ("collective mismatch"). It gets its own group.
     checkpoint_group = dist.new_group(backend="gloo")
+    assert isinstance(checkpoint_group, dist.ProcessGroup)  # every rank is in it
     start = time.perf_counter()
     future = dcp.async_save(
         state, checkpoint_id=args.checkpoint_dir + "-async", process_group=checkpoint_group
@@ -75,6 +78,7 @@ def part_save(args, mesh, device) -> dict:
     async_return_s = time.perf_counter() - start
     after = train_steps(model, optimizer, args, device, range(half, args.steps))  # runs during the write
     start = time.perf_counter()
+    assert isinstance(future, Future)  # (an AsyncSaveResponse comes back only with an async stager)
     future.result()
     async_wait_s = time.perf_counter() - start
     return {
@@ -93,7 +97,7 @@ def part_resume(args, mesh, device) -> dict:
     model, factor = checked_fsdp(args, mesh, device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.adam_lr)
     model_state, optim_state = get_state_dict(model, optimizer)  # the shapes to load into
-    state = {"model": model_state, "optim": optim_state, "step": 0}
+    state: dict[str, Any] = {"model": model_state, "optim": optim_state, "step": 0}
     dcp.load(state, checkpoint_id=args.checkpoint_dir)  # each rank reads the bytes of *its* shards
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     result = {"gradient_factor": factor, "resumed_at_step": state["step"]}
@@ -145,10 +149,12 @@ def load_ddp_checkpoint(args, mesh, device) -> dict:
     # set_model_state_dict may turn its values into DTensors in place)
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     set_model_state_dict(model, dict(plain), options=options)
-    back = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    back: dict[str, Any] = get_model_state_dict(  # whole tensors, on the CPU
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
     x = torch.randn(args.global_batch, features, generator=torch.Generator().manual_seed(args.seed))
     sharded_out = model(x.to(device)).detach().cpu()
-    row = {
+    row: dict[str, Any] = {
         "keys": sorted(shapes[0]),
         "shard_shapes": gathered(shard_shapes(model)),
         "tensors_read_per_rank": gathered(len(plain)),  # what each rank loaded from the file

@@ -7,19 +7,30 @@ import inspect
 import math
 import statistics
 import time
+from collections.abc import Iterable
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.tensor import DTensor
+
+T = TypeVar("T")
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local_shard(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t  # a DTensor: this rank's shard
+
+
+def flattened(tensors: Iterable[torch.Tensor | None]) -> torch.Tensor:
+    """`tensors` (parameters or their gradients) as one flat tensor; a DTensor counts whole (all-gathered)."""
+    whole = [t.full_tensor() if isinstance(t, DTensor) else t for t in tensors if t is not None]
+    return torch.cat([t.flatten() for t in whole])
 
 
 def local_bytes(tensors) -> int:
     """Bytes this rank holds for `tensors`: a DTensor counts its local shard only."""
-    return sum(_local(t).numel() * _local(t).element_size() for t in tensors)
+    return sum(local_shard(t).numel() * local_shard(t).element_size() for t in tensors)
 
 
 def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
@@ -31,7 +42,7 @@ def memory_row(model: nn.Module, optimizer: torch.optim.Optimizer, ddp_buckets=(
     only where .grad is not a view of them (DDP's default, gradient_as_bucket_view=False: a second copy)."""
     params = list(model.parameters())
     grads = [p.grad for p in params if p.grad is not None]
-    grad_storages = {_local(g).untyped_storage().data_ptr() for g in grads}
+    grad_storages = {local_shard(g).untyped_storage().data_ptr() for g in grads}
     return {
         "weights": local_bytes(params),
         "grads": local_bytes(grads),
@@ -116,7 +127,8 @@ def timed_steps(step_fn, steps: int, device: torch.device) -> float:
     return slowest.item()
 
 
-def gathered(value: dict) -> list[dict]:
-    everyone = [None] * dist.get_world_size()
+def gathered(value: T) -> list[T]:
+    """`value` from every rank, in rank order."""
+    everyone = [value] * dist.get_world_size()  # all_gather_object fills each slot with that rank's
     dist.all_gather_object(everyone, value)
     return everyone

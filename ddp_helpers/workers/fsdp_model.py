@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 try:  # torch >= 2.6 exports FSDP2 here; 2.4-2.5 kept it private
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -84,11 +85,13 @@ def gradient_factor(mesh, device: torch.device, force_sum: bool = False, **fsdp_
     """
     probe = nn.Linear(1, mesh.size(), bias=False, device=device)
     nn.init.ones_(probe.weight)
-    fully_shard(probe, mesh=mesh, **fsdp_options)
+    sharded = fully_shard(probe, mesh=mesh, **fsdp_options)  # the same module, now an FSDPModule too
     if force_sum:
-        probe.set_force_sum_reduction_for_comms(True)
+        sharded.set_force_sum_reduction_for_comms(True)
     probe(torch.ones(1, 1, device=device)).sum().backward()  # d(sum)/dW = input = 1 on every rank
-    factor = probe.weight.grad.to_local().mean().reshape(1)
+    grad = probe.weight.grad
+    assert isinstance(grad, DTensor)  # sharded: the weight, and so its gradient, is a DTensor
+    factor = grad.to_local().mean().reshape(1)
     dist.all_reduce(factor, op=dist.ReduceOp.MAX)
     return factor.item()
 
@@ -110,9 +113,13 @@ def factors_by_reduce(mesh, device: torch.device) -> dict[str, float]:
 def divide_gradients(model: nn.Module, factor: float) -> None:
     """Divide every reduce-scatter output by `factor`: FSDP2 calls this hook on each unit's sharded
     gradient right after its reduce-scatter, before its own post-divide (fp16) and before .grad."""
+
+    def divide(reduced: torch.Tensor) -> None:
+        reduced.div_(factor)  # in place: FSDP2 keeps the tensor it passed
+
     for module in model.modules():
         if isinstance(module, FSDPModule):
-            module.set_all_reduce_hook(lambda reduced: reduced.div_(factor))
+            module.set_all_reduce_hook(divide)
 
 
 def checked_fsdp(args, mesh, device, **fsdp_options) -> tuple[BlockMLP, float]:

@@ -19,6 +19,7 @@ wraps, removes and wraps again, as a rerun notebook cell would).
 import argparse
 import statistics
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -129,8 +130,11 @@ class OverlapDDP(HandmadeDDP):
                 self.hooks.append(param.register_post_accumulate_grad_hook(self._on_grad_ready))
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
+        assert param.grad is not None  # the hook runs once the gradient is accumulated
         param.grad.div_(dist.get_world_size())  # pre-divide, as DDP does: the sum is the mean
-        self.handles.append(dist.all_reduce(param.grad, async_op=True))
+        handle = dist.all_reduce(param.grad, async_op=True)  # returns at once; wait() for the sum
+        assert handle is not None  # (None only without async_op)
+        self.handles.append(handle)
 
     def finish_gradient_synchronization(self) -> None:
         for handle in self.handles:
@@ -173,19 +177,23 @@ class BucketedDDP(HandmadeDDP):
                 size = 0
             self.buckets[-1].append(param)
             size += param.numel() * param.element_size()
-        self.bucket_of = {param: i for i, bucket in enumerate(self.buckets) for param in bucket}
+        self.bucket_of: dict[torch.Tensor, int] = {
+            param: i for i, bucket in enumerate(self.buckets) for param in bucket
+        }
         self.pending = [len(bucket) for bucket in self.buckets]
         self.in_flight: list[tuple[dist.Work, torch.Tensor, list[torch.Tensor]]] = []
-        for param in self.bucket_of:
-            self.hooks.append(param.register_post_accumulate_grad_hook(self._on_grad_ready))
+        for p in self.bucket_of:
+            self.hooks.append(p.register_post_accumulate_grad_hook(self._on_grad_ready))
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
         index = self.bucket_of[param]
         self.pending[index] -= 1
         if self.pending[index] == 0:  # every gradient in the bucket is ready: send it
-            grads = [p.grad for p in self.buckets[index]]
+            grads = [p.grad for p in self.buckets[index] if p.grad is not None]  # all of them, now
             flat = _flatten_dense_tensors(grads).div_(dist.get_world_size())
-            self.in_flight.append((dist.all_reduce(flat, async_op=True), flat, grads))
+            handle = dist.all_reduce(flat, async_op=True)
+            assert handle is not None  # (None only without async_op)
+            self.in_flight.append((handle, flat, grads))
 
     def finish_gradient_synchronization(self) -> None:
         for handle, flat, grads in self.in_flight:
@@ -210,7 +218,7 @@ class BucketedDDP(HandmadeDDP):
 def wrap(variant: str, model: nn.Module, bucket_cap_mb: float | None, device) -> nn.Module:
     """`model` inside DDP or a hand-made version; a cap of None means DDP's default (25 MiB for ours)."""
     if variant == "ddp":
-        options = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+        options: dict[str, Any] = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
         return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **options)
     if variant == "bucketed":
         return BucketedDDP(model, 25.0 if bucket_cap_mb is None else bucket_cap_mb)
@@ -270,7 +278,7 @@ def compare_to_ddp(variant, args, info, times, allreduces, state, reference) -> 
     buffer_diff = (buffers - ddp_buffers).abs().max().item() if len(buffers) else 0.0
     matches = torch.allclose(torch.cat(state), torch.cat(reference), rtol=args.rtol, atol=args.atol)
     all_match = slowest(0.0 if matches else 1.0, info.device) == 0.0  # every rank agrees
-    r = {
+    r: dict[str, Any] = {
         "step_time_s": slowest(statistics.median(times[args.warmup_steps :]), info.device),
         "allreduces_per_step": allreduces[-1] if allreduces else None,
         "max_abs_diff_vs_ddp": slowest(max_diff, info.device),

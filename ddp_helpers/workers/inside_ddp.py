@@ -20,6 +20,7 @@ import contextlib
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -160,9 +161,9 @@ def experiment_buckets(args, info, batches) -> dict:
                 f"{step_time * 1e3:.2f} ms/step",
                 flush=True,
             )
-    model = build_model(args.model, args.width, args.depth)
+    plain = build_model(args.model, args.width, args.depth)
     # the order backward produces gradients in, for a model used in registration order (a cost model's input)
-    ready_order = [p.numel() * p.element_size() for p in reversed(list(model.parameters()))]
+    ready_order = [p.numel() * p.element_size() for p in reversed(list(plain.parameters()))]
     return {
         "rows": rows,
         "default_first_bucket_bytes": getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", None),
@@ -240,12 +241,13 @@ def experiment_no_sync(args, info, batches) -> dict:
 
 
 def experiment_hooks(args, info, batches) -> dict:
-    results = {}
+    results: dict[str, dict[str, Any]] = {}
     for name in args.hooks:
         model = make_ddp(args, info, args.bucket_cap_mb)
         log: list[dict] = []
-        if HOOKS[name] is not None:
-            model.register_comm_hook(log if name == "record" else None, HOOKS[name])
+        hook = HOOKS[name]
+        if hook is not None:
+            model.register_comm_hook(log if name == "record" else None, hook)
         try:
             step_time, final_loss = train(model, batches, args, info)
         except (RuntimeError, ValueError) as error:  # a backend that cannot reduce this dtype
@@ -284,7 +286,9 @@ def gradient_memory(args, info, batches, options: dict) -> dict:
     return {
         "grad_storages": len(grads),
         "bucket_storages": len(buckets),
-        "grad_bytes": sum(p.grad.numel() * p.grad.element_size() for p in model.parameters()),
+        "grad_bytes": sum(
+            p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None
+        ),
         "grads_are_bucket_views": grads <= buckets,  # every .grad lives in a bucket's block
         "gradient_memory_bytes": sum(n_bytes for _, n_bytes in grads | buckets),
     }

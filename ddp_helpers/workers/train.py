@@ -26,10 +26,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Subset
 
 from ddp_helpers import teardown
-from ddp_helpers.data import ResumableDistributedSampler, build_dataset
+from ddp_helpers.data import ResumableDistributedSampler, SizedDataset, build_dataset
 from ddp_helpers.distributed import DistInfo, setup_distributed
 from ddp_helpers.workers.train_checkpoint import Preemption, resume, save
 from ddp_helpers.workers.train_options import RESUME_PARTS, parse_args
@@ -120,11 +120,13 @@ def build_training(args: argparse.Namespace, world: DistInfo, data: Data, total_
     model = build_model(args.model, data.shape, data.num_classes, args.hidden, args.dropout)
     channels_last = device.type == "cuda" and args.model != "mlp"  # faster convolutions on GPUs
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
-    model = model.to(device, memory_format=memory_format)
+    model = model.to(device)
+    model = model.to(memory_format=memory_format)
     # from here on each rank draws its own dropout masks: seed + rank
     torch.manual_seed(args.seed + world.rank)
 
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    scheduler: torch.optim.lr_scheduler.LRScheduler
     if args.lr_schedule == "cosine":
         scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
     else:
@@ -242,7 +244,9 @@ def train(run: Run, reporter: Reporter, preemption: Preemption | None = None) ->
 # results
 
 
-def evaluate(training: Training, dataset: Dataset, world: DistInfo, batch_size: int) -> tuple[float, int]:
+def evaluate(
+    training: Training, dataset: SizedDataset, world: DistInfo, batch_size: int
+) -> tuple[float, int]:
     """Accuracy over the whole test split, exact under DDP, and the number of samples scored.
 
     Each rank scores rank::world_size, with no padding, and the counts are summed. (A

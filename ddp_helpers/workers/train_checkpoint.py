@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import signal
 import threading
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -16,6 +17,9 @@ import torch.distributed as dist
 from ddp_helpers.checkpoint import capture_rng, load_latest_on_every_rank, restore_rng, save_checkpoint
 from ddp_helpers.distributed import DistInfo
 from ddp_helpers.workers.train_state import Position, Training
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.stateful import Stateful  # has state_dict() and load_state_dict()
 
 
 def save(args: argparse.Namespace, world: DistInfo, training: Training, pos: Position) -> None:
@@ -54,7 +58,7 @@ def resume(args: argparse.Namespace, world: DistInfo, training: Training, steps_
     # map_location: tensors land on this rank's device, not on the device that saved them.
     # rank 0 picks the file and tells the others: each listing the folder could pick another one
     ckpt, path = load_latest_on_every_rank(args.checkpoint_dir, map_location=world.device)
-    if ckpt is None:
+    if ckpt is None or path is None:  # both, or neither
         if world.is_main:
             print(f"no checkpoint in {args.checkpoint_dir}: starting from scratch")
         return Position()
@@ -63,6 +67,7 @@ def resume(args: argparse.Namespace, world: DistInfo, training: Training, steps_
         f"rank {world.rank}: checkpoint {path.name} loaded onto {next(iter(ckpt['model'].values())).device}"
     )
     training.raw_model.load_state_dict(ckpt["model"])
+    parts: dict[str, Stateful]
     parts = {"optimizer": training.optimizer, "scheduler": training.scheduler, "scaler": training.scaler}
     for part, target in parts.items():
         if part not in args.resume_ignore:
@@ -109,7 +114,7 @@ class Preemption:
         self.enabled = enabled and threading.current_thread() is threading.main_thread()
         self.requested = False
         self.stopped_at_step: int | None = None
-        self._previous = None
+        self._previous = signal.getsignal(signal.SIGTERM)  # until __enter__ replaces it
 
     def __enter__(self) -> Preemption:
         if self.enabled:

@@ -12,16 +12,16 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-from ddp_helpers.data import ResumableDistributedSampler
+from ddp_helpers.data import ResumableDistributedSampler, SizedDataset
 from ddp_helpers.distributed import DistInfo
 
 
 @dataclass
 class Data:
     name: str
-    dataset: Dataset
+    dataset: SizedDataset
     shape: tuple[int, int, int]
     num_classes: int
     channels: int
