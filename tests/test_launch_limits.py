@@ -39,7 +39,9 @@ def test_a_second_launch_into_a_run_dir_in_use_is_refused_not_mixed(script, tmp_
     try:
         stdout = run_dir / "logs"
         # both ranks: under load the second rank's log can appear seconds after the first's
-        _wait_for(lambda: len(list(stdout.rglob("stdout.log"))) == 2, 120, "the other kernel's 2 ranks to start")
+        _wait_for(
+            lambda: len(list(stdout.rglob("stdout.log"))) == 2, 120, "the other kernel's 2 ranks to start"
+        )
         started = time.monotonic()
         with pytest.raises(
             RunDirInUse, match=rf"run_dir {run_dir} is in use by another launch \(process {other.pid}"
