@@ -2,8 +2,9 @@
 
 Rank side: imports no torch and nothing of the launcher, which calls `ask`.
 
-A worker that calls `register` (every forked worker does, see launcher/forked_worker.py, and so does
-`distributed.setup_distributed`) has faulthandler write the stack of each of its Python threads to
+A worker that calls `register` (every rank the launcher starts does, before its script's first line: see
+worker_site/sitecustomize.py; so does `distributed.setup_distributed`, for runs started elsewhere) has
+faulthandler write the stack of each of its Python threads to
 ``logs/stacks/<host>-<pid>.txt`` when it receives `STACK_SIGNAL`. faulthandler writes from the signal
 handler itself, so a worker blocked in C++ (a collective, a destructor, a lock) answers too: it is how
 a run that the launcher stops for a hang says where each rank was waiting.
@@ -40,10 +41,12 @@ MAX_FRAMES = 8  # innermost first: where it waits, and the calls that led there
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)', re.MULTILINE)
 _THREAD = re.compile(r"^(?:Current thread|Thread) 0x([0-9a-f]+)", re.MULTILINE)
-# a forked worker's start, below the script's frames: not shown
-_LAUNCHER = str(Path(__file__).resolve().parent / "launcher") + os.sep
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 _registered: list[IO[str]] = []  # the open dump file, for as long as the worker runs
+# The launcher puts WORKER_SITE first on the ranks' PYTHONPATH and sets REGISTER_ENV=1: its
+# sitecustomize.py registers every rank before the script's first line (it reads this name too).
+REGISTER_ENV = "DDP_HELPERS_STACK_DUMPS"
+WORKER_SITE = Path(__file__).resolve().parent / "worker_site"
 
 
 def _dump_file(log_dir: Path, pid: int) -> Path:
@@ -145,14 +148,10 @@ def _wait_until_written(files: dict[int, Path], offsets: dict[int, int]) -> None
 
 def where_it_waits(dump: str) -> str:
     """The main thread's frames from a dump (header line first), innermost first, each with its source
-    line. The frames that started the script (runpy's, a forked worker's launcher) are left out; where
+    line. The frames that started the script (runpy's, for ``python -m``) are left out; where
     the innermost frames are all a library's, the innermost frame of the script's own code follows."""
     main = main_thread(dump)
-    frames = [
-        m
-        for m in _FRAME.finditer(main)
-        if not m["file"].startswith(_LAUNCHER) and m["file"] != "<frozen runpy>"
-    ]
+    frames = [m for m in _FRAME.finditer(main) if m["file"] != "<frozen runpy>"]
     shown = frames[:MAX_FRAMES]
     own = next((m for m in frames if _is_the_scripts(m["file"])), None)
     lines = [line for m in shown for line in _with_source(m)]

@@ -22,6 +22,7 @@ RANK_SIDE = (
     [PACKAGE / f"{name}.py" for name in RANK_SIDE_TOP]
     + sorted((PACKAGE / "workers").glob("*.py"))
     + [PACKAGE / "live" / "server.py", PACKAGE / "live" / "protocol.py"]
+    + [PACKAGE / "worker_site" / "sitecustomize.py"]  # runs in every rank before its script
 )
 KERNEL_SIDE = ("ddp_helpers.launcher", "ddp_helpers.lab")
 LIVE_RANK_END = (

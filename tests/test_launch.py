@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -113,13 +114,13 @@ def test_hang_is_killed_after_the_timeout_and_names_silent_ranks(script, tmp_pat
     assert info.value.silent_ranks == [0, 1]
     assert "rank 0: running" in message and "entering all_reduce" in message
     assert "slow here" not in message  # the ranks spoke: no advice about a slow start-up
-    if machine.visible_gpus() == 0:  # forked workers, which answer; hang.py does not register itself
-        # where each rank waits, from its own stack: rank 0 in the collective, rank 1 in its loop
-        assert "dist.all_reduce(torch.ones(1))" in info.value.stacks[0]
-        assert info.value.stacks[1].splitlines()[:2] == [
-            f'File "{hang}", line 15 in <module>',
-            "  time.sleep(1)",
-        ]
+    # where each rank waits, from its own stack: rank 0 in the collective, rank 1 in its loop. hang.py
+    # imports nothing of this package: every rank the launcher starts registers (worker_site/)
+    assert "dist.all_reduce(torch.ones(1))" in info.value.stacks[0]
+    assert info.value.stacks[1].splitlines()[:2] == [
+        f'File "{hang}", line 15 in <module>',
+        "  time.sleep(1)",
+    ]
     assert "TORCH_DISTRIBUTED_DEBUG" in message
     assert time.monotonic() - started < 60
 
@@ -372,3 +373,25 @@ def test_uneven_inputs_name_the_rank_that_left_early(script, tmp_path):
     assert first.startswith("rank 0 failed because rank 1 exited with code 0, its last line "), first
     assert "'rank 1 done after 5 steps', while rank 0 still waited in a collective" in first, first
     assert "Join" in message and "rank 0's traceback" in message and "dist.all_reduce(grad)" in message
+
+
+def test_every_rank_is_a_fresh_interpreter_with_its_own_seeds(script, tmp_path):
+    # Forked ranks shared one string-hash seed and one torch seed: a collective issued in a set's order, or
+    # a model left unseeded, looked fine here and failed on real ranks. Each rank draws its own now.
+    hidden = tmp_path / "site"
+    hidden.mkdir()
+    (hidden / "sitecustomize.py").write_text("import os\nos.environ['HIDDEN_SITECUSTOMIZE_RAN'] = '1'\n")
+    result = launch(script("seeds.py"), nproc=2, run_dir=tmp_path / "run", env={"PYTHONPATH": str(hidden)})
+    seen = {}
+    for rank in (0, 1):
+        line = next(line for line in result.logs[rank] if "SEEN " in line)
+        seen[rank] = json.loads(line.split("SEEN ", 1)[1])
+    assert seen[0]["hash"] != seen[1]["hash"], seen
+    assert seen[0]["set_order"] != seen[1]["set_order"], seen  # 32 names: equal by chance ~never
+    assert seen[0]["initial_seed"] != seen[1]["initial_seed"], seen
+    # the rank registered for stack dumps and took the variable away from its children; the user's
+    # own sitecustomize, which the launcher's hides on the path, still ran
+    assert seen[0]["child_registers"] == seen[1]["child_registers"] == "None", seen
+    assert seen[0]["hidden_sitecustomize"] == seen[1]["hidden_sitecustomize"] == "1", seen
+    stacks = sorted((tmp_path / "run" / "logs" / "stacks").glob("*.txt"))
+    assert len(stacks) == 2, stacks  # the two ranks, not the agent, not the ranks' children

@@ -47,6 +47,12 @@ def ranks(tmp_path_factory):
     assert_no_processes_left(str(run_dir))
 
 
+def test_each_live_rank_draws_its_own_seeds(ranks):
+    # fresh interpreters, as torchrun starts them: a forked rank would share the others' seeds
+    seen = ranks.run("(hash('parameter.weight'), torch.initial_seed())")
+    assert seen[0][0] != seen[1][0] and seen[0][1] != seen[1][1], seen
+
+
 def test_state_persists_per_rank_and_values_come_back(ranks):
     ranks.run("x = torch.ones(1) * (rank + 1)\ndist.all_reduce(x)")
     assert ranks.run("x.item()") == {0: 3.0, 1: 3.0}

@@ -33,7 +33,7 @@ import socket
 import sys
 import traceback
 
-from .fork_server import AGENT_ONLY_FDS, fork_child, one_thread, preload_torchrun, serve
+from .fork_server import fork_child, one_thread, preload_torchrun, serve
 
 SERVER_FD_ENV = "DDP_HELPERS_SERVER_FD"
 IDLE_ENV = "DDP_HELPERS_AGENT_SERVER_IDLE_S"
@@ -43,7 +43,7 @@ IDLE_S = 600.0  # with no run for this long, leave: an idle server holds about 3
 def preload() -> None:
     """Import what torchrun's agent imports, and the agent itself: a fork has nothing left to import."""
     preload_torchrun()
-    from . import torchrun_agent, worker_forks  # noqa: F401
+    from . import torchrun_agent  # noqa: F401
 
 
 def become_agent(request: dict, output_fd: int, lifeline_fd: int, close: list[int]) -> int:
@@ -81,7 +81,8 @@ def start_agent(runs: dict[int, socket.socket], request: dict, fds: list[int], c
     def agent() -> int:
         code = 1
         try:
-            AGENT_ONLY_FDS.append(run_fd)
+            # fds that came with a message are inheritable: no worker may hold the launcher's socket
+            os.set_inheritable(run_fd, False)
             code = become_agent(request, output_fd, lifeline_fd, close)
         except BaseException:  # noqa: BLE001 - reported in the run's log, like a crash at start-up
             traceback.print_exc()

@@ -19,6 +19,7 @@ from typing import Unpack
 
 from ..backends import resolve_backend  # the one rule, shared with every worker
 from ..errors import InvalidLaunchArguments
+from ..stack_dumps import REGISTER_ENV, WORKER_SITE
 from .checks import check_int, ranks_outside
 from .machine import check_cpu_ranks, free_port, threads_per_rank, visible_gpus
 from .options import OPTION_NAMES, OPTIONS, LaunchKeywords, LaunchOptions
@@ -189,7 +190,6 @@ class LaunchConfig(LaunchOptions):
 
     def environment(self) -> dict[str, str]:
         from .torchrun_agent import GRACE_ENV
-        from .worker_forks import SWITCH_ENV as WORKER_FORK_ENV
 
         env = base_environment()
         # torchrun would set 1 thread per worker and warn; share the cores out instead.
@@ -200,10 +200,6 @@ class LaunchConfig(LaunchOptions):
             DDP_RUN_DIR=str(self.out_dir),  # where workers write metrics/ and summary.json
         )
         env[GRACE_ENV] = f"{self.grace_s:g}"
-        # No GPU visible: the agent forks its workers with torch already imported (worker_forks.py).
-        # With GPUs they stay fresh interpreters, so that no worker is the copy of a process that had
-        # initialised CUDA (such a copy's CUDA calls fail).
-        env.setdefault(WORKER_FORK_ENV, "1" if self.gpus == 0 else "0")
         if self.launcher == "python":
             # what torchrun would give a world of one, so the same script runs unchanged
             env.update(
@@ -222,6 +218,7 @@ class LaunchConfig(LaunchOptions):
             # (seen on torch 2.14; cf. pytorch/pytorch#167288). A fresh store per round avoids it.
             env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         env.update(self.env)
+        env["PYTHONPATH"] = with_worker_site(env.get("PYTHONPATH"))  # a PYTHONPATH of the user's too
         return env
 
 
@@ -231,7 +228,18 @@ def base_environment() -> dict[str, str]:
         **os.environ,
         "PYTHONUNBUFFERED": "1",  # a worker's print reaches its log file, and the cell, at once
         "PYTHONFAULTHANDLER": "1",  # a segfault still leaves a Python stack in stderr
+        # Every rank registers for stack dumps before its script's first line, whatever the script
+        # (worker_site/sitecustomize.py): a hung run says where each rank waits. Here, not per run, so
+        # that the agent server started with this environment serves the runs.
+        REGISTER_ENV: "1",
+        "PYTHONPATH": with_worker_site(os.environ.get("PYTHONPATH")),
     }
+
+
+def with_worker_site(pythonpath: str | None) -> str:
+    """`pythonpath` with the ranks' sitecustomize folder first (once)."""
+    rest = [entry for entry in (pythonpath or "").split(os.pathsep) if entry and entry != str(WORKER_SITE)]
+    return os.pathsep.join([str(WORKER_SITE), *rest])
 
 
 def make_config(

@@ -1,14 +1,13 @@
-"""The fork server that the agent server and the worker fork server share, and the asking end.
+"""The agent server's fork machinery, and the asking end.
 
 A fork server is a process that has imported torch, runs one thread, and forks a child per request
 that comes over its channel (a Unix socket): `serve`, with a `StartFork` that says what the child
-becomes. agent_server.py serves torchrun's agents (asked by agent_client.py, in the launcher);
-worker_forks.py serves torchrun's workers (asked by the agent). A request is one message with file
-descriptors (SCM_RIGHTS), the child's own socket first (`request_fork`). On that socket the server
-writes the child's pid, then its exit code when it ends (`ForkedAgent` reads them).
+becomes. agent_server.py serves torchrun's agents (asked by agent_client.py, in the launcher). A request
+is one message with file descriptors (SCM_RIGHTS), the child's own socket first (`request_fork`). On
+that socket the server writes the child's pid, then its exit code when it ends (`ForkedAgent` reads them).
 
-Here, apart from both servers, so that neither end imports the other: the agent server imports
-torchrun's agent and worker_forks.py (to preload them), and worker_forks.py imports this.
+Here, apart from agent_server.py, which runs as ``__main__`` (``python -m``): the launcher imports this
+end, and a module that runs as ``__main__`` must not be imported a second time under its own name.
 """
 
 from __future__ import annotations
@@ -26,9 +25,6 @@ from typing import TypeVar
 MAX_REQUEST = 1 << 20  # what the server reads of one request (an environment and a command line: far less)
 MAX_REQUEST_BYTES = 100_000  # what the asking end sends: one datagram, well under the socket's ~200 kB
 START_TIMEOUT_S = 300.0  # the first fork waits for the server to import torch: minutes on a slow disk
-# In a forked agent: its end of the launcher's run socket. Only the agent may hold it (a child that kept a
-# copy would keep the launcher from seeing the agent's end): the agent's own fork server closes it.
-AGENT_ONLY_FDS: list[int] = []
 # (children by pid, the request, its fds, fds the child must close): forks the child, reports its pid
 StartFork = Callable[[dict[int, socket.socket], dict, list[int], list[int]], None]
 

@@ -9,13 +9,11 @@ wheels do not bring it. Without it, or without a driver, GPUs are "not sampled" 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import psutil
 
 from .process_tree import ProcessTree
-from .worker_forks import PIDS_FILE, forked_ranks
 
 
 def nvml_handles() -> tuple[list[Any], str]:
@@ -35,13 +33,8 @@ def nvml_handles() -> tuple[list[Any], str]:
 class ResourceSampler:
     """Collects one row per rank (and per GPU) at each `sample()`."""
 
-    def __init__(
-        self, tree: ProcessTree, gpus: bool, root_is_worker: bool = False, log_dir: Path | None = None
-    ) -> None:
+    def __init__(self, tree: ProcessTree, gpus: bool, root_is_worker: bool = False) -> None:
         self.tree = tree
-        self.log_dir = log_dir  # where the fork server lists the workers it forked (worker_forks.py)
-        self._forked: dict[int, dict[str, int]] = {}
-        self._forked_size = 0  # of the pid file when last read
         self.root_is_worker = root_is_worker  # launched without an agent: the root is rank 0 itself
         self.rows: list[dict[str, Any]] = []
         self._ranks: dict[int, int | None] = {}  # pid -> global rank (None: not a worker)
@@ -50,8 +43,8 @@ class ResourceSampler:
         self._started = time.monotonic()
 
     def _rank_of(self, proc: psutil.Process) -> int | None:
-        # Ranks are the agent's direct children (or the root itself without an agent), or the workers
-        # that the agent's fork server forked; their DataLoader workers are not counted apart.
+        # Ranks are the agent's direct children (or the root itself without an agent); their DataLoader
+        # workers are not counted apart.
         if proc.pid not in self._ranks:
             rank = None
             try:
@@ -59,14 +52,7 @@ class ResourceSampler:
                 is_worker = (
                     proc.pid == self.tree.root_pid if self.root_is_worker else parent == self.tree.root_pid
                 )
-                forked = self._forked_worker(proc.pid, parent)
-                if forked is None and not is_worker and self._parent_is_agents_child(parent):
-                    return None  # forked a moment ago, and not listed yet: ask again later
-                if forked is not None:
-                    rank = forked["rank"]
-                    self.local_to_global[forked["local_rank"]] = rank
-                    proc.cpu_percent(None)
-                elif is_worker:
+                if is_worker:
                     env = proc.environ()
                     if "RANK" not in env:
                         # forked but not yet exec'd: the agent's environment shows. Ask again later.
@@ -79,22 +65,6 @@ class ResourceSampler:
                 rank = None
             self._ranks[proc.pid] = rank
         return self._ranks[proc.pid]
-
-    def _forked_worker(self, pid: int, parent: int) -> dict[str, int] | None:
-        if pid not in self._forked and self.log_dir is not None and parent != self.tree.root_pid:
-            try:  # read again only when the fork server has added a line
-                size = (self.log_dir / PIDS_FILE).stat().st_size
-            except OSError:
-                size = 0
-            if size != self._forked_size:
-                self._forked, self._forked_size = forked_ranks(self.log_dir), size
-        return self._forked.get(pid)
-
-    def _parent_is_agents_child(self, parent: int) -> bool:
-        try:
-            return self.log_dir is not None and psutil.Process(parent).ppid() == self.tree.root_pid
-        except psutil.Error:
-            return False
 
     def alive_pids(self) -> dict[int, int]:
         """The pid of each rank whose worker process still runs."""

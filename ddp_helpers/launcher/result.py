@@ -36,9 +36,6 @@ class LaunchResult:
     # "fresh" (a new interpreter: no server here, or it was turned off), or "none" (launcher="python")
     agent: str = "none"
     agent_wait_s: float = 0.0  # launch()'s wait for the fork (a cold server: the rest of its import)
-    # how the workers started: "forked" by the agent's fork server (no GPU visible; worker_forks.py), or
-    # "fresh" interpreters, each importing torch (torchrun's own, and every launcher="python" run)
-    workers: str = "fresh"
 
     def log(self, rank: int) -> str:
         """Every line rank `rank` printed, stdout and stderr, in the order they were read."""

@@ -27,7 +27,6 @@ from .resources import ResourceSampler
 from .result import LaunchResult
 from .run_lock import holding_run_dir
 from .run_outputs import MetricsFollower, keep_previous_outputs, read_metrics, read_summary
-from .worker_forks import forked_ranks
 
 __all__ = ["LaunchResult", "launch"]
 
@@ -338,9 +337,7 @@ def _run_held(config: LaunchConfig, progress: str | None) -> LaunchResult:
     run = RunFollower(config, progress or resolve_progress(config.progress))
     proc = _start(config, run)
     tree = ProcessTree(proc.pid)
-    sampler = ResourceSampler(
-        tree, gpus=config.device == "cuda", root_is_worker=config.launcher == "python", log_dir=config.log_dir
-    )
+    sampler = ResourceSampler(tree, gpus=config.device == "cuda", root_is_worker=config.launcher == "python")
     success = False
     try:
         last_refresh = 0.0
@@ -396,5 +393,4 @@ def _result(config: LaunchConfig, run: RunFollower, proc: Any, sampler: Resource
         lines_held_back=run.echo.held_back,
         agent=_agent_kind(config, proc),
         agent_wait_s=getattr(proc, "wait_s", 0.0),
-        workers="forked" if forked_ranks(config.log_dir) else "fresh",
     )

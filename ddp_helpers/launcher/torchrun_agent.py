@@ -15,9 +15,10 @@ end: when the owner dies, however it dies, the read sees end-of-file, and the ag
 SIGTERM would. A pipe rather than ``PR_SET_PDEATHSIG``, which fires when the parent *thread* that
 started us exits (a kernel may launch from a thread that ends long before the run), and exists on Linux only.
 
-Where the launcher asks for it, the workers are forked warm rather than started as fresh interpreters
-(worker_forks.py). Imports only the standard library, torch and its own package (the agent is on every
-launch's critical path).
+The workers are torchrun's own: each a fresh ``python -u script.py``, started by torchrun's code. The
+one change made to torchrun (`tolerate_half_written_error_files`) falls back to torchrun as it is if
+torch's class changes. Imports only the standard library, torch and its own package (the agent is on
+every launch's critical path).
 """
 
 from __future__ import annotations
@@ -150,9 +151,12 @@ def tolerate_half_written_error_files() -> None:
     JSONDecodeError instead of the failed rank. Such a file is read as missing: torchrun then reports the
     rank by its exit code or signal, as it does for a script without ``@record``.
     """
-    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-    read = ProcessFailure.__post_init__
+        read = ProcessFailure.__post_init__
+    except (ImportError, AttributeError):  # a torch that moved it: torchrun as it is
+        return
     if getattr(read, "tolerates_half_written", False):
         return
 
@@ -173,16 +177,8 @@ def main(argv: list[str]) -> int:
     become_subreaper()
     grace_s = float(os.environ.get(GRACE_ENV, "5"))
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    worker_forks = None
     code = 0
     try:
-        from .worker_forks import start_if_asked
-
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # one that lands in the fork waits
-        try:
-            worker_forks = start_if_asked()  # before the owner's watch: its fork must copy one thread
-        finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         _watch_owner_if_asked(grace_s)
         from torch.distributed.run import main as torchrun_main
 
@@ -200,8 +196,6 @@ def main(argv: list[str]) -> int:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        if worker_forks is not None:
-            worker_forks.close()
         stop_children(grace_s)
     return code
 
