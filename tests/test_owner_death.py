@@ -30,7 +30,7 @@ def _start_owner(command: list[str], marker: str, tmp_path, processes: int = 2) 
     )
     deadline = time.monotonic() + STARTED_S
     while time.monotonic() < deadline:
-        # every rank has printed a tick (a forked worker's command line is its fork server's)
+        # every rank has printed a tick
         ticking = [log for log in runs.rglob("stdout.log") if "tick" in log.read_text()]
         if len(ticking) >= processes and owner.poll() is None:
             time.sleep(1.0)  # the workers are printing their ticks
