@@ -8,8 +8,10 @@ Worker side: imports torch only, never the launcher.
 The rules, shared by `launch()` (which resolves "auto" before spawning) and the workers (which read
 the launcher's choice from ``DDP_BACKEND``, or resolve "auto" themselves under plain torchrun):
 - nccl with one CUDA device per process where GPUs exist, gloo on the CPU otherwise;
-- the device index is ``LOCAL_RANK``, never ``RANK``: on the second machine RANK starts at 8, and
-  ``cuda:8`` does not exist there.
+- the device is the rank's own among the GPUs it sees (`gpu_index`): ``cuda:LOCAL_RANK`` where every
+  rank sees all the node's GPUs (torchrun), ``cuda:0`` where SLURM gave each task a GPU of its own
+  (``srun --gpus-per-task=1``); never ``RANK``: on the second machine RANK starts at 8, and ``cuda:8``
+  does not exist there.
 """
 
 from __future__ import annotations
@@ -47,6 +49,24 @@ def worker_backend() -> tuple[str, str]:
     return resolve_backend(backend, gpus)
 
 
+def gpu_index(local_rank: int, visible_gpus: int) -> int:
+    """Which of the GPUs this process sees is its own: the index of its ``cuda`` device.
+
+    CUDA numbers the GPUs a process sees from 0, in the order of ``CUDA_VISIBLE_DEVICES``.
+    - Every rank sees all the node's GPUs (torchrun, or srun with ``--gpus-per-node``): ``LOCAL_RANK``.
+    - The process sees one GPU (SLURM's ``--gpus-per-task=1`` sets ``CUDA_VISIBLE_DEVICES`` to the
+      task's own GPU, a different one per task): 0, whatever its ``LOCAL_RANK``.
+    """
+    if 0 <= local_rank < visible_gpus:
+        return local_rank
+    if visible_gpus == 1:
+        return 0
+    raise RuntimeError(
+        f"LOCAL_RANK {local_rank} but {visible_gpus} GPU(s) visible to this process: give every rank "
+        "all the node's GPUs (cuda:LOCAL_RANK) or one GPU of its own (cuda:0)"
+    )
+
+
 @dataclass(frozen=True)
 class DistInfo:
     """Who this process is in the job."""
@@ -75,8 +95,9 @@ def under_torchrun() -> bool:
 def setup_distributed(backend: str | None = None, timeout: timedelta | None = None) -> DistInfo:
     """Join the process group torchrun set up, or describe a plain one-process run.
 
-    On GPUs the device is ``cuda:LOCAL_RANK``, set before ``init_process_group``, which gets it as
-    ``device_id`` so NCCL connects eagerly (and its watchdog exists before the first collective).
+    On GPUs the device is the rank's own (`gpu_index`: ``cuda:LOCAL_RANK``, or ``cuda:0`` where SLURM
+    gave the task one GPU), set before ``init_process_group``, which gets it as ``device_id`` so NCCL
+    connects eagerly (and its watchdog exists before the first collective).
     """
     if not under_torchrun():
         use_cuda = torch.cuda.is_available() and os.environ.get("DDP_DEVICE", "cuda") != "cpu"
@@ -92,7 +113,7 @@ def setup_distributed(backend: str | None = None, timeout: timedelta | None = No
     world_size = int(os.environ["WORLD_SIZE"])
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     if device_type == "cuda":
-        device = torch.device("cuda", local_rank)
+        device = torch.device("cuda", gpu_index(local_rank, torch.cuda.device_count()))
         torch.cuda.set_device(device)  # before init: NCCL binds this process to its GPU
     else:
         device = torch.device("cpu")

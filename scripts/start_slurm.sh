@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # A one-machine SLURM cluster for `make test-slurm` and notebook 06: munged, slurmctld and two
 # slurmd daemons ("nodes" n1 and n2 on this host), all state, logs and sockets under one folder.
+# Each node offers SLURM_NODE_GPUS (default 2) fake GPUs: GRES "gpu" backed by device files under
+# that folder, so that SLURM itself binds GPUs to jobs and tasks and sets CUDA_VISIBLE_DEVICES
+# (--gpus-per-node, --gpus-per-task). Nothing can run on them: they test who gets which GPU.
 #   scripts/start_slurm.sh DIR     start it; prints `export SLURM_CONF=DIR/slurm.conf`
 #   scripts/start_slurm.sh --stop DIR     stop every daemon it started (by the pids it wrote)
 # Needs slurm-wlm and munge (scripts/install_slurm.sh) and root: SlurmUser=root, since a container
@@ -44,7 +47,7 @@ if [ "${1:-}" = "--stop" ]; then
     exit 0
 fi
 dir=$(realpath -m "${1:?usage: start_slurm.sh DIR}")
-mkdir -p "$dir"/{spool-ctld,spool-n1,spool-n2,munge}
+mkdir -p "$dir"/{spool-ctld,spool-n1,spool-n2,munge,dev-n1,dev-n2}
 host=$(hostname -s)
 # each node offers this many CPUs (both nodes share the machine's cores: SLURM only counts them, and
 # config_overrides below lets a node offer more than the machine has, so nproc=3 runs on 2 cores)
@@ -52,6 +55,7 @@ cpus=${SLURM_NODE_CPUS:-8}
 memory_mb=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 / 2 ))
 ctld_port=${SLURM_CTLD_PORT:-16817}
 node_port=${SLURM_NODE_PORT:-16818}
+gpus=${SLURM_NODE_GPUS:-2}
 
 # munge: a key of our own and a socket of our own, so the system's munged (if any) is untouched
 dd if=/dev/urandom bs=1 count=1024 of="$dir/munge/munge.key" status=none
@@ -59,6 +63,16 @@ chmod 400 "$dir/munge/munge.key"
 chmod 700 "$dir/munge"
 munged --force --key-file="$dir/munge/munge.key" --socket="$dir/munge/munge.socket" \
     --pid-file="$dir/munged.pid" --log-file="$dir/munged.log" --seed-file="$dir/munge/seed"
+
+# the fake GPUs: per node and GPU, a link named like the real device (nvidia0, ...) to /dev/null.
+# slurmd wants a File= that is a character device, and opens none; without task/cgroup nothing
+# is constrained, and SLURM's binding shows in each task's CUDA_VISIBLE_DEVICES
+gres_conf="AutoDetect=off"
+for node in n1 n2; do
+    for ((i = 0; i < gpus; i++)); do ln -sfn /dev/null "$dir/dev-$node/nvidia$i"; done
+    gres_conf+=$'\n'"NodeName=$node Name=gpu File=$dir/dev-$node/nvidia[0-$((gpus - 1))]"
+done
+echo "$gres_conf" > "$dir/gres.conf"
 
 cat > "$dir/slurm.conf" <<CONF
 ClusterName=workbench
@@ -68,7 +82,8 @@ SlurmdPort=$node_port
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket=$dir/munge/munge.socket
+# cred_expire is also how long a requeued job waits before it may start again (default 120 s)
+AuthInfo=socket=$dir/munge/munge.socket,cred_expire=10
 CredType=cred/munge
 StateSaveLocation=$dir/spool-ctld
 SlurmdSpoolDir=$dir/spool-%n
@@ -84,6 +99,7 @@ SchedulerType=sched/backfill
 ReturnToService=2
 SlurmdParameters=config_overrides
 MpiDefault=none
+GresTypes=gpu
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SlurmctldTimeout=30
@@ -91,8 +107,8 @@ SlurmdTimeout=30
 InactiveLimit=0
 KillWait=5
 MinJobAge=300
-NodeName=n1 NodeHostname=$host NodeAddr=127.0.0.1 Port=$((node_port + 1)) CPUs=$cpus RealMemory=$memory_mb State=UNKNOWN
-NodeName=n2 NodeHostname=$host NodeAddr=127.0.0.1 Port=$((node_port + 2)) CPUs=$cpus RealMemory=$memory_mb State=UNKNOWN
+NodeName=n1 NodeHostname=$host NodeAddr=127.0.0.1 Port=$((node_port + 1)) CPUs=$cpus RealMemory=$memory_mb Gres=gpu:$gpus State=UNKNOWN
+NodeName=n2 NodeHostname=$host NodeAddr=127.0.0.1 Port=$((node_port + 2)) CPUs=$cpus RealMemory=$memory_mb Gres=gpu:$gpus State=UNKNOWN
 PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
 CONF
 export SLURM_CONF="$dir/slurm.conf"

@@ -12,9 +12,11 @@ import json
 import os
 import re
 import shlex
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -24,8 +26,11 @@ from ddp_helpers.lab.cluster_templates import (
     DEFAULT_IMAGE,
     IMAGE_REPO_DIR,
     IMAGE_WORKSPACE,
+    SHARED_MOUNT,
     pytorchjob_manifest,
     slurm_script,
+    srun_script,
+    this_environment,
     write_cluster_templates,
 )
 from ddp_helpers.launcher.machine import free_port
@@ -61,6 +66,59 @@ def _executable(path: Path, text: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
+# SLURM's client, as much of it as the job scripts use: node lists such as node[07-08] expanded, node07's
+# NodeAddr 127.0.0.7 (a loopback address of its own, so a test sees which node was asked); anything
+# else (requeue) logged
+FAKE_SCONTROL = """\
+import os, re, sys
+
+args = sys.argv[1:]
+if args[:2] == ["show", "hostnames"]:
+    m = re.fullmatch(r"(\\w+)\\[(\\d+)-(\\d+)\\]", args[2])
+    width = len(m[2]) if m else 0
+    print(*([f"{m[1]}{i:0{width}d}" for i in range(int(m[2]), int(m[3]) + 1)] if m else args[2].split(",")), sep="\\n")
+elif args[:2] == ["show", "node"]:
+    addr = "127.0.0." + str(int(re.search(r"\\d+$", args[2])[0]))
+    print(f"NodeName={args[2]} Arch=x86_64 CoresPerSocket=1\\n   NodeAddr={addr} NodeHostName={args[2]}")
+else:
+    with open(os.environ["SCONTROL_LOG"], "a") as log:
+        print("scontrol", *args, file=log)
+"""
+
+
+def _fake_slurm_bin(folder: Path) -> Path:
+    """srun that runs its command once (one task, one node); scontrol as above; scancel that logs."""
+    folder.mkdir(exist_ok=True)
+    _executable(folder / "srun", '#!/bin/bash\nwhile [[ $1 == -* ]]; do shift; done\nexec "$@"\n')
+    _executable(folder / "scontrol", f"#!{sys.executable}\n{FAKE_SCONTROL}")
+    _executable(folder / "scancel", '#!/bin/bash\necho "scancel $*" >> "$SCONTROL_LOG"\n')
+    return folder
+
+
+def _job_env(tmp_path: Path, bin_dir: Path, **extra: str) -> dict[str, str]:
+    """The environment of a batch script: SLURM's variables, and no torch on PATH unless the script
+    activates it (where the tests run in a virtual environment)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "VIRTUAL_ENV")}
+    path = [p for p in env["PATH"].split(os.pathsep) if Path(p) != Path(sys.executable).parent]
+    if this_environment() is None:  # a system python: the script activates nothing, torchrun is on PATH
+        path.insert(0, str(Path(sys.executable).parent))
+    env.update(
+        PATH=os.pathsep.join([str(bin_dir), *path]),
+        SLURM_JOB_ID="4242",
+        SLURM_JOB_NODELIST="node[07-08]",
+        SLURM_CPUS_PER_TASK="2",
+        SCONTROL_LOG=str(tmp_path / "scontrol.log"),
+    )
+    env.update(extra)
+    return env
+
+
+def _pytorchjob(text: str) -> dict:
+    """The PyTorchJob among the manifest's documents (the other one: the shared volume's claim)."""
+    (job,) = [doc for doc in yaml.safe_load_all(text) if doc["kind"] == "PyTorchJob"]
+    return job
+
+
 # ------------------------------------------------------------------------------------------ SLURM
 def test_slurm_script_asks_for_the_cores_of_every_rank_and_passes_them_to_srun(tmp_path):
     text = slurm_script(TRAIN, ["--epochs", 1], nnodes=2, nproc_per_node=8, cpus_per_rank=6, partition="gpu")
@@ -81,7 +139,7 @@ def test_slurm_script_asks_for_the_cores_of_every_rank_and_passes_them_to_srun(t
         'srun --cpus-per-task="$SLURM_CPUS_PER_TASK" torchrun --nnodes 2 --nproc-per-node 8 --max-restarts 3 --tee 3'
     )
     assert "MASTER_ADDR=" not in text  # with c10d torchrun sets it for its workers: an export does nothing
-    assert '--rdzv-backend c10d --rdzv-id "$SLURM_JOB_ID" --rdzv-endpoint "$head_node:$rdzv_port"' in srun
+    assert '--rdzv-backend c10d --rdzv-id "$SLURM_JOB_ID" --rdzv-endpoint "$head_addr:$rdzv_port"' in srun
     assert srun.endswith(f"{TRAIN} --epochs 1")
     assert (REPO / TRAIN).is_file()  # the path the notebook passes is the repository's worker
 
@@ -99,7 +157,8 @@ def test_slurm_script_refuses_impossible_shapes(bad):
 
 
 def test_generated_sbatch_script_runs_its_torchrun_on_one_cpu_node(tmp_path):
-    """The script itself, run by bash with a stand-in for srun: torchrun forms the world."""
+    """The script itself, run by bash with stand-ins for srun and scontrol: it activates the
+    environment (torchrun is on no other PATH here), and torchrun forms the world."""
     (tmp_path / "worker.py").write_text(WORKER)
     out = tmp_path / "out"
     job = tmp_path / "sbatch.sh"
@@ -112,19 +171,10 @@ def test_generated_sbatch_script_runs_its_torchrun_on_one_cpu_node(tmp_path):
             gpus_per_node=0,
             cpus_per_rank=1,
             rdzv_port=free_port(),
+            venv=this_environment(),
         )
     )
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    _executable(
-        bin_dir / "srun", '#!/bin/bash\nwhile [[ $1 == -* ]]; do shift; done\nexec "$@"\n'
-    )  # one task
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    env.update(
-        PATH=f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
-        SLURM_JOB_ID="4242",
-        SLURM_CPUS_PER_TASK="2",
-    )
+    env = _job_env(tmp_path, _fake_slurm_bin(tmp_path / "bin"))
     proc = subprocess.run(
         ["bash", str(job)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180
     )
@@ -140,10 +190,110 @@ def test_slurm_script_elastic_with_restarts_and_a_shared_checkpoint_folder(tmp_p
     )
     (srun,) = [line for line in text.splitlines() if line.startswith("srun ")]
     assert "--nnodes 2:4" in srun and "--max-restarts 5" in srun
-    assert srun.endswith(f"{TRAIN} --epochs 1 --checkpoint-dir /shared/ckpt --resume")
+    assert srun.endswith(f"{TRAIN} --epochs 1 --checkpoint-dir /shared/ckpt --resume --save-on-sigterm &")
     assert "on a filesystem every node sees" in text and "mkdir -p /shared/ckpt" in text
     with pytest.raises(ValueError, match="min_nodes must be between 1 and nnodes"):
         slurm_script(TRAIN, nnodes=2, min_nodes=3)
+
+
+def _with_last_lines(text: str, count: int, replacement: str) -> str:
+    """The script with its last `count` lines (its srun command) replaced."""
+    return "\n".join([*text.rstrip("\n").splitlines()[:-count], replacement, ""])
+
+
+@pytest.mark.parametrize("job_id", ["123456", "7"])
+def test_slurm_scripts_meet_on_the_first_node_of_the_list_at_a_port_of_the_job(tmp_path, job_id):
+    """The rendezvous (torchrun's, or MASTER_ADDR:MASTER_PORT without it) is on the allocation's first
+    node, wherever the batch script runs, at a port derived from the job id: two jobs on one node
+    must not both take 29500. The ports lie below Linux's ephemeral range (32768-60999)."""
+    bin_dir = _fake_slurm_bin(tmp_path / "bin")
+    env = _job_env(tmp_path, bin_dir, SLURM_JOB_ID=job_id, SLURM_JOB_NODELIST="gpu[07-09]")
+    port = 20000 + int(job_id) % 10000
+    torchrun_job = _with_last_lines(slurm_script("w.py", venv=None), 1, 'echo "$head_addr:$rdzv_port"')
+    srun_job = _with_last_lines(srun_script("w.py", venv=None), 3, 'echo "$MASTER_ADDR:$MASTER_PORT"')
+    for script in (torchrun_job, srun_job):
+        proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+        assert (proc.returncode, proc.stdout) == (0, f"127.0.0.7:{port}\n"), (proc.stderr, script)
+    assert 20000 <= port < 32768
+    code = [line for line in (slurm_script("w.py") + srun_script("w.py")).splitlines() if line[:1] != "#"]
+    assert not [line for line in code if "29500" in line]
+
+
+def test_slurm_scripts_activate_the_environment_first():
+    for make in (slurm_script, srun_script):
+        lines = make("w.py", venv="/opt/envs/ddp").splitlines()
+        activate = lines.index("source /opt/envs/ddp/bin/activate")
+        assert activate < next(i for i, line in enumerate(lines) if line.startswith("srun "))
+        assert not any(line.startswith("source ") for line in make("w.py", venv=None).splitlines())
+    assert "source .venv/bin/activate" in slurm_script("w.py")  # the repository's, by default
+
+
+def test_srun_script_gives_each_task_a_gpu_of_its_own_and_the_rank_its_identity():
+    text = srun_script(TRAIN, ["--epochs", 1], nnodes=2, nproc_per_node=4, cpus_per_rank=3)
+    directives = [line.split("#")[1].strip() for line in text.splitlines() if line.startswith("#SBATCH")]
+    assert directives[1:5] == [
+        "SBATCH --nodes=2",
+        "SBATCH --ntasks-per-node=4",
+        "SBATCH --gpus-per-task=1",
+        "SBATCH --cpus-per-task=3",
+    ]
+    assert "export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS;" in text
+    assert text.rstrip().endswith(f"rank {TRAIN} --epochs 1") and "torchrun --" not in text
+    assert "--gpus-per-task" not in srun_script("w.py", gpus_per_task=0).replace("# (no GPUs", "")
+
+
+def _fake_step(folder: Path) -> Path:
+    """srun as a job step that runs until SIGTERM, then says so; scancel that signals it, as SLURM would."""
+    _fake_slurm_bin(folder)
+    _executable(
+        folder / "srun",
+        "#!/bin/bash\n"
+        'echo $$ > "$SCONTROL_LOG.step"\n'
+        'trap \'echo "step: SIGTERM, saved, stopping" >> "$SCONTROL_LOG"; kill %1; exit 0\' TERM\n'
+        'sleep "${STEP_S:-30}" & wait $!\n'
+        'exit "${STEP_EXIT:-0}"\n',
+    )
+    _executable(
+        folder / "scancel",
+        '#!/bin/bash\necho "scancel $*" >> "$SCONTROL_LOG"\nkill -TERM "$(cat "$SCONTROL_LOG.step")"\n',
+    )
+    return folder
+
+
+def test_sbatch_script_on_a_preemption_notice_stops_every_step_and_requeues_itself(tmp_path):
+    """USR1 to the batch script (--signal=B:USR1): SIGTERM to the steps, their end awaited, then a requeue."""
+    text = slurm_script(TRAIN, nnodes=2, nproc_per_node=2, checkpoint_dir="/shared/ckpt", venv=None)
+    for directive in ("--signal=B:USR1@120", "--requeue", "--open-mode=append"):
+        assert f"#SBATCH {directive} " in text, directive
+    assert "--checkpoint-dir /shared/ckpt --resume --save-on-sigterm &" in text
+    log = tmp_path / "scontrol.log"
+    env = _job_env(tmp_path, _fake_step(tmp_path / "bin"))
+    job = subprocess.Popen(["bash", "-c", text], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not Path(f"{log}.step").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)  # the script reaches its `wait`
+        job.send_signal(signal.SIGUSR1)
+        out, _ = job.communicate(timeout=20)
+    finally:
+        job.kill()
+    assert job.returncode == 0, out
+    assert "preemption notice: job 4242 saves a checkpoint and requeues" in out
+    assert log.read_text().splitlines() == [
+        "scancel --signal=TERM 4242",
+        "step: SIGTERM, saved, stopping",
+        "scontrol requeue 4242",
+    ]
+
+
+def test_sbatch_script_without_a_notice_ends_as_its_step_did_and_stays_out_of_the_queue(tmp_path):
+    text = slurm_script(TRAIN, checkpoint_dir="/shared/ckpt", venv=None)
+    env = _job_env(tmp_path, _fake_step(tmp_path / "bin"), STEP_S="0", STEP_EXIT="3")
+    proc = subprocess.run(["bash", "-c", text], env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 3 and not (tmp_path / "scontrol.log").exists(), proc.stdout
+    plain = slurm_script(TRAIN, venv=None)  # no checkpoint folder: nothing to save, no requeue
+    assert "--signal" not in plain and "--requeue" not in plain and "--save-on-sigterm" not in plain
 
 
 # ---------------------------------------------------------------------------------- Kubernetes
@@ -169,7 +319,7 @@ def _image_has(path_in_image: str) -> bool:
 
 
 def test_pytorchjob_runs_this_projects_image_where_the_worker_exists():
-    job = yaml.safe_load(pytorchjob_manifest(TRAIN, ["--epochs", 1], nnodes=3, nproc_per_node=4))
+    job = _pytorchjob(pytorchjob_manifest(TRAIN, ["--epochs", 1], nnodes=3, nproc_per_node=4))
     assert (job["apiVersion"], job["kind"], job["spec"]["nprocPerNode"]) == (
         "kubeflow.org/v1",
         "PyTorchJob",
@@ -193,7 +343,7 @@ def test_pytorchjob_runs_this_projects_image_where_the_worker_exists():
         script = os.path.join(container["workingDir"], command[1])
         assert _image_has(script), f"{script} is not in the image docker/Dockerfile builds"
         env = {e["name"]: e["value"] for e in container["env"]}
-        assert env["DDP_RUN_DIR"].startswith(IMAGE_WORKSPACE + "/")  # writable by the image's user
+        assert env["DDP_RUN_DIR"].startswith(SHARED_MOUNT + "/")  # on the shared volume
         assert container["resources"]["limits"]["nvidia.com/gpu"] == 4
         assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
     assert container["workingDir"] == IMAGE_REPO_DIR
@@ -201,10 +351,64 @@ def test_pytorchjob_runs_this_projects_image_where_the_worker_exists():
     assert re.findall(r"^WORKDIR (\S+)", dockerfile, re.M)[-1] == IMAGE_WORKSPACE
 
 
+def _image_uid() -> int:
+    """The uid docker/Dockerfile's image runs as: its USER, through its ARG's default."""
+    dockerfile = (REPO / "docker" / "Dockerfile").read_text()
+    user = re.findall(r"^USER (\S+)", dockerfile, re.M)[-1]
+    if arg := re.fullmatch(r"\$\{(\w+)\}", user):
+        user = re.search(rf"^ARG {arg[1]}=(\d+)", dockerfile, re.M)[1]
+    return int(user)
+
+
+def _on_volume(path: str, mounts: dict[str, dict]) -> dict | None:
+    """The volume `path` lies on: the one mounted at its longest mounted prefix, or None."""
+    found = [m for m in mounts if path == m or path.startswith(m.rstrip("/") + "/")]
+    return mounts[max(found, key=len)] if found else None
+
+
+@pytest.mark.parametrize("shape", [{"nnodes": 3}, {"nnodes": 4, "min_nodes": 2, "gpus_per_node": 0}])
+def test_pytorchjob_writes_only_to_mounted_volumes_shared_by_every_pod_and_writable_by_its_user(shape):
+    """The image's user cannot write the container's own folders; a restarted pod loses them anyway.
+    So every path the job writes must be on a volume the pod mounts, and runs and checkpoints on one
+    volume every pod mounts (ReadWriteMany: rank 0 may be another pod after a restart), whose files
+    the image's user (uid 1000) may write: the pods run as that user, and fsGroup gives the volumes
+    to its group."""
+    text = pytorchjob_manifest(TRAIN, ["--epochs", 1], checkpoint_dir=f"{SHARED_MOUNT}/ckpt/run1", **shape)
+    docs = {doc["kind"]: doc for doc in yaml.safe_load_all(text)}
+    assert sorted(docs) == ["PersistentVolumeClaim", "PyTorchJob"]
+    claim, job = docs["PersistentVolumeClaim"], docs["PyTorchJob"]
+    pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    (container,) = pod["containers"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}  # each names a volume
+    env = {e["name"]: e["value"] for e in container["env"]}
+    command = container["command"]
+    written = {
+        "the run folder (metrics, logs, summary)": env["DDP_RUN_DIR"],
+        "the checkpoints": command[command.index("--checkpoint-dir") + 1],
+        "torchrun's log folder (tempfile, in TMPDIR or /tmp)": env.get("TMPDIR", "/tmp"),
+        "shared memory (DataLoader workers, NCCL)": "/dev/shm",
+    }
+    for what, path in written.items():
+        assert _on_volume(path, mounts) is not None, f"{what}: {path} is on no mounted volume"
+    for what in ("the run folder (metrics, logs, summary)", "the checkpoints"):
+        volume = _on_volume(written[what], mounts)
+        assert volume.get("persistentVolumeClaim") == {"claimName": claim["metadata"]["name"]}, (what, volume)
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    security = pod["securityContext"]
+    assert security["runAsUser"] == _image_uid() and security["runAsNonRoot"] is True
+    assert security["fsGroup"] == security["runAsGroup"]  # the volumes belong to the process's group
+
+
+def test_pytorchjob_refuses_a_checkpoint_folder_no_pod_shares():
+    with pytest.raises(ValueError, match=f"must lie under {SHARED_MOUNT}"):
+        pytorchjob_manifest(TRAIN, checkpoint_dir="/checkpoints/run1")
+    with pytest.raises(ValueError, match=f"must lie under {SHARED_MOUNT}"):
+        pytorchjob_manifest(TRAIN, checkpoint_dir=f"{SHARED_MOUNT}-other/run1")
+
+
 def test_pytorchjob_without_gpus_and_on_one_node():
-    job = yaml.safe_load(
-        pytorchjob_manifest("w.py", nnodes=1, nproc_per_node=2, gpus_per_node=0, image="x:1")
-    )
+    job = _pytorchjob(pytorchjob_manifest("w.py", nnodes=1, nproc_per_node=2, gpus_per_node=0, image="x:1"))
     (spec,) = job["spec"]["pytorchReplicaSpecs"].values()
     (container,) = spec["template"]["spec"]["containers"]
     assert list(job["spec"]["pytorchReplicaSpecs"]) == ["Worker"] and container["image"] == "x:1"
@@ -218,7 +422,7 @@ def test_pytorchjob_command_runs_with_the_variables_the_operator_sets(tmp_path):
     PET_RDZV_ENDPOINT = <job>-worker-0:<port>, PET_NNODES = min:max, PET_MAX_RESTARTS; envvar.go:
     PET_NPROC_PER_NODE.)
     """
-    job = yaml.safe_load(
+    job = _pytorchjob(
         pytorchjob_manifest("worker.py", nnodes=1, nproc_per_node=2, gpus_per_node=0, cpus_per_rank=1)
     )
     (container,) = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
@@ -249,7 +453,8 @@ def test_pytorchjob_command_runs_with_the_variables_the_operator_sets(tmp_path):
 def test_write_cluster_templates_refuses_an_unknown_option(tmp_path):
     paths = write_cluster_templates(tmp_path, TRAIN, nnodes=2, nproc_per_node=2, image="x", cpus_per_rank=2)
     assert "#SBATCH --cpus-per-task=4 " in paths["slurm"].read_text()
-    assert yaml.safe_load(paths["kubernetes"].read_text())["spec"]["nprocPerNode"] == "2"
+    assert _pytorchjob(paths["kubernetes"].read_text())["spec"]["nprocPerNode"] == "2"
+    assert "#SBATCH --ntasks-per-node=2 " in paths["srun"].read_text()
     with pytest.raises(TypeError, match="unknown options: gpus"):
         write_cluster_templates(tmp_path, TRAIN, gpus=2)
 
@@ -292,14 +497,14 @@ def _unknown_fields(value: object, schema: dict, where: str = "") -> list[str]:
 )
 def test_pytorchjob_is_valid_against_the_operators_crd_schema(shape):
     jsonschema = pytest.importorskip("jsonschema")
-    job = yaml.safe_load(pytorchjob_manifest(TRAIN, ["--epochs", 1], **shape))
+    job = _pytorchjob(pytorchjob_manifest(TRAIN, ["--epochs", 1], **shape))
     jsonschema.validate(job, CRD_SCHEMA)  # types and required fields
     assert _unknown_fields(job, CRD_SCHEMA) == []
 
 
 def test_the_crd_check_catches_a_misspelt_field_and_a_wrong_type():
     jsonschema = pytest.importorskip("jsonschema")
-    job = yaml.safe_load(pytorchjob_manifest(TRAIN, nnodes=2))
+    job = _pytorchjob(pytorchjob_manifest(TRAIN, nnodes=2))
     job["spec"]["elasticPolicies"] = job["spec"].pop("elasticPolicy")
     assert _unknown_fields(job, CRD_SCHEMA) == [".spec.elasticPolicies"]
     job["spec"]["elasticPolicy"] = {**job["spec"].pop("elasticPolicies"), "maxReplicas": "two"}

@@ -66,16 +66,21 @@ def test_slurm_script_starts_one_agent_per_node_at_a_c10d_rendezvous(tmp_path):
     text = slurm_script("train.py", ["--steps", 100], nnodes=4, nproc_per_node=8, partition="gpu")
     assert "#SBATCH --nodes=4" in text and "#SBATCH --ntasks-per-node=1" in text
     assert "#SBATCH --gpus-per-node=8" in text and "#SBATCH --partition=gpu" in text
-    assert "head_node=$(hostname)" in text and "MASTER_ADDR=" not in text
+    assert 'scontrol show hostnames "$SLURM_JOB_NODELIST"' in text and "MASTER_ADDR=" not in text
     srun = next(line for line in text.splitlines() if line.startswith("srun "))
     assert "torchrun --nnodes 4 --nproc-per-node 8 --max-restarts 3 --tee 3 --rdzv-backend c10d" in srun
-    assert '--rdzv-endpoint "$head_node:$rdzv_port" train.py --steps 100' in srun
+    assert '--rdzv-endpoint "$head_addr:$rdzv_port" train.py --steps 100' in srun
     (tmp_path / "job.sh").write_text(text)
     assert subprocess.run(["bash", "-n", str(tmp_path / "job.sh")]).returncode == 0  # valid shell
 
 
+def _pytorchjob(text: str) -> dict:
+    (job,) = [doc for doc in yaml.safe_load_all(text) if doc["kind"] == "PyTorchJob"]
+    return job
+
+
 def test_pytorchjob_manifest_parses_with_replicas_gpus_and_image():
-    job = yaml.safe_load(
+    job = _pytorchjob(
         pytorchjob_manifest("train.py", ["--steps", 5], nnodes=3, nproc_per_node=4, image="img:1")
     )
     assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v1", "PyTorchJob")
@@ -87,7 +92,7 @@ def test_pytorchjob_manifest_parses_with_replicas_gpus_and_image():
         assert container["name"] == "pytorch" and container["image"] == "img:1"
         assert container["resources"]["limits"]["nvidia.com/gpu"] == 4
         assert container["command"] == ["torchrun", "train.py", "--steps", "5"]
-    single = yaml.safe_load(pytorchjob_manifest("train.py", nnodes=1, nproc_per_node=2, gpus_per_node=0))
+    single = _pytorchjob(pytorchjob_manifest("train.py", nnodes=1, nproc_per_node=2, gpus_per_node=0))
     assert list(single["spec"]["pytorchReplicaSpecs"]) == ["Worker"]
     assert (
         "resources"
@@ -100,6 +105,6 @@ def test_templates_are_written_side_by_side(tmp_path):
         tmp_path, "train.py", ["--epochs", 1], nnodes=2, nproc_per_node=2, image="x"
     )
     assert paths["slurm"].read_text().startswith("#!/bin/bash")
-    assert yaml.safe_load(paths["kubernetes"].read_text())["spec"]["nprocPerNode"] == "2"
+    assert _pytorchjob(paths["kubernetes"].read_text())["spec"]["nprocPerNode"] == "2"
     with pytest.raises(ValueError):
         slurm_script("train.py", nnodes=0)

@@ -1,7 +1,10 @@
-"""The generated sbatch file, submitted to a real SLURM: munged, slurmctld and two slurmd on this machine.
+"""The generated sbatch files, submitted to a real SLURM: munged, slurmctld and two slurmd on this machine.
 
 `make test-slurm` installs Debian's slurm-wlm (scripts/install_slurm.sh) and runs these; the cluster
 is started by scripts/start_slurm.sh in a temporary folder and stopped at the end, daemons and all.
+Each node offers two fake GPUs (GRES with device files): SLURM binds them to jobs and tasks and sets
+CUDA_VISIBLE_DEVICES as on a GPU cluster, but nothing can run on them, so the workers run on gloo and
+report the CUDA device they would choose (`ddp_helpers.distributed.gpu_index`), not use it.
 Where SLURM cannot be installed (not root, no apt) the tests skip and say why; CI sets
 REQUIRE_SLURM=1, and there a missing SLURM is a failure.
 """
@@ -19,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ddp_helpers.lab.cluster_templates import write_cluster_templates
+from ddp_helpers.lab.cluster_templates import slurm_script, this_environment, write_cluster_templates
 from ddp_helpers.launcher import slurm
 from ddp_helpers.launcher.machine import free_port
 
@@ -28,22 +31,48 @@ START = REPO / "scripts" / "start_slurm.sh"
 DAEMONS = ("munged", "slurmctld", "slurmd")
 NODES_UP_WITHIN_S = 60  # slurmd registers with slurmctld in a second or two; the rest is load
 JOB_WITHIN_S = 240  # a 4-rank job imports torch in 6 processes: tens of seconds on 2 busy cores
+GPUS_PER_NODE = 2  # start_slurm.sh's default SLURM_NODE_GPUS
 
-# every rank adds rank + 1: the sum over the world is world * (world + 1) / 2 only if all took part
+# every rank adds rank + 1: the sum over the world is world * (world + 1) / 2 only if all took part.
+# Each also says which CUDA device it would take among those SLURM let it see (there are no real ones)
 WORKER = """\
 import os
 import torch
 import torch.distributed as dist
 from ddp_helpers import teardown
+from ddp_helpers.distributed import gpu_index
 
+visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+local_rank = int(os.environ["LOCAL_RANK"])
+device = f"cuda:{gpu_index(local_rank, len(visible.split(',')))}" if visible else "cpu"
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 total = torch.tensor([float(rank + 1)])
 dist.all_reduce(total)
-print(f"rank {rank}/{world} on {os.environ['SLURMD_NODENAME']} group {os.environ['GROUP_RANK']} sum {total.item():g}")
+print(f"rank {rank}/{world} on {os.environ['SLURMD_NODENAME']} group {os.environ.get('GROUP_RANK', '-')} "
+      f"sum {total.item():g} local_rank {local_rank} CUDA_VISIBLE_DEVICES={visible or '-'} device {device}")
 teardown.destroy_process_group()
 """
-REPORT = re.compile(r"rank (\d+)/(\d+) on (\S+) group (\d+) sum (\S+)")
+REPORT = re.compile(
+    r"rank (\d+)/(\d+) on (\S+) group (\S+) sum (\S+) local_rank (\d+) CUDA_VISIBLE_DEVICES=(\S+) device (\S+)"
+)
+
+
+def _gpus_taken(reports: dict[int, tuple[str, ...]]) -> dict[str, list[str]]:
+    """Each node's physical GPUs, one per rank: the CUDA_VISIBLE_DEVICES entry its device stands for.
+
+    CUDA numbers the GPUs a process sees from 0, in CUDA_VISIBLE_DEVICES' order: cuda:i is its i-th
+    entry. A device past the end of the list does not exist; two ranks of a node on one GPU collide."""
+    taken: dict[str, list[str]] = {}
+    for rank, (_, _, node, _, _, local_rank, visible, device) in sorted(reports.items()):
+        index = int(device.removeprefix("cuda:"))
+        gpus = visible.split(",")
+        assert device.startswith("cuda:") and index < len(gpus), (
+            f"rank {rank} (local rank {local_rank} on {node}) chose {device}, but it sees only "
+            f"CUDA_VISIBLE_DEVICES={visible}"
+        )
+        taken.setdefault(node, []).append(gpus[index])
+    return taken
 
 
 def _missing(reason: str) -> None:
@@ -123,16 +152,18 @@ def test_without_a_configured_cluster_it_says_so_in_one_line(monkeypatch):
 @pytest.mark.slurm
 @pytest.mark.timeout(JOB_WITHIN_S + 120)
 def test_generated_sbatch_file_runs_on_two_nodes_and_every_rank_all_reduces(cluster, tmp_path, capsys):
+    """torchrun's job on two nodes with their GPUs: every local rank sees the node's GPUs, and takes
+    its own, cuda:LOCAL_RANK. The rendezvous is on the first node of the list, at the job's own port."""
     (tmp_path / "worker.py").write_text(WORKER)
     paths = write_cluster_templates(
         tmp_path / "jobs",
         "worker.py",
         nnodes=2,
         nproc_per_node=2,
-        gpus_per_node=0,
+        gpus_per_node=GPUS_PER_NODE,
         cpus_per_rank=1,
-        rdzv_port=free_port(),
         time_limit="00:10:00",
+        venv=this_environment(),
     )
     text = paths["slurm"].read_text()
     assert "MASTER_ADDR=" not in text  # torchrun sets it for its workers; an export would do nothing
@@ -146,12 +177,51 @@ def test_generated_sbatch_file_runs_on_two_nodes_and_every_rank_all_reduces(clus
         int(m[1]): m.groups() for lines in job.rank_lines.values() for m in map(REPORT.search, lines) if m
     }
     assert sorted(reports) == sorted(job.rank_lines) == [0, 1, 2, 3], job.lines  # every rank ran, once
-    assert all(world == "4" and float(total) == 10 for _, world, _, _, total in reports.values()), reports
-    nodes = {node: sorted(r for r, (_, _, n, _, _) in reports.items() if n == node) for node in ("n1", "n2")}
+    assert all(world == "4" and float(total) == 10 for _, world, _, _, total, *_ in reports.values()), reports
+    nodes = {node: sorted(r for r, (_, _, n, *_) in reports.items() if n == node) for node in ("n1", "n2")}
     assert sorted(map(len, nodes.values())) == [2, 2], nodes  # two ranks on each SLURM node
+    # SLURM gave each agent (and so each of its ranks) the node's GPUs; each rank took one of its own
+    assert all(report[6] == "0,1" for report in reports.values()), reports
+    assert {node: sorted(gpus) for node, gpus in _gpus_taken(reports).items()} == {
+        "n1": ["0", "1"],
+        "n2": ["0", "1"],
+    }
     # the cell's echo is launch()'s: `[rank N] ...`, one line per rank
     echoed = re.findall(r"^\[rank (\d)\] rank \d/4", capsys.readouterr().out, re.M)
     assert sorted(map(int, echoed)) == [0, 1, 2, 3]
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(JOB_WITHIN_S + 120)
+def test_srun_recipe_gives_each_task_its_own_gpu_and_each_rank_finds_it(cluster, tmp_path):
+    """Notebook 06's srun without torchrun: --gpus-per-task=1 makes SLURM set each task's
+    CUDA_VISIBLE_DEVICES to its own GPU, so local rank 1 sees one GPU, and cuda:1 does not exist."""
+    (tmp_path / "worker.py").write_text(WORKER)
+    paths = write_cluster_templates(
+        tmp_path / "jobs",
+        "worker.py",
+        nnodes=2,
+        nproc_per_node=2,
+        cpus_per_rank=1,
+        time_limit="00:10:00",
+        venv=this_environment(),
+    )
+    assert "#SBATCH --gpus-per-task=1 " in paths["srun"].read_text()
+    job_id = slurm.submit(paths["srun"], chdir=tmp_path, log=tmp_path / "job.log")
+    job = slurm.follow(job_id, tmp_path / "job.log", timeout_s=JOB_WITHIN_S, echo=False)
+    assert (job.state, job.exit_code, job.num_nodes) == ("COMPLETED", "0:0", 2), job.lines
+    reports = {int(m[1]): m.groups() for m in map(REPORT.search, job.lines) if m}
+    assert sorted(reports) == [0, 1, 2, 3], job.lines  # every rank ran, once
+    assert all(world == "4" and float(total) == 10 for _, world, _, _, total, *_ in reports.values()), reports
+    assert sorted(r[5] for r in reports.values()) == ["0", "0", "1", "1"], (
+        reports
+    )  # local ranks 0, 1 per node
+    # one GPU per task, a different one for each task of a node: SLURM's binding, not the script's
+    assert all("," not in report[6] for report in reports.values()), reports
+    assert {node: sorted(gpus) for node, gpus in _gpus_taken(reports).items()} == {
+        "n1": ["0", "1"],
+        "n2": ["0", "1"],
+    }
 
 
 @pytest.mark.slurm
@@ -174,20 +244,23 @@ def test_a_failed_rank_restarts_both_nodes_and_they_resume_from_the_shared_check
         "--run-dir",
         tmp_path / "run",
     ]
-    paths = write_cluster_templates(
-        tmp_path / "jobs",
-        str(REPO / "ddp_helpers/workers/train.py"),
-        args,
-        nnodes=2,
-        nproc_per_node=1,
-        gpus_per_node=0,
-        cpus_per_rank=1,
-        max_restarts=1,
-        checkpoint_dir=str(checkpoints),
-        rdzv_port=free_port(),
+    script = tmp_path / "sbatch.sh"
+    script.write_text(
+        slurm_script(
+            str(REPO / "ddp_helpers/workers/train.py"),
+            args,
+            nnodes=2,
+            nproc_per_node=1,
+            gpus_per_node=0,
+            cpus_per_rank=1,
+            max_restarts=1,
+            checkpoint_dir=str(checkpoints),
+            rdzv_port=free_port(),
+            venv=this_environment(),
+        )
     )
-    assert "--max-restarts 1" in paths["slurm"].read_text() and "--resume" in paths["slurm"].read_text()
-    job_id = slurm.submit(paths["slurm"], chdir=tmp_path, log=tmp_path / "job.log")
+    assert "--max-restarts 1" in script.read_text() and "--resume" in script.read_text()
+    job_id = slurm.submit(script, chdir=tmp_path, log=tmp_path / "job.log")
     job = slurm.follow(job_id, tmp_path / "job.log", timeout_s=JOB_WITHIN_S, echo=False)
     assert (job.state, job.exit_code) == ("COMPLETED", "0:0"), job.lines[-40:]
     rank0 = job.rank_lines[0]
@@ -196,6 +269,60 @@ def test_a_failed_rank_restarts_both_nodes_and_they_resume_from_the_shared_check
     assert len(resumed) == 1 and " step 2," in resumed[0], rank0  # the last checkpoint before the fault
     assert rank0[-1].startswith("done: 6 steps"), rank0  # and the job went on to its end
     assert any("injected fault on rank 1 at step 3" in line for line in job.rank_lines[1]), job.rank_lines[1]
+
+
+def _metrics_lines(run_dir: Path) -> int:
+    path = run_dir / "metrics" / "rank0.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(2 * JOB_WITHIN_S + 120)
+def test_a_preempted_job_saves_requeues_itself_and_resumes_from_the_saved_step(cluster, tmp_path):
+    """The notice SLURM sends before the time limit (--signal=B:USR1@...), sent now with scancel:
+    every rank saves at the next logged step and stops, the job requeues itself, and when it starts
+    again it resumes from that step, not from scratch, and runs to its end."""
+    steps = 40
+    args = ["--steps", steps, "--log-every", 1, "--save-every", 1000, "--num-samples", 256]
+    args += ["--straggler", "0:150", "--run-dir", tmp_path / "run"]  # rank 0 slows every step: time to signal
+    script = tmp_path / "sbatch.sh"
+    script.write_text(
+        slurm_script(
+            str(REPO / "ddp_helpers/workers/train.py"),
+            args,
+            nnodes=2,
+            nproc_per_node=1,
+            gpus_per_node=0,
+            cpus_per_rank=1,
+            checkpoint_dir=str(tmp_path / "checkpoints"),
+            time_limit="00:10:00",
+            venv=this_environment(),
+        )
+    )
+    job_id = slurm.submit(script, chdir=tmp_path, log=tmp_path / "job.log")
+    deadline = time.monotonic() + JOB_WITHIN_S
+    while _metrics_lines(tmp_path / "run") < 3:  # a few steps taken: mid-run
+        assert slurm.in_queue(job_id) and time.monotonic() < deadline, (tmp_path / "job.log").read_text()
+        time.sleep(0.2)
+    notice = subprocess.run(
+        ["scancel", "--batch", "--signal=USR1", str(job_id)], capture_output=True, text=True, timeout=15
+    )
+    assert notice.returncode == 0, notice.stderr
+    job = slurm.follow(job_id, tmp_path / "job.log", timeout_s=JOB_WITHIN_S, echo=False)
+    assert (job.state, job.exit_code, job.facts.get("Restarts")) == ("COMPLETED", "0:0", "1"), job.lines[-40:]
+    starts = [line for line in job.lines if line.startswith(f"job {job_id} starts")]
+    assert [s.split(" on ")[0] for s in starts] == [f"job {job_id} starts (restart {n})" for n in (0, 1)], (
+        job.lines
+    )
+    assert any(line.startswith("preemption notice") for line in job.lines), job.lines
+    rank0 = job.rank_lines[0]
+    stopped = [re.search(r"checkpoint saved at step (\d+); stopping", line) for line in rank0]
+    (saved,) = [int(m[1]) for m in stopped if m]
+    assert 3 <= saved < steps, rank0
+    resumed = [line for line in rank0 if line.startswith("resumed from")]
+    assert len(resumed) == 1 and f": step {saved}," in resumed[0], rank0  # from the step saved at the notice
+    assert rank0.index(resumed[0]) > rank0.index(next(line for line in rank0 if "stopping" in line))
+    assert rank0[-1].startswith(f"done: {steps} steps"), rank0  # and on to the end
 
 
 @pytest.mark.slurm

@@ -1,11 +1,15 @@
 """Job files for real clusters, generated from the same worker and arguments a notebook ran.
 
 - `slurm_script`: an sbatch script; `srun` starts one torchrun agent per node, and the agents
-  meet at a c10d rendezvous on the node that runs the batch script (the allocation's first node).
-  A relative worker path is relative to the folder the job is submitted from (the repository).
+  meet at a c10d rendezvous on the allocation's first node (read from ``SLURM_JOB_NODELIST``), at a
+  port derived from the job id (`JOB_PORT`). A relative worker path (and the environment it
+  activates, ``.venv``) is relative to the folder the job is submitted from (the repository).
   No ``MASTER_ADDR``: with c10d, torchrun reads ``--rdzv-endpoint`` and sets ``MASTER_ADDR`` and
   ``MASTER_PORT`` for its workers itself (torch/distributed/elastic/agent/server/api.py,
-  ``_rendezvous``; local_elastic_agent.py, the workers' env).
+  ``_rendezvous``; local_elastic_agent.py, the workers' env). With a checkpoint folder it also
+  saves on preemption and requeues itself (`_preemption_lines`).
+- `srun_script`: the same job without torchrun: `srun` starts every rank itself, one task per
+  GPU (``--gpus-per-task=1``), and each rank's GPU is ``cuda:0``, the one SLURM gave its task.
 - `pytorchjob_manifest`: a Kubeflow training-operator v1 ``PyTorchJob`` with an ``elasticPolicy``
   (c10d rendezvous, ``--nnodes MIN:MAX``, ``--max-restarts``). The operator sets the ``PET_*``
   variables that torchrun reads in every pod. It targets the v1 operator (kubeflow.org/v1), the
@@ -13,6 +17,9 @@
   v1alpha1), is still alpha and needs a ``ClusterTrainingRuntime`` installed beside it.
   The pods run this project's image (docker/Dockerfile), which holds ``ddp_helpers``, and start in
   the repository's copy inside it, so a relative worker path means the same file as on SLURM.
+  Everything they write lies on a mounted volume: runs and checkpoints on a ReadWriteMany
+  PersistentVolumeClaim that the file declares (`SHARED_MOUNT`), writable by the image's user
+  (``fsGroup``), ``/tmp`` and ``/dev/shm`` on emptyDirs.
 
 Both files pass ``--max-restarts``, and with `checkpoint_dir` the worker's ``--checkpoint-dir`` and
 ``--resume`` (notebook 04's self-healing job): after a restart every rank resumes from the last
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -36,8 +44,15 @@ DEFAULT_IMAGE = "ddp-workbench:latest"
 # Where docker/Dockerfile copies the repository's package (WORKDIR, then COPY ddp_helpers ./ddp_helpers):
 # the pods' working folder, so that a worker path relative to the repository is found.
 IMAGE_REPO_DIR = "/opt/ddp-workbench"
-# The image's writable working folder (owned by its non-root user): runs/ land here.
+# The image's working folder (owned by its non-root user).
 IMAGE_WORKSPACE = "/workspace"
+# The image's user and group (docker/Dockerfile: USER_UID, useradd's group): the pods run as them, and
+# fsGroup makes the volumes they mount writable by that group.
+IMAGE_UID = IMAGE_GID = 1000
+# Where every pod mounts the job's shared ReadWriteMany volume: runs and checkpoints go there, so a
+# restarted pod (and rank 0 in another pod) finds them.
+SHARED_MOUNT = "/shared"
+SHARED_STORAGE = "100Gi"  # the shared volume's size request
 CPUS_PER_RANK = 4  # DataLoader workers and the rank itself; raise it for image decoding
 MAX_RESTARTS = 3  # torchrun restarts every worker this many times after a failure, then gives up
 # torchrun prefixes each tee'd line with this (its ${rank} is the global rank): the `[rank N]` of launch()
@@ -53,6 +68,27 @@ FRESH_STORE_LINES = [
 ]
 
 
+# A port of the job's own for the rendezvous (MASTER_PORT without torchrun): a fixed one such as 29500
+# collides when two jobs share a node. 20000-29999 lies below Linux's ephemeral ports (32768-60999), so
+# no outgoing connection holds it; two jobs on one node collide only if their ids differ by a multiple of 10000.
+JOB_PORT = "$((20000 + SLURM_JOB_ID % 10000))"
+# the first node of the allocation, and the address SLURM itself reaches it at (its NodeAddr: the
+# node's name unless the cluster configures another), for the store every node connects to.
+# awk, not head -n1: head exits after one line, and under pipefail a scontrol that still writes
+# the rest of a long list dies of SIGPIPE, and the script with it
+HEAD_NODE_LINES = [
+    "head_node=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | awk 'NR == 1')  # the first node",
+    "head_addr=$(scontrol show node \"$head_node\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)",
+]
+PREEMPT_NOTICE_S = 120  # USR1 this long before the time limit: enough for a save at the next logged step
+
+
+def this_environment() -> str | None:
+    """The virtual environment this Python runs in (for a job submitted from here), or None for a
+    system Python (the container's image, where torch and ddp_helpers are installed system-wide)."""
+    return sys.prefix if sys.prefix != sys.base_prefix else None
+
+
 def _check(nnodes: int, nproc_per_node: int, cpus_per_rank: int = 1, min_nodes: int | None = None) -> None:
     if nnodes < 1 or nproc_per_node < 1 or cpus_per_rank < 1:
         raise ValueError("nnodes, nproc_per_node and cpus_per_rank must be >= 1")
@@ -65,11 +101,24 @@ def _nnodes(nnodes: int, min_nodes: int | None) -> str:
     return str(nnodes) if min_nodes is None or min_nodes == nnodes else f"{min_nodes}:{nnodes}"
 
 
-def _worker_args(worker_args: Sequence[object], checkpoint_dir: str | None) -> list[str]:
+def _worker_args(
+    worker_args: Sequence[object], checkpoint_dir: str | None, save_on_sigterm: bool = False
+) -> list[str]:
     args = list(map(str, worker_args))
     if checkpoint_dir is not None:  # train.py's flags: save there, and resume from there after a restart
         args += ["--checkpoint-dir", checkpoint_dir, "--resume"]
+        if save_on_sigterm:  # a preemption notice: save at the next logged step, then stop
+            args.append("--save-on-sigterm")
     return args
+
+
+def _activate_lines(venv: str | None) -> list[str]:
+    if venv is None:
+        return ["# (no environment to activate: torch and ddp_helpers are installed for the system's python)"]
+    return [
+        "# the job's python: the environment with torch and ddp_helpers, in a folder every node sees",
+        f"source {shlex.quote(os.path.join(venv, 'bin', 'activate'))}",
+    ]
 
 
 def slurm_script(
@@ -86,19 +135,25 @@ def slurm_script(
     job_name: str = "ddp",
     time_limit: str = "01:00:00",
     partition: str | None = None,
-    rdzv_port: int = 29500,
+    rdzv_port: int | None = None,
+    venv: str | None = ".venv",
 ) -> str:
     """An sbatch script that runs `worker` with torchrun on `nnodes` nodes.
 
     Each node gets one task (the torchrun agent) with ``nproc_per_node * cpus_per_rank`` CPUs,
     since the agent's ranks all live inside that one task's allocation. `min_nodes` makes the
-    job elastic (``--nnodes min_nodes:nnodes``). `checkpoint_dir` (on a filesystem every node
-    sees) adds the worker's ``--checkpoint-dir`` and ``--resume``. Every rank's lines reach the
-    job's log prefixed ``[rankN]:`` (``--tee 3``), so a follower can echo them as launch() does.
+    job elastic (``--nnodes min_nodes:nnodes``). The rendezvous runs on the allocation's first
+    node, at `rdzv_port`, or by default at a port derived from the job id (`JOB_PORT`). `venv` is
+    activated first (relative to the folder the job is submitted from; None: none). `checkpoint_dir`
+    (on a filesystem every node sees) adds the worker's ``--checkpoint-dir``, ``--resume`` and
+    ``--save-on-sigterm``, and the job saves on preemption and requeues itself (`_preemption_lines`).
+    Every rank's lines reach the job's log prefixed ``[rankN]:`` (``--tee 3``), so a follower can
+    echo them as launch() does.
     """
     _check(nnodes, nproc_per_node, cpus_per_rank, min_nodes)
     gpus = nproc_per_node if gpus_per_node is None else gpus_per_node
     cpus = nproc_per_node * cpus_per_rank
+    preemptible = checkpoint_dir is not None
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name={job_name}",
@@ -108,7 +163,8 @@ def slurm_script(
         f"#SBATCH --gpus-per-node={gpus}" if gpus else "# (no GPUs requested: gloo on CPUs)",
         f"#SBATCH --time={time_limit}",
         *([f"#SBATCH --partition={partition}"] if partition else []),
-        *_slurm_environment(rdzv_port, cpus_per_rank, max_restarts),
+        *(PREEMPTIBLE_DIRECTIVES if preemptible else []),
+        *_slurm_environment(rdzv_port, cpus_per_rank, max_restarts, venv),
         *_checkpoint_lines(checkpoint_dir),
     ]
     options = {
@@ -121,12 +177,110 @@ def slurm_script(
         "--rdzv-endpoint": "ENDPOINT",
     }
     flags = [str(item) for pair in options.items() for item in pair]
-    command = shlex.join(["torchrun", *flags, worker, *_worker_args(worker_args, checkpoint_dir)])
-    command = command.replace("RDZV_ID", '"$SLURM_JOB_ID"').replace("ENDPOINT", '"$head_node:$rdzv_port"')
-    lines += [
-        "",
+    args = _worker_args(worker_args, checkpoint_dir, save_on_sigterm=preemptible)
+    command = shlex.join(["torchrun", *flags, worker, *args])
+    command = command.replace("RDZV_ID", '"$SLURM_JOB_ID"').replace("ENDPOINT", '"$head_addr:$rdzv_port"')
+    srun = [
         "# srun does not inherit --cpus-per-task from sbatch (SLURM >= 22.05): pass it on",
         f'srun --cpus-per-task="$SLURM_CPUS_PER_TASK" {command}',
+    ]
+    lines += ["", *(_preemption_lines(srun) if preemptible else srun), ""]
+    return "\n".join(lines)
+
+
+# the job may go back to the queue; USR1 tells this script (B:) that its end is near
+PREEMPTIBLE_DIRECTIVES = [
+    f"#SBATCH --signal=B:USR1@{PREEMPT_NOTICE_S}      # USR1 to this script {PREEMPT_NOTICE_S} s before the time limit",
+    "#SBATCH --requeue                    # a preempted or requeued job starts again, and resumes",
+    "#SBATCH --open-mode=append           # each start appends to the log, not over the last one's",
+]
+
+
+def _preemption_lines(srun: list[str]) -> list[str]:
+    """srun in the background, and a trap that saves and requeues on USR1.
+
+    USR1 reaches the batch script only (``--signal=B:USR1``; at preemption too where the cluster sets
+    ``SlurmctldParameters=preempt_send_user_signal``). The trap passes SIGTERM to the job's steps
+    (``scancel --signal`` without ``--batch`` signals every step, not this shell): torchrun and its
+    workers, which save a checkpoint at their next logged step and stop (``--save-on-sigterm``;
+    torchrun gives them 30 s). Then the job requeues itself and, started again, resumes (``--resume``).
+    """
+    return [
+        "# a preemption notice (USR1): every rank saves a checkpoint and stops, then the job goes back",
+        "# to the queue and resumes from that checkpoint when it starts again",
+        "preempted=0",
+        "on_notice() {",
+        "    preempted=1",
+        '    echo "preemption notice: job $SLURM_JOB_ID saves a checkpoint and requeues"',
+        '    scancel --signal=TERM "$SLURM_JOB_ID"  # every step (torchrun and its workers), not this script',
+        "}",
+        "trap on_notice USR1",
+        'echo "job $SLURM_JOB_ID starts (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST"',
+        *srun[:-1],
+        "# in the background: bash runs a trap only between commands, and `wait` returns at a signal",
+        f"{srun[-1]} &",
+        "srun_pid=$!",
+        'status=0; wait "$srun_pid" || status=$?',
+        'if [ "$preempted" = 1 ]; then',
+        '    wait "$srun_pid" || true  # until every rank has saved and stopped',
+        '    scontrol requeue "$SLURM_JOB_ID"',
+        "    exit 0",
+        "fi",
+        'exit "$status"',
+    ]
+
+
+def srun_script(
+    worker: str,
+    worker_args: Sequence[object] = (),
+    *,
+    nnodes: int = 2,
+    nproc_per_node: int = 8,
+    gpus_per_task: int = 1,
+    cpus_per_rank: int = CPUS_PER_RANK,
+    job_name: str = "ddp",
+    time_limit: str = "01:00:00",
+    partition: str | None = None,
+    venv: str | None = ".venv",
+) -> str:
+    """An sbatch script that starts every rank with `srun`, without torchrun: one task per rank.
+
+    ``--gpus-per-task=1`` makes SLURM give each task a GPU of its own: it sets the task's
+    ``CUDA_VISIBLE_DEVICES`` to that one GPU, so the rank's device is ``cuda:0`` whatever its
+    ``LOCAL_RANK`` (`ddp_helpers.distributed.gpu_index`). `gpus_per_task=0` runs on CPUs (gloo).
+    No agent: the script sets ``MASTER_ADDR`` and ``MASTER_PORT``, each task its ``RANK``,
+    ``LOCAL_RANK`` and ``WORLD_SIZE``; no restarts, no elastic membership.
+    """
+    _check(nnodes, nproc_per_node, cpus_per_rank)
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={job_name}",
+        f"#SBATCH --nodes={nnodes}",
+        f"#SBATCH --ntasks-per-node={nproc_per_node}          # one task per rank: srun starts the ranks, no torchrun",
+        f"#SBATCH --gpus-per-task={gpus_per_task}             # a GPU of its own per task, in its CUDA_VISIBLE_DEVICES"
+        if gpus_per_task
+        else "# (no GPUs requested: gloo on CPUs)",
+        f"#SBATCH --cpus-per-task={cpus_per_rank}",
+        f"#SBATCH --time={time_limit}",
+        *([f"#SBATCH --partition={partition}"] if partition else []),
+        "set -euo pipefail",
+        "",
+        *_activate_lines(venv),
+        "# no agent sets these here: the first node hosts the store, at a port of this job's own",
+        *HEAD_NODE_LINES,
+        'export MASTER_ADDR="$head_addr"',
+        f"export MASTER_PORT={JOB_PORT}",
+        f'export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{cpus_per_rank}}}"',
+        "",
+        "# each task is one rank: SLURM numbers the tasks, init_process_group reads torchrun's names (env://)",
+        *(
+            ["# a task sees its own GPU only, as cuda:0: for LOCAL_RANK >= 1, cuda:LOCAL_RANK does not exist"]
+            if gpus_per_task
+            else []
+        ),
+        'srun --cpus-per-task="$SLURM_CPUS_PER_TASK" bash -c \\',
+        "    'export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS; exec python -u \"$@\"' \\",
+        f"    rank {shlex.join([worker, *map(str, worker_args)])}",
         "",
     ]
     return "\n".join(lines)
@@ -141,15 +295,19 @@ def _checkpoint_lines(checkpoint_dir: str | None) -> list[str]:
     ]
 
 
-def _slurm_environment(rdzv_port: int, cpus_per_rank: int, max_restarts: int) -> list[str]:
-    """The batch script's shell lines before srun: the rendezvous host, threads, log prefixes."""
+def _slurm_environment(
+    rdzv_port: int | None, cpus_per_rank: int, max_restarts: int, venv: str | None
+) -> list[str]:
+    """The batch script's shell lines before srun: the environment, the rendezvous, threads, log prefixes."""
     return [
         "set -euo pipefail",
         "",
-        "# the batch script runs on the allocation's first node: it hosts the rendezvous store.",
-        "# (no MASTER_ADDR: with c10d, torchrun reads --rdzv-endpoint and sets MASTER_ADDR for its workers)",
-        "head_node=$(hostname)",
-        f"rdzv_port={rdzv_port}",
+        *_activate_lines(venv),
+        "# the rendezvous store runs on the allocation's first node, at a port of this job's own: a fixed",
+        "# one (29500) collides when two jobs share a node. (no MASTER_ADDR: with c10d, torchrun reads",
+        "# --rdzv-endpoint and sets MASTER_ADDR for its workers)",
+        *HEAD_NODE_LINES,
+        f"rdzv_port={JOB_PORT if rdzv_port is None else rdzv_port}",
         "# torchrun would give each rank 1 thread; give it its share of the task's cores",
         f'export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{cpus_per_rank}}}"',
         "# --tee 3 copies every rank's stdout and stderr here, each line prefixed with its global rank",
@@ -173,8 +331,11 @@ def pytorchjob_manifest(
     max_restarts: int = MAX_RESTARTS,
     checkpoint_dir: str | None = None,
     name: str = "ddp",
+    shared_storage: str = SHARED_STORAGE,
+    storage_class: str | None = None,
 ) -> str:
-    """A Kubeflow PyTorchJob (kubeflow.org/v1) with an elasticPolicy: `nnodes` Worker pods running torchrun.
+    """A shared volume's claim and a Kubeflow PyTorchJob (kubeflow.org/v1) with an elasticPolicy:
+    `nnodes` Worker pods running torchrun. Two YAML documents: ``kubectl apply -f`` creates both.
 
     The ``elasticPolicy`` makes the operator pass a c10d rendezvous, ``--nnodes min_nodes:nnodes``
     and ``--max-restarts`` to torchrun (``PET_*`` variables), so a restarted pod rejoins the job
@@ -183,12 +344,20 @@ def pytorchjob_manifest(
     pytorch/pytorch image has no ddp_helpers, so ``train.py`` would fail on its first import).
     Pods start in the repository's copy inside the image (``IMAGE_REPO_DIR``), so a relative
     `worker` such as ``ddp_helpers/workers/train.py`` is found there. That folder is read-only for
-    the image's user: runs go to ``IMAGE_WORKSPACE/runs/<name>`` (``DDP_RUN_DIR``; mount a volume
-    there to keep them), and `checkpoint_dir` must be an absolute path on a volume every pod mounts
-    (a ReadWriteMany PersistentVolumeClaim), since after a restart rank 0 may be another pod.
+    the image's user; what the job writes goes to volumes: every pod mounts the ReadWriteMany claim
+    ``<name>-shared`` (`shared_storage`, of `storage_class` or the cluster's default class, which must
+    offer ReadWriteMany) at `SHARED_MOUNT`, where the runs go (``DDP_RUN_DIR``) and where
+    `checkpoint_dir` must lie (after a restart rank 0 may be another pod). The pods run as the image's
+    user, and ``fsGroup`` makes the volumes writable by its group.
     """
     _check(nnodes, nproc_per_node, cpus_per_rank, min_nodes)
+    if checkpoint_dir is not None and not _under(checkpoint_dir, SHARED_MOUNT):
+        raise ValueError(
+            f"checkpoint_dir {checkpoint_dir!r} must lie under {SHARED_MOUNT}, where every pod mounts the "
+            "shared volume: elsewhere a pod's checkpoints are lost with it, and other pods never see them"
+        )
     gpus = nproc_per_node if gpus_per_node is None else gpus_per_node
+    claim = f"{name}-shared"
     command = ["torchrun", worker, *_worker_args(worker_args, checkpoint_dir)]
     container = _pod_container(image, command, name, cpus_per_rank, gpus, fresh_store=max_restarts > 0)
     worker_spec = {
@@ -196,9 +365,22 @@ def pytorchjob_manifest(
         "restartPolicy": "OnFailure",
         "template": {
             "spec": {
+                # the image's user (docker/Dockerfile), and its group owns the mounted volumes
+                "securityContext": {
+                    "runAsUser": IMAGE_UID,
+                    "runAsGroup": IMAGE_GID,
+                    "runAsNonRoot": True,
+                    "fsGroup": IMAGE_GID,
+                    "fsGroupChangePolicy": "OnRootMismatch",  # no recursive chown of a full volume at each start
+                },
                 "containers": [container],
-                # DataLoader workers and NCCL need more shared memory than a pod's default
-                "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+                "volumes": [
+                    # runs and checkpoints: one volume that every pod mounts, and that outlives them
+                    {"name": "shared", "persistentVolumeClaim": {"claimName": claim}},
+                    {"name": "tmp", "emptyDir": {}},  # torchrun's log folder and other temporary files
+                    # DataLoader workers and NCCL need more shared memory than a pod's default
+                    {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+                ],
             }
         },
     }
@@ -218,25 +400,44 @@ def pytorchjob_manifest(
             "pytorchReplicaSpecs": {"Worker": worker_spec},
         },
     }
-    return yaml.safe_dump(manifest, sort_keys=False)
+    volume_claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": claim},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],  # every pod, on any node, mounts it read-write
+            **({"storageClassName": storage_class} if storage_class else {}),
+            "resources": {"requests": {"storage": shared_storage}},
+        },
+    }
+    return yaml.safe_dump_all([volume_claim, manifest], sort_keys=False)
+
+
+def _under(path: str, folder: str) -> bool:
+    normal = os.path.normpath(path)
+    return os.path.isabs(path) and (normal == folder or normal.startswith(folder + "/"))
 
 
 def _pod_container(
     image: str, command: list[str], name: str, cpus_per_rank: int, gpus: int, fresh_store: bool
 ) -> dict[str, Any]:
-    """The Worker pods' one container: the image, torchrun's command, threads, shared memory, GPUs."""
+    """The Worker pods' one container: the image, torchrun's command, threads, volumes, GPUs."""
     container: dict[str, Any] = {
         "name": "pytorch",  # the operator looks for a container with this name
         "image": image,
         "command": command,
         "workingDir": IMAGE_REPO_DIR,
         "env": [
-            {"name": "DDP_RUN_DIR", "value": f"{IMAGE_WORKSPACE}/runs/{name}"},  # the workers' --run-dir
+            {"name": "DDP_RUN_DIR", "value": f"{SHARED_MOUNT}/runs/{name}"},  # the workers' --run-dir
             {"name": "OMP_NUM_THREADS", "value": str(cpus_per_rank)},  # torchrun would set 1
             # a fresh rendezvous store per restart round (see FRESH_STORE)
             *([{"name": k, "value": v} for k, v in FRESH_STORE.items()] if fresh_store else []),
         ],
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        "volumeMounts": [
+            {"name": "shared", "mountPath": SHARED_MOUNT},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+        ],
     }
     if gpus:
         container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
@@ -252,17 +453,22 @@ SHARED_OPTIONS = {
     "max_restarts",
     "checkpoint_dir",
 }
-SLURM_OPTIONS = SHARED_OPTIONS | {"job_name", "time_limit", "partition", "rdzv_port"}
-K8S_OPTIONS = SHARED_OPTIONS | {"image", "name"}
+SLURM_OPTIONS = SHARED_OPTIONS | {"job_name", "time_limit", "partition", "rdzv_port", "venv"}
+SRUN_OPTIONS = {"nnodes", "nproc_per_node", "cpus_per_rank", "job_name", "time_limit", "partition", "venv"}
+K8S_OPTIONS = SHARED_OPTIONS | {"image", "name", "shared_storage", "storage_class"}
 
 
 def write_cluster_templates(
     directory: str | os.PathLike[str], worker: str, worker_args: Sequence[object] = (), **options: Any
 ) -> dict[str, Path]:
-    """Write ``sbatch.sh`` and ``pytorchjob.yaml`` into `directory`; returns their paths.
+    """Write ``sbatch.sh``, ``srun.sh`` and ``pytorchjob.yaml`` into `directory`; returns their paths
+    (keys ``slurm``, ``srun`` and ``kubernetes``).
 
     `worker` is a path relative to the repository (e.g. ``ddp_helpers/workers/train.py``): the
-    SLURM job is submitted from the repository, and the image holds a copy of it.
+    SLURM job is submitted from the repository, and the image holds a copy of it. ``srun.sh`` is the
+    same job without torchrun (`srun_script`: one task and one GPU per rank, no restarts, so no
+    checkpoint options). A `checkpoint_dir` must lie under `SHARED_MOUNT`, where the pods mount the
+    shared volume; call `slurm_script` alone for a folder elsewhere.
     """
     unknown = set(options) - SLURM_OPTIONS - K8S_OPTIONS
     if unknown:
@@ -271,7 +477,15 @@ def write_cluster_templates(
     folder.mkdir(parents=True, exist_ok=True)
     slurm_options = {k: v for k, v in options.items() if k in SLURM_OPTIONS}
     k8s_options = {k: v for k, v in options.items() if k in K8S_OPTIONS}
-    paths = {"slurm": folder / "sbatch.sh", "kubernetes": folder / "pytorchjob.yaml"}
+    srun_options = {k: v for k, v in slurm_options.items() if k in SRUN_OPTIONS}
+    gpus = options.get("gpus_per_node")
+    srun_options["gpus_per_task"] = 0 if gpus == 0 else 1  # each rank uses one GPU
+    paths = {
+        "slurm": folder / "sbatch.sh",
+        "srun": folder / "srun.sh",
+        "kubernetes": folder / "pytorchjob.yaml",
+    }
     paths["slurm"].write_text(slurm_script(worker, worker_args, **slurm_options))
+    paths["srun"].write_text(srun_script(worker, worker_args, **srun_options))
     paths["kubernetes"].write_text(pytorchjob_manifest(worker, worker_args, **k8s_options))
     return paths

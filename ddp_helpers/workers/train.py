@@ -46,8 +46,9 @@ __all__ = ["RESUME_PARTS", "build_model", "main", "parse_args", "train_step"]
 def setup(args: argparse.Namespace) -> DistInfo:
     """Join the process group under DDP; describe the one process otherwise."""
     if args.mode == "ddp":
-        # nccl for GPUs, gloo for CPUs (the launcher says which through DDP_BACKEND); the
-        # device comes from LOCAL_RANK, and init_process_group gets it as device_id on GPUs
+        # nccl for GPUs, gloo for CPUs (the launcher says which through DDP_BACKEND); the device
+        # is the rank's own GPU (cuda:LOCAL_RANK, or cuda:0 where SLURM gave each task one), and
+        # init_process_group gets it as device_id on GPUs
         return setup_distributed()
     use_cuda = torch.cuda.is_available() and os.environ.get("DDP_DEVICE", "cuda") != "cpu"
     return DistInfo(0, 0, 1, 1, "none", torch.device("cuda" if use_cuda else "cpu"))
@@ -151,7 +152,7 @@ def wrap(args: argparse.Namespace, world: DistInfo, training: Training) -> None:
         # gradient_as_bucket_view: grads live inside DDP's all-reduce buckets, saving a copy
         training.model = DDP(
             training.raw_model,
-            device_ids=[world.local_rank] if on_gpu else None,
+            device_ids=[world.device] if on_gpu else None,
             gradient_as_bucket_view=True,
         )
     elif args.mode == "dp":
