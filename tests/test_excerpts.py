@@ -52,6 +52,8 @@ EXCERPTS: dict[tuple[str, str | None], str] = {
     ("stack_dumps", "register"): "faulthandler.register(",
     ("pitfalls", "batchnorm"): "SyncBatchNorm",
     ("pitfalls", "uneven"): "Join(",
+    # notebook 06
+    ("distributed", "gpu_index"): "visible_gpus == 1",
     # notebook 07
     ("handmade_ddp", "broadcast_from_rank0"): "dist.broadcast(",
     ("handmade_ddp", "HandmadeDDP"): "handle.remove()",
@@ -81,6 +83,19 @@ EXCERPTS: dict[tuple[str, str | None], str] = {
     ("fsdp", "adam_run"): "ZeroRedundancyOptimizer(",
     ("fsdp_checkpoint", "part_save"): "dcp.async_save(",
     ("fsdp_checkpoint", "part_resume"): "set_state_dict(",
+    # notebook 09
+    ("compile_ddp", "MLP"): "nn.Linear(width, width)",
+    ("compile_ddp", "GraphCounter"): "lookup_backend(self.backend)",
+    ("compile_ddp", "c_compiler"): "shutil.which(",
+    ("compile_ddp", "wrap"): "torch.compile(DDP(model",
+    ("compile_ddp", "compiled_step"): "GraphCounter()",
+    ("compile_ddp", "compiled_autograd_step"): 'optimize_ddp = "python_reducer"',
+    ("compile_ddp", "train"): "optimizer.step()",
+    ("compile_ddp", "eager_against_compiled"): "DDP(torch.compile(model",
+    ("compile_ddp", "epochs_of_batches"): "drop_last=drop_last",
+    ("compile_ddp", "ChattyMLP"): "dist.get_rank() == 0",
+    ("compile_ddp", "checkpoint_keys"): "consume_prefix_in_state_dict_if_present(",
+    ("compile_ddp", "resume_both_ways"): "load_state_dict(",
 }
 
 
