@@ -35,7 +35,7 @@ def _no_server_from_an_earlier_test():
 
 
 def _server_pids() -> list[int]:
-    return [server.process.pid for server in agent_client._servers.values()]
+    return [server.process.pid for server in agent_client.SERVERS.running.values()]
 
 
 def _run(config) -> ForkedAgent:
@@ -149,7 +149,7 @@ def test_a_fresh_agent_where_no_server_can_fork_it(script, tmp_path, monkeypatch
 def test_an_idle_server_leaves_and_the_next_launch_starts_another(script, tmp_path, monkeypatch):
     monkeypatch.setenv(IDLE_ENV, "1")
     launch(script("chatty.py"), nproc=1, run_dir=tmp_path / "first")
-    [server] = agent_client._servers.values()
+    [server] = agent_client.SERVERS.running.values()
     deadline = time.monotonic() + 30
     while server.alive() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -161,7 +161,7 @@ def test_an_idle_server_leaves_and_the_next_launch_starts_another(script, tmp_pa
 
 def test_chapter_setup_starts_the_server_that_the_first_launch_forks_from(script, tmp_path):
     chapter_setup(1)
-    [server] = agent_client._servers.values()
+    [server] = agent_client.SERVERS.running.values()
     agent = _run(make_config(script("chatty.py"), nproc=1, run_dir=tmp_path / "run"))
     assert psutil.Process(agent.pid).ppid() == server.process.pid
     assert wait_for_exit(agent, 120) and agent.returncode == 0

@@ -19,6 +19,7 @@ from ddp_helpers.launcher.options import (
     OPTIONS,
     LaunchKeywords,
     LaunchOptions,
+    LiveKeywords,
     add_flags,
     command_line_options,
     given_options,
@@ -84,6 +85,14 @@ def test_launch_keywords_are_the_options_names_and_types():
     assert keywords == fields
     assert "gpus" not in NAMES and "gpus" not in inspect.signature(launch).parameters
     assert typing.get_type_hints(launch)["options"] == typing.Unpack[LaunchKeywords]
+
+
+def test_start_ranks_keywords_are_the_live_options_names_and_types():
+    keywords = typing.get_type_hints(LiveKeywords)
+    fields = typing.get_type_hints(LaunchOptions)
+    assert list(keywords) == [o.name for o in LIVE_OPTIONS]
+    assert keywords == {name: fields[name] for name in keywords}
+    assert typing.get_type_hints(start_ranks)["options"] == typing.Unpack[LiveKeywords]
 
 
 def test_adding_an_option_is_one_declaration():

@@ -42,17 +42,21 @@ def test_a_mistyped_launch_keyword_is_a_type_error(tmp_path):
     caller.write_text(
         textwrap.dedent(
             """\
-            from ddp_helpers import launch
+            from ddp_helpers import launch, start_ranks
 
             launch("x.py", "--steps", 3, nproc=2, timeout=5, env={"A": "1"}, run_dir="runs/x")
             launch("x.py", nproc=2, tiemout=5)
             launch("x.py", nproc="2")
             launch("x.py", gpus=0)
+            start_ranks(2, nprocs=2)
+            start_ranks(timeout="5")
             """
         )
     )
     errors = _mypy(caller)
-    assert [line.split(":")[1] for line in errors] == ["5", "6", "7"], errors  # line 4 is right
+    assert [line.split(":")[1] for line in errors] == ["5", "6", "7", "8", "9"], errors  # line 4 is right
     assert 'Unexpected keyword argument "tiemout" for "launch"' in errors[0]
     assert 'Argument "nproc" to "launch" has incompatible type "str"' in errors[1]
     assert 'Unexpected keyword argument "gpus" for "launch"' in errors[2]  # a test's stand-in, not an option
+    assert 'Unexpected keyword argument "nprocs" for "start_ranks"' in errors[3]
+    assert 'Argument "timeout" to "start_ranks" has incompatible type "str"' in errors[4]

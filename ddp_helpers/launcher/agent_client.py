@@ -13,7 +13,8 @@ with other variables (``launch(env=...)``) gets a server of its own; the two mos
 
 A server holds no run of its own. It leaves when this process closes its end of the channel (at exit,
 in `stop_servers`, which an interrupted launch calls, or when a third server evicts it) or dies, and
-after `agent_server.IDLE_S` seconds without a run.
+after `agent_server.IDLE_S` seconds without a run. `AgentServers` owns this process's servers (one
+object, `SERVERS`, as ipyparallel's `Cluster` owns its engines); the module's functions are its methods.
 """
 
 from __future__ import annotations
@@ -96,14 +97,13 @@ class AgentServer:
         return request_fork(self.channel, self.lock, request, [output_fd, lifeline_fd], ForkedAgent)
 
     def alive(self) -> bool:
-        return self.process.returncode is None and _reap(self.process) is None
+        return self.process.returncode is None and _exit_code_if_ended(self.process) is None
 
     def stop(self) -> None:
-        """Close the channel: the server takes no new run and leaves when its runs have ended."""
+        """Close the channel: the server takes no new run and leaves when its runs have ended (its
+        owner, `AgentServers`, reaps it then)."""
         with self.lock:
             self.channel.close()
-        with _stopped_lock:
-            _stopped.append(self.process)
 
     def kill(self) -> None:
         """For a server that did not answer: a request it still holds must never be forked."""
@@ -111,10 +111,10 @@ class AgentServer:
             self.process.kill()
         except ProcessLookupError:
             pass
-        self.stop()
 
 
-def _reap(process: subprocess.Popen) -> int | None:
+def _exit_code_if_ended(process: subprocess.Popen) -> int | None:
+    """The server's exit code once it has ended (reaping it), None while it runs."""
     try:
         pid, status = os.waitpid(process.pid, os.WNOHANG)
     except ChildProcessError:
@@ -124,13 +124,6 @@ def _reap(process: subprocess.Popen) -> int | None:
     return process.returncode
 
 
-_servers: dict[tuple, AgentServer] = {}  # most recently used last
-_stopped: list[subprocess.Popen] = []  # servers told to leave, reaped when they have
-_stopped_lock = threading.Lock()
-_not_forkable: set[str] = set()  # Pythons whose server found threads after importing torch
-_servers_lock = threading.Lock()
-
-
 def supported() -> bool:
     """Linux, and not turned off (``DDP_HELPERS_AGENT_SERVER=off``: every launch starts a fresh agent)."""
     if os.environ.get(SWITCH_ENV, "on").lower() in ("off", "0", "false", "no"):
@@ -138,92 +131,113 @@ def supported() -> bool:
     return sys.platform.startswith("linux") and hasattr(socket, "send_fds")
 
 
-def start_agent(
-    python: str, argv: list[str], env: dict[str, str], output_fd: int, lifeline_fd: int
-) -> ForkedAgent | None:
-    """Fork the run's agent from a warm server (started now if there is none for this Python and
-    environment). None where that cannot be done: start a fresh agent instead."""
-    if not supported() or len(json.dumps([argv, env])) > MAX_REQUEST_BYTES - 4096:  # 4 kB: the folder's name
-        return None
-    if python in _not_forkable:
-        return None
-    key = server_key(python, env)
-    _reap_stopped()
-    with _servers_lock:
-        server = _servers.pop(key, None)
-        if server is not None and not server.alive():
-            server.stop()
-            server = None
-        if server is None:
-            try:
-                server = AgentServer(python, env)
-            except OSError:
-                return None
-        _servers[key] = server  # now the most recently used
-        while len(_servers) > KEEP_SERVERS:
-            _servers.pop(next(iter(_servers))).stop()
-    try:
-        return server.fork(argv, env, output_fd, lifeline_fd)
-    except (ServerGone, KeyboardInterrupt) as error:  # an interrupt while a cold server imports torch
-        with _servers_lock:
-            if _servers.get(key) is server:
-                del _servers[key]
-        server.kill()
-        if server.process.wait() == NOT_FORKABLE:
-            _not_forkable.add(python)
-        if isinstance(error, KeyboardInterrupt):
-            raise
-        return None
+class AgentServers:
+    """This process's agent servers: the ones in use (by Python and environment), the ones told to leave
+    until they have been reaped, and the Pythons whose server cannot fork. It owns every server it
+    starts: `stop_all` (at exit) tells them all to leave."""
 
+    def __init__(self) -> None:
+        self.running: dict[tuple, AgentServer] = {}  # most recently used last
+        self.stopped: list[subprocess.Popen] = []  # told to leave, reaped when they have
+        self.not_forkable: set[str] = set()  # Pythons whose server found threads after importing torch
+        self._lock = threading.Lock()  # running, not_forkable
+        self._stopped_lock = threading.Lock()
 
-def warm_up(python: str, env: dict[str, str]) -> bool:
-    """Start the server that a launch with this Python and environment will use, without waiting: it
-    imports torch while this process does other work, and the first launch finds it ready. True if a
-    server was started."""
-    if not supported() or python in _not_forkable:
-        return False
-    key = server_key(python, env)
-    with _servers_lock:
-        if key in _servers:
-            return False
+    def start_agent(
+        self, python: str, argv: list[str], env: dict[str, str], output_fd: int, lifeline_fd: int
+    ) -> ForkedAgent | None:
+        """Fork the run's agent from a warm server (started now if there is none for this Python and
+        environment). None where that cannot be done: start a fresh agent instead."""
+        if not supported() or len(json.dumps([argv, env])) > MAX_REQUEST_BYTES - 4096:  # 4 kB: the folder
+            return None
+        if python in self.not_forkable:
+            return None
+        key = server_key(python, env)
+        self.reap_stopped()
+        with self._lock:
+            server = self.running.pop(key, None)
+            if server is not None and not server.alive():
+                self._stop(server)
+                server = None
+            if server is None:
+                try:
+                    server = AgentServer(python, env)
+                except OSError:
+                    return None
+            self._use(key, server)
         try:
-            _servers[key] = AgentServer(python, env)
-        except OSError:
+            return server.fork(argv, env, output_fd, lifeline_fd)
+        except (ServerGone, KeyboardInterrupt) as error:  # an interrupt while a cold server imports torch
+            with self._lock:
+                if self.running.get(key) is server:
+                    del self.running[key]
+            server.kill()
+            self._stop(server)
+            if server.process.wait() == NOT_FORKABLE:
+                self.not_forkable.add(python)
+            if isinstance(error, KeyboardInterrupt):
+                raise
+            return None
+
+    def warm_up(self, python: str, env: dict[str, str]) -> bool:
+        """Start the server that a launch with this Python and environment will use, without waiting:
+        it imports torch while this process does other work. True if a server was started."""
+        if not supported() or python in self.not_forkable:
             return False
-        while len(_servers) > KEEP_SERVERS:
-            _servers.pop(next(iter(_servers))).stop()
-    return True
+        key = server_key(python, env)
+        with self._lock:
+            if key in self.running:
+                return False
+            try:
+                self._use(key, AgentServer(python, env))
+            except OSError:
+                return False
+        return True
+
+    def _use(self, key: tuple, server: AgentServer) -> None:
+        """Make `server` the most recently used; tell the least recently used beyond `KEEP_SERVERS` to leave."""
+        self.running[key] = server
+        while len(self.running) > KEEP_SERVERS:
+            self._stop(self.running.pop(next(iter(self.running))))
+
+    def _stop(self, server: AgentServer) -> None:
+        server.stop()
+        with self._stopped_lock:
+            self.stopped.append(server.process)
+
+    def stop_all(self) -> None:
+        """Let every server leave (each once its runs have ended). The next launch starts a fresh one."""
+        with self._lock:
+            while self.running:
+                self._stop(self.running.popitem()[1])
+
+    def reap_stopped(self) -> bool:
+        """Reap the servers that have left; True if none is left to wait for."""
+        with self._stopped_lock:
+            self.stopped[:] = [p for p in self.stopped if _exit_code_if_ended(p) is None]
+            return not self.stopped
+
+    def wait_for_stopped(self, timeout_s: float) -> bool:
+        """Wait until every server told to leave has; True if they all did (a server leaves once its
+        runs, live ranks included, have ended)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.reap_stopped():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def reap_stopped_in_background(self, timeout_s: float = 60.0) -> None:
+        """Reap, from a daemon thread, the servers told to leave that have not left yet (none stays a
+        zombie)."""
+        if not self.reap_stopped():
+            threading.Thread(target=self.wait_for_stopped, args=(timeout_s,), daemon=True).start()
 
 
-def stop_servers() -> None:
-    """Let every server leave (each once its runs have ended). The next launch starts a fresh one."""
-    with _servers_lock:
-        while _servers:
-            _servers.popitem()[1].stop()
-
-
-def _reap_stopped() -> bool:
-    """Reap the servers that have left; True if none is left to wait for."""
-    with _stopped_lock:
-        _stopped[:] = [p for p in _stopped if _reap(p) is None]
-        return not _stopped
-
-
-def wait_for_stopped_servers(timeout_s: float) -> bool:
-    """Wait until every server told to leave has; True if they all did (a server leaves once its
-    runs, live ranks included, have ended)."""
-    deadline = time.monotonic() + timeout_s
-    while not _reap_stopped():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def reap_stopped_servers_in_background(timeout_s: float = 60.0) -> None:
-    """Reap, from a daemon thread, the servers told to leave that have not left yet (none stays a zombie)."""
-    if not _reap_stopped():
-        threading.Thread(target=wait_for_stopped_servers, args=(timeout_s,), daemon=True).start()
-
-
-atexit.register(stop_servers)
+SERVERS = AgentServers()  # this process's: the launcher's functions below use it
+start_agent = SERVERS.start_agent
+warm_up = SERVERS.warm_up
+stop_servers = SERVERS.stop_all
+wait_for_stopped_servers = SERVERS.wait_for_stopped
+reap_stopped_servers_in_background = SERVERS.reap_stopped_in_background
+atexit.register(SERVERS.stop_all)

@@ -63,7 +63,7 @@ def fork_child(
     return pid
 
 
-def reap(runs: dict[int, socket.socket]) -> None:
+def report_ended_children(runs: dict[int, socket.socket]) -> None:
     """Report each agent that has ended (its exit code, negative for a signal) and forget it."""
     while runs:
         try:
@@ -107,7 +107,7 @@ def serve(channel: socket.socket, idle_s: float | None, start: StartFork) -> Non
                         break
                 except BlockingIOError:
                     break
-        reap(runs)
+        report_ended_children(runs)
         if channel in readable:
             try:
                 data, fds, _, _ = socket.recv_fds(channel, MAX_REQUEST, 3)

@@ -223,6 +223,19 @@ class LaunchKeywords(TypedDict, total=False):
     python: str
 
 
+class LiveKeywords(TypedDict, total=False):
+    """`start_ranks()`'s keywords for a type checker: the fields marked ``live``, names and types
+    (tests/test_launch_options.py holds them equal)."""
+
+    nproc: int | None
+    backend: str
+    timeout: float | None
+    startup_timeout: float | None
+    run_dir: str | os.PathLike[str] | None
+    env: dict[str, str]
+    show_ranks: str | int | Iterable[int] | None
+
+
 @dataclass(frozen=True)
 class Option:
     """One launcher option as the front ends use it: a field of `LaunchOptions` and its metadata."""
@@ -388,7 +401,7 @@ def given_options(
     return given
 
 
-def bind_options(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+def bind_options(func: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """Every parameter of `func`'s signature, from `args` and `kwargs` with its defaults filled in.
 
     Raises TypeError for an unknown keyword, as a function with those parameters written out would.

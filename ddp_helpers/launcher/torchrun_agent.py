@@ -65,7 +65,8 @@ def children(pid: int) -> list[int]:
     return found
 
 
-def _reap() -> None:
+def _collect_zombies() -> None:
+    """waitpid every child that has ended (orphans included): none stays a zombie."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -85,13 +86,13 @@ def stop_children(grace_s: float) -> list[int]:
             _signal(pid, signal.SIGTERM)
             signalled.add(pid)
         time.sleep(0.05)
-        _reap()  # orphans of orphans arrive here as their parents exit: the loop catches them too
+        _collect_zombies()  # orphans of orphans arrive here as their parents exit: the loop catches them too
     killed = children(me)
     while killed_now := children(me):
         for pid in killed_now:
             _signal(pid, signal.SIGKILL)
         time.sleep(0.05)
-        _reap()
+        _collect_zombies()
     return killed
 
 

@@ -27,12 +27,12 @@ import weakref
 from collections.abc import Iterable
 from pathlib import Path
 from types import EllipsisType
-from typing import Any
+from typing import Any, Unpack
 
 from ..errors import InvalidLaunchArguments, RanksNotRunning
 from ..launcher.checks import check_rank_list, check_seconds
 from ..launcher.config import LaunchConfig, default_run_dir, make_config
-from ..launcher.options import LIVE_OPTIONS, bind_options, with_options
+from ..launcher.options import LIVE_OPTIONS, LiveKeywords, bind_options, with_options
 from .calls import request
 from .cells import CellLog
 from .protocol import Gather, Push, Reply, Run
@@ -234,7 +234,7 @@ def _shutdown_quietly(ref: weakref.ref[LiveRanks]) -> None:
     positional=("nproc", "backend", "timeout", "env"),
     defaults={"startup_timeout": STARTUP_TIMEOUT_S},
 )
-def start_ranks(*args: Any, **options: Any) -> LiveRanks:
+def start_ranks(*args: Any, **options: Unpack[LiveKeywords]) -> LiveRanks:
     """Start `nproc` DDP ranks under torchrun that stay up between cells.
 
     Returns once every rank has run ``init_process_group`` (nccl with one GPU per rank where GPUs
