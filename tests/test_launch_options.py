@@ -14,12 +14,11 @@ from ddp_helpers import InvalidLaunchArguments
 from ddp_helpers.__main__ import build_parser, main
 from ddp_helpers.launcher.checks import check_seconds, int_at_least, rank_list
 from ddp_helpers.launcher.config import LaunchConfig
+from ddp_helpers.launcher.keywords import LaunchKeywords, LiveKeywords
 from ddp_helpers.launcher.options import (
     LIVE_OPTIONS,
     OPTIONS,
-    LaunchKeywords,
     LaunchOptions,
-    LiveKeywords,
     add_flags,
     command_line_options,
     given_options,

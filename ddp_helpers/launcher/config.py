@@ -21,8 +21,9 @@ from ..backends import resolve_backend  # the one rule, shared with every worker
 from ..errors import InvalidLaunchArguments
 from ..stack_dumps import REGISTER_ENV, WORKER_SITE
 from .checks import check_int, ranks_outside
+from .keywords import LaunchKeywords
 from .machine import check_cpu_ranks, free_port, threads_per_rank, visible_gpus
-from .options import OPTION_NAMES, OPTIONS, LaunchKeywords, LaunchOptions
+from .options import OPTION_NAMES, OPTIONS, LaunchOptions
 
 __all__ = ["LaunchConfig", "default_run_dir", "make_config"]
 

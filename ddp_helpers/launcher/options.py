@@ -4,7 +4,7 @@
 fields (it subclasses `LaunchOptions`), `OPTIONS` (each field with its metadata), `launch()`'s shown
 signature and the options part of its docstring, the flags of ``python -m ddp_helpers launch`` and of
 ``%%torchrun``, and (for the options marked `live`) `start_ranks`' keywords and ``%ranks start``'s
-flags. `LaunchKeywords` writes the same names and types out for a checker to hold `launch()`'s
+flags. `LaunchKeywords` (keywords.py) writes the same names and types out for a checker to hold `launch()`'s
 keywords to (tests/test_launch_options.py keeps the two equal). Adding an option is one field below,
 its line in `LaunchKeywords`, and the code that acts on it (`LaunchConfig.command` or `environment`).
 Nothing here imports torch: a typo is refused at once.
@@ -20,7 +20,7 @@ import sys
 import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict, TypeVar
+from typing import Any, TypeVar
 
 from .checks import (
     LAUNCHERS,
@@ -199,43 +199,6 @@ class LaunchOptions:
     )
 
 
-class LaunchKeywords(TypedDict, total=False):
-    """`launch()`'s keywords for a type checker: `LaunchOptions`' fields, names and types, written out.
-
-    (A TypedDict cannot be built from a dataclass; tests/test_launch_options.py holds the two equal.)
-    """
-
-    nproc: int | None
-    backend: str
-    timeout: float | None
-    startup_timeout: float | None
-    run_dir: str | os.PathLike[str] | None
-    env: dict[str, str]
-    max_restarts: int
-    show_ranks: str | int | Iterable[int] | None
-    progress: str
-    grace_s: float
-    nnodes: int
-    node_rank: int
-    rdzv_endpoint: str | None
-    rdzv_timeout: float | None
-    launcher: str
-    python: str
-
-
-class LiveKeywords(TypedDict, total=False):
-    """`start_ranks()`'s keywords for a type checker: the fields marked ``live``, names and types
-    (tests/test_launch_options.py holds them equal)."""
-
-    nproc: int | None
-    backend: str
-    timeout: float | None
-    startup_timeout: float | None
-    run_dir: str | os.PathLike[str] | None
-    env: dict[str, str]
-    show_ranks: str | int | Iterable[int] | None
-
-
 @dataclass(frozen=True)
 class Option:
     """One launcher option as the front ends use it: a field of `LaunchOptions` and its metadata."""
@@ -401,7 +364,9 @@ def given_options(
     return given
 
 
-def bind_options(func: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+def bind_options(
+    func: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> dict[str, Any]:
     """Every parameter of `func`'s signature, from `args` and `kwargs` with its defaults filled in.
 
     Raises TypeError for an unknown keyword, as a function with those parameters written out would.

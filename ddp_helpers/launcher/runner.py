@@ -18,8 +18,9 @@ from .agent_client import (
 from .cell_output import CellEcho
 from .config import LaunchConfig, make_config
 from .diagnosis import diagnose, strip_rank_prefix
+from .keywords import LaunchKeywords
 from .log_follow import FileFollower, LogChunk, RankLogTail
-from .options import OPTIONS, LaunchKeywords, with_options
+from .options import OPTIONS, with_options
 from .process_tree import ProcessTree
 from .processes import exit_code, start_run, stop_despite_interrupts, stop_interrupted, stop_run
 from .progress import StepProgress, resolve_progress

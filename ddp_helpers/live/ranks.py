@@ -32,7 +32,8 @@ from typing import Any, Unpack
 from ..errors import InvalidLaunchArguments, RanksNotRunning
 from ..launcher.checks import check_rank_list, check_seconds
 from ..launcher.config import LaunchConfig, default_run_dir, make_config
-from ..launcher.options import LIVE_OPTIONS, LiveKeywords, bind_options, with_options
+from ..launcher.keywords import LiveKeywords
+from ..launcher.options import LIVE_OPTIONS, bind_options, with_options
 from .calls import request
 from .cells import CellLog
 from .protocol import Gather, Push, Reply, Run
