@@ -121,3 +121,40 @@ def test_dcp_to_torch_save_gives_the_full_model(job, tmp_path):
     assert set(plain["model"]) == set(full) and plain["step"] == 2
     for name, tensor in full.items():
         assert torch.equal(plain["model"][name], tensor), name
+
+
+ONE_RANK = """
+import torch, torch.distributed as dist, torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from types import SimpleNamespace
+from ddp_helpers.workers.fsdp_model import FSDPModule, build_model, shard
+dist.init_process_group("gloo")
+args = SimpleNamespace(features=8, width=16, depth=2, classes=3, seed=0)
+model = shard(build_model(args, torch.device("cpu")), init_device_mesh("cpu", (1,)))
+reference = build_model(args, torch.device("cpu"))
+x, y = torch.randn(4, args.features), torch.randint(args.classes, (4,))
+F.cross_entropy(model(x), y).backward()
+F.cross_entropy(reference(x), y).backward()
+groups = [m._get_fsdp_state()._fsdp_param_group for m in model.modules() if isinstance(m, FSDPModule)]
+def op(group):
+    if not hasattr(group, "reduce_scatter_reduce_op"):
+        return "absent"
+    return "SUM" if group.reduce_scatter_reduce_op == dist.ReduceOp.SUM else repr(group.reduce_scatter_reduce_op)
+ops = sorted({op(g) for g in groups})
+diff = max((p.grad.full_tensor() - r.grad).abs().max().item() for p, r in zip(model.parameters(), reference.parameters()))
+print("OPS", ops, "DIFF", diff, flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_one_rank_reduces_with_sum_where_torch_would_ask_for_avg(tmp_path):
+    # pytorch#144045: NCCL's AVG on a one-rank group can be wrong, and torch < 2.9 asks for it there. On
+    # those versions every unit's group reduces with SUM; newer ones have no such attribute and take SUM
+    # themselves. Either way one rank's FSDP2 gradients are the plain model's.
+    script = tmp_path / "one_rank.py"
+    script.write_text(ONE_RANK)
+    result = launch(script, nproc=1, run_dir=tmp_path / "run", timeout=120)
+    line = next(line for line in result.logs[0] if "OPS " in line)
+    ops, diff = line.split("OPS ", 1)[1].split(" DIFF ")
+    assert float(diff) < 1e-6, line
+    assert ops == ("['SUM']" if SUMS_ON_GLOO else "['absent']"), line  # torch 2.7's attribute, gone by 2.14

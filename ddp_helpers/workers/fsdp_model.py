@@ -68,7 +68,26 @@ def shard(model: BlockMLP, mesh, **fsdp_options) -> BlockMLP:
     for block in model.blocks:
         fully_shard(block, mesh=mesh, **fsdp_options)
     fully_shard(model, mesh=mesh, **fsdp_options)  # embed and head: gathered once, kept until backward
+    sum_on_one_rank(model, mesh)
     return model
+
+
+def sum_on_one_rank(model: nn.Module, mesh) -> None:
+    """On a one-rank mesh, reduce-scatter with SUM (the sum of one gradient is the mean).
+
+    torch before 2.9 asks the backend for ReduceOp.AVG on fp32 and bf16 gradients even with one rank,
+    and NCCL's AVG on a one-rank group can return wrong values (pytorch#144045); torch 2.9 takes SUM
+    there itself (pytorch#157529). Those versions keep the op on each unit's parameter group
+    (`reduce_scatter_reduce_op`, None for FSDP2's choice); newer ones have no such attribute, and are
+    left as they are."""
+    if mesh.size() != 1:
+        return
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            group = module._get_fsdp_state()._fsdp_param_group
+            if group is not None and getattr(group, "reduce_scatter_reduce_op", ...) is None:
+                # torch < 2.9's attribute: the installed torch a checker reads may lack it
+                group.reduce_scatter_reduce_op = dist.ReduceOp.SUM  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------------------- pytorch#162338
@@ -86,6 +105,7 @@ def gradient_factor(mesh, device: torch.device, force_sum: bool = False, **fsdp_
     probe = nn.Linear(1, mesh.size(), bias=False, device=device)
     nn.init.ones_(probe.weight)
     sharded = fully_shard(probe, mesh=mesh, **fsdp_options)  # the same module, now an FSDPModule too
+    sum_on_one_rank(probe, mesh)
     if force_sum:
         sharded.set_force_sum_reduction_for_comms(True)
     probe(torch.ones(1, 1, device=device)).sum().backward()  # d(sum)/dW = input = 1 on every rank
