@@ -107,6 +107,9 @@ def main() -> None:
     if not one_thread():  # something started a thread at import (an MKL numpy, a newer torch): no forks
         sys.exit(NOT_FORKABLE)
     serve(channel, float(os.environ.get(IDLE_ENV, IDLE_S)), start_agent)
+    # Leave at once: finalizing an interpreter that holds torch takes a second or more on a loaded
+    # machine, and an interrupted launch waits for this process to be gone. Nothing here needs flushing.
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -86,7 +86,7 @@ def _send(run: socket.socket, message: dict) -> None:
 
 
 def serve(channel: socket.socket, idle_s: float | None, start: StartFork) -> None:
-    """Fork one child per request (`start` forks it: a run's agent, or a worker) until the channel closes
+    """Fork one child per request (`start` forks it: a run's agent) until the channel closes
     and every child has ended, or nothing has run for `idle_s` seconds (None: never idle out)."""
     runs: dict[int, socket.socket] = {}
     wake_read, wake_write = os.pipe()
@@ -135,7 +135,7 @@ def serve(channel: socket.socket, idle_s: float | None, start: StartFork) -> Non
 
 # ------------------------------------------------------------------------------- the asking end
 class ServerGone(Exception):
-    """The server died, left (idle), or did not answer in time: start the run's agent (or worker) afresh."""
+    """The server died, left (idle), or did not answer in time: start the run's agent afresh."""
 
 
 Forked = TypeVar("Forked", bound="ForkedAgent")
