@@ -73,12 +73,13 @@ FRESH_STORE_LINES = [
 # no outgoing connection holds it; two jobs on one node collide only if their ids differ by a multiple of 10000.
 JOB_PORT = "$((20000 + SLURM_JOB_ID % 10000))"
 # the first node of the allocation, and the address SLURM itself reaches it at (its NodeAddr: the
-# node's name unless the cluster configures another), for the store every node connects to.
+# node's name unless the cluster configures another; the name, where scontrol does not show it),
+# for the store every node connects to.
 # awk, not head -n1: head exits after one line, and under pipefail a scontrol that still writes
 # the rest of a long list dies of SIGPIPE, and the script with it
 HEAD_NODE_LINES = [
     "head_node=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | awk 'NR == 1')  # the first node",
-    "head_addr=$(scontrol show node \"$head_node\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)",
+    'head_addr=$(scontrol show node "$head_node" | grep -o \'NodeAddr=[^ ]*\' | cut -d= -f2 || echo "$head_node")',
 ]
 PREEMPT_NOTICE_S = 120  # USR1 this long before the time limit: enough for a save at the next logged step
 
