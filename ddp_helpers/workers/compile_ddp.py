@@ -170,6 +170,7 @@ def compiled_autograd_step(width: int, depth: int) -> dict[str, Any]:
         "captures": counters["compiled_autograd"]["captures"],
         "graph_breaks": graph_breaks(),
         "max_diff_from_mean": max(float((g - m).abs().max()) for g, m in zip(grads, mean, strict=True)),
+        "max_grad": max(float(g.abs().max()) for g in grads),
         "parameters": len(grads),
         "first_step_s": first_step_s,
     }
