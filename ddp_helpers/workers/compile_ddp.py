@@ -134,15 +134,17 @@ def first_bucket_failure(width: int, depth: int, bucket_cap_mb: float) -> dict[s
 
 
 # ---------------------------------------------------------------------------- compiled autograd
-def compiled_autograd_step(width: int, depth: int) -> dict[str, Any]:
-    """DDP's Python reducer under compiled autograd: backward, all-reduces included, as one graph.
+def compiled_autograd_step(width: int, depth: int, python_reducer: bool = True) -> dict[str, Any]:
+    """One training step under compiled autograd, with DDP's Python reducer (or its C++ Reducer).
 
     optimize_ddp="python_reducer" must be set before DDP(...) is built: DDP's constructor reads it and
     then registers a hook on each parameter's gradient accumulator instead of using its C++ Reducer.
     """
     fresh_start()
-    torch._dynamo.config.optimize_ddp = "python_reducer"
+    if python_reducer:
+        torch._dynamo.config.optimize_ddp = "python_reducer"
     torch._dynamo.config.compiled_autograd = True  # a backward() inside a compiled function is traced too
+    error = ""
     try:
         counter = GraphCounter("eager")  # no AOTAutograd: compiled autograd traces the backward itself
         model = DDP(build(width, depth), bucket_cap_mb=1)
@@ -152,27 +154,40 @@ def compiled_autograd_step(width: int, depth: int) -> dict[str, Any]:
             model(x).sum().backward()
 
         start = time.perf_counter()
-        train_step(batch(width))
+        try:
+            train_step(batch(width))
+        except RuntimeError as failure:  # a Reducer that refuses compiled autograd: the notebook says which
+            error = str(failure).splitlines()[0]
         first_step_s = time.perf_counter() - start
     finally:
         torch._dynamo.config.optimize_ddp = True  # "ddp_optimizer", the default
         torch._dynamo.config.compiled_autograd = False
-    grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
-    mean = [g.clone() for g in grads]
-    for g in mean:  # what the averaged gradient must be: check the compiled all-reduces did it
-        dist.all_reduce(g)
-        g /= dist.get_world_size()
     return {
+        "error": error,
         "graphs": [len(gm.graph.nodes) for gm in counter.graphs],
         "all_reduces_per_graph": [
             sum("all_reduce" in str(n.target) for n in gm.graph.nodes) for gm in counter.graphs
         ],
         "captures": counters["compiled_autograd"]["captures"],
         "graph_breaks": graph_breaks(),
-        "max_diff_from_mean": max(float((g - m).abs().max()) for g, m in zip(grads, mean, strict=True)),
-        "max_grad": max(float(g.abs().max()) for g in grads),
-        "parameters": len(grads),
+        **off_the_mean(model),
         "first_step_s": first_step_s,
+    }
+
+
+def off_the_mean(model: nn.Module) -> dict[str, Any]:
+    """How far this rank's gradients are from their mean over the ranks (0 once DDP has averaged them)."""
+    grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    mean = [g.clone() for g in grads]
+    for g in mean:
+        dist.all_reduce(g)
+        g /= dist.get_world_size()
+    return {
+        "parameters": len(grads),
+        "max_diff_from_mean": max(
+            (float((g - m).abs().max()) for g, m in zip(grads, mean, strict=True)), default=0.0
+        ),
+        "max_grad": max((float(g.abs().max()) for g in grads), default=0.0),
     }
 
 
