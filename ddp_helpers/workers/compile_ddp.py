@@ -208,6 +208,8 @@ def train(model: nn.Module, width: int, steps: int, lr: float = 0.05) -> list[fl
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()  # GPU kernels run asynchronously: time them to their end
         times.append(time.perf_counter() - start)
     return times
 
