@@ -23,15 +23,17 @@ import pytest
 import yaml
 
 from ddp_helpers.lab.cluster_templates import (
+    slurm_script,
+    srun_script,
+    this_environment,
+    write_cluster_templates,
+)
+from ddp_helpers.lab.pytorchjob import (
     DEFAULT_IMAGE,
     IMAGE_REPO_DIR,
     IMAGE_WORKSPACE,
     SHARED_MOUNT,
     pytorchjob_manifest,
-    slurm_script,
-    srun_script,
-    this_environment,
-    write_cluster_templates,
 )
 from ddp_helpers.launcher.machine import free_port
 

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from ddp_helpers import LaunchFailed, launch
-from ddp_helpers.lab.cluster_templates import pytorchjob_manifest, slurm_script, write_cluster_templates
+from ddp_helpers.lab.cluster_templates import slurm_script, write_cluster_templates
+from ddp_helpers.lab.pytorchjob import pytorchjob_manifest
 from ddp_helpers.launcher.machine import free_port
 
 

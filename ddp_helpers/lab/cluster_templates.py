@@ -10,7 +10,7 @@
   saves on preemption and requeues itself (`_preemption_lines`).
 - `srun_script`: the same job without torchrun: `srun` starts every rank itself, one task per
   GPU (``--gpus-per-task=1``), and each rank's GPU is ``cuda:0``, the one SLURM gave its task.
-- `pytorchjob_manifest`: a Kubeflow training-operator v1 ``PyTorchJob`` with an ``elasticPolicy``
+- `pytorchjob_manifest` (pytorchjob.py): a Kubeflow training-operator v1 ``PyTorchJob`` with an ``elasticPolicy``
   (c10d rendezvous, ``--nnodes MIN:MAX``, ``--max-restarts``). The operator sets the ``PET_*``
   variables that torchrun reads in every pod. It targets the v1 operator (kubeflow.org/v1), the
   released, stable API; its successor, Kubeflow Trainer v2's ``TrainJob`` (trainer.kubeflow.org/
@@ -36,37 +36,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-# Built from docker/Dockerfile (the name docker/compose.yaml gives it). A cluster pulls images from
-# a registry: tag and push it there, then pass image="registry.example.com/you/ddp-workbench:tag".
-DEFAULT_IMAGE = "ddp-workbench:latest"
-# Where docker/Dockerfile copies the repository's package (WORKDIR, then COPY ddp_helpers ./ddp_helpers):
-# the pods' working folder, so that a worker path relative to the repository is found.
-IMAGE_REPO_DIR = "/opt/ddp-workbench"
-# The image's working folder (owned by its non-root user).
-IMAGE_WORKSPACE = "/workspace"
-# The image's user and group (docker/Dockerfile: USER_UID, useradd's group): the pods run as them, and
-# fsGroup makes the volumes they mount writable by that group.
-IMAGE_UID = IMAGE_GID = 1000
-# Where every pod mounts the job's shared ReadWriteMany volume: runs and checkpoints go there, so a
-# restarted pod (and rank 0 in another pod) finds them.
-SHARED_MOUNT = "/shared"
-SHARED_STORAGE = "100Gi"  # the shared volume's size request
-CPUS_PER_RANK = 4  # DataLoader workers and the rank itself; raise it for image decoding
-MAX_RESTARTS = 3  # torchrun restarts every worker this many times after a failure, then gives up
-# torchrun prefixes each tee'd line with this (its ${rank} is the global rank): the `[rank N]` of launch()
-LOG_LINE_PREFIX = "[rank${rank}]: "
-# torchrun keeps one shared TCPStore across restart rounds, so restarted workers can read the dead
-# workers' addresses and fail with "connectFullMesh ... Connection refused" or hang (seen on torch 2.14
-# on two SLURM nodes; cf. pytorch/pytorch#167288). A fresh store per round avoids it (launch() does the same).
-FRESH_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-FRESH_STORE_LINES = [
-    "# a fresh rendezvous store per restart round: with the shared one, restarted workers can read the",
-    "# dead workers' addresses (torch 2.14; pytorch/pytorch#167288)",
-    "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
-]
-
+from .job_files import (
+    CPUS_PER_RANK,
+    FRESH_STORE_LINES,
+    LOG_LINE_PREFIX,
+    MAX_RESTARTS,
+    check_job_shape,
+    worker_args_for,
+)
+from .pytorchjob import pytorchjob_manifest
 
 # A port of the job's own for the rendezvous (MASTER_PORT without torchrun): a fixed one such as 29500
 # collides when two jobs share a node. 20000-29999 lies below Linux's ephemeral ports (32768-60999), so
@@ -90,27 +68,27 @@ def this_environment() -> str | None:
     return sys.prefix if sys.prefix != sys.base_prefix else None
 
 
-def _check(nnodes: int, nproc_per_node: int, cpus_per_rank: int = 1, min_nodes: int | None = None) -> None:
-    if nnodes < 1 or nproc_per_node < 1 or cpus_per_rank < 1:
-        raise ValueError("nnodes, nproc_per_node and cpus_per_rank must be >= 1")
-    if min_nodes is not None and not 1 <= min_nodes <= nnodes:
-        raise ValueError(f"min_nodes must be between 1 and nnodes ({nnodes}), got {min_nodes}")
+def _torchrun_command(
+    worker: str, args: list[str], nnodes: str, nproc_per_node: int, max_restarts: int
+) -> str:
+    """One torchrun agent's command line, at the job's c10d rendezvous on the first node."""
+    options = {
+        "--nnodes": nnodes,
+        "--nproc-per-node": nproc_per_node,
+        "--max-restarts": max_restarts,
+        "--tee": 3,
+        "--rdzv-backend": "c10d",
+        "--rdzv-id": "RDZV_ID",  # shell variables, quoted below: shlex would quote their $ away
+        "--rdzv-endpoint": "ENDPOINT",
+    }
+    flags = [str(item) for pair in options.items() for item in pair]
+    command = shlex.join(["torchrun", *flags, worker, *args])
+    return command.replace("RDZV_ID", '"$SLURM_JOB_ID"').replace("ENDPOINT", '"$head_addr:$rdzv_port"')
 
 
 def _nnodes(nnodes: int, min_nodes: int | None) -> str:
     """torchrun's --nnodes: N for a fixed world, MIN:MAX for an elastic one."""
     return str(nnodes) if min_nodes is None or min_nodes == nnodes else f"{min_nodes}:{nnodes}"
-
-
-def _worker_args(
-    worker_args: Sequence[object], checkpoint_dir: str | None, save_on_sigterm: bool = False
-) -> list[str]:
-    args = list(map(str, worker_args))
-    if checkpoint_dir is not None:  # train.py's flags: save there, and resume from there after a restart
-        args += ["--checkpoint-dir", checkpoint_dir, "--resume"]
-        if save_on_sigterm:  # a preemption notice: save at the next logged step, then stop
-            args.append("--save-on-sigterm")
-    return args
 
 
 def _activate_lines(venv: str | None) -> list[str]:
@@ -151,7 +129,7 @@ def slurm_script(
     Every rank's lines reach the job's log prefixed ``[rankN]:`` (``--tee 3``), so a follower can
     echo them as launch() does.
     """
-    _check(nnodes, nproc_per_node, cpus_per_rank, min_nodes)
+    check_job_shape(nnodes, nproc_per_node, cpus_per_rank, min_nodes)
     gpus = nproc_per_node if gpus_per_node is None else gpus_per_node
     cpus = nproc_per_node * cpus_per_rank
     preemptible = checkpoint_dir is not None
@@ -168,19 +146,8 @@ def slurm_script(
         *_slurm_environment(rdzv_port, cpus_per_rank, max_restarts, venv),
         *_checkpoint_lines(checkpoint_dir),
     ]
-    options = {
-        "--nnodes": _nnodes(nnodes, min_nodes),
-        "--nproc-per-node": nproc_per_node,
-        "--max-restarts": max_restarts,
-        "--tee": 3,
-        "--rdzv-backend": "c10d",
-        "--rdzv-id": "RDZV_ID",  # shell variables, quoted below: shlex would quote their $ away
-        "--rdzv-endpoint": "ENDPOINT",
-    }
-    flags = [str(item) for pair in options.items() for item in pair]
-    args = _worker_args(worker_args, checkpoint_dir, save_on_sigterm=preemptible)
-    command = shlex.join(["torchrun", *flags, worker, *args])
-    command = command.replace("RDZV_ID", '"$SLURM_JOB_ID"').replace("ENDPOINT", '"$head_addr:$rdzv_port"')
+    args = worker_args_for(worker_args, checkpoint_dir, save_on_sigterm=preemptible)
+    command = _torchrun_command(worker, args, _nnodes(nnodes, min_nodes), nproc_per_node, max_restarts)
     srun = [
         "# srun does not inherit --cpus-per-task from sbatch (SLURM >= 22.05): pass it on",
         f'srun --cpus-per-task="$SLURM_CPUS_PER_TASK" {command}',
@@ -252,7 +219,7 @@ def srun_script(
     No agent: the script sets ``MASTER_ADDR`` and ``MASTER_PORT``, each task its ``RANK``,
     ``LOCAL_RANK`` and ``WORLD_SIZE``; no restarts, no elastic membership.
     """
-    _check(nnodes, nproc_per_node, cpus_per_rank)
+    check_job_shape(nnodes, nproc_per_node, cpus_per_rank)
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name={job_name}",
@@ -317,132 +284,6 @@ def _slurm_environment(
         "# export NCCL_SOCKET_IFNAME=ib0   # the interface NCCL should use, if the default is wrong",
         "# export NCCL_DEBUG=INFO          # print the transport NCCL picked (IB, sockets) at start",
     ]
-
-
-def pytorchjob_manifest(
-    worker: str,
-    worker_args: Sequence[object] = (),
-    *,
-    image: str = DEFAULT_IMAGE,
-    nnodes: int = 2,
-    nproc_per_node: int = 8,
-    gpus_per_node: int | None = None,
-    cpus_per_rank: int = CPUS_PER_RANK,
-    min_nodes: int | None = None,
-    max_restarts: int = MAX_RESTARTS,
-    checkpoint_dir: str | None = None,
-    name: str = "ddp",
-    shared_storage: str = SHARED_STORAGE,
-    storage_class: str | None = None,
-) -> str:
-    """A shared volume's claim and a Kubeflow PyTorchJob (kubeflow.org/v1) with an elasticPolicy:
-    `nnodes` Worker pods running torchrun. Two YAML documents: ``kubectl apply -f`` creates both.
-
-    The ``elasticPolicy`` makes the operator pass a c10d rendezvous, ``--nnodes min_nodes:nnodes``
-    and ``--max-restarts`` to torchrun (``PET_*`` variables), so a restarted pod rejoins the job
-    at the next rendezvous; without it the job uses the static rendezvous of a fixed Master pod.
-    `image` must hold this package: the default is the image docker/Dockerfile builds (the stock
-    pytorch/pytorch image has no ddp_helpers, so ``train.py`` would fail on its first import).
-    Pods start in the repository's copy inside the image (``IMAGE_REPO_DIR``), so a relative
-    `worker` such as ``ddp_helpers/workers/train.py`` is found there. That folder is read-only for
-    the image's user; what the job writes goes to volumes: every pod mounts the ReadWriteMany claim
-    ``<name>-shared`` (`shared_storage`, of `storage_class` or the cluster's default class, which must
-    offer ReadWriteMany) at `SHARED_MOUNT`, where the runs go (``DDP_RUN_DIR``) and where
-    `checkpoint_dir` must lie (after a restart rank 0 may be another pod). The pods run as the image's
-    user, and ``fsGroup`` makes the volumes writable by its group.
-    """
-    _check(nnodes, nproc_per_node, cpus_per_rank, min_nodes)
-    if checkpoint_dir is not None and not _under(checkpoint_dir, SHARED_MOUNT):
-        raise ValueError(
-            f"checkpoint_dir {checkpoint_dir!r} must lie under {SHARED_MOUNT}, where every pod mounts the "
-            "shared volume: elsewhere a pod's checkpoints are lost with it, and other pods never see them"
-        )
-    gpus = nproc_per_node if gpus_per_node is None else gpus_per_node
-    claim = f"{name}-shared"
-    command = ["torchrun", worker, *_worker_args(worker_args, checkpoint_dir)]
-    container = _pod_container(image, command, name, cpus_per_rank, gpus, fresh_store=max_restarts > 0)
-    worker_spec = {
-        "replicas": nnodes,
-        "restartPolicy": "OnFailure",
-        "template": {
-            "spec": {
-                # the image's user (docker/Dockerfile), and its group owns the mounted volumes
-                "securityContext": {
-                    "runAsUser": IMAGE_UID,
-                    "runAsGroup": IMAGE_GID,
-                    "runAsNonRoot": True,
-                    "fsGroup": IMAGE_GID,
-                    "fsGroupChangePolicy": "OnRootMismatch",  # no recursive chown of a full volume at each start
-                },
-                "containers": [container],
-                "volumes": [
-                    # runs and checkpoints: one volume that every pod mounts, and that outlives them
-                    {"name": "shared", "persistentVolumeClaim": {"claimName": claim}},
-                    {"name": "tmp", "emptyDir": {}},  # torchrun's log folder and other temporary files
-                    # DataLoader workers and NCCL need more shared memory than a pod's default
-                    {"name": "dshm", "emptyDir": {"medium": "Memory"}},
-                ],
-            }
-        },
-    }
-    manifest = {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {"name": name},
-        "spec": {
-            "elasticPolicy": {
-                "rdzvBackend": "c10d",
-                "minReplicas": nnodes if min_nodes is None else min_nodes,
-                "maxReplicas": nnodes,
-                "maxRestarts": max_restarts,
-            },
-            "nprocPerNode": str(nproc_per_node),
-            # elastic jobs have Worker pods only: the rendezvous runs in the first one
-            "pytorchReplicaSpecs": {"Worker": worker_spec},
-        },
-    }
-    volume_claim = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": claim},
-        "spec": {
-            "accessModes": ["ReadWriteMany"],  # every pod, on any node, mounts it read-write
-            **({"storageClassName": storage_class} if storage_class else {}),
-            "resources": {"requests": {"storage": shared_storage}},
-        },
-    }
-    return yaml.safe_dump_all([volume_claim, manifest], sort_keys=False)
-
-
-def _under(path: str, folder: str) -> bool:
-    normal = os.path.normpath(path)
-    return os.path.isabs(path) and (normal == folder or normal.startswith(folder + "/"))
-
-
-def _pod_container(
-    image: str, command: list[str], name: str, cpus_per_rank: int, gpus: int, fresh_store: bool
-) -> dict[str, Any]:
-    """The Worker pods' one container: the image, torchrun's command, threads, volumes, GPUs."""
-    container: dict[str, Any] = {
-        "name": "pytorch",  # the operator looks for a container with this name
-        "image": image,
-        "command": command,
-        "workingDir": IMAGE_REPO_DIR,
-        "env": [
-            {"name": "DDP_RUN_DIR", "value": f"{SHARED_MOUNT}/runs/{name}"},  # the workers' --run-dir
-            {"name": "OMP_NUM_THREADS", "value": str(cpus_per_rank)},  # torchrun would set 1
-            # a fresh rendezvous store per restart round (see FRESH_STORE)
-            *([{"name": k, "value": v} for k, v in FRESH_STORE.items()] if fresh_store else []),
-        ],
-        "volumeMounts": [
-            {"name": "shared", "mountPath": SHARED_MOUNT},
-            {"name": "tmp", "mountPath": "/tmp"},
-            {"name": "dshm", "mountPath": "/dev/shm"},
-        ],
-    }
-    if gpus:
-        container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
-    return container
 
 
 SHARED_OPTIONS = {

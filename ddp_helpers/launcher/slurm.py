@@ -21,7 +21,7 @@ from pathlib import Path
 from .cell_output import write_line
 
 COMMANDS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo")
-RANK_LINE = re.compile(r"^\[rank(\d+)\]:\s?(.*)$")  # cluster_templates.LOG_LINE_PREFIX
+RANK_LINE = re.compile(r"^\[rank(\d+)\]:\s?(.*)$")  # lab/job_files.LOG_LINE_PREFIX
 DEFAULT_CONF = "/etc/slurm/slurm.conf"  # where the client looks when SLURM_CONF is not set
 QUERY_TIMEOUT_S = 15  # one sbatch/squeue/scontrol call; the controller answers in milliseconds when up
 
