@@ -2,7 +2,8 @@
 
 Every function builds its model from the same seed on every rank, runs real DDP steps on this rank's
 process group, and returns what it measured as a dict, which the notebook gathers from every rank and
-checks. Dynamo's state is reset at the start of each, so no experiment sees another's compiled code.
+checks. Dynamo's state is reset at the start of each, so no experiment sees another's compiled code, and
+compiled_autograd_step puts back the settings that it and DDP's Python reducer change.
 
 The backends: `GraphCounter` wraps any of torch's (aot_eager by default, which traces forward and
 backward like inductor but runs them with eager kernels, so it needs no C compiler) and counts the
@@ -17,6 +18,7 @@ import time
 from typing import Any
 
 import torch
+import torch._inductor.config
 import torch.distributed as dist
 import torch.nn as nn
 from torch._dynamo.backends.registry import lookup_backend
@@ -83,8 +85,20 @@ def fresh_start() -> None:
 
 
 def graph_breaks() -> dict[str, int]:
-    """Dynamo's graph-break reasons so far, each cut to its first line, with how often each happened."""
+    """Dynamo's graph-break reasons so far, each cut to its first line (the break's type), with how often."""
     return {reason.splitlines()[0][:160]: n for reason, n in counters["graph_break"].items()}
+
+
+def graph_break_sites() -> list[str]:
+    """Each graph break's "Developer debug context" line: the call Dynamo could not trace."""
+    return sorted(
+        {
+            line.strip()
+            for reason in counters["graph_break"]
+            for line in reason.splitlines()
+            if "debug context" in line
+        }
+    )
 
 
 def batch(width: int, size: int = 16, seed: int = 1) -> torch.Tensor:
@@ -115,6 +129,7 @@ def compiled_step(order: str, width: int, depth: int, bucket_cap_mb: float) -> d
         "bucket_cap_mb": bucket_cap_mb,
         "subgraphs": len(counter.graphs),
         "graph_breaks": graph_breaks(),
+        "break_sites": graph_break_sites(),
         "first_step_s": time.perf_counter() - start,
         "layer_bytes": [
             sum(p.numel() * p.element_size() for p in layer.parameters())
@@ -141,6 +156,7 @@ def compiled_autograd_step(width: int, depth: int, python_reducer: bool = True) 
     then registers a hook on each parameter's gradient accumulator instead of using its C++ Reducer.
     """
     fresh_start()
+    saved = settings_ddp_changes()
     if python_reducer:
         torch._dynamo.config.optimize_ddp = "python_reducer"
     torch._dynamo.config.compiled_autograd = True  # a backward() inside a compiled function is traced too
@@ -160,8 +176,7 @@ def compiled_autograd_step(width: int, depth: int, python_reducer: bool = True) 
             error = str(failure).splitlines()[0]
         first_step_s = time.perf_counter() - start
     finally:
-        torch._dynamo.config.optimize_ddp = True  # "ddp_optimizer", the default
-        torch._dynamo.config.compiled_autograd = False
+        restore_settings(saved)
     return {
         "error": error,
         "graphs": [len(gm.graph.nodes) for gm in counter.graphs],
@@ -173,6 +188,27 @@ def compiled_autograd_step(width: int, depth: int, python_reducer: bool = True) 
         **off_the_mean(model),
         "first_step_s": first_step_s,
     }
+
+
+def settings_ddp_changes() -> dict[str, Any]:
+    """The global settings this step and DDP's Python reducer change (DDP's constructor sets the last three)."""
+    return {
+        "optimize_ddp": torch._dynamo.config.optimize_ddp,
+        "compiled_autograd": torch._dynamo.config.compiled_autograd,
+        "_fuse_ddp_communication": torch._inductor.config._fuse_ddp_communication,
+        "_fuse_ddp_bucket_size": torch._inductor.config._fuse_ddp_bucket_size,
+        "inlinelist": set(torch._dynamo.trace_rules.LEGACY_MOD_INLINELIST),
+    }
+
+
+def restore_settings(saved: dict[str, Any]) -> None:
+    """Put back what settings_ddp_changes() saved, so that the next experiment compiles as before."""
+    torch._dynamo.config.optimize_ddp = saved["optimize_ddp"]
+    torch._dynamo.config.compiled_autograd = saved["compiled_autograd"]
+    torch._inductor.config._fuse_ddp_communication = saved["_fuse_ddp_communication"]
+    torch._inductor.config._fuse_ddp_bucket_size = saved["_fuse_ddp_bucket_size"]
+    torch._dynamo.trace_rules.LEGACY_MOD_INLINELIST.intersection_update(saved["inlinelist"])
+    torch._dynamo.trace_rules.get_legacy_mod_inlinelist.cache_clear()
 
 
 def off_the_mean(model: nn.Module) -> dict[str, Any]:
