@@ -73,9 +73,8 @@ class Console:
             return line
         try:
             return self.read(prompt)
-        except Exception as error:  # noqa: BLE001 - StdinNotImplementedError (papermill), EOFError
-            if type(error).__name__ not in ("StdinNotImplementedError", "EOFError"):
-                raise
+        except Exception as error:  # noqa: BLE001 - StdinNotImplementedError (papermill), EOFError, ...
+            # whatever it is, pdb must not be left waiting: it quits, and the cell says why
             self.no_input = NO_INPUT.format(rank="{rank}", why=_why(error))
             return "q"
 
@@ -88,4 +87,6 @@ class Console:
 def _why(error: Exception) -> str:
     if type(error).__name__ == "StdinNotImplementedError":
         return "papermill and other headless runs have no input box"
-    return "end of input"
+    if isinstance(error, EOFError):
+        return "end of input"
+    return f"{type(error).__name__}: {error}"
