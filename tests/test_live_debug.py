@@ -202,9 +202,10 @@ def test_a_kernel_that_cannot_ask_says_how_to_script_the_commands(kernel):
 
 def test_dist_breakpoint_on_rank_1(kernel):
     code = "%%ranks\nw = torch.tensor([float(rank)])\ndist.breakpoint(rank=1)\ndist.all_reduce(w)\nw.item()"
-    ran = execute(kernel, code, answers("p w.item()", "c"))
+    ran = execute(kernel, code, answers("up", "p w.item()", "c"))
     assert ran.ok, ran.error + ran.output
-    assert ran.prompts == [PROMPT, PROMPT] and "\n1.0\n" in ran.output, ran.output
+    assert "Type 'up' to get to the frame that called dist.breakpoint(rank=1)" in ran.output, ran.output
+    assert ran.prompts == [PROMPT] * 3 and "\n1.0\n" in ran.output, ran.output
     assert "[rank 0] Out: 1.0" in ran.output, ran.output
 
 
@@ -244,8 +245,8 @@ def test_a_console_with_no_input_quits_and_says_why(capsys):
 def test_the_timeout_setter_falls_back_to_torch_27s_name_then_to_none():
     calls = []
     old = types.SimpleNamespace(_set_pg_timeout=lambda t, g: calls.append((t, g)))
-    timeout_setter(old)(timedelta(seconds=5), "group")  # type: ignore[arg-type, misc]
+    timeout_setter(old)(timedelta(seconds=5), "group")
     assert calls == [(timedelta(seconds=5), "group")]
-    assert timeout_setter(types.SimpleNamespace()) is None  # type: ignore[arg-type]
+    assert timeout_setter(types.SimpleNamespace()) is None
     default = types.SimpleNamespace(_get_default_group=lambda: "default")
-    assert process_groups(default) == ["default"]  # type: ignore[arg-type]
+    assert process_groups(default) == ["default"]

@@ -19,7 +19,7 @@ import shlex
 
 from IPython.core.displayhook import DisplayHook
 from IPython.core.magic import Magics, line_cell_magic, magics_class
-from IPython.core.magic_arguments import ArgDecorator, argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import ArgDecorator, argument, magic_arguments
 
 from ..errors import InvalidLaunchArguments, RanksNotRunning
 from ..launcher.cell_source import CellSyntaxError, as_in_editor
@@ -79,9 +79,8 @@ class RanksMagics(Magics):
     @line_cell_magic
     def ranks(self, line: str, cell: str | None = None):
         """Start, stop and use live DDP ranks; see `ddp_helpers.start_ranks`."""
-        opts = parse_argstring(
-            self.ranks, shlex.join(shlex.split(line))
-        )  # quotes kept: --pdb-commands "p x;; c"
+        # shell quoting, as in a terminal: --pdb-commands 'p x;; c' is one argument
+        opts = self.ranks.parser.parse_args(shlex.split(line))
         if cell is None:
             return self._line(opts)
         if opts.action is not None:

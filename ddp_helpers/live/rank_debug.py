@@ -122,12 +122,16 @@ def process_groups(c10d: types.ModuleType | None = None) -> list[Any]:
     return list(groups) if groups else [c10d._get_default_group()]
 
 
-def group_timeout(group: Any) -> timedelta | None:
-    """The group's timeout now, where its CPU backend says (gloo's options do); None where not."""
-    try:
-        return group._get_backend(torch.device("cpu")).options._timeout
-    except Exception:  # noqa: BLE001 - another backend, another torch: the caller has a default
-        return None
+def group_timeout(group: Any = None) -> timedelta | None:
+    """The group's timeout now (default: the default group), as its backend's options hold it (gloo's,
+    NCCL's); None where they do not say."""
+    group = dist.distributed_c10d._get_default_group() if group is None else group
+    for device in ("cpu", "cuda"):
+        try:
+            return group._get_backend(torch.device(device)).options._timeout
+        except Exception:  # noqa: BLE001 - no backend for this device, or other options: the next one
+            continue
+    return None
 
 
 class Debugger:
@@ -201,8 +205,10 @@ class Debugger:
             return
         if timeout_s is not None:
             self.timeouts.stretch(timeout_s)
-        if dist.get_rank() == rank:
-            self.new_pdb().set_trace(sys._getframe().f_back)  # stops in the caller, not in here
+        if dist.get_rank() == rank:  # as torch does: stop here, before the barrier the others wait in
+            debugger = self.new_pdb()
+            debugger.message(f"Type 'up' to get to the frame that called dist.breakpoint(rank={rank})")
+            debugger.set_trace(sys._getframe())
         dist.barrier()
 
 
@@ -221,4 +227,4 @@ def install(debugger: Debugger) -> None:
     """Make `breakpoint()`, ``pdb.set_trace()`` and ``torch.distributed.breakpoint`` open pdb in the notebook."""
     sys.breakpointhook = debugger.breakpointhook
     pdb.set_trace = debugger.set_trace  # type: ignore[assignment]
-    dist.breakpoint = debugger.dist_breakpoint  # type: ignore[assignment]
+    dist.breakpoint = debugger.dist_breakpoint
