@@ -53,6 +53,7 @@ from ddp_helpers.live.protocol import (
 )
 from ddp_helpers.live.rank_debug import Debugger, DebuggerQuit, install
 
+CELL_VALUE = "_ddp_cell_value"  # where a cell's last expression is kept until it is sent
 REAL_EXIT = os._exit  # the server's own way out; a cell's os._exit is announced first (see announce_exits)
 
 
@@ -112,18 +113,18 @@ class Cells:
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         tree = ast.parse(code, filename=filename)
         last = tree.body[-1] if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-        if last is not None:  # the cell's value: evaluated on its own, after the rest
-            tree.body.pop()
+        if last is not None:  # the cell's value, kept in a name: pdb steps onto that line as onto any other
+            value = ast.Assign([ast.Name(CELL_VALUE, ast.Store())], last.value)
+            tree.body[-1] = ast.fix_missing_locations(ast.copy_location(value, last))
         if stretch:
             self.debugger.timeouts.stretch()  # before this rank's first collective of the cell
         self.running = True
         try:
             body = compile(tree, filename, "exec")
             self.debugger.run(body, self.namespace) if debug else exec(body, self.namespace)
-            if last is not None:
-                return eval(compile(ast.Expression(last.value), filename, "eval"), self.namespace)
-            return None
+            return self.namespace.pop(CELL_VALUE, None)
         finally:
+            self.namespace.pop(CELL_VALUE, None)
             self.running = False
             self.debugger.end_cell()
             for name in ("__return__", "__exception__"):  # what pdb leaves in a frame's locals
