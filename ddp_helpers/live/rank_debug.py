@@ -21,6 +21,7 @@ import types
 from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,6 +29,7 @@ import torch.distributed as dist
 
 from .protocol import Answer, Prompt
 
+SERVER_FILES = (str(Path(__file__).with_name("server.py")), str(Path(__file__)))
 DEBUG_TIMEOUT_S = 3600.0  # torch.distributed.breakpoint's own stretch (torch 2.14)
 QUIT_COMMANDS = ("q", "quit", "exit")
 
@@ -76,11 +78,20 @@ class ChannelIO:
 
 
 class RankPdb(pdb.Pdb):
-    """pdb reading and writing a `ChannelIO`; no SIGINT handler of its own (the server has one)."""
+    """pdb reading and writing a `ChannelIO`; no SIGINT handler of its own (the server has one).
+
+    It never stops in the server's own frames: stepping off the end of a cell runs on to the next stop.
+    """
 
     def __init__(self, io: ChannelIO) -> None:
         super().__init__(stdin=io, stdout=io, nosigint=True, readrc=False)  # type: ignore[arg-type]
         self.prompt = io.prompt
+
+    def stop_here(self, frame: types.FrameType) -> bool:
+        code = frame.f_code
+        if code.co_filename in SERVER_FILES and code is not Debugger.dist_breakpoint.__code__:
+            return False  # the server's frames, around the cell: never where the learner steps
+        return super().stop_here(frame)
 
 
 class Timeouts:
@@ -178,9 +189,14 @@ class Debugger:
         debugger.interaction(None, tb)
 
     def end_cell(self) -> None:
-        """After a cell: pdb's last words to the log, the timeouts back."""
+        """After a cell: pdb's last words to the log, no tracing left behind, the timeouts back."""
         if self.io is not None:
             self.io.drain()
+            sys.settrace(None)  # a cell stepped off its end: the next cell must not start in pdb
+            frame: types.FrameType | None = sys._getframe()
+            while frame is not None:
+                frame.f_trace = None
+                frame = frame.f_back
         self.io = None
         self.timeouts.restore()
 
