@@ -63,6 +63,7 @@ def execute(
     output: list[str] = []
     prompts: list[str] = []
     asked: list[float] = []
+    idle = False  # the kernel's idle status after this cell: every output message has come
     deadline = time.monotonic() + CELL_S
     while time.monotonic() < deadline:
         try:
@@ -73,7 +74,7 @@ def execute(
             kc.input(answer(prompts[-1], Executed({}, "".join(output), prompts, asked)))
         except queue.Empty:
             pass
-        _read_output(kc, msg_id, output)
+        idle = _read_output(kc, msg_id, output) or idle
         try:
             reply = kc.get_shell_msg(timeout=0.02)
         except queue.Empty:
@@ -82,7 +83,8 @@ def execute(
             result = Executed(reply["content"])
             break
     assert result is not None, f"the cell did not end within {CELL_S:g}s:\n{''.join(output)}"
-    _drain(kc, msg_id, output)
+    if not idle:
+        _drain(kc, msg_id, output)
     result.output, result.prompts, result.asked_at = "".join(output), prompts, asked
     return result
 
