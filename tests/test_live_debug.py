@@ -27,9 +27,11 @@ pytestmark = pytest.mark.xdist_group("test_live_debug")
 CELL_S = 180.0  # one cell, on a loaded 2-core machine
 PROMPT = "rank 1 (Pdb) "
 ALL_REDUCE = (
+    "import time\n"
     "x = torch.ones(1) * (rank + 1)\n"
     "secret = rank * 10 + 7\n"
     "if rank == 1:\n"
+    "    time.sleep(0.5)  # rank 0 is in the all_reduce before rank 1 pauses\n"
     "    breakpoint()\n"
     "dist.all_reduce(x)\n"
     "x.item()"
@@ -200,6 +202,14 @@ def test_a_kernel_that_cannot_ask_says_how_to_script_the_commands(kernel):
         ran.error
     )
     assert "[rank 0] Out: 0" in execute(kernel, "%%ranks --rank 0\nrank").output
+
+
+def test_pdb_set_trace_stops_the_rank_that_runs_it(kernel):
+    code = "%%ranks\nimport pdb\nmine = rank + 100\nif rank == 1:\n    pdb.set_trace()\nmine"
+    ran = execute(kernel, code, answers("p mine", "c"))
+    assert ran.ok, ran.error + ran.output
+    assert ran.prompts == [PROMPT, PROMPT] and "\n101\n" in ran.output, ran.output
+    assert "[rank 0] Out: 100" in ran.output and "[rank 1] Out: 101" in ran.output, ran.output
 
 
 def test_dist_breakpoint_on_rank_1(kernel):
