@@ -41,7 +41,7 @@ class DebuggerQuit(Exception):
 class ChannelIO:
     """pdb's stdin and stdout on a rank: output is kept, and sent with the prompt when pdb reads."""
 
-    def __init__(self, conn: Connection, cell_id: Callable[[], int], prompt: str) -> None:
+    def __init__(self, conn: Connection | None, cell_id: Callable[[], int], prompt: str) -> None:
         self.conn = conn
         self.cell_id = cell_id
         self.prompt = prompt
@@ -59,6 +59,8 @@ class ChannelIO:
         text = "".join(self.kept)
         self.kept.clear()
         text = text.removesuffix(self.prompt)  # the kernel shows its own
+        if self.conn is None:
+            return ""  # no kernel to ask: end of input
         try:
             self.conn.send(Prompt(self.cell_id(), text, self.prompt))
             answer = self.conn.recv()
@@ -148,7 +150,7 @@ def group_timeout(group: Any = None) -> timedelta | None:
 class Debugger:
     """A rank's pdb sessions: `breakpoint()`, ``pdb.set_trace()``, the cell's first line, post-mortem."""
 
-    def __init__(self, conn: Connection, rank: int, cell_id: Callable[[], int]) -> None:
+    def __init__(self, conn: Connection | None, rank: int, cell_id: Callable[[], int]) -> None:
         self.conn = conn
         self.rank = rank
         self.cell_id = cell_id

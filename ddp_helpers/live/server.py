@@ -84,8 +84,9 @@ def encode(cell_id: int, value: Any) -> Value:
 class Cells:
     """Runs cells in one persistent namespace, IPython-style: the last expression's value is returned."""
 
-    def __init__(self, info, debugger: Debugger) -> None:
-        self.debugger = debugger
+    def __init__(self, info, debugger: Debugger | None = None) -> None:
+        # no debugger given (no kernel to ask): pdb reads end of input, and quits
+        self.debugger = debugger or Debugger(None, info.rank, lambda: self.cell_id)
         self.last_error: BaseException | None = None  # for post-mortem (``%ranks debug N``)
         self.namespace: dict[str, Any] = {
             "__name__": "__main__",
