@@ -21,13 +21,14 @@ RANK_SIDE_TOP = ("backends", "checkpoint", "data", "distributed", "errors", "met
 RANK_SIDE = (
     [PACKAGE / f"{name}.py" for name in RANK_SIDE_TOP]
     + sorted((PACKAGE / "workers").glob("*.py"))
-    + [PACKAGE / "live" / "server.py", PACKAGE / "live" / "protocol.py"]
+    + [PACKAGE / "live" / "server.py", PACKAGE / "live" / "protocol.py", PACKAGE / "live" / "rank_debug.py"]
     + [PACKAGE / "worker_site" / "sitecustomize.py"]  # runs in every rank before its script
 )
 KERNEL_SIDE = ("ddp_helpers.launcher", "ddp_helpers.lab")
 LIVE_RANK_END = (
     "ddp_helpers.live.server",
     "ddp_helpers.live.protocol",
+    "ddp_helpers.live.rank_debug",
 )  # the rest of live/ is the kernel's end
 
 

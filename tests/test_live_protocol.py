@@ -52,6 +52,7 @@ def test_the_rank_server_imports_nothing_of_the_kernel_side():
     assert {m for m in imported if m.startswith("ddp_helpers")} == {
         "ddp_helpers.distributed",
         "ddp_helpers.live.protocol",
+        "ddp_helpers.live.rank_debug",  # pdb over the socket: rank side too (test_architecture checks it)
     }
     loaded = _modules_after_import("ddp_helpers.live.server")
     assert not [m for m in loaded if m.startswith(KERNEL_SIDE)]

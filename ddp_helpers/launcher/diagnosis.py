@@ -43,6 +43,12 @@ _SECONDARY = (
     "killed by signal sigterm",  # torchrun stops the survivors with SIGTERM once one rank fails
 )
 STDERR_TAIL_LINES = 8
+NO_STDIN_HINT = (
+    "pdb quit on this rank: a rank that launch() starts has no stdin (torchrun gives its workers none), so "
+    "breakpoint() read end-of-file. Debug the same code on live ranks, where pdb asks in the notebook: "
+    "ranks = start_ranks(nproc=2); ranks.import_file('train.py'); then call its functions in a %%ranks "
+    "cell with breakpoint() in them, or run the cell with %%ranks --debug 1 to step through rank 1 alone."
+)
 
 
 @dataclass
@@ -135,6 +141,8 @@ def _hint(error: str, exitcode: int, cuda_available: bool) -> str:
         return "this rank lost a peer or was stopped: another rank exited or crashed first; check the other ranks' logs."
     if "address already in use" in lowered:
         return "the rendezvous port is taken; launch() picks a free one unless rdzv_endpoint pins it."
+    if "bdbquit" in lowered:
+        return NO_STDIN_HINT
     return ""
 
 

@@ -10,18 +10,29 @@ import time
 
 from . import recovery
 from .cells import CellLog
-from .protocol import Exited, Reply, Request
+from .console import Console
+from .protocol import Answer, Exited, Prompt, Reply, Request
 from .session import Session
+
+QUIT_WAIT_S = 2.0  # after a pdb quit, how long the other ranks get to finish the cell by themselves
 
 
 def request(
-    session: Session, cells: CellLog, message: Request, targets: list[int], timeout: float | None
+    session: Session,
+    cells: CellLog,
+    message: Request,
+    targets: list[int],
+    timeout: float | None,
+    console: Console | None = None,
 ) -> dict[int, Reply]:
     """Send `message` to `targets` and return each rank's reply once all have replied.
 
-    Raises `WorkerFailed` (or the launcher's diagnosis) if a rank died, `LaunchTimeout` if a rank
-    still in the cell printed nothing for `timeout` seconds, and `LaunchInterrupted` on Ctrl-C.
+    A rank paused in pdb asks `console` for each command meanwhile (the silence clock restarts
+    after each). Raises `WorkerFailed` (or the launcher's diagnosis) if a rank died, `LaunchTimeout`
+    if a rank still in the cell printed nothing for `timeout` seconds, `LaunchInterrupted` on
+    Ctrl-C, and `DebuggerQuit` where pdb was quit and the other ranks could not finish the cell.
     """
+    console = Console(where=lambda: recovery.where(session, cells)) if console is None else console
     session.begin_cell(after_cell=cells.last_sent)
     cells.last_sent = message.cell_id
     session.send(targets, message)
@@ -38,9 +49,16 @@ def request(
             stuck = [r for r in sorted(pending) if now - session.last_heard(r, started) > timeout]
             if stuck:
                 raise recovery.hung(session, cells, stuck, sorted(set(replies)), timeout)
+        if console.quit_rank is not None and pending and time.monotonic() - started > QUIT_WAIT_S:
+            raise recovery.debugger_quit(session, cells, console, pending, replies)
 
     try:
         for rank, reply in session.replies(pending, between=watch):
+            if isinstance(reply, Prompt):  # the rank waits in pdb: it stays pending
+                session.follow(final=True)  # the cell's output so far, before the prompt
+                session.send([rank], Answer(console.answer(rank, reply)))
+                started = time.monotonic()  # the learner's thinking time is not a hang
+                continue
             if reply is None:
                 raise recovery.died(session, rank)
             if isinstance(reply, Exited):  # the cell called os._exit(code)

@@ -7,6 +7,9 @@ x = torch.ones(1) * (rank + 1)
 dist.all_reduce(x)
 x.item()
 %%ranks --rank 0                # on some ranks only
+%%ranks --debug 1               # rank 1 stops in pdb at the cell's first line (prompts: Jupyter's input box)
+%ranks where                    # every rank's Python stack now
+%ranks debug 1                  # post-mortem: pdb on rank 1's last exception
 %ranks stop
 """
 
@@ -16,12 +19,13 @@ import shlex
 
 from IPython.core.displayhook import DisplayHook
 from IPython.core.magic import Magics, line_cell_magic, magics_class
-from IPython.core.magic_arguments import ArgDecorator, argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import ArgDecorator, argument, magic_arguments
 
 from ..errors import InvalidLaunchArguments, RanksNotRunning
 from ..launcher.cell_source import CellSyntaxError, as_in_editor
 from ..launcher.checks import rank_list
 from ..launcher.options import LIVE_OPTIONS, add_flags, given_options
+from .console import split_commands
 from .ranks import LiveRanks, not_running_message, shown_value, start_ranks
 
 _current: LiveRanks | None = None
@@ -45,28 +49,38 @@ class _start_flags(ArgDecorator):
         add_flags(group or parser, LIVE_OPTIONS)
 
 
-def _parse_ranks(text: str | None) -> list[int] | None:
+def _parse_ranks(text: str | None, flag: str = "--rank") -> list[int] | None:
     if text is None:
         return None
     try:
         return rank_list(text)
     except ValueError:
         raise InvalidLaunchArguments(
-            f"--rank takes comma-separated rank numbers, e.g. 0,1; got {text!r}"
+            f"{flag} takes comma-separated rank numbers, e.g. 0,1; got {text!r}"
         ) from None
 
 
 @magics_class
 class RanksMagics(Magics):
     @magic_arguments()
-    @argument("action", nargs="?", default=None, help="line form: start, stop, restart or status")
+    @argument(
+        "action", nargs="?", default=None, help="line form: start, stop, restart, status, where or debug"
+    )
+    @argument("target", nargs="?", default=None, help="%%ranks debug N: the rank to debug post-mortem")
     @_start_flags()  # --timeout also sets a %%ranks cell's own timeout
     @argument("--rank", default=None, help="cell form: run on these ranks only, e.g. 0 or 0,2")
     @argument("--name", default="ranks", help="the notebook variable that holds the ranks")
+    @argument("--debug", default=None, help="cell form: these ranks stop in pdb at the cell's first line")
+    @argument(
+        "--pdb-commands",
+        default=None,
+        help="pdb's answers, in order, before the input box is asked: e.g. 'p x;; c' (pdb's separator ;;)",
+    )
     @line_cell_magic
     def ranks(self, line: str, cell: str | None = None):
         """Start, stop and use live DDP ranks; see `ddp_helpers.start_ranks`."""
-        opts = parse_argstring(self.ranks, " ".join(shlex.split(line)))
+        # shell quoting, as in a terminal: --pdb-commands 'p x;; c' is one argument
+        opts = self.ranks.parser.parse_args(shlex.split(line))
         if cell is None:
             return self._line(opts)
         if opts.action is not None:
@@ -74,7 +88,13 @@ class RanksMagics(Magics):
         ranks = current_ranks()
         timeout = ... if opts.timeout is None else opts.timeout
         try:
-            results = ranks.run(as_in_editor(cell), ranks=_parse_ranks(opts.rank), timeout=timeout)
+            results = ranks.run(
+                as_in_editor(cell),
+                ranks=_parse_ranks(opts.rank),
+                timeout=timeout,
+                debug=_parse_ranks(opts.debug, "--debug"),
+                pdb_commands=split_commands(opts.pdb_commands),
+            )
         except SyntaxError as error:
             raise CellSyntaxError(error) from None
         quiet = DisplayHook.semicolon_at_end_of_expression(cell)  # `x;` shows no Out, as in IPython
@@ -117,7 +137,22 @@ class RanksMagics(Magics):
             return None
         if opts.action in (None, "status"):
             return _current
-        raise InvalidLaunchArguments(f"%ranks takes start, stop, restart or status, not {opts.action!r}")
+        if opts.action == "where":
+            print(current_ranks().where())
+            return None
+        if opts.action == "debug":
+            return _post_mortem(opts)
+        raise InvalidLaunchArguments(
+            f"%ranks takes start, stop, restart, status, where or debug, not {opts.action!r}"
+        )
+
+
+def _post_mortem(opts) -> None:
+    """``%ranks debug N``: pdb on the last exception a cell raised on rank N."""
+    ranks = _parse_ranks(opts.target, "%ranks debug")
+    if not ranks or len(ranks) != 1:
+        raise InvalidLaunchArguments(f"%ranks debug takes one rank, e.g. %ranks debug 1; got {opts.target!r}")
+    current_ranks().debug(ranks[0], pdb_commands=split_commands(opts.pdb_commands))
 
 
 def load_ipython_extension(ipython) -> None:

@@ -14,9 +14,10 @@ import psutil
 
 from ..errors import LaunchError, LaunchInterrupted, LaunchTimeout, WorkerFailed
 from .cells import CellLog
-from .protocol import Check, Reply, Value
+from .console import Console, DebuggerQuit
+from .protocol import Check, Error, Reply, Value
 from .session import POLL_S, Session
-from .stacks import read_stacks
+from .stacks import read_stacks, show_stacks
 
 INTERRUPT_WAIT_S = 5.0  # how long an interrupted rank gets to come back before the ranks are stopped
 CHECK_TIMEOUT_S = 10.0  # the barrier that tells whether an interrupt left the process group usable
@@ -67,6 +68,32 @@ def check_group(session: Session, cells: CellLog, what: str) -> str:
             f"{RESTART_HINT}"
         )
     return f"{what}; the ranks are still running, with their state, and the process group is usable."
+
+
+# ------------------------------------------------------------------ pdb quit
+def debugger_quit(
+    session: Session, cells: CellLog, console: Console, pending: set[int], replies: dict[int, Reply]
+) -> DebuggerQuit:
+    """pdb was quit on one rank, and the others still wait for it (in a collective, most likely):
+    interrupt them, and keep the ranks if the group survived; else stop them (the caller restarts)."""
+    rank = console.quit_rank if console.quit_rank is not None else -1
+    waiting = ", ".join(map(str, sorted(pending)))
+    lines = [console.quit_message(rank), "", f"rank(s) {waiting} still waited in the cell (for rank {rank})."]
+    if interrupt(session, set(pending), {}):
+        lines.append(check_group(session, cells, "They were interrupted"))
+    else:
+        session.stop()
+        lines.append(
+            f"They did not answer an interrupt within {INTERRUPT_WAIT_S:g}s (blocked inside a collective), "
+            "so every rank was stopped."
+        )
+    errors = {r: reply.traceback for r, reply in replies.items() if isinstance(reply, Error)}
+    return DebuggerQuit("\n".join(lines), errors=errors or {rank: ""})
+
+
+def where(session: Session, cells: CellLog) -> str:
+    """Every rank's Python stack now (`%ranks where`)."""
+    return show_stacks(read_stacks(session, sorted(session.links), cells.sources))
 
 
 # ------------------------------------------------------------------ hangs

@@ -66,7 +66,8 @@ def receive(
             except (EOFError, OSError):
                 reply = None
             yield rank, reply
-            pending.discard(rank)
+            if not isinstance(reply, protocol.Prompt):  # a prompt: the rank is still in the request
+                pending.discard(rank)
         if between is not None:
             between()
 
@@ -166,7 +167,7 @@ class Session:
         """Echo what the ranks wrote to their logs since the last look (`final`: to the end of each file)."""
         self.run.poll_files(final=final)
 
-    def send(self, ranks: Iterable[int], message: Request | Shutdown) -> None:
+    def send(self, ranks: Iterable[int], message: Request | Shutdown | protocol.Answer) -> None:
         for rank in ranks:
             self.links[rank].conn.send(message)
 

@@ -25,6 +25,23 @@ def read_stacks(session: Session, ranks: list[int], sources: Mapping[int, str]) 
     return {rank: format_stack(stack_dumps.main_thread(dump), sources) for rank, dump in dumps.items()}
 
 
+def show_stacks(stacks: Mapping[int, str]) -> str:
+    """Each rank's stack under a heading; a rank with no cell frame is between cells."""
+    parts = []
+    for rank, stack in sorted(stacks.items()):
+        lines = stack.splitlines()
+        in_cell = [i for i, line in enumerate(lines) if line.lstrip().startswith('File "<cell ')]
+        if not in_cell:
+            parts.append(f"rank {rank}: between cells (waiting for the next one)")
+            continue
+        paused = any(re.search(r"[/\\](bdb|pdb)\.py\b", line) for line in lines[: in_cell[0]])
+        if paused:  # pdb's own frames say nothing: where it stopped in the cell does
+            lines = lines[in_cell[0] :]
+        state = "paused in pdb" if paused else "running"
+        parts.append(f"rank {rank}, {state} (most recent call first):\n" + "\n".join(lines))
+    return "\n\n".join(parts) or "no rank answered"
+
+
 def format_stack(dump: str, sources: Mapping[int, str]) -> str:
     """A faulthandler dump, down to the innermost cell frame, each cell frame followed by its line.
 
