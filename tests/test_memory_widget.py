@@ -28,7 +28,7 @@ def test_the_button_runs_a_size_this_machine_holds():
 
 def test_static_plot_has_a_bar_per_row():
     setup = Setup(width=48, depth=2, batch=4, world=2, strategy="fsdp2")
-    fig = plot_footprints([("fsdp2", predict(setup), predict(setup))], world=2)
+    fig = plot_footprints([("fsdp2", predict(setup), predict(setup))])
     held_ax = fig.axes[0]
     assert [t.get_text() for t in held_ax.get_yticklabels()] == ["fsdp2, predicted", "fsdp2, measured"]
 

@@ -2,7 +2,7 @@
 measures the chosen configuration on live ranks and draws the measured bars beside the predicted ones.
 
     calculator(measure=measure_on_live_ranks, measure_world=2)   # in JupyterLab
-    plot_footprints([("ddp", predicted, measured), ...])        # the same plot, static (papermill)
+    plot_footprints([("ddp", predicted, measured), ...])          # the same plot, static (papermill)
 
 The arithmetic is `memory_calculator`'s; this module only draws and wires.
 """
@@ -49,31 +49,31 @@ def fullest(ranks: list[dict]) -> dict:
     return max(ranks, key=lambda r: sum(r[p] for p in PARTS))
 
 
-def plot_footprints(entries: Sequence[Entry], world: int, title: str = ""):
+def plot_footprints(entries: Sequence[Entry], title: str = ""):
     """Stacked bars of the fullest rank's bytes, predicted and (where given) measured, and the bytes
-    one rank sends per step on a ring. Returns the figure."""
+    one rank sends per step on a ring (each entry's world: its number of ranks). Returns the figure."""
     rows = []
     for label, predicted, measured in entries:
-        rows.append((f"{label}, predicted", fullest(predicted)))
+        rows.append((f"{label}, predicted", fullest(predicted), len(predicted)))
         if measured is not None:
-            rows.append((f"{label}, measured", fullest(measured)))
-    held_unit, held_size = unit_for(max(sum(r[p] for p in PARTS) for _, r in rows))
-    sent = [ring_bytes_per_rank(r["sent"], world) for _, r in rows]
+            rows.append((f"{label}, measured", fullest(measured), len(measured)))
+    held_unit, held_size = unit_for(max(sum(r[p] for p in PARTS) for _, r, _ in rows))
+    sent = [ring_bytes_per_rank(r["sent"], world) for _, r, world in rows]
     sent_unit, sent_size = unit_for(max(sent))
-    fig, (held_ax, sent_ax) = plt.subplots(1, 2, figsize=(10, 0.45 * len(rows) + 1.4), sharey=True)
-    labels = [label for label, _ in rows]
+    fig, (held_ax, sent_ax) = plt.subplots(1, 2, figsize=(10, 0.45 * len(rows) + 1.8), sharey=True)
+    labels = [label for label, _, _ in rows]
     left = [0.0] * len(rows)
     for part in PARTS:
-        values = [r[part] / held_size for _, r in rows]
+        values = [r[part] / held_size for _, r, _ in rows]
         held_ax.barh(labels, values, left=left, color=COLOURS[part], label=part)
         left = [a + b for a, b in zip(left, values, strict=True)]
     held_ax.invert_yaxis()
     held_ax.set_xlabel(f"{held_unit} held by the fullest rank at the end of forward")
-    held_ax.legend(fontsize="small", loc="lower right")
+    fig.legend(*held_ax.get_legend_handles_labels(), loc="lower center", ncol=len(PARTS), fontsize="small")
     sent_ax.barh(labels, [s / sent_size for s in sent], color="tab:gray")
     sent_ax.set_xlabel(f"{sent_unit} one rank sends per step (ring)")
-    fig.suptitle(title or f"{world} rank(s)")
-    fig.tight_layout()
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))  # the legend below the bars
     return fig
 
 
@@ -99,15 +99,9 @@ def measurable(setup: Setup, world: int) -> Setup:
     return dataclasses.replace(setup, world=world, **smaller)
 
 
-def calculator(measure: Measure | None = None, measure_world: int = 2, **start):
-    """The widget: sliders (width, depth, batch, world), menus (strategy, precision), recomputation,
-    a plot that redraws on every change and, with `measure`, a button that runs the configuration on
-    live ranks and draws the measured bars beside the predicted ones."""
-    import ipywidgets as w
-    from IPython.display import display
-
-    first = Setup(**{"width": 1024, "depth": 8, "batch": 8, "world": 4, **start})
-    controls = {
+def controls_for(w, first: Setup) -> dict:
+    """The calculator's inputs, one per field of `Setup`, set to `first`."""
+    return {
         "width": w.IntSlider(value=first.width, min=16, max=8192, step=16, description="width"),
         "depth": w.IntSlider(value=first.depth, min=1, max=64, description="depth"),
         "batch": w.IntSlider(value=first.batch, min=1, max=256, description="batch/rank"),
@@ -116,19 +110,35 @@ def calculator(measure: Measure | None = None, measure_world: int = 2, **start):
         "precision": w.Dropdown(options=PRECISIONS, value=first.precision, description="precision"),
         "recompute": w.Checkbox(value=first.recompute, description="activation checkpointing"),
     }
-    button = w.Button(description="measure on live ranks", disabled=measure is None)
-    plot, note = w.Output(), w.HTML()
 
-    def draw(setup: Setup, measured_setup: Setup | None = None, measured: list[dict] | None = None) -> None:
-        entries: list[Entry] = [(f"{setup.strategy}, as set", predict(setup), None)]
-        if measured_setup is not None:
-            entries.append((f"{setup.strategy}, at the measured size", predict(measured_setup), measured))
-        plot.clear_output(wait=True)
-        with plot:
-            display(plot_footprints(entries, setup.world, f"{setup.strategy}, {setup.precision}"))
-            plt.close("all")
-        shown = measured_setup or setup
-        note.value = f"<p>{explain(shown, predict(shown), measured)}</p>"
+
+def draw(plot, note, setup: Setup, small: Setup | None = None, measured: list[dict] | None = None) -> None:
+    """Redraw the widget's plot (`plot`, an Output) and its note (`note`, an HTML) for `setup`, and for
+    `small` with what was `measured` there."""
+    from IPython.display import display
+
+    entries: list[Entry] = [(f"{setup.strategy}, as set", predict(setup), None)]
+    if small is not None:
+        entries.append((f"{setup.strategy}, at the measured size", predict(small), measured))
+    plot.clear_output(wait=True)
+    with plot:
+        display(plot_footprints(entries, f"{setup.strategy}, {setup.precision}"))
+        plt.close("all")
+    shown = small or setup
+    note.value = f"<p>{explain(shown, predict(shown), measured)}</p>"
+
+
+def calculator(measure: Measure | None = None, measure_world: int = 2, **start):
+    """The widget: sliders (width, depth, batch, world), menus (strategy, precision), recomputation,
+    a plot that redraws on every change and, with `measure`, a button that runs the configuration on
+    live ranks and draws the measured bars beside the predicted ones. Returns the widget (a cell shows it)."""
+    import ipywidgets as w  # type: ignore[import-untyped]  # ships no type information
+
+    controls = controls_for(w, Setup(**{"width": 1024, "depth": 8, "batch": 8, "world": 4, **start}))
+    button = w.Button(
+        description="measure on live ranks", disabled=measure is None, layout=w.Layout(width="220px")
+    )
+    plot, note = w.Output(), w.HTML()
 
     def current() -> Setup | None:
         try:
@@ -140,24 +150,17 @@ def calculator(measure: Measure | None = None, measure_world: int = 2, **start):
     def redraw(_change=None) -> None:
         setup = current()
         if setup is not None:
-            draw(setup)
+            draw(plot, note, setup)
 
     def run(_button) -> None:
         setup = current()
         if setup is not None and measure is not None:
             small = measurable(setup, measure_world)
-            draw(setup, small, measure(small))
+            draw(plot, note, setup, small, measure(small))
 
     for control in controls.values():
         control.observe(redraw, names="value")
     button.on_click(run)
     redraw()
-    box = w.VBox(
-        [
-            w.HBox([w.VBox(list(controls.values())[:4]), w.VBox([*list(controls.values())[4:], button])]),
-            plot,
-            note,
-        ]
-    )
-    display(box)
-    return box
+    inputs = list(controls.values())
+    return w.VBox([w.HBox([w.VBox(inputs[:4]), w.VBox([*inputs[4:], button])]), plot, note])

@@ -74,8 +74,8 @@ def saved_activation_bytes(model: nn.Module):
     return seen, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
 
 
-def held_at_forward_end(model: nn.Module, optimizer, buckets, loss_fn) -> dict:
-    """Run `loss_fn` (forward and loss) and count what this rank holds once it returns."""
+def held_at_forward_end(model: nn.Module, optimizer, buckets, loss_fn) -> tuple[dict, torch.Tensor]:
+    """Run `loss_fn` (forward and loss), count what this rank holds once it returns; return both."""
     seen, hooks = saved_activation_bytes(model)
     with hooks:
         loss = loss_fn()
