@@ -101,5 +101,8 @@ def test_moving_a_slider_redraws_the_calculators_plot(page, widget_lab):  # noqa
         handle.press("ArrowRight")  # one step each: 16 wider
     second = wait_for_image(page, first, timeout_s=30)
     assert second != first
+    settled = None  # each key press redraws: wait for the last redraw before the screenshot
+    while settled != (settled := page.evaluate(IMAGE_JS)):
+        time.sleep(1.0)
     assert note.text_content() != before  # the note was recomputed too
     shoot(page, cell_with(cells(page), "calculator("), "08-calculator-widget.png")
