@@ -118,9 +118,9 @@ def test_dcp_to_torch_save_gives_the_full_model(job, tmp_path):
     dcp_to_torch_save(job / "dcp", tmp_path / "plain.pt")
     plain = torch.load(tmp_path / "plain.pt", weights_only=True)
     full = torch.load(job / "full_model.pt", weights_only=True)
-    assert set(plain["model"]) == set(full) and plain["step"] == 2
+    assert set(plain["app"]["model"]) == set(full) and plain["step"] == 2  # AppState saved under "app"
     for name, tensor in full.items():
-        assert torch.equal(plain["model"][name], tensor), name
+        assert torch.equal(plain["app"]["model"][name], tensor), name
 
 
 ONE_RANK = """

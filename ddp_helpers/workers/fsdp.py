@@ -134,14 +134,16 @@ def fsdp_versus_one_process(args, mesh, device, result: dict) -> None:
 
 
 def adam_run(kind: str, args, mesh, device) -> dict:
-    """Train with Adam as DDP, ZeRO-1 or FSDP2: memory per rank, bytes sent and step time."""
+    """Train with Adam as DDP, ZeRO-1, ZeRO-2 (FSDP2, reshard_after_forward=False) or FSDP2: memory per
+    rank after a step, bytes sent and step time."""
     world_size = dist.get_world_size()
     sent = {"all_reduce": 0}
     buckets = []  # DDP's flat gradient buckets, as its comm hook sees them
     forward: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    if kind == "fsdp2":
-        model, _ = checked_fsdp(args, mesh, device)
+    if kind in ("zero2", "fsdp2"):  # ZeRO-2: each unit stays gathered from its forward to its backward
+        options = {"reshard_after_forward": False} if kind == "zero2" else {}
+        model, _ = checked_fsdp(args, mesh, device, **options)
         optimizer = torch.optim.Adam(model.parameters(), lr=args.adam_lr)
         forward = model
     else:
@@ -199,7 +201,7 @@ def part_train(args, mesh, device) -> dict:
     result["padded_parameters"] = padded_numel(build_model(args, device), world_size)
     fsdp_versus_one_process(args, mesh, device, result)
     runs = {}
-    for kind in ("ddp", "zero1", "fsdp2"):
+    for kind in ("ddp", "zero1", "zero2", "fsdp2"):
         run = adam_run(kind, args, mesh, device)
         runs[kind] = run
         result[kind] = {
@@ -211,7 +213,7 @@ def part_train(args, mesh, device) -> dict:
             "state_tensors_per_rank": gathered(run["state_tensors"]),
             "state_params_per_rank": gathered(run["state_params"]),
         }
-    for kind in ("zero1", "fsdp2"):
+    for kind in ("zero1", "zero2", "fsdp2"):
         diff = (runs[kind]["weights"] - runs["ddp"]["weights"]).abs().max().item()
         result[kind]["max_weight_diff_vs_ddp"] = diff
         assert torch.allclose(runs[kind]["weights"], runs["ddp"]["weights"], rtol=RTOL, atol=1e-5), (

@@ -51,14 +51,34 @@ def compare_with_full(model: nn.Module, full: dict) -> dict:
     return {"max_diff": max_diff, "elements": elements}
 
 
+class AppState:
+    """The DCP tutorial's checkpoint object: model and optimizer, as DCP's `Stateful` (a Protocol: these
+    two methods make it one). dcp.save calls state_dict(); dcp.load fills what state_dict() returned,
+    in place, then hands it to load_state_dict()."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict:
+        # get_state_dict: model and optimizer state keyed by parameter *name*, as DTensors (each rank its shard)
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        return {"model": model_state, "optim": optim_state}
+
+    def load_state_dict(self, state: dict) -> None:
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+        )
+
+
 def part_save(args, mesh, device) -> dict:
     model, factor = checked_fsdp(args, mesh, device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.adam_lr)
     half = args.steps // 2
     before = train_steps(model, optimizer, args, device, range(half))
-    # get_state_dict: model and optimizer state keyed by parameter *name*, as DTensors (each rank its shard)
-    model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optim": optim_state, "step": half}
+    state = {"app": AppState(model, optimizer), "step": half}
     start = time.perf_counter()
     dcp.save(state, checkpoint_id=args.checkpoint_dir)  # every rank writes its shards, rank 0 the metadata
     save_s = time.perf_counter() - start
@@ -66,40 +86,62 @@ def part_save(args, mesh, device) -> dict:
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if dist.get_rank() == 0:
         torch.save(full, Path(args.run_dir) / "full_model.pt")
-    # async_save: copy to CPU now, write in a background thread while training goes on. That thread
-    # runs collectives of its own (gathering the plan and metadata): on the training's group they would
-    # interleave with the training's and gloo would abort ("collective mismatch"). It gets its own group.
-    checkpoint_group = dist.new_group(backend="gloo")
-    assert isinstance(checkpoint_group, dist.ProcessGroup)  # every rank is in it
-    start = time.perf_counter()
-    future = dcp.async_save(
-        state, checkpoint_id=args.checkpoint_dir + "-async", process_group=checkpoint_group
-    )
-    async_return_s = time.perf_counter() - start
-    after = train_steps(model, optimizer, args, device, range(half, args.steps))  # runs during the write
-    start = time.perf_counter()
-    assert isinstance(future, Future)  # (an AsyncSaveResponse comes back only with an async stager)
-    future.result()
-    async_wait_s = time.perf_counter() - start
+    after, timings = async_saves(model, optimizer, args, device, range(half, args.steps))
     return {
         "gradient_factor": factor,
         "saved_at_step": half,
         "losses": before + after,
         "shard_shapes": gathered(shard_shapes(model)),
         "save_s": save_s,
-        "async_return_s": async_return_s,
-        "async_wait_s": async_wait_s,
+        **timings,
         "files": sorted(p.name for p in Path(args.checkpoint_dir).iterdir()),
     }
+
+
+def async_saves(model, optimizer, args, device, steps: range) -> tuple[list[float], dict]:
+    """Train `steps`, each begun with an async_save of the state it starts from (to
+    <checkpoint-dir>-async/step<N>), one save in flight at a time."""
+    # async_save copies the state to CPU memory, returns, and writes from a background thread while
+    # training goes on. That thread runs collectives of its own (the plan and the metadata): on the
+    # training's group they would interleave with the training's and gloo would abort ("collective
+    # mismatch"), so it gets its own group
+    checkpoint_group = dist.new_group(backend="gloo")
+    assert isinstance(checkpoint_group, dist.ProcessGroup)  # every rank is in it
+    pending: Future | None = None
+    losses, returned_s, waited_s = [], [], []
+    for step in steps:
+        if pending is not None:  # one save in flight at a time, as in the DCP tutorial: a second would
+            start = time.perf_counter()  # hold a second CPU copy of the state, and queue behind the first
+            pending.result()
+            waited_s.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        saving = dcp.async_save(
+            {"app": AppState(model, optimizer), "step": step},
+            checkpoint_id=f"{args.checkpoint_dir}-async/step{step}",
+            process_group=checkpoint_group,
+        )
+        returned_s.append(time.perf_counter() - start)
+        assert isinstance(saving, Future)  # (an AsyncSaveResponse comes back only with an async stager)
+        pending = saving
+        losses += train_steps(model, optimizer, args, device, range(step, step + 1))  # during the write
+    start = time.perf_counter()
+    if pending is not None:
+        pending.result()
+    waited_s.append(time.perf_counter() - start)
+    timings = {
+        "async_steps": list(steps),
+        "async_return_s": returned_s,
+        "async_wait_s": waited_s,
+    }
+    return losses, timings
 
 
 def part_resume(args, mesh, device) -> dict:
     model, factor = checked_fsdp(args, mesh, device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.adam_lr)
-    model_state, optim_state = get_state_dict(model, optimizer)  # the shapes to load into
-    state: dict[str, Any] = {"model": model_state, "optim": optim_state, "step": 0}
+    # dcp.load asks AppState for the shapes to load into, reads, and gives the values back to it
+    state: dict[str, Any] = {"app": AppState(model, optimizer), "step": 0}
     dcp.load(state, checkpoint_id=args.checkpoint_dir)  # each rank reads the bytes of *its* shards
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     result = {"gradient_factor": factor, "resumed_at_step": state["step"]}
     if args.saved_full:  # what each rank now holds, against the saving job's gathered full model
         full = torch.load(args.saved_full, map_location="cpu", weights_only=True)

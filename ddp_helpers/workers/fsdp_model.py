@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
+from torch.utils.checkpoint import checkpoint
 
 try:  # torch >= 2.6 exports FSDP2 here; 2.4-2.5 kept it private
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -29,7 +30,12 @@ except ImportError:  # pragma: no cover
 
 
 class BlockMLP(nn.Module):
-    """An input layer, `depth` residual blocks, a head: a transformer's layout with Linear blocks."""
+    """An input layer, `depth` residual blocks, a head: a transformer's layout with Linear blocks.
+
+    `recompute = True`: activation checkpointing; each block keeps only its input for backward, and runs
+    its forward again there (non-reentrant `torch.utils.checkpoint`, which FSDP2 composes with)."""
+
+    recompute = False
 
     def __init__(self, features: int, width: int, depth: int, classes: int):
         super().__init__()
@@ -40,7 +46,7 @@ class BlockMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.embed(x)
         for block in self.blocks:
-            x = x + block(x)
+            x = x + (checkpoint(block, x, use_reentrant=False) if self.recompute else block(x))
         return self.head(x)
 
 
