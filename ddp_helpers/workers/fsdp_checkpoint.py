@@ -103,15 +103,17 @@ def async_saves(model, optimizer, args, device, steps: range) -> tuple[list[floa
     <checkpoint-dir>-async/step<N>), one save in flight at a time."""
     # async_save copies the state to CPU memory, returns, and writes from a background thread while
     # training goes on. That thread runs collectives of its own (the plan and the metadata): on the
-    # training's group they would interleave with the training's and gloo would abort ("collective
-    # mismatch"), so it gets its own group
+    # training's group they would interleave with the training's collectives, which a collective
+    # backend does not allow, so it gets its own group
     checkpoint_group = dist.new_group(backend="gloo")
     assert isinstance(checkpoint_group, dist.ProcessGroup)  # every rank is in it
     pending: Future | None = None
     losses, returned_s, waited_s = [], [], []
     for step in steps:
-        if pending is not None:  # one save in flight at a time, as in the DCP tutorial: a second would
-            start = time.perf_counter()  # hold a second CPU copy of the state, and queue behind the first
+        if pending is not None:  # one save in flight at a time, as in the DCP tutorial: a second would hold
+            start = (
+                time.perf_counter()
+            )  # a second CPU copy, in an executor of its own (no queue behind this one)
             pending.result()
             waited_s.append(time.perf_counter() - start)
         start = time.perf_counter()

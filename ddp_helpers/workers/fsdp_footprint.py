@@ -115,7 +115,7 @@ def second_copy(params, buckets) -> int:
 
 
 def footprint(mesh, device, strategy: str, precision: str = "fp32", recompute: bool = False, **sizes) -> dict:
-    """This rank's bytes at the end of forward in the second step, and the bytes sent in that step."""
+    """This rank's bytes at the end of forward in the third step, and the bytes sent in that step."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     args = argparse.Namespace(**{"features": 32, "classes": 10, "seed": 0, **sizes})
