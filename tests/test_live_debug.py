@@ -17,6 +17,7 @@ import pytest
 from conftest import assert_no_processes_left
 from jupyter_client.manager import start_new_kernel
 
+from ddp_helpers.live import rank_debug
 from ddp_helpers.live.console import Console, split_commands
 from ddp_helpers.live.protocol import Prompt
 from ddp_helpers.live.rank_debug import process_groups, timeout_setter
@@ -262,3 +263,18 @@ def test_the_timeout_setter_falls_back_to_torch_27s_name_then_to_none():
     assert timeout_setter(types.SimpleNamespace()) is None
     default = types.SimpleNamespace(_get_default_group=lambda: "default")
     assert process_groups(default) == ["default"]
+
+
+def test_a_group_whose_timeout_cannot_be_read_is_neither_stretched_nor_left_stretched(monkeypatch):
+    set_to = []
+    readable, unreadable = "readable", "unreadable"
+    monkeypatch.setattr(rank_debug.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(rank_debug, "timeout_setter", lambda: lambda t, g: set_to.append((g, t.seconds)))
+    monkeypatch.setattr(rank_debug, "process_groups", lambda: [readable, unreadable])
+    monkeypatch.setattr(
+        rank_debug, "group_timeout", lambda g: timedelta(seconds=60) if g == readable else None
+    )
+    timeouts = rank_debug.Timeouts()
+    assert timeouts.stretch(3600)
+    timeouts.restore()
+    assert set_to == [(readable, 3600), (readable, 60)]  # the unreadable group is never touched

@@ -108,8 +108,9 @@ class Timeouts:
         if setter is None or not dist.is_initialized():
             return False
         for group in process_groups():
-            if group not in self.saved:
-                self.saved[group] = group_timeout(group) or timedelta(seconds=seconds)
+            now = group_timeout(group)
+            if group not in self.saved and now is not None:  # a timeout it cannot read, it cannot set back
+                self.saved[group] = now
                 setter(timedelta(seconds=seconds), group)
         return True
 
@@ -234,7 +235,8 @@ _skip_counts: dict[int, int] = {}
 
 
 def _skipped(skip: int) -> bool:
-    """torch's `skip`: count the calls from each place, and skip the first `skip` of them."""
+    """`skip`: skip the first `skip` calls from this call site. (torch keys its count on the exception
+    being handled, `hash(traceback.format_exc())`, so outside an `except` its calls share one count.)"""
     caller = sys._getframe(2)
     key = hash((caller.f_code, caller.f_lasti))
     _skip_counts[key] = _skip_counts.get(key, 0) + 1
