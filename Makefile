@@ -27,6 +27,11 @@ define make_venv
 	@test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
 	$(1)/bin/python -m pip install --quiet --upgrade pip
 	$(1)/bin/python -m pip install --quiet --no-compile $(2) -e '.[lab,test]'
+	@# Compile once what every test, rank and kernel imports, before many processes import it at once and each
+	@# compiles torch for itself (about 10 CPU-seconds each): two processes, torch's side and the kernel's.
+	$(1)/bin/python -c 'import torch._dynamo, torch.distributed.run, torch.distributed.checkpoint, torchvision' & \
+		$(1)/bin/python -c 'import pandas, matplotlib.pyplot, papermill, ipykernel.kernelapp, psutil' && \
+		wait $$!
 	@touch $(1)/.installed-stamp
 endef
 
@@ -55,19 +60,23 @@ lab: venv
 
 # --dist loadgroup: a test module marked xdist_group (one whose module-scoped fixture starts a job) runs on
 # one xdist worker, so that job starts once; every other test goes to whichever worker is free.
+# Three workers on two cores: many tests spend their time waiting (a hang's timeout, a grace period, a
+# rendezvous), and a third worker fills that time. Measured on 2 cores: 466 s of pytest with -n 3, 898
+# CPU-seconds, so both cores stay busy; -n 2 left a core idle for much of its 669 to 776 s.
+TEST_WORKERS ?= 3
 test: venv
-	$(call run_pytest,$(PY),make test,-n 2 --dist loadgroup)
+	$(call run_pytest,$(PY),make test,-n $(TEST_WORKERS) --dist loadgroup)
 
 # The notebooks on a machine shape a CPU can stand in for: nproc=1 (a one-GPU box), in smoke mode, and the
 # multi-node notebook at full size. The odd world (nproc=3) runs in test-compat, so no stage repeats a shape.
 test-shapes: export DDP_TEST_SHAPES = 1
 test-shapes: venv
-	$(call run_pytest,$(PY),make test-shapes,-n 2 --dist loadgroup tests/test_notebooks.py -k "nproc or full_size")
+	$(call run_pytest,$(PY),make test-shapes,-n $(TEST_WORKERS) --dist loadgroup tests/test_notebooks.py -k "nproc or full_size")
 
 # Every test against the oldest supported torch (the container's); the notebooks there run at nproc=3.
 test-compat: export DDP_TEST_NPROC = 3
 test-compat: $(COMPAT_STAMP)
-	$(call run_pytest,$(COMPAT_PY),make test-compat,-n 2 --dist loadgroup)
+	$(call run_pytest,$(COMPAT_PY),make test-compat,-n $(TEST_WORKERS) --dist loadgroup)
 
 # JupyterLab in a real browser: Debian's Chromium (apt, when missing and possible) driven by Playwright.
 test-browser: venv
