@@ -79,6 +79,18 @@ def test_a_variable_torch_reads_at_import_gets_a_server_of_its_own(script, tmp_p
     assert agent_client.wait_for_stopped_servers(30)
 
 
+def test_torch_distributed_debug_reaches_the_workers_of_a_run_forked_from_the_same_server(tmp_path):
+    level = tmp_path / "level.py"
+    level.write_text("import torch.distributed as dist\nprint('debug level', dist.get_debug_level().name)\n")
+    seen = []
+    for name, env in (("plain", None), ("detail", {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}), ("again", None)):
+        result = launch(level, nproc=1, run_dir=tmp_path / name, env=env)
+        assert result.agent == "forked"
+        seen.append(next(line.split()[-1] for line in result.logs[0] if "debug level" in line))
+    assert len(_server_pids()) == 1  # one server forked all three
+    assert seen == ["OFF", "DETAIL", "OFF"]  # the workers read it; the server's own environment kept none
+
+
 def test_a_dead_server_is_replaced_and_its_runs_still_report_how_they_ended(script, tmp_path):
     configs = [
         make_config(script("tick.py"), nproc=1, run_dir=tmp_path / name, timeout=None) for name in ("a", "b")

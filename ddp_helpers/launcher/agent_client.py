@@ -41,6 +41,9 @@ RUN_TIME_KEYS = frozenset(
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
         OWNER_FD_ENV,
         "PYTEST_CURRENT_TEST",  # pytest names the running test there: a new value for every test
+        # torch.distributed reads it at import (set_debug_level_from_env), but only process groups and DDP
+        # use the level, and the agent creates neither: the workers, fresh processes, read it themselves
+        "TORCH_DISTRIBUTED_DEBUG",
     }
 )
 RUN_TIME_PREFIX = "DDP_"  # this package's own variables: the grace period, the run's folder, live ranks
