@@ -61,8 +61,8 @@ lab: venv
 # --dist loadgroup: a test module marked xdist_group (one whose module-scoped fixture starts a job) runs on
 # one xdist worker, so that job starts once; every other test goes to whichever worker is free.
 # Three workers on two cores: many tests spend their time waiting (a hang's timeout, a grace period, a
-# rendezvous), and a third worker fills that time. In a fresh clone on 2 cores, pytest took 776 s with -n 2
-# and 565 s with -n 3, which kept both cores busy (1.9 cores on average).
+# rendezvous), and a third worker fills that time. In fresh clones on 2 cores, pytest took 776 s with -n 2,
+# and 565 to 686 s with -n 3 (the machine's speed varied), which kept both cores busy.
 TEST_WORKERS ?= 3
 test: venv
 	$(call run_pytest,$(PY),make test,-n $(TEST_WORKERS) --dist loadgroup)
