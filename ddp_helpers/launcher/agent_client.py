@@ -41,8 +41,9 @@ RUN_TIME_KEYS = frozenset(
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
         OWNER_FD_ENV,
         "PYTEST_CURRENT_TEST",  # pytest names the running test there: a new value for every test
-        # torch.distributed reads it at import (set_debug_level_from_env), but only process groups and DDP
-        # use the level, and the agent creates neither: the workers, fresh processes, read it themselves
+        # torch.distributed reads it at import (set_debug_level_from_env), but the level is used by process
+        # groups, DDP, FSDP, ZeRO, DeviceMesh and pipelining, which only the workers create (the agent's rendezvous is
+        # a TCPStore); the workers, fresh processes, read it at their own import
         "TORCH_DISTRIBUTED_DEBUG",
     }
 )
