@@ -107,6 +107,7 @@ def test_inside_ddp_experiments(tmp_path):
         assert (timeline.overlap_table(timelines)["allreduce_ms"] > 0).all()
     rows = result.summary["allreduce"]["rows"]
     assert [row["bytes"] for row in rows] == [1024, 65536, 1048576]
+    assert result.summary["allreduce"]["iters"] == 3  # each time: three back to back, averaged
     assert all(row["seconds"] > 0 for row in rows)
     # gradient_as_bucket_view: the measured blocks behind .grad and the buckets hold one copy fewer
     options = result.summary["options"]
@@ -127,6 +128,7 @@ def test_inside_ddp_experiments(tmp_path):
         (inside_ddp, ["--hooks", "fp8"]),
         (inside_ddp, ["--allreduce-bytes", "2"]),
         (inside_ddp, ["--repeats", "0"]),
+        (inside_ddp, ["--iters", "0"]),
     ],
 )
 def test_bad_arguments_are_refused(module, argv, monkeypatch, capsys):

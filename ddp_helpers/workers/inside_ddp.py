@@ -6,7 +6,8 @@ Each experiment writes its results under its own name in <run-dir>/summary.json 
   profile   a few DDP steps under torch.profiler: one Chrome/Perfetto trace per rank, <run-dir>/traces/,
             and the same steps with all gradients in one bucket (sent when backward is done), traces_one_bucket/
   buckets   the median step time for each --bucket-caps value, and the buckets DDP reduced
-  allreduce the time of one all-reduce for each of --allreduce-bytes: the data for t(n) = alpha + n*beta
+  allreduce the time of one all-reduce (averaged over --iters back to back) for each of --allreduce-bytes:
+            the data for t(n) = alpha + n*beta
   no_sync   gradient accumulation with and without no_sync(): all-reduces counted by the profiler,
             step times, and whether the weights came out equal
   hooks     register_comm_hook: none, fp16 and bf16 compression, and a hook that records each bucket
@@ -172,9 +173,12 @@ def experiment_buckets(args, info, batches) -> dict:
 
 
 def experiment_allreduce(args, info, batches) -> dict:
-    """One all-reduce of each size, timed after a barrier (so a late peer is not counted), --repeats
-    rounds over all sizes: a burst of load on the machine slows every size alike, not one. Per size,
-    the median over the rounds of the slowest rank's time."""
+    """The time of one all-reduce of each size: --iters of them back to back after a barrier (so a late
+    peer is not counted), divided by --iters, in --repeats rounds over all sizes (a burst of load slows
+    every size alike, not one). Timed alone, on an idle 2-core virtual machine, the smallest sizes' medians
+    varied from 0.3 to 4 ms between runs and the line's R2 fell to 0.83 (the notebook asks 0.9); with three
+    back to back, six runs gave 0.992 to 0.998. Per size, the median over the rounds of the slowest rank's
+    time."""
     buffers = [torch.ones(n_bytes // 4, device=info.device) for n_bytes in args.allreduce_bytes]  # float32
     times = torch.zeros(args.repeats, len(buffers), dtype=torch.float64)
     for repeat in range(-1, args.repeats):  # round -1 warms gloo up for every size, untimed
@@ -182,15 +186,16 @@ def experiment_allreduce(args, info, batches) -> dict:
             dist.barrier()
             synchronize(info.device)
             start = time.perf_counter()
-            dist.all_reduce(buffer)
+            for _ in range(args.iters):
+                dist.all_reduce(buffer)
             synchronize(info.device)
             if repeat >= 0:
-                times[repeat, index] = time.perf_counter() - start
+                times[repeat, index] = (time.perf_counter() - start) / args.iters
     times = times.to(info.device)
     dist.all_reduce(times, op=dist.ReduceOp.MAX)  # an all-reduce is done when its slowest rank is
     medians = times.cpu().median(dim=0).values.tolist()
     rows = [{"bytes": n, "seconds": t} for n, t in zip(args.allreduce_bytes, medians, strict=True)]
-    return {"rows": rows, "repeats": args.repeats}
+    return {"rows": rows, "repeats": args.repeats, "iters": args.iters}
 
 
 def accumulate(model, optimizer, micro_batches, use_no_sync: bool) -> None:
@@ -333,6 +338,7 @@ def parse_args(argv: list[str] | None = None):
         help="all-reduce sizes in bytes to time (allreduce); default 4 KiB to 16 MiB, x4",
     )
     p.add_argument("--repeats", type=int, default=9, help="timed rounds over the sizes (allreduce)")
+    p.add_argument("--iters", type=int, default=3, help="all-reduces back to back per timing (allreduce)")
     p.add_argument("--accumulate", type=int, default=4, help="micro-batches per optimizer step (no_sync)")
     p.add_argument("--hooks", default=",".join(HOOKS), help=f"comma-separated: {', '.join(HOOKS)}")
     p.add_argument("--rtol", type=float, default=1e-4)
@@ -344,8 +350,8 @@ def parse_args(argv: list[str] | None = None):
     args.allreduce_bytes = [int(b) for b in args.allreduce_bytes.split(",") if b]
     if set(args.experiments) - set(EXPERIMENTS) or set(args.hooks) - set(HOOKS):
         p.error(f"experiments come from {', '.join(EXPERIMENTS)}; hooks from {', '.join(HOOKS)}")
-    if args.steps <= args.warmup_steps or args.accumulate < 1 or args.repeats < 1:
-        p.error("need --steps > --warmup-steps, --accumulate >= 1 and --repeats >= 1")
+    if args.steps <= args.warmup_steps or args.accumulate < 1 or args.repeats < 1 or args.iters < 1:
+        p.error("need --steps > --warmup-steps, and --accumulate, --repeats and --iters >= 1")
     if any(n_bytes < 4 for n_bytes in args.allreduce_bytes):
         p.error("--allreduce-bytes: each size holds at least one float32 (4 bytes)")
     return args
