@@ -62,6 +62,7 @@ def time_notebook(notebook: Path, parameters: dict, out_dir: Path) -> dict:
             cwd=str(out_dir),
             kernel_name="python3",
             progress_bar=False,
+            request_save_on_cell_execute=False,  # a learner's JupyterLab does not write after every cell
         )
     except Exception as err:  # report it and go on: one broken chapter must not hide the others' times
         error = str(err).strip().splitlines()[-1][:200] if str(err).strip() else type(err).__name__
