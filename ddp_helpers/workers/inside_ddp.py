@@ -6,8 +6,7 @@ Each experiment writes its results under its own name in <run-dir>/summary.json 
   profile   a few DDP steps under torch.profiler: one Chrome/Perfetto trace per rank, <run-dir>/traces/,
             and the same steps with all gradients in one bucket (sent when backward is done), traces_one_bucket/
   buckets   the median step time for each --bucket-caps value, and the buckets DDP reduced
-  allreduce the time of one all-reduce (averaged over --iters back to back) for each of --allreduce-bytes:
-            the data for t(n) = alpha + n*beta
+  allreduce the time of one all-reduce (of --iters back to back) for each --allreduce-bytes: t(n) = alpha + n*beta
   no_sync   gradient accumulation with and without no_sync(): all-reduces counted by the profiler,
             step times, and whether the weights came out equal
   hooks     register_comm_hook: none, fp16 and bf16 compression, and a hook that records each bucket
