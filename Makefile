@@ -4,6 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+BROWSER_STAMP := $(VENV)/.browser-stamp
 LAB_PORT ?= 8888
 
 COMPAT_VENV ?= .venv-compat
@@ -17,7 +18,7 @@ COMPAT_TORCH := constraints/torch-2.7.txt
 # often set, every process would compile torch again (4 CPU-seconds each).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: venv lab test test-shapes test-compat test-browser test-slurm mutants notebooks notebook-times bench lint gpu-check clean
+.PHONY: venv lab test test-shapes test-compat test-browser test-slurm browser-deps slurm-deps mutants notebooks notebook-times bench lint gpu-check clean
 
 # Rebuilt when pyproject.toml changes, so `make test` always runs against the declared dependencies.
 # $(1): the venv's folder; $(2): extra pip arguments (a constraints file)
@@ -78,16 +79,26 @@ test-compat: export DDP_TEST_NPROC = 3
 test-compat: $(COMPAT_STAMP)
 	$(call run_pytest,$(COMPAT_PY),make test-compat,-n $(TEST_WORKERS) --dist loadgroup)
 
-# JupyterLab in a real browser: Debian's Chromium (apt, when missing and possible) driven by Playwright.
-test-browser: venv
-	bash scripts/install_chromium.sh
+# Playwright in the venv, installed once (a stamp, as for the venv): so that `make test-browser` reinstalls
+# nothing under a stage that runs beside it from the same venv (.ci/run runs test-slurm beside it).
+$(BROWSER_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet --no-compile -e '.[lab,test,browser]'
+	@touch $@
+
+# What the browser and SLURM stages install: apt takes one install at a time, so these come first.
+browser-deps: $(BROWSER_STAMP)
+	bash scripts/install_chromium.sh
+
+slurm-deps: venv
+	bash scripts/install_slurm.sh
+
+# JupyterLab in a real browser: Debian's Chromium (apt, when missing and possible) driven by Playwright.
+test-browser: browser-deps
 	$(call run_pytest,$(PY),make test-browser (screenshots in runs/screenshots/),-m browser)
 
 # The generated sbatch file on a real SLURM: Debian's slurm-wlm and munge (apt, when missing and possible),
 # munged, slurmctld and two slurmd started on this machine by the test, and stopped after it.
-test-slurm: venv
-	bash scripts/install_slurm.sh
+test-slurm: slurm-deps
 	$(call run_pytest,$(PY),make test-slurm,-m slurm tests/test_slurm.py)
 
 # Each catalogued DDP bug (mutants/catalogue/) put into a throwaway copy of the project, and the notebook that
