@@ -31,7 +31,7 @@ from ddp_helpers.launcher.machine import free_port
 pytestmark = pytest.mark.browser
 
 NOTEBOOK = "calculator.ipynb"
-IMAGE_JS = """() => { const img = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .widget-output img');
+IMAGE_JS = """() => { const img = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) img.widget-image');
                       return img ? img.getAttribute('src') : null; }"""
 
 

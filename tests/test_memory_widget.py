@@ -36,9 +36,12 @@ def test_static_plot_has_a_bar_per_row():
 def test_a_slider_redraws_and_a_refused_setup_is_said():
     box = calculator(width=256, depth=2, world=2)
     named, note = controls(box)
-    before = note.value
+    plot = box.children[1]
+    before, drawn = note.value, bytes(plot.value)  # the widget holds a memoryview of the PNG
+    assert drawn.startswith(b"\x89PNG")  # an image the browser shows, not output a client must route
     named["width"].value = 512
     assert note.value != before and "fullest rank holds" in note.value
+    assert bytes(plot.value).startswith(b"\x89PNG") and bytes(plot.value) != drawn  # redrawn
     named["precision"].value = "bf16"  # with DDP: refused
     assert "MixedPrecisionPolicy" in note.value
 

@@ -10,6 +10,7 @@ The arithmetic is `memory_calculator`'s; this module only draws and wires.
 from __future__ import annotations
 
 import dataclasses
+import io
 from collections.abc import Callable, Sequence
 
 import matplotlib.pyplot as plt
@@ -113,17 +114,21 @@ def controls_for(w, first: Setup) -> dict:
 
 
 def draw(plot, note, setup: Setup, small: Setup | None = None, measured: list[dict] | None = None) -> None:
-    """Redraw the widget's plot (`plot`, an Output) and its note (`note`, an HTML) for `setup`, and for
-    `small` with what was `measured` there."""
-    from IPython.display import display
+    """Redraw the widget's plot (`plot`, an Image: its PNG) and its note (`note`, an HTML) for `setup`,
+    and for `small` with what was `measured` there.
 
+    An Image, not an Output widget that a figure is displayed into: papermill's client (nbclient 0.11)
+    answers an Output widget's output with a message on the kernel's shell channel while it waits there
+    for the cell's reply, and then may not see the reply until its timeout (nbclient issue #312): in CI,
+    notebook 08's widget cell once took exactly the 600 s timeout."""
     entries: list[Entry] = [(f"{setup.strategy}, as set", predict(setup), None)]
     if small is not None:
         entries.append((f"{setup.strategy}, at the measured size", predict(small), measured))
-    plot.clear_output(wait=True)
-    with plot:
-        display(plot_footprints(entries, f"{setup.strategy}, {setup.precision}"))
-        plt.close("all")
+    figure = plot_footprints(entries, f"{setup.strategy}, {setup.precision}")
+    png = io.BytesIO()
+    figure.savefig(png, format="png", bbox_inches="tight")  # as Jupyter's inline backend draws it
+    plt.close(figure)
+    plot.value = png.getvalue()
     shown = small or setup
     note.value = f"<p>{explain(shown, predict(shown), measured)}</p>"
 
@@ -138,7 +143,7 @@ def calculator(measure: Measure | None = None, measure_world: int = 2, **start):
     button = w.Button(
         description="measure on live ranks", disabled=measure is None, layout=w.Layout(width="220px")
     )
-    plot, note = w.Output(), w.HTML()
+    plot, note = w.Image(format="png"), w.HTML()
 
     def current() -> Setup | None:
         try:
