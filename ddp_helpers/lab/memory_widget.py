@@ -119,8 +119,8 @@ def draw(plot, note, setup: Setup, small: Setup | None = None, measured: list[di
 
     An Image, not an Output widget that a figure is displayed into: papermill's client (nbclient 0.11)
     answers an Output widget's output with a message on the kernel's shell channel while it waits there
-    for the cell's reply, and then may not see the reply until its timeout (nbclient issue #312): in CI,
-    notebook 08's widget cell once took exactly the 600 s timeout."""
+    for the cell's reply, and then may not see the reply until its timeout (nbclient issue #312): in a
+    fresh-clone `.ci/run` here, notebook 08's widget cell once took exactly the tests' 600 s timeout."""
     entries: list[Entry] = [(f"{setup.strategy}, as set", predict(setup), None)]
     if small is not None:
         entries.append((f"{setup.strategy}, at the measured size", predict(small), measured))
