@@ -46,8 +46,7 @@ def _config(folder: Path) -> Path:
 
 
 def _ini(value) -> str:
-    if isinstance(value, bool):
-        return str(value)
+    """A TOML value as mypy.ini writes it: a list comma-separated, True/False as Python prints them."""
     return ",".join(value) if isinstance(value, list) else str(value)
 
 
