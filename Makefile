@@ -18,7 +18,7 @@ COMPAT_TORCH := constraints/torch-2.7.txt
 # often set, every process would compile torch again (4 CPU-seconds each).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: venv lab test test-shapes test-compat test-browser test-slurm browser-deps slurm-deps mutants notebooks notebook-times bench lint gpu-check clean
+.PHONY: venv lab test test-shapes test-compat test-browser test-slurm browser-deps slurm-deps mutants notebooks notebook-times process-costs bench lint gpu-check clean
 
 # Rebuilt when pyproject.toml changes, so `make test` always runs against the declared dependencies.
 # $(1): the venv's folder; $(2): extra pip arguments (a constraints file)
@@ -118,6 +118,10 @@ notebooks: venv
 # A learner's wait: each notebook's wall time in smoke mode, and its slowest cells (ARGS=--full: full size).
 notebook-times: venv
 	$(PY) benchmarks/notebook_times.py $(ARGS)
+
+# Where make test's CPU goes: each Python process's CPU-seconds, by kind (ranks, agents, kernels) and by test.
+process-costs: venv
+	$(PY) benchmarks/process_costs.py $(ARGS) -- $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -q
 
 bench: venv
 	$(PY) benchmarks/bench_launch.py
