@@ -7,7 +7,9 @@ Smoke mode by default (what CI runs; the target is at most 60 s a notebook and 4
 of wall times and of the jobs each notebook started (each launch() and start_ranks(), torchrun or
 one-process, counted by the ``logs`` folder it leaves in its run folder, even when it was stopped
 early: a count that, unlike the seconds, does not depend on the machine's load), then each notebook's slowest cells as papermill timed them, and writes
-the figures to ``runs/notebook-times.json``. A failing notebook is reported with its error and timed all the same.
+the figures to ``runs/notebook-times.json``. A failing notebook is reported with its error and timed all the same;
+its whole error goes to stderr, and the executed notebook and its run folders are kept under
+``runs/notebook-times-failed/<notebook>/`` (the rest is run in a temporary folder and deleted).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -49,6 +52,16 @@ def jobs_started(folder: Path) -> int:
     )
 
 
+def keep_failure(name: str, out_dir: Path) -> Path:
+    """Copy the executed notebooks and run folders of `out_dir` (a temporary folder) to
+    ``runs/notebook-times-failed/<name>/``, where they outlive it: a rank's log says why it failed."""
+    kept = REPO / "runs" / "notebook-times-failed" / name
+    shutil.rmtree(kept, ignore_errors=True)
+    shutil.copytree(out_dir, kept, ignore=shutil.ignore_patterns("*.pt", "*.distcp"), symlinks=True)
+    print(f"kept for a look: {kept.relative_to(REPO)}", file=sys.stderr, flush=True)
+    return kept
+
+
 def time_notebook(notebook: Path, parameters: dict, out_dir: Path) -> dict:
     executed = out_dir / notebook.name
     jobs_before = jobs_started(out_dir)
@@ -66,7 +79,10 @@ def time_notebook(notebook: Path, parameters: dict, out_dir: Path) -> dict:
         )
     except Exception as err:  # report it and go on: one broken chapter must not hide the others' times
         error = str(err).strip().splitlines()[-1][:200] if str(err).strip() else type(err).__name__
+        print(f"{notebook.name} failed:\n{err}", file=sys.stderr, flush=True)
     seconds = time.perf_counter() - started
+    if error is not None:
+        keep_failure(notebook.stem, out_dir)
     cells = slowest_cells(executed, 50) if executed.exists() else []
     jobs = jobs_started(out_dir) - jobs_before
     return {

@@ -27,3 +27,20 @@ def test_jobs_are_counted_by_their_logs_folders_killed_early_or_one_process(tmp_
     (tmp_path / "deep" / "ckpt" / "one-process" / "logs" / "python" / "attempt_0").mkdir(parents=True)
     (tmp_path / "runs" / "c" / "logs").mkdir(parents=True)  # a logs folder no launch wrote: not a job
     assert bench.jobs_started(tmp_path) == 3
+
+
+def test_a_failed_notebooks_folder_is_kept_without_its_weights(tmp_path, monkeypatch):
+    bench = load_bench()
+    monkeypatch.setattr(bench, "REPO", tmp_path / "repo")
+    out_dir = tmp_path / "out"  # the temporary folder the notebooks ran in
+    logs = out_dir / "runs" / "job" / "logs" / "run-id" / "attempt_0" / "1"
+    logs.mkdir(parents=True)
+    (logs / "error.json").write_text('{"message": "rank 1 failed"}')
+    (out_dir / "01_first.ipynb").write_text("{}")
+    (out_dir / "runs" / "ddp.pt").write_bytes(b"weights")
+    kept = bench.keep_failure("01_first", out_dir)
+    assert kept == tmp_path / "repo" / "runs" / "notebook-times-failed" / "01_first"
+    assert (kept / "runs" / "job" / "logs" / "run-id" / "attempt_0" / "1" / "error.json").read_text() == (
+        '{"message": "rank 1 failed"}'
+    )
+    assert (kept / "01_first.ipynb").is_file() and not (kept / "runs" / "ddp.pt").exists()
