@@ -130,6 +130,20 @@ def report(rows: list[dict], command_cpu_s: float, top: int) -> str:
     return "\n".join(lines)
 
 
+def outer_path() -> list[str]:
+    """PYTHONPATH without an outer measurement's site folder: this tool measuring its own tests would
+    otherwise log each process twice, once per sitecustomize, and run the one they hide twice."""
+    entries = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return [p for p in entries if not _is_ours(Path(p, "sitecustomize.py"))]
+
+
+def _is_ours(path: Path) -> bool:
+    try:
+        return path.read_text() == SITECUSTOMIZE
+    except OSError:
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--top", type=int, default=15, help="rows of each table")
@@ -143,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(site, "sitecustomize.py").write_text(SITECUSTOMIZE)
         log = (args.log or Path(site, "processes.jsonl")).resolve()
         log.unlink(missing_ok=True)
-        pythonpath = os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH")) if p)
+        pythonpath = os.pathsep.join([site, *outer_path()])
         env = {**os.environ, "PYTHONPATH": pythonpath, LOG_ENV: str(log)}
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         status = subprocess.run(command, env=env).returncode

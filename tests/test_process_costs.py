@@ -62,3 +62,15 @@ def test_no_command_is_refused(tmp_path):
     proc, rows = _measure(tmp_path)
     assert proc.returncode == 2 and "give the command to measure" in proc.stderr
     assert rows == []
+
+
+def test_a_measurement_inside_a_measurement_logs_each_process_once(tmp_path):
+    # make process-costs runs this file's tests under the tool: each process must reach the inner log once
+    outer = tmp_path / "outer"
+    outer.mkdir()
+    inner_log = tmp_path / "inner.jsonl"
+    inner = [sys.executable, str(BENCH), "--log", str(inner_log), "--", sys.executable, "-c", PARENT]
+    proc, _ = _measure(outer, *inner)
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in inner_log.read_text().splitlines()]
+    assert len(rows) == 2, rows
