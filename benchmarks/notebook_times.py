@@ -62,6 +62,19 @@ def keep_failure(name: str, out_dir: Path) -> Path:
     return kept
 
 
+def find_notebook(name: str) -> Path:
+    """A notebook from a path, or from the start of its name in notebooks/ ("01", "01_first_ddp_program")."""
+    path = Path(name)
+    if path.suffix == ".ipynb" and path.is_file():
+        return path
+    matches = [nb for nb in NOTEBOOKS if nb.stem.startswith(path.stem) or nb.name == path.name]
+    if len(matches) != 1:
+        names = ", ".join(nb.stem for nb in NOTEBOOKS)
+        found = "no notebook" if not matches else f"{len(matches)} notebooks"
+        raise LookupError(f"{name!r} names {found} of notebooks/; give a path or one of: {names}")
+    return matches[0]
+
+
 def time_notebook(notebook: Path, parameters: dict, out_dir: Path) -> dict:
     executed = out_dir / notebook.name
     jobs_before = jobs_started(out_dir)
@@ -99,8 +112,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--full", action="store_true", help="smoke=False, as a learner runs them")
     parser.add_argument("--nproc", type=int, default=None, help="the notebooks' nproc (default: their own)")
     parser.add_argument("--cells", type=int, default=3, help="slowest cells to list per notebook")
-    parser.add_argument("notebooks", nargs="*", type=Path, default=NOTEBOOKS)
+    parser.add_argument(
+        "notebooks",
+        nargs="*",
+        default=[],
+        help="paths, or names in notebooks/ such as 01 or 01_first_ddp_program",
+    )
     args = parser.parse_args(argv)
+    try:
+        notebooks = [find_notebook(name) for name in args.notebooks] or NOTEBOOKS
+    except LookupError as err:
+        parser.error(str(err))
     parameters: dict = {"smoke": not args.full}
     if args.nproc is not None:
         parameters["nproc"] = args.nproc
@@ -108,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results = []
     with tempfile.TemporaryDirectory(prefix="notebook-times-") as tmp:
-        for notebook in args.notebooks:
+        for notebook in notebooks:
             print(f"running {notebook.name} ...", file=sys.stderr, flush=True)
             results.append(time_notebook(notebook.resolve(), parameters, Path(tmp)))
 

@@ -44,3 +44,22 @@ def test_a_failed_notebooks_folder_is_kept_without_its_weights(tmp_path, monkeyp
         '{"message": "rank 1 failed"}'
     )
     assert (kept / "01_first.ipynb").is_file() and not (kept / "runs" / "ddp.pt").exists()
+
+
+def test_notebooks_are_found_by_path_or_by_the_start_of_their_name(tmp_path, capsys):
+    bench = load_bench()
+    first = bench.NOTEBOOKS[1]
+    assert bench.find_notebook(first.stem[:2]) == first
+    assert bench.find_notebook(first.stem) == first
+    assert bench.find_notebook(str(first)) == first
+    elsewhere = tmp_path / "mine.ipynb"
+    elsewhere.write_text("{}")
+    assert bench.find_notebook(str(elsewhere)) == elsewhere
+    for unknown in ("99", "0"):  # none, and more than one: refused before anything runs
+        try:
+            bench.main([unknown])
+        except SystemExit as exit:
+            assert exit.code == 2
+        else:
+            raise AssertionError(f"{unknown!r} was accepted")
+        assert f"{unknown!r} names" in capsys.readouterr().err
