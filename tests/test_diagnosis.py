@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from ddp_helpers.errors import WorkerFailed
-from ddp_helpers.launcher.diagnosis import _fault_stack, _last_traceback, diagnose, strip_rank_prefix
+from ddp_helpers.launcher.diagnosis import (
+    _fault_stack,
+    _last_traceback,
+    _when_no_python_ran,
+    diagnose,
+    strip_rank_prefix,
+)
 from ddp_helpers.launcher.log_follow import RankLogTail
 
 # torchrun's report, as torch 2.14 prints it: rank 1 raised, rank 0 was stopped with SIGTERM.
@@ -183,6 +189,27 @@ def test_a_segfault_reports_the_signal_and_faulthandler_stack(tmp_path):
     assert 'File "/tmp/seg.py", line 4 in crash' in found.traceback
     assert "Extension modules" not in found.traceback
     assert _fault_stack("no fault here") == ""
+
+
+def test_an_abort_on_a_native_thread_at_exit_says_the_script_had_ended(tmp_path):
+    # rank 1's stderr as it was when notebook 01's ddp.py job failed here (torch 2.14.1, gloo)
+    stderr = (
+        "terminate called without an active exception\nFatal Python error: Aborted\n\n"
+        "Thread 0x00007febb61c1b80 (most recent call first):\n  <no Python frame>\n\n"
+        "Extension modules: numpy._core._multiarray_umath, torch._C (total: 2)\n"
+    )
+    tail = make_logs(tmp_path, {(1, "stderr.log"): stderr})
+    report = REPORT_27.format(rank=1, local=1, exitcode=-6, error_file="<N/A>", traceback="Signal 6 ...")
+    found = diagnose(report, tail, nranks=2, cuda_available=False)
+    assert found.error.startswith("killed by signal SIGABRT: terminate called without an active exception, ")
+    assert "after the script's last line" in found.error
+    assert "<no Python frame>" in found.traceback
+    # a fault inside the script's code is not blamed on the exit
+    assert _when_no_python_ran('Current thread 0x1 (most recent call first):\n  File "a.py", line 2') == ""
+    assert _when_no_python_ran('Thread 0x1 (most recent call first):\n  File "a.py", line 2') == ""
+    assert _when_no_python_ran("") == ""
+    # the dump itself crashed (seen too): it shows no thread, so nothing is claimed about them
+    assert _when_no_python_ran("Fatal Python error: Segmentation fault\n\n") == ""
 
 
 def test_last_traceback_takes_the_last_one_and_multi_line_messages():

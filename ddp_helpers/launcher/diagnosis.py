@@ -174,8 +174,8 @@ def _rank_report(tail: RankLogTail, rank: int, exitcode: int, since: int = 0) ->
         # a signal and no Python exception: a C++ abort often says why ("what(): ..."), and
         # faulthandler (PYTHONFAULTHANDLER=1) leaves the Python stack of a segfault
         what = _cxx_what(stderr_text)
-        error = _signal_text(exitcode) + (f": {what}" if what else "")
         traceback = _fault_stack(stderr_text)
+        error = _signal_text(exitcode) + (f": {what}" if what else "") + _when_no_python_ran(traceback)
     report = _RankReport(error, traceback)
     if not error:
         report.stderr_tail = _stderr_tail(stderr_text)
@@ -183,8 +183,25 @@ def _rank_report(tail: RankLogTail, rank: int, exitcode: int, since: int = 0) ->
 
 
 def _cxx_what(stderr_text: str) -> str:
+    """What a C++ abort said: an exception's ``what()``, or else libstdc++'s "terminate called ..." line."""
     lines = [line.strip() for line in stderr_text.splitlines() if "what():" in line]
-    return lines[-1].split("what():", 1)[1].strip() if lines else ""
+    if lines:
+        return lines[-1].split("what():", 1)[1].strip()
+    lines = [line.strip() for line in strip_rank_prefix(stderr_text).splitlines()]
+    terminate = [line for line in lines if line.startswith("terminate called")]
+    return terminate[-1] if terminate else ""
+
+
+def _when_no_python_ran(fault_stack: str) -> str:
+    """When faulthandler names no current thread (the signal came on a thread Python does not know) and
+    no thread had a Python frame, the script's code is not where it died: say so. Seen on torch 2.14 with
+    gloo, as rank 1 of a finished run exited: the shape of pytorch/pytorch#190489."""
+    if "<no Python frame>" not in fault_stack or "Current thread" in fault_stack or 'File "' in fault_stack:
+        return ""
+    return (
+        ", in a native thread while no thread ran Python code (the main thread had no Python frame):"
+        " most likely as the interpreter exited, after the script's last line"
+    )
 
 
 def diagnose(
