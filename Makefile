@@ -63,7 +63,7 @@ lab: venv
 # one xdist worker, so that job starts once; every other test goes to whichever worker is free.
 # Three workers on two cores: many tests spend their time waiting (a hang's timeout, a grace period, a
 # rendezvous), and a third worker fills that time. In fresh clones on 2 cores, pytest took 776 s with -n 2,
-# and 565 to 686 s with -n 3, which kept both cores busy; on 2026-12-04, with -n 3, 431 s and 547 s (the
+# and 565 to 686 s with -n 3, which kept both cores busy; on 2026-12-04, with -n 3, 431 to 547 s (the
 # machine's speed varied by the hour: `import torch` took about 2.3 and 3.6 CPU-seconds).
 TEST_WORKERS ?= 3
 test: venv
