@@ -110,6 +110,7 @@ def _job_env(tmp_path: Path, bin_dir: Path, **extra: str) -> dict[str, str]:
         SLURM_JOB_NODELIST="node[07-08]",
         SLURM_CPUS_PER_TASK="2",
         SCONTROL_LOG=str(tmp_path / "scontrol.log"),
+        TMPDIR=str(tmp_path),  # torchrun without --log-dir makes a torchelastic_* folder there, and keeps it
     )
     env.update(extra)
     return env
@@ -442,6 +443,7 @@ def test_pytorchjob_command_runs_with_the_variables_the_operator_sets(tmp_path):
         PET_RDZV_BACKEND=policy["rdzvBackend"],
         PET_RDZV_ENDPOINT=f"127.0.0.1:{free_port()}",
         PET_MAX_RESTARTS=str(policy["maxRestarts"]),
+        TMPDIR=str(tmp_path),  # torchrun's torchelastic_* folder, which it keeps: in the test's own folder
     )
     proc = subprocess.run(
         container["command"], cwd=image_root, env=env, capture_output=True, text=True, timeout=180

@@ -39,6 +39,7 @@ def elsewhere(tmp_path):
     (tmp_path / "block" / "sitecustomize.py").write_text(BLOCK)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DDP_", "RANK", "LOCAL_", "WORLD_"))}
     env["PYTHONPATH"] = str(tmp_path / "block")
+    env["TMPDIR"] = str(tmp_path)  # plain torchrun makes a torchelastic_* folder there, and keeps it
     return tmp_path, env
 
 
