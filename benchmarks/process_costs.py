@@ -9,8 +9,8 @@ The time targets are CPU-bound on 2 cores, and nearly all of that CPU is process
 says which processes, so that work goes where the seconds are. Each Python process the command starts
 (ranks, torchrun agents, agent servers, kernels, pytest's workers) imports a ``sitecustomize`` that this
 tool puts on ``PYTHONPATH``. At exit (``os._exit`` too, as forked agents leave) it appends the process's own
-user+system seconds, its argv, whether it imported torch, and the test that started it
-(``PYTEST_CURRENT_TEST``) to a JSON-lines log. The launcher puts its own worker sitecustomize first on
+user+system seconds, its pid and its parent's (which process started which), its argv, whether it
+imported torch, and the test that started it (``PYTEST_CURRENT_TEST``) to a JSON-lines log. The launcher puts its own worker sitecustomize first on
 the ranks' path; that one runs the next one on the path, this one, which runs the next in turn. A
 process killed by a signal writes nothing: the report gives the command's own total beside the
 logged sum. A measurement, not a test: nothing here asserts a time.
@@ -44,7 +44,7 @@ def _write():
         return
     _written.add(os.getpid())
     times = os.times()
-    row = {"pid": os.getpid(), "argv": sys.argv[:4], "cpu_s": times.user + times.system,
+    row = {"pid": os.getpid(), "ppid": os.getppid(), "argv": sys.argv[:4], "cpu_s": times.user + times.system,
            "torch": "torch" in sys.modules, "test": os.environ.get("PYTEST_CURRENT_TEST", "")}
     try:
         with open(log, "a") as fh:  # one short line in append mode: lines of processes do not mix

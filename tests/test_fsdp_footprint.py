@@ -19,8 +19,10 @@ WORLD = 3
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("footprints") / "out.json"
-    launch(SCRIPT, out, nproc=WORLD, timeout=300, show_ranks="none")
+    # its own run folder: a module's fixture runs before conftest's, which would put it under the test's
+    run_dir = tmp_path_factory.mktemp("footprints")
+    out = run_dir / "out.json"
+    launch(SCRIPT, out, nproc=WORLD, run_dir=run_dir, timeout=300, show_ranks="none")
     return json.loads(out.read_text())
 
 
