@@ -8,12 +8,12 @@ For example ``-- .venv/bin/python -m pytest -n 3 --dist loadgroup`` (all of make
 The time targets are CPU-bound on 2 cores, and nearly all of that CPU is processes importing torch: this
 says which processes, so that work goes where the seconds are. Each Python process the command starts
 (ranks, torchrun agents, agent servers, kernels, pytest's workers) imports a ``sitecustomize`` that this
-tool puts on ``PYTHONPATH``. At exit (``os._exit`` too, as forked agents leave) it appends the process's own
-user+system seconds, its pid and its parent's (which process started which), its argv, whether it
-imported torch, and the test that started it (``PYTEST_CURRENT_TEST``) to a JSON-lines log. The launcher puts its own worker sitecustomize first on
-the ranks' path; that one runs the next one on the path, this one, which runs the next in turn. A
-process killed by a signal writes nothing: the report gives the command's own total beside the
-logged sum. A measurement, not a test: nothing here asserts a time.
+tool puts on ``PYTHONPATH``. At exit (``os._exit`` too, as forked agents leave) it appends the process's
+own user+system seconds, its pid and its parent's (which process started which), its argv, whether it
+imported torch, and the test that started it (``PYTEST_CURRENT_TEST``) to a JSON-lines log. The launcher
+puts its own worker sitecustomize first on the ranks' path; that one runs the next one on the path, this
+one, which runs the next in turn. A process killed by a signal writes nothing: the report gives the
+command's own total beside the logged sum. A measurement, not a test: nothing here asserts a time.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ WORLD = 3
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    # its own run folder: a module's fixture runs before conftest's, which would put it under the test's
+    # its own run folder: this fixture runs before conftest sets DDP_HELPERS_RUNS_DIR for a test, and the
+    # default would be the repo's runs/
     run_dir = tmp_path_factory.mktemp("footprints")
     out = run_dir / "out.json"
     launch(SCRIPT, out, nproc=WORLD, run_dir=run_dir, timeout=300, show_ranks="none")
