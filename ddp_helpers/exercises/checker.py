@@ -1,0 +1,114 @@
+"""Kernel side: run an answer on live ranks, then judge it against what a right answer does.
+
+    verdict = check("01-shard", answer_code, ranks)
+
+The answer runs on every live rank in a fresh namespace (`rank_side.run`), never in the ranks' own, so
+a wrong answer leaves nothing behind. The verdict is "passed" only when every rank's observations
+equal the exercise's expected ones. Otherwise the first catalogued mistake whose signature matches
+names the error; failing that, an exception or the fields that differ are shown.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import InvalidLaunchArguments, LaunchTimeout, RankError, WorkerFailed
+from .registry import get
+from .spec import Exercise, differences
+from .verdict import HUNG, PASSED, RAISED, UNKNOWN, Verdict
+
+_checks = itertools.count()
+
+
+def check_syntax(exercise: Exercise, code: str) -> None:
+    """A syntax error in the answer, refused before any rank runs it."""
+    try:
+        compile(code, "<your answer>", "exec")
+    except SyntaxError as error:
+        raise InvalidLaunchArguments(
+            f"{exercise.id}: your answer has a syntax error at line {error.lineno}: {error.msg}"
+        ) from None
+
+
+def check(exercise_id: str, code: str, ranks: Any, workdir: str | os.PathLike[str] | None = None) -> Verdict:
+    """Run `code` as the answer to `exercise_id` on `ranks` (a `LiveRanks`) and judge what it did."""
+    exercise = get(exercise_id)
+    if not isinstance(code, str):
+        raise InvalidLaunchArguments(f"an answer is code in a string, got {type(code).__name__}")
+    check_syntax(exercise, code)
+    base = Path(workdir) if workdir is not None else Path("runs") / "exercises"
+    folder = (base / f"{exercise.id}-{os.getpid()}-{next(_checks)}-{time.time_ns() % 10**6}").resolve()
+    call = (
+        "from ddp_helpers.exercises.rank_side import run as _exercise_run\n"
+        f"_exercise_result = _exercise_run({exercise.id!r}, {code!r}, {str(folder)!r})\n"
+        "del _exercise_run"
+    )
+    world = ranks.world_size
+    try:
+        ranks.run(call, timeout=exercise.timeout_s)
+        results = ranks.gather("_exercise_result")
+    except LaunchTimeout as error:
+        return _hung(exercise, ranks, world, str(error))
+    except WorkerFailed as error:
+        restarted = _restart(ranks)
+        return Verdict(exercise.id, False, RAISED, f"a rank died while running your answer: {error}",
+                       exercise.hint, world, ranks_restarted=restarted)  # fmt: skip
+    except RankError as error:  # the checker's own line failed: not the answer's fault
+        raise RuntimeError(f"the checker failed on the ranks: {error}") from error
+    return judge(exercise, results)
+
+
+def judge(exercise: Exercise, results: list[dict[str, Any]]) -> Verdict:
+    """The verdict on what each rank's run of the answer reported (`rank_side.run`)."""
+    world = len(results)
+    expected = exercise.expected(world)
+    fields = list(dict.fromkeys(k for e in expected for k in e))
+    seen = [{k: r[k] for k in fields if k in r} for r in results]
+    errors = {r["rank"]: r["error"] for r in results if r.get("error")}
+    found = differences(results, expected, exercise.tolerance)
+    diffs = [{"rank": r, "field": f, "seen": s, "expected": e} for r, f, s, e in found]
+    if not errors and not found:
+        return Verdict(exercise.id, True, PASSED, _passed_message(exercise, world), "", world, seen, expected)
+    for mistake in exercise.mistakes:
+        try:
+            matched = mistake.matches(results, expected)
+        except Exception:  # a signature that cannot read this answer's results does not match it
+            matched = False
+        if matched:
+            return Verdict(exercise.id, False, mistake.id, mistake.message, exercise.hint, world, seen, expected, diffs)
+    if errors:
+        first = min(errors)
+        listed = "; ".join(f"rank {r}: {e}" for r, e in sorted(errors.items()))
+        message = f"your answer raised on rank {first}" + (" and others" if len(errors) > 1 else "") + f": {listed}"
+        return Verdict(exercise.id, False, RAISED, message, exercise.hint, world, seen, expected)
+    message = (
+        "this answer is wrong in a way the checker has no name for: "
+        f"{len(diffs)} value(s) differ from what a right answer gives (below)"
+    )
+    return Verdict(exercise.id, False, UNKNOWN, message, exercise.hint, world, seen, expected, diffs)
+
+
+def _passed_message(exercise: Exercise, world: int) -> str:
+    return f"{exercise.title}: every rank did what a right answer does, on {world} rank(s)."
+
+
+def _hung(exercise: Exercise, ranks: Any, world: int, error: str) -> Verdict:
+    restarted = _restart(ranks)
+    message = (
+        f"your answer did not finish within {exercise.timeout_s:g}s on every rank: most often one rank "
+        "calls a collective that another never reaches.\n" + error
+    )
+    if restarted:
+        message += "\nThe ranks were restarted for your next try."
+    return Verdict(exercise.id, False, HUNG, message, exercise.hint, world, ranks_restarted=restarted)
+
+
+def _restart(ranks: Any) -> bool:
+    if ranks.alive:
+        return False
+    ranks.restart()
+    return True

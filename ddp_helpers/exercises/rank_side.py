@@ -1,0 +1,85 @@
+"""Rank side: run one answer in a fresh namespace, with the probe inputs and observers, and report.
+
+The checker sends each live rank one line, ``_exercise_result = run(ID, CODE, WORKDIR)``, and gathers
+the result: plain values only (lists, numbers, strings), so that the kernel can show and compare them.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+from .observers import Observers
+from .registry import get
+from .spec import Context
+
+ANSWER_FILE = "<your answer>"
+
+
+def context(workdir: str) -> Context:
+    """This rank's identity, from the process group (a one-rank run without one is rank 0 of 1)."""
+    joined = dist.is_available() and dist.is_initialized()
+    rank = dist.get_rank() if joined else 0
+    world = dist.get_world_size() if joined else 1
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    backend = dist.get_backend() if joined else "gloo"
+    device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
+    return Context(rank, world, local_rank, device, str(backend), workdir)
+
+
+def base_namespace(ctx: Context) -> dict[str, Any]:
+    """What every answer starts with, as the live ranks' own namespace does."""
+    return {
+        "__name__": "__exercise__",
+        "torch": torch,
+        "dist": dist,
+        "nn": nn,
+        "F": F,
+        "DDP": DDP,
+        "DataLoader": DataLoader,
+        "DistributedSampler": DistributedSampler,
+        "os": os,
+        "rank": ctx.rank,
+        "local_rank": ctx.local_rank,
+        "world_size": ctx.world_size,
+        "device": ctx.device,
+    }
+
+
+def run(exercise_id: str, code: str, workdir: str) -> dict[str, Any]:
+    """Run `code` as exercise `exercise_id` on this rank; what it did, as plain values."""
+    exercise = get(exercise_id)
+    ctx = context(workdir)
+    os.makedirs(workdir, exist_ok=True)
+    namespace = base_namespace(ctx)
+    namespace.update(exercise.setup(ctx))
+    result: dict[str, Any] = {"rank": ctx.rank, "error": None}
+    with Observers() as seen:
+        try:
+            exec(compile(code, ANSWER_FILE, "exec"), namespace)
+        except Exception as error:  # the learner's exception is a finding, not a crash of the rank
+            result["error"] = _answer_error(error)
+    result["collectives"] = seen.collectives
+    result["saved"] = len(seen.saves)
+    try:  # also after an exception: what the answer did before it raised can name the mistake
+        result.update(exercise.observe(namespace, ctx))
+    except Exception as error:  # e.g. a name the task asked for was never bound
+        if result["error"] is None:
+            result["error"] = f"{type(error).__name__}: {error}"
+    return result
+
+
+def _answer_error(error: BaseException) -> str:
+    """The exception, with the lines of the answer it passed through (not the checker's frames)."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == ANSWER_FILE]
+    where = f" (line {frames[-1].lineno} of your answer)" if frames else ""
+    return f"{type(error).__name__}: {error}{where}"
