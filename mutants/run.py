@@ -37,7 +37,10 @@ DEFAULT_NPROC = (2,)
 MUTANT_TIMEOUT_S = (
     600  # a notebook's smoke run takes about a minute; a mutant that hangs it is killed by this
 )
-FIELDS = {"name", "notebook", "lesson", "file", "old", "new", "nproc", "cpu_unkillable", "kills_with", "ci"}
+FIELDS = {
+    "name", "notebook", "lesson", "file", "old", "new", "nproc", "cpu_unkillable", "kills_with", "ci",
+    "exercise", "diagnosis",
+}  # fmt: skip
 
 
 class CatalogueError(ValueError):
@@ -56,6 +59,10 @@ class Mutant:
     cpu_unkillable: str = ""  # why a CPU run cannot kill it, and the shape that would
     kills_with: str = ""  # a regex the failure must match, where another failure would prove nothing
     ci: bool = False  # in the subset that CI runs (--ci): the whole catalogue takes too long for CI
+    # a wrong answer to an exercise: `old` -> `new` in its reference answer, which the checker must name
+    # with `diagnosis` (tests/test_exercises.py); the notebook, checking the reference, fails on it too
+    exercise: str = ""
+    diagnosis: str = ""
 
 
 @dataclass
@@ -116,6 +123,8 @@ def _mutant(entry: dict, source: str, stems: list[str]) -> Mutant:
         cpu_unkillable=entry.get("cpu_unkillable", ""),
         kills_with=entry.get("kills_with", ""),
         ci=bool(entry.get("ci", False)),
+        exercise=entry.get("exercise", ""),
+        diagnosis=entry.get("diagnosis", ""),
     )
 
 
@@ -204,7 +213,7 @@ def run_one(
         executed = workdir / f"{mutant.notebook}.ipynb"
         command = [
             sys.executable, "-m", "papermill", str(project / "notebooks" / f"{mutant.notebook}.ipynb"),
-            str(executed), "-p", "smoke", "True", "-p", "nproc", str(nproc), "--cwd", str(workdir),
+            str(executed), "-p", "smoke", "True", "-p", "solutions", "True", "-p", "nproc", str(nproc), "--cwd", str(workdir),
             "-k", "python3", "--no-progress-bar", "--execution-timeout", str(int(timeout_s)),
             "--no-request-save-on-cell-execute",  # written when it ends (and every 30 s): a save per cell costs CPU
         ]  # fmt: skip

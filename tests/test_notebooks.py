@@ -78,7 +78,7 @@ def test_notebook_runs_in_smoke_mode(notebook, tmp_path, monkeypatch):
 # torch.cuda calls that do not initialise CUDA in the calling process (get_device_name and friends
 # do: ask `ddp_helpers.lab.doctor.collect_facts()["gpus"]`, which reads them in a child process)
 CUDA_QUERIES = {"is_available", "device_count", "is_initialized"}
-RANK_CELL_MAGICS = ("%%ranks", "%%torchrun")  # these cells run in the ranks, not in the kernel
+RANK_CELL_MAGICS = ("%%ranks", "%%torchrun", "%%exercise")  # these cells run in the ranks, not in the kernel
 
 
 def _names_cuda(node: ast.AST) -> bool:

@@ -17,8 +17,8 @@ from .spec import Exercise, Mistake
 __all__ = ["Exercise", "Mistake", "UnknownExercise", "all_exercises", "check", "get"]
 
 
-def check(exercise_id, code, ranks, workdir=None):  # noqa: ANN001, ANN201: typed in checker.check
+def check(exercise_id, code, ranks, workdir=None, timeout=None):  # noqa: ANN001, ANN201: see checker.check
     """See `checker.check`: loaded on first use, so the ranks' side never imports the kernel's."""
     from .checker import check as run_check
 
-    return run_check(exercise_id, code, ranks, workdir)
+    return run_check(exercise_id, code, ranks, workdir, timeout)

@@ -34,8 +34,17 @@ def check_syntax(exercise: Exercise, code: str) -> None:
         ) from None
 
 
-def check(exercise_id: str, code: str, ranks: Any, workdir: str | os.PathLike[str] | None = None) -> Verdict:
-    """Run `code` as the answer to `exercise_id` on `ranks` (a `LiveRanks`) and judge what it did."""
+def check(
+    exercise_id: str,
+    code: str,
+    ranks: Any,
+    workdir: str | os.PathLike[str] | None = None,
+    timeout: float | None = None,
+) -> Verdict:
+    """Run `code` as the answer to `exercise_id` on `ranks` (a `LiveRanks`) and judge what it did.
+
+    `timeout`: seconds a rank may stay silent in the answer before it counts as hung (default: the
+    exercise's own bound)."""
     exercise = get(exercise_id)
     if not isinstance(code, str):
         raise InvalidLaunchArguments(f"an answer is code in a string, got {type(code).__name__}")
@@ -49,10 +58,10 @@ def check(exercise_id: str, code: str, ranks: Any, workdir: str | os.PathLike[st
     )
     world = ranks.world_size
     try:
-        ranks.run(call, timeout=exercise.timeout_s)
+        ranks.run(call, timeout=exercise.timeout_s if timeout is None else timeout)
         results = ranks.gather("_exercise_result")
     except LaunchTimeout as error:
-        return _hung(exercise, ranks, world, str(error))
+        return _hung(exercise, ranks, world, str(error), exercise.timeout_s if timeout is None else timeout)
     except WorkerFailed as error:
         restarted = _restart(ranks)
         return Verdict(exercise.id, False, RAISED, f"a rank died while running your answer: {error}",
@@ -96,10 +105,10 @@ def _passed_message(exercise: Exercise, world: int) -> str:
     return f"{exercise.title}: every rank did what a right answer does, on {world} rank(s)."
 
 
-def _hung(exercise: Exercise, ranks: Any, world: int, error: str) -> Verdict:
+def _hung(exercise: Exercise, ranks: Any, world: int, error: str, bound: float) -> Verdict:
     restarted = _restart(ranks)
     message = (
-        f"your answer did not finish within {exercise.timeout_s:g}s on every rank: most often one rank "
+        f"your answer did not finish within {bound:g}s on every rank: most often one rank "
         "calls a collective that another never reaches.\n" + error
     )
     if restarted:

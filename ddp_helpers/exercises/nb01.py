@@ -89,7 +89,7 @@ SHARD = Exercise(
     ),
     reference=(
         "sampler = DistributedSampler(dataset)  # asks the process group for rank and world size\n"
-        "loader = DataLoader(dataset, batch_size=2, sampler=sampler)\n"
+        "loader = DataLoader(dataset, batch_size=2, sampler=sampler)  # the sampler shuffles, not the loader\n"
         "for epoch in range(epochs):\n"
         "    sampler.set_epoch(epoch)  # shuffles with seed + epoch: a new order each epoch\n"
         "    for x, y in loader:\n"
@@ -197,7 +197,7 @@ WRAP = Exercise(
     reference=(
         'ddp_model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)\n'
         "optimizer = torch.optim.SGD(ddp_model.parameters(), lr=1.0)\n"
-        "loss = ddp_model(x).sum()\n"
+        "loss = ddp_model(x).sum()  # through the wrapper: its hooks all-reduce in backward\n"
         "loss.backward()  # DDP averages the gradients over the ranks here\n"
         "optimizer.step()\n"
         "if rank == 0:  # one writer\n"

@@ -1,0 +1,151 @@
+"""Exercises on real live ranks: each reference answer passes at 1, 2 and 3 ranks; each catalogued wrong
+answer (a mutant with a `diagnosis`) gets its own diagnosis; the starter and an empty answer never pass;
+a hang ends within the bound with fresh ranks; and the catalogue covers the capstone's lines."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddp_helpers import start_ranks
+from ddp_helpers.exercises import all_exercises, check, get
+from ddp_helpers.exercises.lines import LINES
+from ddp_helpers.exercises.verdict import HUNG, PASSED
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("mutant_runner_for_exercises", ROOT / "mutants" / "run.py")
+runner = importlib.util.module_from_spec(_spec)
+sys.modules["mutant_runner_for_exercises"] = runner  # dataclasses look their module up by name
+_spec.loader.exec_module(runner)
+
+EXERCISES = all_exercises()
+WRONG_ANSWERS = [m for m in runner.load_catalogue() if m.exercise]
+WRONG_NPROC = 2  # the world a wrong answer is checked at, unless its mutant names others
+
+# one set of live ranks per world size, started once for the module: one xdist worker runs it all
+pytestmark = pytest.mark.xdist_group("test_exercises")
+_started: dict[int, object] = {}
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    def ranks_of(nproc: int):
+        if nproc not in _started:
+            _started[nproc] = start_ranks(nproc=nproc, run_dir=tmp_path_factory.mktemp(f"ranks{nproc}"))
+        return _started[nproc]
+
+    yield ranks_of
+    for ranks in _started.values():
+        ranks.shutdown()
+    _started.clear()
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("exercises")
+
+
+def wrong_answer(mutant) -> str:
+    reference = get(mutant.exercise).reference
+    assert reference.count(mutant.old) == 1, (
+        f"{mutant.name}: `old` must occur once in {mutant.exercise}'s reference, "
+        f"found {reference.count(mutant.old)} times"
+    )
+    return reference.replace(mutant.old, mutant.new)
+
+
+# ------------------------------------------------------------------ no ranks needed
+def test_the_catalogue_loads_without_torch():
+    """The command line refuses bad input within a second: the catalogue must not import torch."""
+    code = (
+        "import sys, ddp_helpers.exercises as e; e.all_exercises(); "
+        "print(sorted(m for m in ('torch', 'pandas') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_every_notebook_01_to_09_has_two_exercises():
+    per_notebook = {f"{n:02d}": [e.id for e in EXERCISES if e.notebook == f"{n:02d}"] for n in range(1, 10)}
+    few = {nb: ids for nb, ids in per_notebook.items() if len(ids) < 2}
+    assert not few, f"notebooks with fewer than two exercises: {few}"
+
+
+def test_ids_are_unique_and_name_their_notebook():
+    ids = [e.id for e in EXERCISES]
+    assert len(ids) == len(set(ids)), ids
+    assert all(e.id.startswith(f"{e.notebook}-") for e in EXERCISES), ids
+
+
+def test_the_exercises_cover_every_line_of_the_capstone():
+    covered = {line for e in EXERCISES for line in e.covers}
+    unknown = covered - set(LINES)
+    assert not unknown, f"covers names lines that lines.py does not list: {sorted(unknown)}"
+    missing = set(LINES) - covered
+    assert not missing, f"no exercise has the learner write: {sorted(missing)}"
+
+
+def test_every_mistake_is_a_catalogued_mutant_and_back():
+    mistakes = {m.id: e.id for e in EXERCISES for m in e.mistakes}
+    catalogued = {m.diagnosis: m.exercise for m in WRONG_ANSWERS}
+    assert set(mistakes) <= set(catalogued), f"mistakes with no mutant: {sorted(set(mistakes) - set(catalogued))}"
+    assert catalogued.items() <= mistakes.items(), "a mutant names a mistake of another exercise, or none"
+
+
+@pytest.mark.parametrize("mutant", WRONG_ANSWERS, ids=lambda m: m.name)
+def test_a_wrong_answer_mutant_changes_the_reference_in_its_file(mutant):
+    source = (ROOT / mutant.file).read_text()
+    assert source.count(mutant.old) == 1, f"{mutant.name}: old must occur once in {mutant.file}"
+    wrong_answer(mutant)
+
+
+# ------------------------------------------------------------------ on live ranks
+@pytest.mark.parametrize("nproc", [1, 2, 3])
+def test_every_reference_passes(nproc, live, workdir):
+    ranks = live(nproc)
+    failed = {}
+    for exercise in EXERCISES:
+        verdict = check(exercise.id, exercise.reference, ranks, workdir=workdir)
+        if not verdict.passed:
+            failed[exercise.id] = verdict.text()
+    assert not failed, "\n\n".join(failed.values())
+
+
+@pytest.mark.parametrize("mutant", WRONG_ANSWERS, ids=lambda m: m.name)
+def test_a_catalogued_wrong_answer_gets_its_own_diagnosis(mutant, live, workdir):
+    nproc = max(mutant.nproc) if mutant.nproc and max(mutant.nproc) > 1 else WRONG_NPROC
+    verdict = check(mutant.exercise, wrong_answer(mutant), live(min(nproc, 3)), workdir=workdir)
+    assert verdict.diagnosis == mutant.diagnosis, verdict.text()
+    assert not verdict.passed and verdict.seen, verdict.text()
+
+
+@pytest.mark.parametrize("exercise", [e.id for e in EXERCISES])
+def test_the_starter_and_an_empty_answer_never_pass(exercise, live, workdir):
+    ranks = live(2)
+    for answer in (get(exercise).starter, ""):
+        verdict = check(exercise, answer, ranks, workdir=workdir)
+        assert not verdict.passed and verdict.diagnosis != PASSED, verdict.text()
+
+
+def test_a_hung_answer_ends_within_its_bound_with_stacks_and_fresh_ranks(live, workdir):
+    exercise = get("01-shard")
+    ranks = live(2)
+    verdict = check("01-shard", "if rank == 0:\n    dist.barrier()\n", ranks, workdir=workdir, timeout=5.0)
+    assert verdict.diagnosis == HUNG, verdict.text()
+    assert "<your answer>" in verdict.message and "barrier" in verdict.message, verdict.message
+    assert ranks.alive, "the ranks must be ready for the next try"
+    again = check("01-shard", exercise.reference, ranks, workdir=workdir)
+    assert again.passed, again.text()
+
+
+def test_a_verdict_is_one_json_object():
+    from ddp_helpers.exercises.checker import judge
+
+    verdict = judge(get("01-shard"), [{"rank": 0, "error": None, "drawn": []}])
+    data = json.loads(verdict.to_json())
+    assert {"exercise", "passed", "diagnosis", "message"} <= data.keys() and data["passed"] is False
