@@ -112,7 +112,7 @@ notebooks: venv
 	@mkdir -p runs/executed
 	@for nb in notebooks/[0-9][0-9]_*.ipynb; do \
 		echo "== $$nb"; \
-		DDP_HELPERS_PROGRESS=text $(PY) -m papermill "$$nb" "runs/executed/$$(basename $$nb)" \
+		DDP_HELPERS_PROGRESS=text $(PY) -m papermill "$$nb" "runs/executed/$$(basename $$nb)" -p solutions True \
 			--cwd runs/executed -k python3 || exit 1; \
 	done
 

@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         notebooks = [find_notebook(name) for name in args.notebooks] or NOTEBOOKS
     except LookupError as err:
         parser.error(str(err))
-    parameters: dict = {"smoke": not args.full}
+    parameters: dict = {"smoke": not args.full, "solutions": True}  # exercises check their reference answers
     if args.nproc is not None:
         parameters["nproc"] = args.nproc
     os.environ.setdefault("DDP_HELPERS_PROGRESS", "text")  # papermill stores text, not widget state

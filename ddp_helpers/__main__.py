@@ -1,4 +1,5 @@
-"""Command line: ``python -m ddp_helpers doctor`` and ``python -m ddp_helpers launch SCRIPT [ARGS...]``."""
+"""Command line: ``python -m ddp_helpers doctor``, ``python -m ddp_helpers launch SCRIPT [ARGS...]`` and
+``python -m ddp_helpers exercises ...`` (list, solution, check, check-script)."""
 
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ def _stop_cleanly_on_signals() -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """``doctor`` and ``launch``; launch's flags are built from the declared launcher options."""
+    """``doctor``, ``launch`` and ``exercises``; launch's flags are built from the declared launcher options."""
     parser = argparse.ArgumentParser(prog="python -m ddp_helpers")
     sub = parser.add_subparsers(dest="command", required=True)
     doctor = sub.add_parser("doctor", help="check this machine for DDP (exit 1 only when a check FAILs)")
@@ -99,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     script_args = run.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
     script_args.required = False  # a script may take none: the usage error must not ask for them
     run.set_defaults(func=_launch)
+    from .exercises.cli import add_parser as add_exercises
+
+    add_exercises(sub)
     return parser
 
 

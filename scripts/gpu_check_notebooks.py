@@ -186,7 +186,7 @@ def run_notebooks(
     rows = []
     for mode in modes:
         for notebook in notebooks:
-            parameters: dict[str, Any] = {"smoke": mode == "smoke"}
+            parameters: dict[str, Any] = {"smoke": mode == "smoke", "solutions": True}
             if nproc is not None:
                 parameters["nproc"] = nproc
             row = run_notebook(notebook, mode, work, deadline, gpus, parameters)

@@ -149,3 +149,47 @@ def test_a_verdict_is_one_json_object():
     verdict = judge(get("01-shard"), [{"rank": 0, "error": None, "drawn": []}])
     data = json.loads(verdict.to_json())
     assert {"exercise", "passed", "diagnosis", "message"} <= data.keys() and data["passed"] is False
+
+
+# ------------------------------------------------------------------ the command line
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ddp_helpers", "exercises", *args],
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def test_the_command_line_lists_and_shows_a_solution():
+    listed = json.loads(_cli("list", "--json").stdout)
+    assert [row["id"] for row in listed] == [e.id for e in EXERCISES]
+    assert _cli("solution", "01-wrap").stdout == get("01-wrap").reference
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("check", "99-nothing", "FILE"), "no exercise '99-nothing'"),
+        (("check", "01-wrap", "MISSING"), "no such file"),
+        (("check", "01-wrap", "BAD"), "syntax error at line 1"),
+        (("check", "01-wrap", "FILE", "--nproc", "0"), "--nproc must be 1 to 8"),
+        (("solution", "01-nothing"), "no exercise '01-nothing'"),
+        (("check-script", "MISSING"), "no such file"),
+        (("check-script", "BAD"), "syntax error at line 1"),
+    ],
+)
+def test_the_command_line_refuses_bad_input_before_any_rank(args, said, tmp_path):
+    (tmp_path / "answer.py").write_text("x = 1\n")
+    (tmp_path / "bad.py").write_text("x = (\n")
+    paths = {"FILE": str(tmp_path / "answer.py"), "BAD": str(tmp_path / "bad.py"), "MISSING": str(tmp_path / "no.py")}
+    out = _cli(*[paths.get(a, a) for a in args], timeout=20)
+    assert out.returncode == 2 and said in out.stderr, (out.returncode, out.stderr)
+    assert "Traceback" not in out.stderr, out.stderr
+
+
+def test_the_command_line_checks_an_answer_file_and_ends_with_one_json_object(tmp_path):
+    answer = tmp_path / "answer.py"
+    answer.write_text(get("01-shard").reference.replace("    sampler.set_epoch(epoch)  # shuffles", "    pass  #"))
+    out = _cli("check", "01-shard", str(answer), "--nproc", "2", "--json")
+    verdict = json.loads(out.stdout.strip().splitlines()[-1])
+    assert out.returncode == 1, out.stderr
+    assert (verdict["exercise"], verdict["passed"], verdict["diagnosis"]) == ("01-shard", False, "01-shard-no-set-epoch")

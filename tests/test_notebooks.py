@@ -71,7 +71,7 @@ def test_notebook_runs_in_smoke_mode(notebook, tmp_path, monkeypatch):
     if nproc:
         check_notebook_runs_with_nproc(notebook, int(nproc), tmp_path, monkeypatch)
     else:
-        _execute(notebook, tmp_path, monkeypatch, {"smoke": True})
+        _execute(notebook, tmp_path, monkeypatch, {"smoke": True, "solutions": True})
 
 
 # ------------------------------------------------------------------------ the kernel never touches CUDA
@@ -201,7 +201,7 @@ def test_notebook_runs_with_nproc_1(notebook, tmp_path, monkeypatch):
 def check_notebook_runs_with_nproc(notebook: Path, nproc: int, tmp_path: Path, monkeypatch) -> None:
     """An odd world catches `world // 2` and hard-coded pairs; nproc=1 the demos that need two ranks."""
     test_parameters_cell_declares_nproc(notebook)  # a notebook without it would pass without using it
-    _execute(notebook, tmp_path, monkeypatch, {"smoke": True, "nproc": nproc})
+    _execute(notebook, tmp_path, monkeypatch, {"smoke": True, "solutions": True, "nproc": nproc})
     sizes = _local_world_sizes(tmp_path)
     if nproc == 1 and 1 not in sizes:
         # a demo that needs two ranks runs two at nproc=1, and must say so (shapes.backend_for's line)
@@ -222,7 +222,7 @@ def check_notebook_runs_with_nproc(notebook: Path, nproc: int, tmp_path: Path, m
 @pytest.mark.skipif(MULTINODE is None, reason="no multi-node notebook")
 def test_multinode_notebook_runs_at_full_size(tmp_path, monkeypatch):
     """As a learner runs it (smoke=False): two agents, the full bandwidth sweep, the 20 s lonely node."""
-    _execute(MULTINODE, tmp_path, monkeypatch, {}, timeout=900)
+    _execute(MULTINODE, tmp_path, monkeypatch, {"solutions": True}, timeout=900)
 
 
 # ------------------------------------------------------------------------- words a learner misreads
