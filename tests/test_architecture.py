@@ -17,14 +17,22 @@ PACKAGE = Path(__file__).resolve().parent.parent / "ddp_helpers"
 
 # Modules that run inside a rank (under torchrun): the top-level modules, the bundled workers, and
 # live ranks' server end with the protocol both ends share.
+EXERCISES_RANK_SIDE = ("__init__", "spec", "registry", "lines", "observers", "rank_side")
 RANK_SIDE_TOP = ("backends", "checkpoint", "data", "distributed", "errors", "metrics", "teardown")
 RANK_SIDE = (
     [PACKAGE / f"{name}.py" for name in RANK_SIDE_TOP]
     + sorted((PACKAGE / "workers").glob("*.py"))
     + [PACKAGE / "live" / "server.py", PACKAGE / "live" / "protocol.py", PACKAGE / "live" / "rank_debug.py"]
     + [PACKAGE / "worker_site" / "sitecustomize.py"]  # runs in every rank before its script
+    # an exercise's answer runs on the live ranks: the catalogue, its probes and the rank's runner
+    + [PACKAGE / "exercises" / f"{name}.py" for name in EXERCISES_RANK_SIDE]
+    + sorted((PACKAGE / "exercises").glob("nb[0-9][0-9].py"))
 )
-KERNEL_SIDE = ("ddp_helpers.launcher", "ddp_helpers.lab")
+KERNEL_SIDE = (
+    "ddp_helpers.launcher",
+    "ddp_helpers.lab",
+    *(f"ddp_helpers.exercises.{name}" for name in ("checker", "verdict", "magics", "cli", "capstone")),
+)
 LIVE_RANK_END = (
     "ddp_helpers.live.server",
     "ddp_helpers.live.protocol",

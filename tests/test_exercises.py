@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from ddp_helpers import start_ranks
-from ddp_helpers.exercises import all_exercises, check, get
+from ddp_helpers.exercises import all_exercises, get
+from ddp_helpers.exercises.checker import check
 from ddp_helpers.exercises.lines import LINES
 from ddp_helpers.exercises.verdict import HUNG, PASSED
 

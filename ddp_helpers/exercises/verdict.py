@@ -13,7 +13,7 @@ RAISED = "raised"  # the answer raised on some rank, in no way a catalogued mist
 HUNG = "hung"  # some rank did not finish the answer within the exercise's bound
 
 
-@dataclass
+@dataclass(repr=False)
 class Verdict:
     exercise: str
     passed: bool
@@ -93,6 +93,8 @@ class Verdict:
 
     def __str__(self) -> str:
         return self.text()
+
+    __repr__ = __str__  # what a terminal, papermill's text output and a log show
 
 
 def _short(value: Any, limit: int = 80) -> str:
