@@ -194,3 +194,12 @@ def test_the_command_line_checks_an_answer_file_and_ends_with_one_json_object(tm
     verdict = json.loads(out.stdout.strip().splitlines()[-1])
     assert out.returncode == 1, out.stderr
     assert (verdict["exercise"], verdict["passed"], verdict["diagnosis"]) == ("01-shard", False, "01-shard-no-set-epoch")
+
+
+def test_an_answer_that_raises_on_one_rank_while_the_other_waits_ends_in_seconds(live, workdir):
+    ranks = live(2)
+    answer = "if rank == 1:\n    raise ValueError('rank 1 gave up')\ndist.barrier()\n"
+    verdict = check("01-shard", answer, ranks, workdir=workdir)
+    assert verdict.diagnosis == "raised" and "rank 1 failed: ValueError: rank 1 gave up" in verdict.message
+    assert "rank 0 was still in the cell" in verdict.message, verdict.message
+    assert ranks.alive and check("01-shard", get("01-shard").reference, ranks, workdir=workdir).passed

@@ -91,3 +91,30 @@ def test_matplotlib_in_a_rank_draws_off_screen_not_inline(tmp_path, monkeypatch)
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     with ddp_helpers.start_ranks(nproc=1, backend="gloo", run_dir=tmp_path / "r") as live:
         assert live.run("import matplotlib\nmatplotlib.get_backend().lower()") == {0: "agg"}
+
+
+PEER_FAILED_S = 15.0  # the bound the issue sets: the cell ends with the failed rank's exception by then
+
+
+def test_a_rank_that_raises_while_the_others_wait_in_a_collective_ends_the_cell(ranks):
+    # before: rank 0 waited in all_reduce for gloo's 30-minute timeout, and the cell with it
+    started = time.monotonic()
+    with pytest.raises(RankError) as caught:
+        ranks.run("x = torch.ones(1)\nif rank == 1:\n    raise ValueError('rank 1 gave up')\ndist.all_reduce(x)")
+    message = str(caught.value)
+    assert time.monotonic() - started < PEER_FAILED_S, message
+    assert message.startswith("rank 1 failed: ValueError: rank 1 gave up"), message
+    assert caught.value.ranks == [1], caught.value.ranks
+    assert "rank 0 was still in the cell, waiting here" in message and "all_reduce" in message, message
+    assert ranks.alive, "the next cell needs ranks"
+    said_restarted = "Fresh ranks were started" in message
+    assert said_restarted or "ranks are still running" in message, message
+    assert ranks.run("x = torch.ones(1) * (rank + 1)\ndist.all_reduce(x)\nx.item()") == {0: 3.0, 1: 3.0}
+
+
+def test_a_rank_that_raises_while_the_other_finishes_keeps_the_ranks(ranks):
+    ranks.run("kept = rank + 10")
+    with pytest.raises(RankError) as caught:
+        ranks.run("if rank == 1:\n    raise KeyError('only here')\ny = 1")
+    assert caught.value.ranks == [1] and "still in the cell" not in str(caught.value), str(caught.value)
+    assert ranks.gather("kept") == [10, 11]  # nobody waited: no interrupt, no restart

@@ -52,22 +52,26 @@ def check(
     base = Path(workdir) if workdir is not None else Path("runs") / "exercises"
     folder = (base / f"{exercise.id}-{os.getpid()}-{next(_checks)}-{time.time_ns() % 10**6}").resolve()
     call = (
-        "from ddp_helpers.exercises.rank_side import run as _exercise_run\n"
-        f"_exercise_result = _exercise_run({exercise.id!r}, {code!r}, {str(folder)!r})\n"
-        "del _exercise_run"
+        "import ddp_helpers.exercises.rank_side as _exercise\n"
+        f"_exercise.run({exercise.id!r}, {code!r}, {str(folder)!r});"
     )
     world = ranks.world_size
+    bound = exercise.timeout_s if timeout is None else timeout
     try:
-        ranks.run(call, timeout=exercise.timeout_s if timeout is None else timeout)
-        results = ranks.gather("_exercise_result")
+        ranks.run(call, timeout=bound)
     except LaunchTimeout as error:
-        return _hung(exercise, ranks, world, str(error), exercise.timeout_s if timeout is None else timeout)
+        return _hung(exercise, ranks, world, str(error), bound)
     except WorkerFailed as error:
         restarted = _restart(ranks)
         return Verdict(exercise.id, False, RAISED, f"a rank died while running your answer: {error}",
                        exercise.hint, world, ranks_restarted=restarted)  # fmt: skip
-    except RankError as error:  # the checker's own line failed: not the answer's fault
-        raise RuntimeError(f"the checker failed on the ranks: {error}") from error
+    except RankError as error:  # the answer raised on some rank: what each rank kept says more
+        if not ranks.alive or error.args[0].count("was still in the cell"):
+            return _raised_while_others_waited(exercise, ranks, world, str(error))
+    kept = ranks.run("_exercise.LAST")  # {rank: result}, in the order the replies came
+    results = [kept[rank] for rank in sorted(kept)]
+    if any(r is None for r in results):
+        raise RuntimeError(f"the checker found no result of {exercise.id} on some rank: {results}")
     return judge(exercise, results)
 
 
@@ -114,6 +118,16 @@ def _hung(exercise: Exercise, ranks: Any, world: int, error: str, bound: float) 
     if restarted:
         message += "\nThe ranks were restarted for your next try."
     return Verdict(exercise.id, False, HUNG, message, exercise.hint, world, ranks_restarted=restarted)
+
+
+def _raised_while_others_waited(exercise: Exercise, ranks: Any, world: int, error: str) -> Verdict:
+    """Some rank raised while the others waited for it (in a collective): the ranks' own error says who."""
+    restarted = "Fresh ranks were started" in error or _restart(ranks)
+    message = (
+        "your answer raised on some rank while the others still ran it, waiting for that rank (most often "
+        "in a collective it never reached):\n" + error
+    )
+    return Verdict(exercise.id, False, RAISED, message, exercise.hint, world, ranks_restarted=restarted)
 
 
 def _restart(ranks: Any) -> bool:

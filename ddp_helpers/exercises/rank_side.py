@@ -1,7 +1,9 @@
 """Rank side: run one answer in a fresh namespace, with the probe inputs and observers, and report.
 
-The checker sends each live rank one line, ``_exercise_result = run(ID, CODE, WORKDIR)``, and gathers
-the result: plain values only (lists, numbers, strings), so that the kernel can show and compare them.
+The checker sends each live rank ``run(ID, CODE, WORKDIR)``, then asks for `LAST`, the result: plain
+values only (lists, numbers, strings), so that the kernel can show and compare them. Where the answer
+raised, `run` raises it again once the result is kept: the live ranks then see a failed cell, and one
+that raised while the others wait for it in a collective ends the cell in seconds, not at the timeout.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .registry import get
 from .spec import Context
 
 ANSWER_FILE = "<your answer>"
+LAST: dict[str, Any] | None = None  # the last run's result on this rank, None while one runs
 
 
 def context(workdir: str) -> Context:
@@ -56,18 +59,21 @@ def base_namespace(ctx: Context) -> dict[str, Any]:
 
 
 def run(exercise_id: str, code: str, workdir: str) -> dict[str, Any]:
-    """Run `code` as exercise `exercise_id` on this rank; what it did, as plain values."""
+    """Run `code` as exercise `exercise_id` on this rank; what it did, as plain values (also in `LAST`)."""
+    global LAST
+    LAST = None
     exercise = get(exercise_id)
     ctx = context(workdir)
     os.makedirs(workdir, exist_ok=True)
     namespace = base_namespace(ctx)
     namespace.update(exercise.setup(ctx))
     result: dict[str, Any] = {"rank": ctx.rank, "error": None}
+    raised: Exception | None = None
     with Observers() as seen:
         try:
             exec(compile(code, ANSWER_FILE, "exec"), namespace)
-        except Exception as error:  # the learner's exception is a finding, not a crash of the rank
-            result["error"] = _answer_error(error)
+        except Exception as error:  # the learner's exception is a finding: kept, then raised again
+            result["error"], raised = _answer_error(error), error
     result["collectives"] = seen.collectives
     result["saved"] = len(seen.saves)
     try:  # also after an exception: what the answer did before it raised can name the mistake
@@ -75,6 +81,9 @@ def run(exercise_id: str, code: str, workdir: str) -> dict[str, Any]:
     except Exception as error:  # e.g. a name the task asked for was never bound
         if result["error"] is None:
             result["error"] = f"{type(error).__name__}: {error}"
+    LAST = result
+    if raised is not None:
+        raise raised
     return result
 
 

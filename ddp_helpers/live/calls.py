@@ -11,10 +11,13 @@ import time
 from . import recovery
 from .cells import CellLog
 from .console import Console
-from .protocol import Answer, Exited, Prompt, Reply, Request
+from .protocol import Answer, Error, Exited, Prompt, Reply, Request
 from .session import Session
 
 QUIT_WAIT_S = 2.0  # after a pdb quit, how long the other ranks get to finish the cell by themselves
+# after a rank raised, how long the others get to finish the cell by themselves: a rank that raised
+# before a collective leaves the others waiting in it until the group's timeout (30 minutes by default)
+PEER_FAILED_WAIT_S = 3.0
 
 
 def request(
@@ -31,6 +34,8 @@ def request(
     after each). Raises `WorkerFailed` (or the launcher's diagnosis) if a rank died, `LaunchTimeout`
     if a rank still in the cell printed nothing for `timeout` seconds, `LaunchInterrupted` on
     Ctrl-C, and `DebuggerQuit` where pdb was quit and the other ranks could not finish the cell.
+    A rank that raised while others still run the cell after PEER_FAILED_WAIT_S (waiting for it in a
+    collective, most often) raises `RankError` at once, the others interrupted or every rank stopped.
     """
     console = Console(where=lambda: recovery.where(session, cells)) if console is None else console
     session.begin_cell(after_cell=cells.last_sent)
@@ -39,6 +44,7 @@ def request(
     pending = set(targets)
     replies: dict[int, Reply] = {}
     started = time.monotonic()
+    failed_at: float | None = None  # when the first rank's error came back
 
     def watch() -> None:  # between two waits: echo, and notice a dead torchrun or a silent rank
         session.follow()
@@ -51,6 +57,8 @@ def request(
                 raise recovery.hung(session, cells, stuck, sorted(set(replies)), timeout)
         if console.quit_rank is not None and pending and time.monotonic() - started > QUIT_WAIT_S:
             raise recovery.debugger_quit(session, cells, console, pending, replies)
+        if failed_at is not None and pending and time.monotonic() - failed_at > PEER_FAILED_WAIT_S:
+            raise recovery.peer_failed(session, cells, pending, replies)
 
     try:
         for rank, reply in session.replies(pending, between=watch):
@@ -64,6 +72,8 @@ def request(
             if isinstance(reply, Exited):  # the cell called os._exit(code)
                 raise recovery.died(session, rank, exitcode=reply.code)
             replies[rank] = reply
+            if isinstance(reply, Error) and failed_at is None:
+                failed_at = time.monotonic()
     except KeyboardInterrupt:
         pending.difference_update(replies)  # a reply taken just before the interrupt is not pending
         raise recovery.interrupted(session, cells, pending, replies) from None

@@ -30,7 +30,7 @@ from pathlib import Path
 from types import EllipsisType
 from typing import Any, Unpack
 
-from ..errors import InvalidLaunchArguments, RanksNotRunning
+from ..errors import InvalidLaunchArguments, RankError, RanksNotRunning
 from ..launcher.checks import check_rank_list, check_seconds
 from ..launcher.config import LaunchConfig, default_run_dir, make_config
 from ..launcher.keywords import LiveKeywords
@@ -188,6 +188,11 @@ class LiveRanks:
         console = Console(commands, where=lambda: where(session, self._cells) if session else "")
         try:
             replies = self._request(message, targets, timeout, console)
+        except RankError as error:
+            if not self.alive:  # some ranks raised, the rest were stuck waiting for them: fresh ranks
+                self.restart()
+                error.args = (f"{error}\nFresh ranks were started (every variable they held is gone).",)
+            raise
         except DebuggerQuit as error:
             if not self.alive:  # the others were stuck in a collective: fresh ranks, and say so
                 self.restart()

@@ -12,7 +12,7 @@ import time
 
 import psutil
 
-from ..errors import LaunchError, LaunchInterrupted, LaunchTimeout, WorkerFailed
+from ..errors import LaunchError, LaunchInterrupted, LaunchTimeout, RankError, WorkerFailed
 from .cells import CellLog
 from .console import Console, DebuggerQuit
 from .protocol import Check, Error, Reply, Value
@@ -94,6 +94,34 @@ def debugger_quit(
 def where(session: Session, cells: CellLog) -> str:
     """Every rank's Python stack now (`%ranks where`)."""
     return show_stacks(read_stacks(session, sorted(session.links), cells.sources))
+
+
+# ------------------------------------------------------------------ a rank raised, the others wait
+def peer_failed(session: Session, cells: CellLog, pending: set[int], replies: dict[int, Reply]) -> RankError:
+    """Some ranks raised and the rest still run the cell (most often waiting for them in a collective):
+    say where the rest wait, then interrupt them, and keep the ranks if the group survived; else stop them
+    (the caller starts fresh ones)."""
+    failed = {r: reply for r, reply in replies.items() if isinstance(reply, Error)}
+    first = min(failed)
+    waiting = sorted(pending)
+    stacks = read_stacks(session, waiting, cells.sources)
+    lines = [f"rank {first} failed: {failed[first].error}", "", failed[first].traceback.rstrip()]
+    others = [r for r in sorted(failed) if r != first]
+    if others:
+        lines += ["", "also failed on rank(s) " + ", ".join(f"{r} ({failed[r].error.splitlines()[0]})" for r in others)]
+    for rank in waiting:
+        lines += ["", f"rank {rank} was still in the cell, waiting here (most recent call first):",
+                  stacks.get(rank, "  (no stack)")]  # fmt: skip
+    if interrupt(session, set(waiting), {}):
+        lines += ["", check_group(session, cells, f"Rank(s) {', '.join(map(str, waiting))} were interrupted")]
+    else:
+        session.stop()
+        lines += [
+            "",
+            f"Rank(s) {', '.join(map(str, waiting))} did not answer an interrupt within {INTERRUPT_WAIT_S:g}s "
+            "(blocked inside a collective that the failed rank never joined), so every rank was stopped.",
+        ]
+    return RankError("\n".join(lines), errors={r: reply.traceback for r, reply in failed.items()})
 
 
 # ------------------------------------------------------------------ hangs
