@@ -278,3 +278,10 @@ def test_a_group_whose_timeout_cannot_be_read_is_neither_stretched_nor_left_stre
     assert timeouts.stretch(3600)
     timeouts.restore()
     assert set_to == [(readable, 3600), (readable, 60)]  # the unreadable group is never touched
+
+
+def test_enter_at_a_pdb_prompt_is_not_a_quit():
+    # it counted as `q`: the cell ended in DebuggerQuit although every rank finished
+    console = Console(["n", "", "c"], read=lambda prompt: "")
+    answers = [console.answer(1, Prompt(3, "", PROMPT)) for _ in range(4)]
+    assert answers == ["n", "", "c", ""] and console.quit_rank is None

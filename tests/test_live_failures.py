@@ -118,3 +118,12 @@ def test_a_rank_that_raises_while_the_other_finishes_keeps_the_ranks(ranks):
         ranks.run("if rank == 1:\n    raise KeyError('only here')\ny = 1")
     assert caught.value.ranks == [1] and "still in the cell" not in str(caught.value), str(caught.value)
     assert ranks.gather("kept") == [10, 11]  # nobody waited: no interrupt, no restart
+
+
+def test_enter_at_a_ranks_pdb_prompt_repeats_the_last_command(ranks):
+    # an empty answer is pdb's Enter: `n` again, so the rank steps over two lines, then continues
+    results = ranks.run(
+        "a = 1\nbreakpoint()\nb = 2\nc = 3\nd = 4\nd", ranks=[1], pdb_commands=["n", "", "p (b, c)", "c"]
+    )
+    assert results == {1: 4}
+    assert ranks.gather("c", ranks=[1]) == [3]

@@ -62,9 +62,9 @@ class Console:
         while line.strip() == WHERE_COMMAND and self.where is not None:
             print(self.where(), flush=True)
             line = self._next(prompt.prompt)
-        if line.strip() in QUIT_COMMANDS or not line:
+        if line.strip() in QUIT_COMMANDS:
             self.quit_rank = rank
-        return line
+        return line  # an empty line (Enter) repeats pdb's last command, as in a terminal
 
     def _next(self, prompt: str) -> str:
         if self.commands:
