@@ -49,3 +49,21 @@ def test_container_entrypoint_generates_a_token_and_shuts_down_cleanly(tmp_path)
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers are fine
         sock.bind(("127.0.0.1", port))  # no listener is left: nothing kept serving
+
+
+def test_a_taken_port_moves_the_lab_and_the_printed_url_with_it(tmp_path):
+    # it printed http://127.0.0.1:PORT/... while Jupyter itself moved on to PORT+1
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        lab = start(REPO / "scripts" / "lab.sh", tmp_path, port)
+        try:
+            said = lab.stdout.readline() + lab.stdout.readline() + lab.stdout.readline()
+            match = re.search(r"http://127\.0\.0\.1:(\d+)/lab\?token=([0-9a-f]{48})", said)
+            assert match and f"port {port} is taken" in said, said
+            served = int(match[1])
+            assert served != port, said
+            wait_for_contents(lab, served, match[2])  # the printed URL is the one that serves
+        finally:
+            stop(lab)
