@@ -127,3 +127,12 @@ def test_enter_at_a_ranks_pdb_prompt_repeats_the_last_command(ranks):
     )
     assert results == {1: 4}
     assert ranks.gather("c", ranks=[1]) == [3]
+
+
+@pytest.mark.parametrize("line", ["%time x = 1", "!ls", "    %timeit sum(range(3))"])
+def test_a_magic_or_shell_escape_in_a_ranks_cell_is_named_before_anything_runs(ranks, line):
+    # it was a bare "invalid syntax"
+    with pytest.raises(SyntaxError) as caught:
+        ranks.run(f"if True:\n{line}" if line.startswith(" ") else f"y = 2\n{line}")
+    assert "a rank runs the cell as plain Python" in caught.value.msg, caught.value.msg
+    assert caught.value.lineno == 2 and line.split()[0] in caught.value.msg

@@ -55,7 +55,24 @@ def check_syntax(code: str) -> None:
         if not error.text and error.lineno and 0 < error.lineno <= len(lines):
             error.text = lines[error.lineno - 1] + "\n"
             error.offset = error.offset or 1
+        line = lines[error.lineno - 1] if error.lineno and 0 < error.lineno <= len(lines) else ""
+        why = _ipython_syntax(line)
+        if why is not None:  # the compiler says only "invalid syntax"
+            error = SyntaxError(why, ("<cell>", error.lineno, 1, line + "\n"))
         raise error.with_traceback(None) from None
+
+
+def _ipython_syntax(line: str) -> str | None:
+    """Why `line` cannot run on a rank, where it is IPython's and not Python's (a magic, a shell escape)."""
+    text = line.lstrip()
+    if not text.startswith(("%", "!")) or text.startswith(("%=", "!=")):
+        return None
+    kind = "a shell escape" if text.startswith("!") else "an IPython magic"
+    return (
+        f"{text.split()[0]} is {kind}: a rank runs the cell as plain Python, without IPython. Time it "
+        "with time.perf_counter(), run a command with subprocess.run(...), or use the magic in a cell "
+        "of its own, in the notebook"
+    )
 
 
 def cell_results(replies: dict[int, Reply]) -> RankResults:
