@@ -248,3 +248,11 @@ def test_bad_arguments_are_refused_before_torch_is_imported(options, tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "refused:" in out.stdout, out.stdout + out.stderr
     assert "torch imported: False" in out.stdout, out.stdout
+
+
+def test_a_notebook_is_refused_as_a_script(tmp_path, gpus):
+    # it ran as Python: every rank failed on the notebook's JSON
+    notebook = tmp_path / "lesson.ipynb"
+    notebook.write_text('{"cells": [], "nbformat": 4, "nbformat_minor": 5, "metadata": {}}')
+    with pytest.raises(InvalidLaunchArguments, match="is a notebook, not a script.*nbconvert --to script"):
+        make_config(notebook, (), nproc=2)

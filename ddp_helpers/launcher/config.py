@@ -96,6 +96,11 @@ class LaunchConfig(LaunchOptions):
             raise InvalidLaunchArguments(f"script {script} is a directory: pass the Python file to run in it")
         if not script.is_file():
             raise InvalidLaunchArguments(f"script not found: {script} (cwd is {Path.cwd()})")
+        if script.suffix == ".ipynb":  # its JSON would run as Python and fail on every rank
+            raise InvalidLaunchArguments(
+                f"{script.name} is a notebook, not a script: torchrun runs Python files. Write the cell "
+                f"with %%writefile, or export it: jupyter nbconvert --to script {script.name}"
+            )
         self.script = script.resolve()
 
     def _check_nodes(self) -> None:
