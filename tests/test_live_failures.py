@@ -136,3 +136,12 @@ def test_a_magic_or_shell_escape_in_a_ranks_cell_is_named_before_anything_runs(r
         ranks.run(f"if True:\n{line}" if line.startswith(" ") else f"y = 2\n{line}")
     assert "a rank runs the cell as plain Python" in caught.value.msg, caught.value.msg
     assert caught.value.lineno == 2 and line.split()[0] in caught.value.msg
+
+
+def test_a_collective_in_a_cell_on_some_ranks_only_is_warned_about_before_it_runs(ranks, capsys):
+    # it hung with no warning; a partial cell without a collective says nothing
+    ranks.run("z = 1", ranks=[0])
+    assert "warning" not in capsys.readouterr().out
+    ranks.run("import torch.distributed as dist\nif False:\n    dist.all_reduce(torch.ones(1))", ranks=[0])
+    said = capsys.readouterr().out
+    assert "runs on rank(s) 0 only, but calls dist.all_reduce: rank(s) 1 will not join" in said, said

@@ -152,6 +152,7 @@ class LiveRanks:
             raise InvalidLaunchArguments(f"code must be a string, got {type(code).__name__}")
         check_syntax(code)  # a syntax error is reported here, before anything is sent
         targets = self._targets(ranks)
+        warn_partial_collective(code, targets, self.world_size)
         chosen = () if debug is None else tuple(self._targets(debug))
         message = Run(self._cells.new(code), code, chosen, bool(chosen) or may_pause(code))
         started = time.monotonic()
@@ -279,6 +280,25 @@ class LiveRanks:
 
 
 _PAUSES = re.compile(r"\b(breakpoint|set_trace)\s*\(")
+_COLLECTIVE = re.compile(
+    r"\b(?:dist|distributed)\.(all_reduce|all_gather\w*|broadcast\w*|barrier|reduce_scatter\w*|reduce"
+    r"|gather|scatter|all_to_all\w*|monitored_barrier)\s*\("
+)
+
+
+def warn_partial_collective(code: str, targets: list[int], world_size: int) -> None:
+    """A cell on some ranks only that calls a collective waits for ranks that never join it: say so first."""
+    if len(targets) == world_size:
+        return
+    called = sorted(set(_COLLECTIVE.findall(code)))
+    if called:
+        others = sorted(set(range(world_size)) - set(targets))
+        print(
+            f"warning: this cell runs on rank(s) {', '.join(map(str, targets))} only, but calls "
+            f"{', '.join(f'dist.{c}' for c in called)}: rank(s) {', '.join(map(str, others))} will not join, "
+            "so it waits until the cell's timeout (then each rank's stack is shown). Run it on every rank.",
+            flush=True,
+        )
 
 
 def may_pause(code: str) -> bool:
