@@ -4,6 +4,7 @@ a setup the arithmetic refuses is said, not drawn. (tests/test_browser_widget.py
 from __future__ import annotations
 
 import matplotlib
+import pytest
 
 matplotlib.use("Agg")
 
@@ -64,3 +65,16 @@ def test_the_button_draws_the_measurement_and_says_where_it_differs():
     named["strategy"].value = "ddp_default"
     named["measure on live ranks"].click()
     assert "Measured otherwise: rank 0 gradients" in note.value
+
+
+def test_a_7b_model_is_shown_as_asked_and_a_size_beyond_the_sliders_is_refused():
+    # it showed depth 64 and 17.2 GB (a 1.07B model) for depth=417, with no warning
+    box = calculator(width=4096, depth=417, world=8)
+    named, note = controls(box)
+    assert (named["width"].value, named["depth"].value, named["ranks"].value) == (4096, 417, 8)
+    params = 4096 * 4096 * 417
+    assert params > 6.9e9
+    for asked in ({"depth": 5000}, {"world": 128 * 64}, {"width": 4100}):
+        with pytest.raises(ValueError, match="outside what the calculator's slider shows"):
+            calculator(**asked)
+    assert calculator(world=128, batch=1000)  # within the ranges now: 128 ranks, 1000 per rank

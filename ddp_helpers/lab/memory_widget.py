@@ -100,13 +100,33 @@ def measurable(setup: Setup, world: int) -> Setup:
     return dataclasses.replace(setup, world=world, **smaller)
 
 
+# each slider's range: a slider silently clamps a value beyond it, so `calculator` refuses one instead.
+# Wide enough for a 70B model of this shape (one width x width Linear per block: width 8192, depth 1043)
+SLIDERS = {"width": (16, 16384, 16), "depth": (1, 2048, 1), "batch": (1, 4096, 1), "world": (1, 4096, 1)}
+LABELS = {"width": "width", "depth": "depth", "batch": "batch/rank", "world": "ranks"}
+
+
+def check_ranges(setup: Setup) -> None:
+    """Refuse a size the sliders cannot show, rather than show another one."""
+    for name, (low, high, step) in SLIDERS.items():
+        value = getattr(setup, name)
+        if not low <= value <= high or (value - low) % step:
+            raise ValueError(
+                f"{name}={value} is outside what the calculator's slider shows ({low} to {high}"
+                + (f", in steps of {step}" if step > 1 else "")
+                + "): call memory_calculator.predict(Setup(...)) for any size"
+            )
+
+
 def controls_for(w, first: Setup) -> dict:
-    """The calculator's inputs, one per field of `Setup`, set to `first`."""
+    """The calculator's inputs, one per field of `Setup`, set to `first` (checked by `check_ranges`)."""
+    check_ranges(first)
+    sliders = {
+        name: w.IntSlider(value=getattr(first, name), min=low, max=high, step=step, description=LABELS[name])
+        for name, (low, high, step) in SLIDERS.items()
+    }
     return {
-        "width": w.IntSlider(value=first.width, min=16, max=8192, step=16, description="width"),
-        "depth": w.IntSlider(value=first.depth, min=1, max=64, description="depth"),
-        "batch": w.IntSlider(value=first.batch, min=1, max=256, description="batch/rank"),
-        "world": w.IntSlider(value=first.world, min=1, max=64, description="ranks"),
+        **sliders,
         "strategy": w.Dropdown(options=STRATEGIES, value=first.strategy, description="strategy"),
         "precision": w.Dropdown(options=PRECISIONS, value=first.precision, description="precision"),
         "recompute": w.Checkbox(value=first.recompute, description="activation checkpointing"),
