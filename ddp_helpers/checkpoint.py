@@ -16,10 +16,12 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import random
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,18 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def no_space_left(error: BaseException) -> bool:
+    """Whether `error`, or an exception it came from, is a full disk (ENOSPC)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno == errno.ENOSPC:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def save_checkpoint(
     state: dict[str, Any], directory: str | os.PathLike[str], step: int, keep: int = 3
 ) -> Path:
@@ -79,6 +93,13 @@ def save_checkpoint(
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, final)
+    except (OSError, RuntimeError) as error:
+        if no_space_left(error):  # torch.save says only "[enforce fail ...] unexpected pos"
+            raise CheckpointError(
+                f"no space left on the device that holds {folder} ({shutil.disk_usage(folder).free} bytes "
+                f"free) while writing checkpoint step {step}; the earlier checkpoints are untouched"
+            ) from error
+        raise
     finally:
         tmp.unlink(missing_ok=True)
     _fsync_dir(folder)

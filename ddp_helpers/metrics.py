@@ -6,6 +6,7 @@ Workers use `MetricsWriter`. The kernel side follows and reads the files
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -20,8 +21,16 @@ PLAN_FILE = "plan.json"
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     # Readers poll these files while the run goes on: never let them see half a file.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=2, default=str))
+        os.replace(tmp, path)
+    except OSError as error:
+        tmp.unlink(missing_ok=True)  # nothing half-written is left behind
+        if error.errno == errno.ENOSPC:
+            raise OSError(
+                error.errno, f"no space left on the device that holds {path.parent}: cannot write {path.name}"
+            ) from error
+        raise
 
 
 class MetricsWriter:

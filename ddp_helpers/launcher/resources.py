@@ -15,6 +15,23 @@ import psutil
 
 from .process_tree import ProcessTree
 
+FULL_DISK_BYTES = 1 << 20  # under this, a failed start is most likely a full disk
+
+
+def full_disk_note(folder: Any) -> str:
+    """A sentence for an error, where the device holding `folder` is (almost) full; else ""."""
+    import shutil
+
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return ""
+    if free >= FULL_DISK_BYTES:
+        return ""
+    return (
+        f" The device that holds {folder} is full ({free} bytes free): no log or result file can be written."
+    )
+
 
 def nvml_handles() -> tuple[list[Any], str]:
     """NVML handles of every GPU, and "sampled" or the reason there are none ("not sampled: ...")."""

@@ -10,13 +10,14 @@ start time, for the message.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..errors import RunDirInUse
+from ..errors import LaunchError, RunDirInUse
 
 __all__ = ["LOCK_NAME", "holding_run_dir"]
 
@@ -40,7 +41,15 @@ def holding_run_dir(run_dir: Path) -> Iterator[None]:
                 "each launch gets a new folder)"
             ) from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"process {os.getpid()}, started {time.strftime('%H:%M:%S')}\n".encode(), 0)
+        try:
+            os.pwrite(fd, f"process {os.getpid()}, started {time.strftime('%H:%M:%S')}\n".encode(), 0)
+        except OSError as error:
+            if error.errno != errno.ENOSPC:
+                raise
+            raise LaunchError(
+                f"nothing was started: no space left on the device that holds run_dir {run_dir}, so no log "
+                "or result can be written. Free some space, or give the launch a run_dir on another device"
+            ) from error
         yield
     finally:
         os.close(fd)  # closing the last descriptor releases the lock

@@ -24,7 +24,7 @@ from .options import OPTIONS, with_options
 from .process_tree import ProcessTree
 from .processes import exit_code, start_run, stop_despite_interrupts, stop_interrupted, stop_run
 from .progress import StepProgress, resolve_progress
-from .resources import ResourceSampler
+from .resources import ResourceSampler, full_disk_note
 from .result import LaunchResult
 from .run_lock import holding_run_dir
 from .run_outputs import MetricsFollower, keep_previous_outputs, read_metrics, read_summary
@@ -223,7 +223,8 @@ class RunFollower:
         if diagnosis is None:
             tail = "\n".join(self.agent_lines[-30:])
             return LaunchFailed(
-                f"{self.config.launcher} exited with code {returncode} before any worker reported an error.\n{tail}",
+                f"{self.config.launcher} exited with code {returncode} before any worker reported an error."
+                f"{full_disk_note(self.config.out_dir)}\n{tail}",
                 returncode=returncode,
                 output=agent_output,
             )
