@@ -1,0 +1,366 @@
+"""Notebook 03's exercises: the fp16 step with a GradScaler under DDP (one rank's overflow skips the step
+everywhere), and bf16 autocast around the forward and the loss.
+
+Probe inputs make each mistake leave its own mark. The model is a bias-free Linear that starts at zero,
+so a weight's gradient is the input itself and every number is exact in 16 bits. In 03-fp16-step the
+last rank's first sample is 4096: times the scale (32) that gradient passes fp16's largest number
+(65504) and becomes inf, which DDP's average carries to every rank. The second step is clean, and its
+gradient norm is above `max_norm`, so the clip bites: the norm the clip saw tells a clip of scaled
+gradients (the scale times too big) from one of true gradients. The batches record each rank's weights
+and scale after every step, and a hook records the dtype of every forward's output.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .spec import Context, Exercise, Mistake, Seen, close, field_of
+
+WIDTH = 4  # one input coordinate per rank (wider for more ranks)
+INIT_SCALE = 32.0  # the scaler's first scale: small, so the overflow comes from one large input
+BIG = 4096.0  # the last rank's first sample: BIG x INIT_SCALE = 131072 > 65504, fp16's largest
+MAX_NORM = 0.5  # the clean step's gradient norm, 1/sqrt(N), is above it for 1 to 3 ranks
+CLIP_EPS = 1e-6  # clip_grad_norm_ divides max_norm by (total_norm + 1e-6): torch 2.7 and 2.14
+
+
+def _width(world: int) -> int:
+    return max(WIDTH, world)
+
+
+def _model(ctx: Context, outputs: int) -> tuple[Any, Any, list[str]]:
+    """A bias-free float32 Linear at zero, its DDP wrapper, and the dtypes its forwards returned."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = torch.nn.Linear(_width(ctx.world_size), outputs, bias=False).to(ctx.device)
+    torch.nn.init.zeros_(model.weight)
+    dtypes: list[str] = []
+    model.register_forward_hook(lambda module, args, out: dtypes.append(str(out.dtype)))
+    ddp_model = DDP(model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
+    return model, ddp_model, dtypes
+
+
+def _weights(model: Any) -> list[float]:
+    return [float(v) for v in model.weight.detach().float().cpu().flatten().tolist()]
+
+
+# ------------------------------------------------------------------ 03-fp16-step
+class _Steps:
+    """The rank's batches; each time the loop asks for the next one, the step before is written down."""
+
+    def __init__(self, batches: list[Any], model: Any, scaler: Any) -> None:
+        self.batches, self.model, self.scaler = batches, model, scaler
+        self.after: list[dict[str, Any]] = []
+
+    def __iter__(self) -> Any:
+        for x in self.batches:
+            yield x
+            self.after.append({"weights": _weights(self.model), "scale": float(self.scaler.get_scale())})
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def _fp16_setup(ctx: Context) -> dict[str, Any]:
+    import torch
+
+    model, ddp_model, dtypes = _model(ctx, 1)
+    width = _width(ctx.world_size)
+    first = torch.zeros(1, width, device=ctx.device)
+    first[0, ctx.rank] = BIG if ctx.rank == ctx.world_size - 1 else 1.0  # the last rank's overflows
+    second = torch.zeros(1, width, device=ctx.device)
+    second[0, ctx.rank] = 1.0
+    scaler = torch.amp.GradScaler(ctx.device.type, init_scale=INIT_SCALE)  # growth_interval: 2000
+    steps = _Steps([first, second], model, scaler)
+    return {
+        "ddp_model": ddp_model,
+        "optimizer": torch.optim.SGD(ddp_model.parameters(), lr=1.0),
+        "scaler": scaler,
+        "batches": steps,
+        "max_norm": MAX_NORM,
+        "norms": [],
+        "_steps": steps,  # kept aside: the answer may rebind `batches`
+        "_dtypes": dtypes,
+    }
+
+
+def _fp16_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    steps = ns["_steps"].after if "_steps" in ns else []
+    norms = []
+    for norm in ns.get("norms") or []:
+        try:
+            norms.append(float(norm))
+        except (TypeError, ValueError):
+            norms.append(None)
+    return {
+        "output_dtypes": list(ns.get("_dtypes", [])),
+        "weights": [s["weights"] for s in steps],
+        "scales": [s["scale"] for s in steps],
+        "norms": norms,
+    }
+
+
+def _clean_norm(world: int) -> float:
+    """The second step's true gradient norm: DDP averages one-hots, 1/N on each of N coordinates."""
+    return math.sqrt(world * (1.0 / world) ** 2)
+
+
+def _fp16_expected(world: int) -> Seen:
+    width = _width(world)
+    norm = _clean_norm(world)
+    coef = min(1.0, MAX_NORM / (norm + CLIP_EPS))
+    stepped = [-coef / world if i < world else 0.0 for i in range(width)]  # lr 1 times the clipped gradient
+    half = INIT_SCALE / 2  # the overflow halved the scale; 2000 clean steps would grow it again
+    row = {
+        "output_dtypes": ["torch.float16", "torch.float16"],
+        "weights": [[0.0] * width, stepped],  # the first step skipped, the second taken
+        "scales": [half, half],
+        "norms": [math.inf, norm],
+    }
+    return [dict(row) for _ in range(world)]
+
+
+def _not_fp16(seen: Seen, expected: Seen) -> bool:
+    dtypes = [d for s in seen for d in (s.get("output_dtypes") or [])]
+    return bool(dtypes) and any(d != "torch.float16" for d in dtypes)
+
+
+def _weights_after(seen: Seen, step: int) -> list[list[float] | None]:
+    return [w[step] if w and len(w) > step else None for w in field_of(seen, "weights")]
+
+
+def _scales_after(seen: Seen, step: int) -> list[float | None]:
+    return [s[step] if s and len(s) > step else None for s in field_of(seen, "scales")]
+
+
+def _overflow_applied(seen: Seen, expected: Seen) -> bool:
+    first = _weights_after(seen, 0)
+    return all(w is not None for w in first) and any(not math.isfinite(v) for w in first for v in w)
+
+
+def _scale_kept(seen: Seen, expected: Seen) -> bool:
+    first, scales = _weights_after(seen, 0), _scales_after(seen, 0)
+    skipped = all(w is not None and not any(w) for w in first)
+    return skipped and all(s is not None and close(s, INIT_SCALE) for s in scales)
+
+
+def _skipped_again(seen: Seen, expected: Seen) -> bool:
+    second, scales = _weights_after(seen, 1), _scales_after(seen, 1)
+    skipped = all(w is not None and not any(w) for w in second)
+    return skipped and all(s is not None and close(s, INIT_SCALE / 4) for s in scales)
+
+
+def _clipped_scaled(seen: Seen, expected: Seen) -> bool:
+    want = _clean_norm(len(seen)) * INIT_SCALE / 2  # the scale at the second step
+    norms = field_of(seen, "norms")
+    return all(n and len(n) > 1 and n[1] is not None and close(n[1], want, 1e-5) for n in norms)
+
+
+FP16_STEP = Exercise(
+    id="03-fp16-step",
+    notebook="03",
+    title="The fp16 step: GradScaler, unscale_ before the clip, a skip on every rank",
+    task=(
+        "Write the body of the training loop for fp16 under DDP: clear the gradients, run the forward "
+        "under fp16 autocast, backward through the scaler, unscale the gradients in place, clip them to "
+        "`max_norm` (append the norm `clip_grad_norm_` returns to `norms`), then step and update through "
+        "the scaler. On the first step the last rank's gradient overflows fp16: every rank must skip it."
+    ),
+    given=(
+        "`ddp_model` (a bias-free Linear at zero, wrapped), `optimizer` (SGD, lr 1), `scaler` "
+        "(`torch.amp.GradScaler(device.type, init_scale=32.0)`), `batches` (two, one sample each), "
+        "`max_norm` (0.5), `norms` (an empty list), `device`"
+    ),
+    starter=(
+        "for x in batches:\n"
+        "    ...  # TODO: clear the gradients of the step before\n"
+        "    # TODO: the forward under fp16 autocast\n"
+        "    loss = ddp_model(x).sum()\n"
+        "    loss.backward()  # TODO: backward of the scaled loss\n"
+        "    # TODO: unscale the gradients in place, before the clip\n"
+        "    norms.append(torch.nn.utils.clip_grad_norm_(ddp_model.parameters(), max_norm))\n"
+        "    optimizer.step()  # TODO: a step the scaler can skip\n"
+        "    # TODO: let the scaler adapt its scale\n"
+    ),
+    reference=(
+        "for x in batches:\n"
+        "    optimizer.zero_grad(set_to_none=True)  # the step before: its gradients go\n"
+        "    with torch.autocast(device.type, dtype=torch.float16):  # the forward in fp16\n"
+        "        loss = ddp_model(x).sum()\n"
+        "    scaler.scale(loss).backward()  # loss x scale: small gradients stay representable\n"
+        "    scaler.unscale_(optimizer)  # divide the scale out, in place, before the clip\n"
+        "    norms.append(torch.nn.utils.clip_grad_norm_(ddp_model.parameters(), max_norm))  # true norm\n"
+        "    scaler.step(optimizer)  # skipped if any gradient is inf/NaN: on every rank alike\n"
+        "    scaler.update()  # halves the scale after a skip\n"
+    ),
+    hint=(
+        "The scaler wraps three calls: scale(loss).backward(), step(optimizer) and update(). unscale_"
+        "(optimizer) goes between backward and the clip, so that the clip measures true gradients. And "
+        "gradients add up across backward() calls until something clears them."
+    ),
+    setup=_fp16_setup,
+    observe=_fp16_observe,
+    expected=_fp16_expected,
+    mistakes=(
+        Mistake(
+            "03-fp16-step-not-fp16",
+            "the forward's output was not float16: without torch.autocast(device.type, dtype=torch.float16) "
+            "the step is not the fp16 step (the overflow, and what the scaler does about it, never happen)",
+            _not_fp16,
+        ),
+        Mistake(
+            "03-fp16-step-optimizer-step",
+            "the weights became inf/NaN on the overflowing step: optimizer.step() applies any gradient; "
+            "scaler.step(optimizer) skips the step when a gradient is not finite",
+            _overflow_applied,
+        ),
+        Mistake(
+            "03-fp16-step-no-update",
+            "the step was skipped, yet the scale stayed the same: without scaler.update() the scale never "
+            "shrinks after an overflow (and the next unscale_ refuses to run)",
+            _scale_kept,
+        ),
+        Mistake(
+            "03-fp16-step-no-zero-grad",
+            "the clean second step was skipped too, and the scale halved twice: the first step's inf/NaN "
+            "gradients stayed and the second backward added to them. Clear the gradients every step",
+            _skipped_again,
+        ),
+        Mistake(
+            "03-fp16-step-clip-before-unscale",
+            "the clip measured a norm the scale times too big: it saw the gradients still multiplied by the "
+            "scale, and cut the step by that factor. Call scaler.unscale_(optimizer) before clipping",
+            _clipped_scaled,
+        ),
+    ),
+    covers=(
+        "autocast-fp16",
+        "scaler-scale",
+        "scaler-unscale",
+        "clip",
+        "scaler-step",
+        "scaler-update",
+        "zero-grad",
+    ),
+    tolerance=1e-6,
+)
+
+# ------------------------------------------------------------------ 03-bf16
+CLASSES = 4
+
+
+def _bf16_setup(ctx: Context) -> dict[str, Any]:
+    import torch
+
+    model, ddp_model, dtypes = _model(ctx, CLASSES)
+    x = torch.zeros(1, _width(ctx.world_size), device=ctx.device)
+    x[0, ctx.rank] = 1.0
+    return {
+        "ddp_model": ddp_model,
+        "optimizer": torch.optim.SGD(ddp_model.parameters(), lr=1.0),
+        "x": x,
+        "y": torch.tensor([ctx.rank % CLASSES], device=ctx.device),
+        "_model": model,
+        "_dtypes": dtypes,
+    }
+
+
+def _bf16_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    import torch
+
+    loss = ns.get("loss")
+    model = ns["_model"]
+    is_tensor = isinstance(loss, torch.Tensor) and loss.numel() == 1
+    return {
+        "output_dtypes": list(ns.get("_dtypes", [])),
+        "loss_dtype": str(loss.dtype) if is_tensor else None,
+        "loss": float(loss.item()) if is_tensor else None,
+        "param_dtype": str(model.weight.dtype),
+        "weights": _weights(model),
+    }
+
+
+def _bf16_expected(world: int) -> Seen:
+    width = _width(world)
+    weights = [[0.0] * width for _ in range(CLASSES)]
+    for r in range(world):  # zero logits: softmax 1/C; the gradient of row c is (1/C - [c == y]) x / N
+        for c in range(CLASSES):
+            weights[c][r] = -(1.0 / CLASSES - (1.0 if c == r % CLASSES else 0.0)) / world
+    row = {
+        "output_dtypes": ["torch.bfloat16"],
+        "loss_dtype": "torch.float32",
+        "loss": math.log(CLASSES),  # zero logits: a uniform guess, computed in fp32
+        "param_dtype": "torch.float32",
+        "weights": [v for line in weights for v in line],
+    }
+    return [dict(row) for _ in range(world)]
+
+
+def _outputs_all(seen: Seen, dtype: str) -> bool:
+    dtypes = [d for s in seen for d in (s.get("output_dtypes") or [])]
+    return bool(dtypes) and all(d == dtype for d in dtypes)
+
+
+BF16 = Exercise(
+    id="03-bf16",
+    notebook="03",
+    title="bf16 autocast around the forward and the loss",
+    task=(
+        "Run the forward and the loss under bf16 autocast, on this rank's device type; backward and the "
+        "optimizer step stay outside it, with no GradScaler."
+    ),
+    given="`ddp_model` (a bias-free Linear at zero, wrapped), `optimizer` (SGD, lr 1), `x`, `y`, `device`, `F`",
+    starter=(
+        "optimizer.zero_grad(set_to_none=True)\n"
+        "# TODO: the forward and the loss under bf16 autocast\n"
+        "logits = ddp_model(x)\n"
+        "loss = F.cross_entropy(logits, y)\n"
+        "loss.backward()\n"
+        "optimizer.step()\n"
+    ),
+    reference=(
+        "optimizer.zero_grad(set_to_none=True)\n"
+        "with torch.autocast(device.type, dtype=torch.bfloat16):  # the forward in bf16\n"
+        "    logits = ddp_model(x)\n"
+        "    loss = F.cross_entropy(logits, y)  # inside too: autocast runs the loss in fp32\n"
+        "loss.backward()  # no scaler: bf16 has fp32's range\n"
+        "optimizer.step()\n"
+    ),
+    hint=(
+        "torch.autocast takes the device type of the tensors it should act on (device.type) and a dtype. "
+        "Put the loss inside it too: autocast computes it in fp32."
+    ),
+    setup=_bf16_setup,
+    observe=_bf16_observe,
+    expected=_bf16_expected,
+    mistakes=(
+        Mistake(
+            "03-bf16-fp16",
+            "the forward ran in float16, not bfloat16: fp16's narrow range needs a GradScaler; bf16 "
+            "(dtype=torch.bfloat16) has fp32's range and needs none",
+            lambda seen, expected: any(
+                d == "torch.float16" for s in seen for d in (s.get("output_dtypes") or [])
+            ),
+        ),
+        Mistake(
+            "03-bf16-no-autocast",
+            "the forward ran in float32: no autocast was active for this device. torch.autocast takes the "
+            "tensors' device type, device.type here (torch.autocast('cuda') leaves CPU tensors in fp32)",
+            lambda seen, expected: _outputs_all(seen, "torch.float32"),
+        ),
+        Mistake(
+            "03-bf16-loss-outside",
+            "the loss is bfloat16: it was computed after the autocast block, on bf16 logits. Inside the "
+            "block autocast runs cross_entropy in fp32",
+            lambda seen, expected: (
+                _outputs_all(seen, "torch.bfloat16")
+                and all(s.get("loss_dtype") == "torch.bfloat16" for s in seen)
+            ),
+        ),
+    ),
+    covers=("autocast-bf16",),
+    tolerance=1e-6,
+)
+
+EXERCISES = (FP16_STEP, BF16)
