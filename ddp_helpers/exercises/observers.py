@@ -8,6 +8,7 @@ answer's code is not read: only its effects count.
 from __future__ import annotations
 
 import functools
+import io
 from typing import Any
 
 import torch
@@ -67,7 +68,8 @@ class Observers:
 
         @functools.wraps(real_save)
         def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
-            self.saves.append(str(f))
+            if not isinstance(f, io.BytesIO):  # a tensor pickled for all_gather_object: not a file
+                self.saves.append(str(f))
             return real_save(obj, f, *args, **kwargs)
 
         self._patch(torch, "save", save)
