@@ -1,0 +1,290 @@
+"""Notebook 05's exercises: skip a step on every rank when any rank's loss is not finite, and find the
+rank whose loss went bad first.
+
+05-nan-skip: a bias-free float64 Linear, wrapped in DDP, starts at zero; at step s rank r's sample is the
+one-hot of r times 10**s, so the weights say which steps were taken. The last rank's sample is NaN at
+step 1 and rank 0's at step 3. Hooks record the steps at which each rank's optimizer stepped: a check of
+the local loss only, a flag taken from rank 0 alone, no check at all, and a skipped step whose NaN
+gradients were never zeroed each leave their own pattern.
+
+05-first-bad: each rank holds its own list of per-step losses. The last rank's turns infinite at step 1;
+rank 0's turns infinite at step 2 and NaN at step 3. The right answer, (1, last rank), is none of what
+each wrong way of looking gives: rank 0's own view, NaN only, or the first bad rank instead of the first
+bad step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .spec import Context, Exercise, Mistake, Seen, field_of
+
+# ------------------------------------------------------------------ 05-nan-skip
+WIDTH = 8  # one-hot samples: one coordinate per rank, up to 8 ranks
+STEPS = 4
+LAST_RANK_BAD = 1  # the step at which the last rank's loss is NaN
+RANK0_BAD = 3  # the step at which rank 0's loss is NaN
+
+
+def _skip_setup(ctx: Context) -> dict[str, Any]:
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    width = max(WIDTH, ctx.world_size)
+    model = torch.nn.Linear(width, 1, bias=False, dtype=torch.float64).to(ctx.device)
+    torch.nn.init.zeros_(model.weight)
+    ddp_model = DDP(model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
+    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=1.0)
+    batches = []
+    for step in range(STEPS):
+        x = torch.zeros(1, width, dtype=torch.float64, device=ctx.device)
+        x[0, ctx.rank] = 10.0**step  # the weights show which steps were taken
+        if (ctx.rank == ctx.world_size - 1 and step == LAST_RANK_BAD) or (
+            ctx.rank == 0 and step == RANK0_BAD
+        ):
+            x[0, ctx.rank] = float("nan")  # this rank's loss is NaN at this step
+        batches.append(x)
+    probe: dict[str, Any] = {"forwards": 0, "steps_taken": []}
+
+    def count_forward(module: Any, args: Any) -> None:
+        probe["forwards"] += 1
+
+    def record_step(opt: Any, args: Any, kwargs: Any) -> None:
+        probe["steps_taken"].append(probe["forwards"] - 1)  # the batch whose forward came last
+
+    model.register_forward_pre_hook(count_forward)
+    optimizer.register_step_post_hook(record_step)
+    return {
+        "ddp_model": ddp_model,
+        "optimizer": optimizer,
+        "batches": batches,
+        "_probe": probe,
+        "_model": model,
+    }
+
+
+def _skip_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    import math
+
+    weight = ns["_model"].weight.detach().cpu().flatten().tolist()
+    return {
+        "steps_taken": list(ns["_probe"]["steps_taken"]),
+        "weight": [None if not math.isfinite(v) else round(v, 12) for v in weight],  # None: NaN or inf
+    }
+
+
+def _skip_expected(world: int) -> Seen:
+    width = max(WIDTH, world)
+    taken = [s for s in range(STEPS) if s not in (LAST_RANK_BAD, RANK0_BAD)]
+    # lr 1 times the average of the ranks' one-hots, over the steps taken
+    weight = [-sum(10.0**s for s in taken) / world if i < world else 0.0 for i in range(width)]
+    return [{"steps_taken": taken, "weight": weight} for _ in range(world)]
+
+
+def _steps(seen: Seen) -> list[Any]:
+    return field_of(seen, "steps_taken")
+
+
+def _ranks_disagree(seen: Seen, expected: Seen) -> bool:
+    steps = _steps(seen)
+    return len(seen) > 1 and all(isinstance(s, list) for s in steps) and any(s != steps[0] for s in steps)
+
+
+def _followed_rank0(seen: Seen, expected: Seen) -> bool:
+    steps = _steps(seen)
+    return len(seen) > 1 and all(
+        isinstance(s, list) and LAST_RANK_BAD in s and RANK0_BAD not in s for s in steps
+    )
+
+
+def _never_skipped(seen: Seen, expected: Seen) -> bool:
+    return all(s == list(range(STEPS)) for s in _steps(seen))
+
+
+def _stale_gradients(seen: Seen, expected: Seen) -> bool:
+    return all(
+        s.get("steps_taken") == e["steps_taken"] and None in (s.get("weight") or [])
+        for s, e in zip(seen, expected, strict=True)
+    )
+
+
+NAN_SKIP = Exercise(
+    id="05-nan-skip",
+    notebook="05",
+    title="Skip a step on every rank when any rank's loss is not finite",
+    task=(
+        "Train `ddp_model` on `batches`, one step each, but skip `optimizer.step()` on EVERY rank when ANY "
+        "rank's loss is NaN or infinite. Every rank runs `backward()` every time: DDP's all-reduce of the "
+        "gradients is a collective that every rank must join. Then the ranks agree on one flag."
+    ),
+    given=(
+        "`ddp_model` (DDP around a Linear), `optimizer` (SGD over it), `batches` (this rank's samples, one per "
+        "step; one rank's loss is NaN at some step), `torch`, `dist`, `device`"
+    ),
+    starter=(
+        "for x in batches:\n"
+        "    optimizer.zero_grad()\n"
+        "    loss = ddp_model(x).sum()\n"
+        "    loss.backward()  # every rank, every step: DDP's all-reduce is a collective\n"
+        "    bad = ...  # TODO: 1.0 if this rank's loss is not finite, else 0.0: a tensor on `device`\n"
+        "    ...  # TODO: one collective, so that every rank sees whether ANY rank's loss was not finite\n"
+        "    if ...:  # TODO: step only when no rank's loss was bad\n"
+        "        optimizer.step()\n"
+    ),
+    reference=(
+        "for x in batches:\n"
+        "    optimizer.zero_grad()  # also after a skipped step, whose gradients are NaN\n"
+        "    loss = ddp_model(x).sum()\n"
+        "    loss.backward()  # every rank, every step: DDP's all-reduce is a collective\n"
+        "    bad = torch.tensor(0.0 if torch.isfinite(loss) else 1.0, device=device)  # this rank's flag\n"
+        "    dist.all_reduce(bad)  # SUM over the ranks: how many losses were not finite\n"
+        "    if bad.item() == 0:  # the same answer on every rank: all step, or none\n"
+        "        optimizer.step()\n"
+    ),
+    hint=(
+        "A rank's own loss says nothing about the others'. Make the flag a tensor, all-reduce it with an op "
+        "that lets any one rank's 1 win (SUM or MAX), and decide from the reduced value. A NaN gradient left "
+        "in `.grad` by a skipped step is still there at the next `backward()` unless it is zeroed."
+    ),
+    setup=_skip_setup,
+    observe=_skip_observe,
+    expected=_skip_expected,
+    mistakes=(
+        Mistake(
+            "05-nan-skip-local-only",
+            "the ranks stepped at different steps: each decided from its own loss. DDP had already averaged "
+            "the bad rank's NaN gradient into every rank's, so the ranks that stepped now hold NaN weights "
+            "and the one that skipped does not: the replicas have parted",
+            _ranks_disagree,
+        ),
+        Mistake(
+            "05-nan-skip-rank0-only",
+            "every rank skipped the step where rank 0's loss was NaN, and took the one where another rank's "
+            "was: the ranks agreed, but on rank 0's flag alone (a broadcast from rank 0?). Reduce every "
+            "rank's flag",
+            _followed_rank0,
+        ),
+        Mistake(
+            "05-nan-skip-never-skipped",
+            "every rank took every step, also those where a rank's loss was NaN: nothing skipped them (or "
+            "the flag was reduced with MIN or PRODUCT, where one bad rank does not win), and the NaN "
+            "gradient that DDP averaged into every rank made every rank's weights NaN",
+            _never_skipped,
+        ),
+        Mistake(
+            "05-nan-skip-stale-grad",
+            "the right steps were skipped, yet the weights are NaN: the skipped step's NaN gradients stayed "
+            "in .grad and were added into the next step's. Zero the gradients at the top of every step, "
+            "skipped ones too",
+            _stale_gradients,
+        ),
+    ),
+    covers=("nan-skip-all",),
+)
+
+# ------------------------------------------------------------------ 05-first-bad
+LOSS_STEPS = 5
+
+
+def losses_of(rank: int, world: int) -> list[float]:
+    """Rank `rank`'s per-step losses: finite, but for the last rank's inf at step 1 and rank 0's inf at
+    step 2 and NaN at step 3 (on one rank, rank 0 is the last rank and has all three)."""
+    losses = [round(1.0 / (1 + step) + 0.01 * rank, 6) for step in range(LOSS_STEPS)]
+    if rank == world - 1:
+        losses[1] = float("inf")
+    if rank == 0:
+        losses[2], losses[3] = float("inf"), float("nan")
+    return losses
+
+
+def _first_bad_setup(ctx: Context) -> dict[str, Any]:
+    import math
+
+    return {"losses": losses_of(ctx.rank, ctx.world_size), "math": math}
+
+
+def _first_bad_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    found = ns.get("first_bad")
+    if isinstance(found, tuple | list):
+        found = [int(v) if isinstance(v, int | float) and v == v else v for v in found]
+    elif found is not None:
+        found = repr(found)
+    return {"first_bad": found}
+
+
+def _first_bad_expected(world: int) -> Seen:
+    return [{"first_bad": [1, world - 1]} for _ in range(world)]
+
+
+def _own_view(seen: Seen, expected: Seen) -> bool:
+    found = field_of(seen, "first_bad")
+    return (
+        len(seen) > 1
+        and any(f != found[0] for f in found)
+        and all(f is None or (isinstance(f, list) and f[1:] == [r]) for r, f in enumerate(found))
+    )
+
+
+def _rank0_alone(seen: Seen, expected: Seen) -> bool:
+    found = field_of(seen, "first_bad")
+    return len(seen) > 1 and found[0] == expected[0]["first_bad"] and all(f is None for f in found[1:])
+
+
+FIRST_BAD = Exercise(
+    id="05-first-bad",
+    notebook="05",
+    title="Find the rank whose loss went bad first",
+    task=(
+        "Each rank holds `losses`, its own loss at every step. Bind `first_bad`, on EVERY rank, to "
+        "`(step, rank)`: the earliest step at which any rank's loss was not finite (NaN, inf or -inf), "
+        "and at that step the lowest such rank; `None` if every loss was finite."
+    ),
+    given="`losses` (this rank's list of floats, one per step), `rank`, `world_size`, `dist`, `math`",
+    starter=(
+        "histories = ...  # TODO: every rank's `losses`, in rank order, on every rank\n"
+        "first_bad = ...  # TODO: (step, rank) of the earliest loss that is not finite, or None\n"
+    ),
+    reference=(
+        "histories = [None] * world_size\n"
+        "dist.all_gather_object(histories, losses)  # every rank gets every rank's list\n"
+        "bad = [(step, r) for r, history in enumerate(histories)  # each rank's list\n"
+        "       for step, loss in enumerate(history) if not math.isfinite(loss)]  # NaN and +-inf\n"
+        "first_bad = min(bad) if bad else None  # the earliest step first; then the lowest rank\n"
+    ),
+    hint=(
+        "One rank's list tells nothing of the others': gather them all, on every rank (all_gather_object). "
+        "math.isnan misses inf. Sort by step before rank: the first rank with a bad loss need not be the "
+        "one that went bad first."
+    ),
+    setup=_first_bad_setup,
+    observe=_first_bad_observe,
+    expected=_first_bad_expected,
+    mistakes=(
+        Mistake(
+            "05-first-bad-own-view",
+            "the ranks disagree, each naming itself (or nothing): each looked at its own losses only. "
+            "Gather every rank's list before looking",
+            _own_view,
+        ),
+        Mistake(
+            "05-first-bad-rank0-only",
+            "rank 0 found it, and the other ranks have nothing: the lists were gathered to rank 0 alone. "
+            "Every rank must know, to stop (or skip) together: all_gather_object",
+            _rank0_alone,
+        ),
+        Mistake(
+            "05-first-bad-nan-only",
+            "every rank names rank 0 at step 3, its NaN: an infinite loss went unnoticed (math.isnan, or "
+            "loss != loss, is blind to inf). Test with math.isfinite",
+            lambda seen, expected: all(f == [3, 0] for f in field_of(seen, "first_bad")),
+        ),
+        Mistake(
+            "05-first-bad-rank-order",
+            "every rank names rank 0 at step 2: the first bad loss in rank order, not in time. Another "
+            "rank's loss went bad a step earlier: take the earliest step first",
+            lambda seen, expected: len(seen) > 1 and all(f == [2, 0] for f in field_of(seen, "first_bad")),
+        ),
+    ),
+)
+
+EXERCISES = (NAN_SKIP, FIRST_BAD)
