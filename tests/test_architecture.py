@@ -27,6 +27,7 @@ RANK_SIDE = (
     # an exercise's answer runs on the live ranks: the catalogue, its probes and the rank's runner
     + [PACKAGE / "exercises" / f"{name}.py" for name in EXERCISES_RANK_SIDE]
     + sorted((PACKAGE / "exercises").glob("nb[0-9][0-9].py"))
+    + sorted((PACKAGE / "exercises").glob("nb[0-9][0-9]/*.py"))  # a notebook's exercises, one file each
 )
 KERNEL_SIDE = (
     "ddp_helpers.launcher",

@@ -1,0 +1,120 @@
+"""Notebook 10's capstone check: the learner's whole torchrun script, run under torchrun, watched and judged.
+
+    from ddp_helpers.exercises.capstone import check_script
+    verdict = check_script("runs/capstone/my_ddp.py")   # 2 ranks with --amp fp16, then 3 with --amp bf16
+
+The contract (what notebook 10 states, and ddp_helpers/workers/capstone.py keeps): the flags in
+`contract.script_args`, the data file `contract.make_data` writes, the model `Net` (two bias-free Linear layers, a tanh, an
+nn.Dropout), rank 0 printing one JSON line per step ({"step", "epoch", "loss"}: the mean over every rank's
+samples), and <out>/ckpt.pt, written by rank 0 alone, through a temporary file and os.replace, holding at
+least "model" (the plain module's state dict). `--stop-at-step K` saves the checkpoint after step K and
+stops, as if the job were killed there; `--resume` continues from <out>/ckpt.pt.
+
+For each world size the script runs three times: stopped at step K (in the middle of epoch 1), resumed,
+and uninterrupted. Every rank runs inside a small probe (`probe.PROBE`, written next to the runs), which runs
+the script as __main__ and records what the rank did: the samples of each forward pass (the rows the first
+layer saw), the dropout masks (the probe draws them, as dropout would) and the random state before each,
+the weights after each optimizer step, the loss scale after each scaler.update(), each torch.save and
+os.replace, and whether DDP wrapped the model and the loader got a generator. What a right script does
+comes from first principles: DistributedSampler's order written out (`nb01.sampler_order`), and the
+training replayed in one process (`replay.replay`): the same model math on each rank's batch with the masks that
+rank drew, the gradients averaged as DDP averages them, unscaled, clipped, stepped. The first check that
+fails ends the check with a Verdict naming the mistake; a run that trains without DDP never passes.
+
+The modules: `contract` (the sizes, the data, the flags, the hints), `probe` (the rank side), `runs` (one
+launch and what it left), `replay`, `judge` (a check's verdict, a mistake's signature), `checks` (each
+check), `world` (the three runs of one world size, in order) and this one, the entry point.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from ...errors import InvalidLaunchArguments
+from ..verdict import PASSED, Verdict
+from .contract import AMP_MODES, EXERCISE, STOP_AT
+from .judge import Failed
+from .probe import PROBE
+from .world import check_world
+
+__all__ = ["EXERCISE", "check_script"]
+
+_checks = itertools.count()
+
+
+def _valid_script(script: str | os.PathLike[str]) -> Path:
+    if not isinstance(script, str | os.PathLike):
+        raise InvalidLaunchArguments(f"script must be a path to a .py file, got {type(script).__name__}")
+    path = Path(script)
+    if not path.is_file():
+        raise InvalidLaunchArguments(f"no script at {path.resolve()}: write it first (the %%writefile cell)")
+    try:
+        source = path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise InvalidLaunchArguments(f"cannot read {path}: {error}") from None
+    try:
+        ast.parse(source, str(path))
+    except SyntaxError as error:
+        raise InvalidLaunchArguments(
+            f"{path} has a syntax error at line {error.lineno}: {error.msg}"
+        ) from None
+    return path.resolve()
+
+
+def _valid_worlds(nproc: Sequence[int] | int) -> tuple[int, ...]:
+    worlds = (nproc,) if isinstance(nproc, int) else nproc
+    try:
+        worlds = tuple(worlds)
+    except TypeError:
+        raise InvalidLaunchArguments(f"nproc must be world sizes, such as (2, 3); got {nproc!r}") from None
+    if not worlds or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in worlds):
+        raise InvalidLaunchArguments(
+            f"nproc must be one or more world sizes of at least 1, such as (2, 3); got {nproc!r}"
+        )
+    return worlds
+
+
+def check_script(
+    script: str | os.PathLike[str],
+    nproc: Sequence[int] = (2, 3),
+    workdir: str | os.PathLike[str] | None = None,
+    progress: bool = True,
+) -> Verdict:
+    """Run `script` under torchrun at each world size in `nproc`, as the contract says, and judge it.
+
+    Three runs per world size (stopped at step 4, resumed, uninterrupted), the first world with --amp fp16,
+    the next with --amp bf16, and so on. Stops at the first failing check. Raises InvalidLaunchArguments,
+    before any process starts, for a missing script, one with a syntax error, or bad world sizes.
+    """
+    path = _valid_script(script)
+    worlds = _valid_worlds(nproc)
+    base = Path(workdir) if workdir is not None else Path("runs") / "capstone"
+    folder = (base / f"check-{os.getpid()}-{next(_checks)}-{time.time_ns() % 10**6}").resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    probe = folder / "probe.py"
+    probe.write_text(PROBE)
+
+    def say(line: str) -> None:
+        if progress:
+            print(line, flush=True)
+
+    done = []
+    for i, world in enumerate(worlds):
+        amp = AMP_MODES[i % len(AMP_MODES)]
+        try:
+            check_world(path, probe, folder / f"ranks{world}-{amp}", world, amp, say)
+        except Failed as failed:
+            return failed.verdict
+        done.append(f"{world} rank(s) with --amp {amp}")
+    message = (
+        f"your script passed every check at {' and at '.join(done)}: DDP, a shard per rank and a new order each "
+        f"epoch, rank 0's log of the loss over all ranks, fp16's overflow skipped on every rank, rank 0's atomic "
+        f"checkpoint, and a resume from step {STOP_AT} that ends as the uninterrupted run ends (bit for bit at 1 "
+        f"or 2 ranks)."
+    )
+    return Verdict(EXERCISE, True, PASSED, message, "", max(worlds))

@@ -1,0 +1,107 @@
+"""The capstone's contract in numbers: the sizes, the data file, the flags, and what each mistake's hint says.
+
+Notebook 10 states the contract in words; ddp_helpers/workers/capstone.py keeps it. Nothing here imports torch
+at module level: check_script refuses bad input before torch loads.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+EXERCISE = "10-capstone"
+
+# ------------------------------------------------------------------ the contract's sizes
+FEATURES, HIDDEN, CLASSES = 8, 16, 3
+BATCH, EPOCHS = 4, 3
+LR, MOMENTUM, CLIP, DROPOUT, SEED = 0.5, 0.9, 1.0, 0.25, 0
+SHARD = 11  # samples per rank (the sampler pads one): batches of 4, 4 and 3, so three steps per epoch
+STEPS_PER_EPOCH = math.ceil(SHARD / BATCH)
+STOP_AT = STEPS_PER_EPOCH + 1  # the first step of epoch 1: the resumed run must go on with its second batch
+TOTAL_STEPS = STEPS_PER_EPOCH * EPOCHS
+POISON = 1.0e5  # above float16's largest value (65504): cast to float16 it is inf
+POISON_STEP = 2  # the last rank's second batch of epoch 0 holds the poisoned sample: before the stop
+AMP_MODES = ("fp16", "bf16")  # the first world size checked runs --amp fp16, the next --amp bf16, ...
+# (weights, loss): how far the weights may be from the replay's, relative to how far training moved them,
+# and the logged loss from the replay's. The replay runs on the CPU: there it repeats the script's own
+# operations, and only the order of the all-reduce's sums differs; a GPU rounds float16 and bfloat16 elsewhere
+TOLERANCE = {
+    ("cpu", "off"): (1e-5, 1e-5), ("cpu", "bf16"): (1e-3, 1e-4), ("cpu", "fp16"): (1e-3, 1e-4),
+    ("cuda", "off"): (1e-3, 1e-4), ("cuda", "bf16"): (5e-2, 1e-2), ("cuda", "fp16"): (5e-2, 1e-2),
+}  # fmt: skip
+RUN_TIMEOUT_S = 30.0  # a run silent this long counts as hung (each step prints a line)
+STARTUP_TIMEOUT_S = 180.0  # importing torch on a busy machine
+PROBE_DIR_ENV, PROBE_DATA_ENV = "CAPSTONE_PROBE_DIR", "CAPSTONE_PROBE_DATA"
+
+HINTS = {
+    "10-capstone-no-ddp": "wrap the model, model = DDP(model, device_ids=...), and train through the wrapper: "
+    "its backward() averages the gradients over the ranks.",
+    "10-capstone-no-sampler": "give the DataLoader sampler=DistributedSampler(dataset), and no shuffle=True.",
+    "10-capstone-no-set-epoch": "call sampler.set_epoch(epoch) at the start of each epoch.",
+    "10-capstone-every-rank-saves": "only rank 0 writes: `if rank == 0:` around torch.save, and a barrier after it.",
+    "10-capstone-not-atomic": "torch.save to a temporary file next to ckpt.pt, then os.replace(tmp, path).",
+    "10-capstone-no-checkpoint": "with --stop-at-step K, save <out>/ckpt.pt after step K, then stop.",
+    "10-capstone-module-keys": "save the raw model's state_dict (model.module's), not the DDP wrapper's.",
+    "10-capstone-every-rank-logs": "print the log line on rank 0 only.",
+    "10-capstone-local-loss": "all_reduce a tensor holding the loss sum and the sample count, then divide.",
+    "10-capstone-no-unscale": "call scaler.unscale_(optimizer) before clip_grad_norm_.",
+    "10-capstone-overflow-stepped": "step through the scaler: scaler.scale(loss).backward(), scaler.step(optimizer), "
+    "scaler.update().",
+    "10-capstone-resume-restarts-epoch": "save how many batches of the epoch are done, and skip them when resuming.",
+    "10-capstone-rng-not-restored": "save every rank's torch.get_rng_state() (all_gather_object) and have each "
+    "rank restore its own with torch.set_rng_state.",
+    "10-capstone-no-loader-generator": "give the DataLoader generator=torch.Generator().manual_seed(...): "
+    "iter(loader) then draws from it, not from the global generator.",
+    "10-capstone-scaler-not-restored": "save scaler.state_dict() and load it back when resuming.",
+    "10-capstone-optimizer-not-restored": "save optimizer.state_dict() (the momentum) and load it back.",
+}
+
+
+# ------------------------------------------------------------------ the data and the flags
+def make_data(world: int) -> dict[str, Any]:
+    """The data file's content for `world` ranks: one-hot-ish float32 rows, one of them poisoned.
+
+    Row i holds 0.5 * (1 + i // FEATURES) in column i % FEATURES (exact in float16 and bfloat16), so every
+    row is its own and the probe knows each sample by its row. The last rank's second batch of epoch 0
+    holds the poisoned sample, POISON in its column: inf in float16, so with --amp fp16 that step's
+    gradients are not finite on that rank, and after DDP's all-reduce on every rank.
+    """
+    import torch
+
+    from ..nb01 import sampler_order
+
+    n = SHARD * world - 1
+    i = torch.arange(n)
+    x = torch.zeros(n, FEATURES)
+    x[i, i % FEATURES] = 0.5 * (1 + i // FEATURES).float()
+    poisoned = sampler_order(n, world, world - 1, 0, SEED)[BATCH * (POISON_STEP - 1)]
+    x[poisoned, poisoned % FEATURES] = POISON
+    y = (i * 2 + i // FEATURES) % CLASSES
+    return {"x": x, "y": y, "classes": CLASSES}
+
+
+def script_args(
+    data: str | os.PathLike[str], out: str | os.PathLike[str], amp: str, *extra: str
+) -> list[str]:
+    """The contract's flags, each given (the script's own defaults do not matter)."""
+    return [
+        "--data", str(data), "--out", str(out), "--epochs", str(EPOCHS), "--batch-size", str(BATCH),
+        "--lr", str(LR), "--momentum", str(MOMENTUM), "--clip", str(CLIP), "--hidden", str(HIDDEN),
+        "--dropout", str(DROPOUT), "--amp", amp, "--seed", str(SEED), *extra,
+    ]  # fmt: skip
+
+
+def expected_batches(world: int) -> list[list[list[int]]]:
+    """[rank][step] -> the sample indices DistributedSampler deals, with set_epoch(epoch), for every step."""
+    from ..nb01 import sampler_order
+
+    n = SHARD * world - 1
+    out = []
+    for rank in range(world):
+        steps = []
+        for epoch in range(EPOCHS):
+            order = sampler_order(n, world, rank, epoch, SEED)
+            steps += [order[b : b + BATCH] for b in range(0, len(order), BATCH)]
+        out.append(steps)
+    return out

@@ -1,0 +1,130 @@
+"""The probe: a small script that runs the learner's script as __main__ on each rank, and records what it did.
+
+check_script writes PROBE next to the runs and launches it under torchrun with the script and its flags as
+arguments. It imports only torch and the standard library, like the scripts it runs.
+"""
+
+PROBE = r'''"""Written by ddp_helpers.exercises.capstone: runs a script as __main__ on this rank and records
+what it does (samples, dropout masks and random state, weights after each step, loss scale, saves).
+The dropout masks are drawn here, as dropout draws them, so that the check can replay the training."""
+import hashlib, json, os, runpy, sys
+
+import torch
+import torch.nn.functional as F
+from torch.amp.grad_scaler import GradScaler
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.data import DataLoader
+
+RANK = int(os.environ.get("RANK", "0"))
+_x = torch.load(os.environ["CAPSTONE_PROBE_DATA"], weights_only=True)["x"]
+ROWS = {tuple(row): i for i, row in enumerate(_x.tolist())}
+FEATURES = _x.shape[1]
+record = {"rank": RANK, "forwards": [], "steps": [], "scales": [], "saves": [], "replaces": [], "ddp": 0,
+          "loaders": [], "loads": [], "rng_exit": None, "error": None, "device": None}
+
+
+def digest(device=None):
+    parts = [bytes(torch.get_rng_state().tolist())]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        parts.append(bytes(torch.cuda.get_rng_state().tolist()))
+    return hashlib.sha1(b"".join(parts)).hexdigest()[:12]
+
+
+def where(f):
+    """The file a path or an open file names; None for a buffer in memory (collectives pickle into one)."""
+    if isinstance(f, (str, bytes, os.PathLike)):
+        return os.path.abspath(os.fsdecode(f))
+    name = getattr(f, "name", None)
+    return os.path.abspath(name) if isinstance(name, str) else None
+
+
+_linear = torch.nn.Linear.forward
+def linear(self, input):
+    if self.in_features == FEATURES and self.training:
+        rows = input.detach().float().cpu().tolist()
+        record["forwards"].append({"batch": [ROWS.get(tuple(r), -1) for r in rows]})
+        record["device"] = input.device.type
+    return _linear(self, input)
+torch.nn.Linear.forward = linear
+
+_dropout = F.dropout
+def dropout(input, p=0.5, training=True, inplace=False):
+    if not training or p == 0.0:
+        return _dropout(input, p, training, inplace)
+    if not record["forwards"] or "mask" in record["forwards"][-1]:
+        record["forwards"].append({"batch": []})
+    entry = record["forwards"][-1]
+    entry["rng"] = digest()
+    keep = torch.empty(input.shape, device=input.device).bernoulli_(1 - p)
+    entry["shape"] = list(input.shape)
+    entry["mask"] = "".join("1" if k else "0" for k in keep.flatten().bool().tolist())
+    return input * (keep.to(input.dtype) / (1 - p))
+F.dropout = dropout
+
+def after_step(optimizer, args, kwargs):
+    flat = [p.detach().float().flatten().cpu() for g in optimizer.param_groups for p in g["params"]]
+    record["steps"].append({"at": len(record["forwards"]), "weights": torch.cat(flat).tolist()})
+register_optimizer_step_post_hook(after_step)
+
+_update = GradScaler.update
+def update(self, new_scale=None):
+    _update(self, new_scale)
+    if self.is_enabled():
+        record["scales"].append({"at": len(record["forwards"]), "scale": float(self.get_scale())})
+GradScaler.update = update
+
+_save = torch.save
+def save(obj, f, *args, **kwargs):
+    if where(f) is not None:
+        record["saves"].append(where(f))
+    return _save(obj, f, *args, **kwargs)
+torch.save = save
+
+_load = torch.load
+def load(f, *args, **kwargs):
+    if where(f) is not None:
+        record["loads"].append(where(f))
+    return _load(f, *args, **kwargs)
+torch.load = load
+
+def renaming(original):
+    def rename(src, dst, *args, **kwargs):
+        result = original(src, dst, *args, **kwargs)
+        record["replaces"].append([where(src), where(dst)])
+        return result
+    return rename
+_os_replace = os.replace
+os.replace, os.rename = renaming(os.replace), renaming(os.rename)
+
+_ddp_init = DistributedDataParallel.__init__
+def ddp_init(self, *args, **kwargs):
+    record["ddp"] += 1
+    return _ddp_init(self, *args, **kwargs)
+DistributedDataParallel.__init__ = ddp_init
+
+_loader_init = DataLoader.__init__
+def loader_init(self, *args, **kwargs):
+    _loader_init(self, *args, **kwargs)
+    record["loaders"].append(self.generator is not None)
+DataLoader.__init__ = loader_init
+
+script = os.path.abspath(sys.argv[1])
+sys.argv = [script] + sys.argv[2:]
+sys.path[0] = os.path.dirname(script)
+try:
+    runpy.run_path(script, run_name="__main__")
+except SystemExit as exit:
+    if exit.code not in (None, 0):
+        record["error"] = "SystemExit: " + str(exit.code)
+    raise
+except BaseException as error:
+    record["error"] = type(error).__name__ + ": " + str(error)
+    raise
+finally:
+    record["rng_exit"] = digest()
+    path = os.path.join(os.environ["CAPSTONE_PROBE_DIR"], "rank%d.json" % RANK)
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f)
+    _os_replace(path + ".tmp", path)
+'''
