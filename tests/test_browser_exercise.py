@@ -14,7 +14,16 @@ import nbformat
 import pytest
 from conftest import assert_no_processes_left
 from lab_server import REPO, start, stop, wait_for_contents
-from test_browser import SCREENSHOTS, TOKEN, cells, open_notebook, page, playwright_api, run_all_cells, wait_finished
+from test_browser import (
+    SCREENSHOTS,
+    TOKEN,
+    cells,
+    open_notebook,
+    page,
+    playwright_api,
+    run_all_cells,
+    wait_finished,
+)
 
 from ddp_helpers.exercises import get
 from ddp_helpers.launcher.machine import free_port
@@ -23,7 +32,9 @@ pytestmark = pytest.mark.browser
 __all__ = ["page", "playwright_api"]  # the fixtures, imported so that pytest finds them here
 
 REFERENCE = get("01-shard").reference
-WRONG = REFERENCE.replace("    sampler.set_epoch(epoch)  # shuffles with seed + epoch: a new order each epoch\n", "")
+WRONG = REFERENCE.replace(
+    "    sampler.set_epoch(epoch)  # shuffles with seed + epoch: a new order each epoch\n", ""
+)
 CELLS = [
     "%load_ext ddp_helpers\n%ranks start --nproc 2 --backend gloo --timeout 120 --run-dir {run_dir}",
     "%%exercise 01-shard\n" + WRONG,
@@ -85,7 +96,9 @@ def test_a_wrong_answer_is_named_then_the_right_one_passes(page, lab):
     assert not any(c["errors"] for c in state), [c["output"][-800:] for c in state if c["errors"]]
     wrong = state[1]["output"]
     assert "not yet: 01-shard-no-set-epoch" in wrong and "set_epoch" in wrong, wrong
-    assert "Hint" in wrong and REFERENCE.splitlines()[3].strip() not in wrong, "the fix shows before it is asked"
+    assert "Hint" in wrong and REFERENCE.splitlines()[3].strip() not in wrong, (
+        "the fix shows before it is asked"
+    )
     exercise = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell").nth(1)
     exercise.scroll_into_view_if_needed()
     exercise.screenshot(path=str(SCREENSHOTS / "exercise-wrong.png"))

@@ -96,9 +96,13 @@ def test_the_exercises_cover_every_line_of_the_capstone():
 def test_every_mistake_is_a_catalogued_mutant_and_back():
     mistakes = {m.id: e.id for e in EXERCISES for m in e.mistakes}
     catalogued = {m.diagnosis: m.exercise for m in WRONG_ANSWERS}
-    strays = [m.name for m in runner.load_catalogue() if m.exercise and m.exercise not in IDS | {"10-capstone"}]
+    strays = [
+        m.name for m in runner.load_catalogue() if m.exercise and m.exercise not in IDS | {"10-capstone"}
+    ]
     assert not strays, f"mutants naming no exercise: {strays}"
-    assert set(mistakes) <= set(catalogued), f"mistakes with no mutant: {sorted(set(mistakes) - set(catalogued))}"
+    assert set(mistakes) <= set(catalogued), (
+        f"mistakes with no mutant: {sorted(set(mistakes) - set(catalogued))}"
+    )
     assert catalogued.items() <= mistakes.items(), "a mutant names a mistake of another exercise, or none"
 
 
@@ -185,7 +189,11 @@ def test_the_command_line_lists_and_shows_a_solution():
 def test_the_command_line_refuses_bad_input_before_any_rank(args, said, tmp_path):
     (tmp_path / "answer.py").write_text("x = 1\n")
     (tmp_path / "bad.py").write_text("x = (\n")
-    paths = {"FILE": str(tmp_path / "answer.py"), "BAD": str(tmp_path / "bad.py"), "MISSING": str(tmp_path / "no.py")}
+    paths = {
+        "FILE": str(tmp_path / "answer.py"),
+        "BAD": str(tmp_path / "bad.py"),
+        "MISSING": str(tmp_path / "no.py"),
+    }
     out = _cli(*[paths.get(a, a) for a in args], timeout=20)
     assert out.returncode == 2 and said in out.stderr, (out.returncode, out.stderr)
     assert "Traceback" not in out.stderr, out.stderr
@@ -193,11 +201,17 @@ def test_the_command_line_refuses_bad_input_before_any_rank(args, said, tmp_path
 
 def test_the_command_line_checks_an_answer_file_and_ends_with_one_json_object(tmp_path):
     answer = tmp_path / "answer.py"
-    answer.write_text(get("01-shard").reference.replace("    sampler.set_epoch(epoch)  # shuffles", "    pass  #"))
+    answer.write_text(
+        get("01-shard").reference.replace("    sampler.set_epoch(epoch)  # shuffles", "    pass  #")
+    )
     out = _cli("check", "01-shard", str(answer), "--nproc", "2", "--json")
     verdict = json.loads(out.stdout.strip().splitlines()[-1])
     assert out.returncode == 1, out.stderr
-    assert (verdict["exercise"], verdict["passed"], verdict["diagnosis"]) == ("01-shard", False, "01-shard-no-set-epoch")
+    assert (verdict["exercise"], verdict["passed"], verdict["diagnosis"]) == (
+        "01-shard",
+        False,
+        "01-shard-no-set-epoch",
+    )
 
 
 def test_an_answer_that_raises_on_one_rank_while_the_other_waits_ends_in_seconds(live, workdir):

@@ -54,7 +54,10 @@ def test_cpu_smoke_writes_the_report_and_the_executed_notebook(tmp_path):
     assert all(r["samples_per_s"] > 0 for r in report["training"])
     (row,) = report["notebooks"]
     assert (row["notebook"], row["mode"], row["status"]) == ("00_environment_check", "smoke", "ok"), row
-    assert row["parameters"] == {"smoke": True, "solutions": True} and row["kernel_cuda_context"] == "not checked: no GPU"
+    assert (
+        row["parameters"] == {"smoke": True, "solutions": True}
+        and row["kernel_cuda_context"] == "not checked: no GPU"
+    )
     assert set(report["timings_s"]) == {"checks", "allreduce", "notebooks", "mutants", "training"}
     assert report["mutants"] == {"status": "not run: they need a GPU"}  # CPU-unkillable ones, by definition
     with tarfile.open(out / "notebooks.tar.gz") as archive:

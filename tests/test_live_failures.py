@@ -100,7 +100,9 @@ def test_a_rank_that_raises_while_the_others_wait_in_a_collective_ends_the_cell(
     # before: rank 0 waited in all_reduce for gloo's 30-minute timeout, and the cell with it
     started = time.monotonic()
     with pytest.raises(RankError) as caught:
-        ranks.run("x = torch.ones(1)\nif rank == 1:\n    raise ValueError('rank 1 gave up')\ndist.all_reduce(x)")
+        ranks.run(
+            "x = torch.ones(1)\nif rank == 1:\n    raise ValueError('rank 1 gave up')\ndist.all_reduce(x)"
+        )
     message = str(caught.value)
     assert time.monotonic() - started < PEER_FAILED_S, message
     assert message.startswith("rank 1 failed: ValueError: rank 1 gave up"), message

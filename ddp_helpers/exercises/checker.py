@@ -92,11 +92,15 @@ def judge(exercise: Exercise, results: list[dict[str, Any]]) -> Verdict:
         except Exception:  # a signature that cannot read this answer's results does not match it
             matched = False
         if matched:
-            return Verdict(exercise.id, False, mistake.id, mistake.message, exercise.hint, world, seen, expected, diffs)
+            return Verdict(
+                exercise.id, False, mistake.id, mistake.message, exercise.hint, world, seen, expected, diffs
+            )
     if errors:
         first = min(errors)
         listed = "; ".join(f"rank {r}: {e}" for r, e in sorted(errors.items()))
-        message = f"your answer raised on rank {first}" + (" and others" if len(errors) > 1 else "") + f": {listed}"
+        message = (
+            f"your answer raised on rank {first}" + (" and others" if len(errors) > 1 else "") + f": {listed}"
+        )
         return Verdict(exercise.id, False, RAISED, message, exercise.hint, world, seen, expected)
     message = (
         "this answer is wrong in a way the checker has no name for: "

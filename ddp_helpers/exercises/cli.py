@@ -59,7 +59,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _list(as_json: bool) -> int:
-    rows = [{"id": e.id, "notebook": e.notebook, "title": e.title, "covers": list(e.covers)} for e in all_exercises()]
+    rows = [
+        {"id": e.id, "notebook": e.notebook, "title": e.title, "covers": list(e.covers)}
+        for e in all_exercises()
+    ]
     if as_json:
         print(json.dumps(rows))
     else:
@@ -104,9 +107,13 @@ def _check_script(args: argparse.Namespace) -> int:
     try:
         compile(script.read_text(), str(script), "exec")
     except SyntaxError as error:
-        raise InvalidLaunchArguments(f"{args.script}: syntax error at line {error.lineno}: {error.msg}") from None
+        raise InvalidLaunchArguments(
+            f"{args.script}: syntax error at line {error.lineno}: {error.msg}"
+        ) from None
     from .capstone import check_script
 
-    verdict = check_script(script, nproc=(2, 3) if args.nproc is None else (args.nproc,), progress=not args.json)
+    verdict = check_script(
+        script, nproc=(2, 3) if args.nproc is None else (args.nproc,), progress=not args.json
+    )
     print(verdict.to_json() if args.json else verdict.text())
     return 0 if verdict.passed else 1

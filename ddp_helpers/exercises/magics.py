@@ -58,7 +58,9 @@ class ExerciseMagics(Magics):
         words = shlex.split(line)
         if cell is not None:
             if len(words) != 1:
-                raise InvalidLaunchArguments(f"%%exercise takes one exercise id, e.g. %%exercise 01-shard; got {line!r}")
+                raise InvalidLaunchArguments(
+                    f"%%exercise takes one exercise id, e.g. %%exercise 01-shard; got {line!r}"
+                )
             return self._check(words[0], cell)
         if not words:
             raise InvalidLaunchArguments("%exercise takes list, hint ID, solution ID or reference on|off")
@@ -91,7 +93,9 @@ class ExerciseMagics(Magics):
         self.shell.user_ns["_exercise_verdict"] = verdict
         display(verdict)
         if _use_reference and not verdict.passed:
-            raise ExerciseFailed(f"the reference answer to {exercise.id} failed: {verdict.diagnosis}: {verdict.message}")
+            raise ExerciseFailed(
+                f"the reference answer to {exercise.id} failed: {verdict.diagnosis}: {verdict.message}"
+            )
 
 
 def _listing() -> Any:

@@ -144,8 +144,8 @@ def _wrap_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
 
     import torch
 
-    wrapped = ns.get("ddp_model")
-    plain = getattr(wrapped, "module", wrapped)
+    wrapped: Any = ns.get("ddp_model")
+    plain: Any = getattr(wrapped, "module", wrapped)
     out: dict[str, Any] = {
         "is_ddp": isinstance(wrapped, torch.nn.parallel.DistributedDataParallel),
         "weight": [round(v, 12) for v in plain.weight.detach().cpu().flatten().tolist()],

@@ -87,7 +87,7 @@ def _fp16_setup(ctx: Context) -> dict[str, Any]:
 
 def _fp16_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
     steps = ns["_steps"].after if "_steps" in ns else []
-    norms = []
+    norms: list[float | None] = []
     for norm in ns.get("norms") or []:
         try:
             norms.append(float(norm))
@@ -136,7 +136,7 @@ def _scales_after(seen: Seen, step: int) -> list[float | None]:
 
 def _overflow_applied(seen: Seen, expected: Seen) -> bool:
     first = _weights_after(seen, 0)
-    return all(w is not None for w in first) and any(not math.isfinite(v) for w in first for v in w)
+    return all(w is not None for w in first) and any(not math.isfinite(v) for w in first for v in w or [])
 
 
 def _scale_kept(seen: Seen, expected: Seen) -> bool:
@@ -269,7 +269,7 @@ def _bf16_setup(ctx: Context) -> dict[str, Any]:
 def _bf16_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
     import torch
 
-    loss = ns.get("loss")
+    loss: Any = ns.get("loss")
     model = ns["_model"]
     is_tensor = isinstance(loss, torch.Tensor) and loss.numel() == 1
     return {

@@ -108,7 +108,10 @@ def peer_failed(session: Session, cells: CellLog, pending: set[int], replies: di
     lines = [f"rank {first} failed: {failed[first].error}", "", failed[first].traceback.rstrip()]
     others = [r for r in sorted(failed) if r != first]
     if others:
-        lines += ["", "also failed on rank(s) " + ", ".join(f"{r} ({failed[r].error.splitlines()[0]})" for r in others)]
+        lines += [
+            "",
+            "also failed on rank(s) " + ", ".join(f"{r} ({failed[r].error.splitlines()[0]})" for r in others),
+        ]
     for rank in waiting:
         lines += ["", f"rank {rank} was still in the cell, waiting here (most recent call first):",
                   stacks.get(rank, "  (no stack)")]  # fmt: skip

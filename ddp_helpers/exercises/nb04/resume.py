@@ -146,7 +146,7 @@ def _resume_setup(ctx: Context) -> dict[str, Any]:
         ],
     }
     dataset = TensorDataset(torch.eye(RESUME_SIZE, dtype=torch.float64), torch.arange(RESUME_SIZE))
-    sampler = DistributedSampler(dataset)
+    sampler: DistributedSampler[Any] = DistributedSampler(dataset)
     trained: list[int] = []
     masks: list[str] = []
 

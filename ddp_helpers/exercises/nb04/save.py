@@ -63,7 +63,7 @@ def _save_setup(ctx: Context) -> dict[str, Any]:
     optimizer.step()
     scaler = torch.amp.GradScaler(ctx.device.type, init_scale=SAVE_SCALE)
     dataset = TensorDataset(torch.arange(8 * max(ctx.world_size, 1)))
-    sampler = DistributedSampler(dataset)
+    sampler: DistributedSampler[Any] = DistributedSampler(dataset)
     sampler.set_epoch(SAVE_EPOCH)
     loader = DataLoader(
         dataset,
@@ -112,7 +112,7 @@ def _save_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
     out["epoch"] = ckpt.get("epoch")
     out["batch_in_epoch"] = ckpt.get("batch_in_epoch")
     ddp_model, optimizer = ns.get("ddp_model"), ns.get("optimizer")
-    model = getattr(ddp_model, "module", ddp_model)
+    model: Any = getattr(ddp_model, "module", ddp_model)
     saved_model = ckpt.get("model")
     if isinstance(saved_model, dict) and model is not None:
         current = model.state_dict()
