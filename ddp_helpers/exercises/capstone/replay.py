@@ -22,11 +22,10 @@ def replay(
 ) -> list[dict[str, Any]]:
     """What a right script does, step by step, computed in this process on the CPU.
 
-    Each rank's forward and backward on its batch (with the dropout mask it drew), the gradients averaged
-    as DDP does (each divided by the world size, then summed), unscaled, clipped, stepped, as the contract
-    says. `unscale_first=False`: clipped before unscaling (a mistake). `fresh_at`/`fresh`: at that step
-    the "optimizer" or the "scaler" starts anew (a resume that did not load it).
-    Returns one dict per step: losses (per rank), mean, stepped, scale, weights (flat).
+    Each rank's forward and backward on its batch (with the mask it drew), the gradients averaged as DDP
+    does, unscaled, clipped, stepped. `unscale_first=False`: clipped before unscaling (a mistake);
+    `fresh_at`/`fresh`: at that step the "optimizer" or the "scaler" starts anew (a resume that lost it).
+    Returns the initial weights, then a dict per step: losses (per rank), mean, stepped, scale, weights.
     """
     import torch
 

@@ -14,6 +14,8 @@ from .contract import PROBE_DATA_ENV, PROBE_DIR_ENV, RUN_TIMEOUT_S, STARTUP_TIME
 
 @dataclass
 class Run:
+    """What one run left: each rank's probe record, its output, how it ended, and <out>/ckpt.pt loaded."""
+
     name: str  # "stopped at step 4", "resumed", "uninterrupted"
     out: Path
     records: list[dict[str, Any] | None]  # per rank, the probe's record (None: the rank left none)
@@ -36,6 +38,7 @@ LOG_PREFIX = re.compile(r"^\[rank\d+\]:\s*")
 
 
 def json_lines(lines: list[str]) -> list[dict[str, Any]]:
+    """The log lines among a rank's output: JSON objects with a "loss"."""
     found = []
     for line in lines:
         text = LOG_PREFIX.sub("", line).strip()

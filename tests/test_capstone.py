@@ -1,0 +1,110 @@
+"""The capstone's whole-script check (notebook 10), under real torchrun: the reference script passes at 2 and
+3 ranks, each catalogued wrong version of it gets its own diagnosis, the notebook's starter does not pass,
+and bad input is refused before any process starts. (conftest checks that no process outlives a test.)"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from ddp_helpers.errors import InvalidLaunchArguments
+from ddp_helpers.exercises.capstone import EXERCISE, check_script
+from ddp_helpers.workers import worker_path
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("mutant_runner_for_capstone", ROOT / "mutants" / "run.py")
+runner = importlib.util.module_from_spec(_spec)
+sys.modules["mutant_runner_for_capstone"] = runner  # dataclasses look their module up by name
+_spec.loader.exec_module(runner)
+
+WRONG_VERSIONS = [m for m in runner.load_catalogue() if m.exercise == EXERCISE]
+REFERENCE = worker_path("capstone")
+NOTEBOOK = ROOT / "notebooks" / "10_capstone.ipynb"
+STARTER_CELL = "%%writefile runs/capstone/my_ddp.py\n"
+
+# every launch imports torch in each rank: one xdist worker runs this module, the others run the rest
+pytestmark = pytest.mark.xdist_group("test_capstone")
+
+
+def test_the_reference_passes_at_2_and_3_ranks(tmp_path):
+    verdict = check_script(REFERENCE, nproc=(2, 3), workdir=tmp_path, progress=False)
+    assert verdict.passed and verdict.world_size == 3, verdict.text()
+
+
+def test_the_catalogue_holds_the_wrong_versions_the_notebook_teaches():
+    named = {m.diagnosis for m in WRONG_VERSIONS}
+    wanted = {"no-set-epoch", "no-ddp", "every-rank-saves", "not-atomic", "local-loss", "resume-restarts-epoch",
+              "rng-not-restored", "no-unscale"}  # fmt: skip
+    assert {f"{EXERCISE}-{w}" for w in wanted} <= named, sorted(named)
+    assert all(
+        m.file == "ddp_helpers/workers/capstone.py" and m.kills_with == m.diagnosis for m in WRONG_VERSIONS
+    )
+
+
+@pytest.mark.parametrize("mutant", WRONG_VERSIONS, ids=lambda m: m.name)
+def test_a_wrong_version_gets_its_own_diagnosis(mutant, tmp_path):
+    source = REFERENCE.read_text()
+    assert source.count(mutant.old) == 1, f"{mutant.name}: old must occur once in {mutant.file}"
+    wrong = tmp_path / "wrong.py"
+    wrong.write_text(source.replace(mutant.old, mutant.new))
+    verdict = check_script(wrong, nproc=(2,), workdir=tmp_path, progress=False)
+    assert verdict.diagnosis == mutant.diagnosis, verdict.text()
+    assert not verdict.passed and verdict.seen, verdict.text()
+
+
+def test_the_starter_does_not_pass(tmp_path):
+    """The notebook's skeleton runs, and trains each rank alone: the check says so."""
+    cells = [
+        c.source for c in nbformat.read(NOTEBOOK, as_version=4).cells if c.source.startswith(STARTER_CELL)
+    ]
+    assert len(cells) == 1, f"expected one {STARTER_CELL.strip()!r} cell in {NOTEBOOK.name}"
+    starter = tmp_path / "my_ddp.py"
+    starter.write_text(cells[0][len(STARTER_CELL) :])
+    verdict = check_script(starter, nproc=(2,), workdir=tmp_path, progress=False)
+    assert not verdict.passed and verdict.diagnosis == f"{EXERCISE}-no-ddp", verdict.text()
+
+
+def test_the_reference_imports_only_torch_and_the_standard_library():
+    tree = ast.parse(REFERENCE.read_text())
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    foreign = {n for n in names if n.split(".")[0] not in sys.stdlib_module_names | {"torch"}}
+    assert not foreign, f"the capstone must run anywhere torch does; it imports {sorted(foreign)}"
+
+
+def test_bad_input_is_refused_within_a_second_before_torch_is_imported(tmp_path):
+    code = f"""
+import sys, time
+start = time.monotonic()
+from ddp_helpers.errors import InvalidLaunchArguments
+from ddp_helpers.exercises.capstone import check_script
+refused = 0
+for script, nproc in [({str(tmp_path / "missing.py")!r}, (2,)), ({str(REFERENCE)!r}, ()),
+                      ({str(REFERENCE)!r}, (0,)), ({str(REFERENCE)!r}, (True,)), ({str(REFERENCE)!r}, "2")]:
+    try:
+        check_script(script, nproc=nproc, workdir={str(tmp_path)!r})
+    except InvalidLaunchArguments:
+        refused += 1
+print(refused, "torch" in sys.modules, round(time.monotonic() - start, 3))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    refused, torch_imported, seconds = out.stdout.split()
+    assert refused == "5" and torch_imported == "False", out.stdout + out.stderr
+    assert float(seconds) < 1.0, f"refusing bad input took {seconds} s"
+
+
+def test_a_script_with_a_syntax_error_is_refused(tmp_path):
+    broken = tmp_path / "broken.py"
+    broken.write_text("import torch\n\ndef main(:\n    pass\n")
+    start = time.monotonic()
+    with pytest.raises(InvalidLaunchArguments, match="syntax error at line 3"):
+        check_script(broken, nproc=(2,), workdir=tmp_path, progress=False)
+    assert time.monotonic() - start < 1.0
+    assert not list(tmp_path.glob("check-*")), "nothing may be started or written for a refused script"
