@@ -170,7 +170,7 @@ def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 def test_the_command_line_lists_and_shows_a_solution():
     listed = json.loads(_cli("list", "--json").stdout)
-    assert [row["id"] for row in listed] == [e.id for e in EXERCISES]
+    assert [row["id"] for row in listed] == [e.id for e in EXERCISES] + ["10-capstone"]
     assert _cli("solution", "01-wrap").stdout == get("01-wrap").reference
 
 
@@ -221,3 +221,12 @@ def test_an_answer_that_raises_on_one_rank_while_the_other_waits_ends_in_seconds
     assert verdict.diagnosis == "raised" and "rank 1 failed: ValueError: rank 1 gave up" in verdict.message
     assert "rank 0 was still in the cell" in verdict.message, verdict.message
     assert ranks.alive and check("01-shard", get("01-shard").reference, ranks, workdir=workdir).passed
+
+
+def test_the_capstone_is_listed_and_its_solution_is_the_reference_script():
+    listed = json.loads(_cli("list", "--json").stdout)
+    assert listed[-1]["id"] == "10-capstone", listed[-1]
+    shown = _cli("solution", "10-capstone").stdout
+    assert shown == (ROOT / "ddp_helpers" / "workers" / "capstone.py").read_text()
+    refused = _cli("check", "10-capstone", __file__, timeout=20)
+    assert refused.returncode == 2 and "check-script" in refused.stderr, refused.stderr

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InvalidLaunchArguments
-from .registry import UnknownExercise, all_exercises, get
+from .registry import CAPSTONE, CAPSTONE_TITLE, UnknownExercise, all_exercises, get, solution
 
 MAX_NPROC = 8
 
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         if args.action == "list":
             return _list(args.json)
         if args.action == "solution":
-            print(get(args.id).reference, end="")
+            print(solution(args.id), end="")
             return 0
         if args.action == "check":
             return _check(args)
@@ -63,6 +63,7 @@ def _list(as_json: bool) -> int:
         {"id": e.id, "notebook": e.notebook, "title": e.title, "covers": list(e.covers)}
         for e in all_exercises()
     ]
+    rows.append({"id": CAPSTONE, "notebook": "10", "title": CAPSTONE_TITLE, "covers": []})
     if as_json:
         print(json.dumps(rows))
     else:

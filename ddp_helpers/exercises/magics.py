@@ -22,7 +22,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
 from ..errors import InvalidLaunchArguments
-from .registry import all_exercises, get
+from .registry import CAPSTONE, CAPSTONE_TITLE, all_exercises, get, solution
 from .verdict import Verdict
 
 _use_reference = False
@@ -67,12 +67,12 @@ class ExerciseMagics(Magics):
         action, rest = words[0], words[1:]
         if action == "list":
             return _listing()
-        if action in ("hint", "solution") and len(rest) == 1:
-            exercise = get(rest[0])
-            if action == "hint":
-                print(exercise.hint)
-            else:
-                print(f"# the reference answer to {exercise.id}: {exercise.title}\n{exercise.reference}")
+        if action == "solution" and len(rest) == 1:
+            title = CAPSTONE_TITLE if rest[0] == CAPSTONE else get(rest[0]).title
+            print(f"# the reference answer to {rest[0]}: {title}\n{solution(rest[0])}")
+            return None
+        if action == "hint" and len(rest) == 1:
+            print(get(rest[0]).hint)
             return None
         if action == "reference" and rest in (["on"], ["off"]):
             use_reference(rest[0] == "on")
@@ -101,9 +101,9 @@ class ExerciseMagics(Magics):
 def _listing() -> Any:
     import pandas as pd
 
-    return pd.DataFrame(
-        [{"id": e.id, "notebook": e.notebook, "title": e.title} for e in all_exercises()]
-    ).set_index("id")
+    rows = [{"id": e.id, "notebook": e.notebook, "title": e.title} for e in all_exercises()]
+    rows.append({"id": CAPSTONE, "notebook": "10", "title": CAPSTONE_TITLE})
+    return pd.DataFrame(rows).set_index("id")
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -32,6 +32,22 @@ def all_exercises() -> list[Exercise]:
     return found
 
 
+CAPSTONE = "10-capstone"  # notebook 10: a whole script, checked under torchrun (exercises/capstone/)
+CAPSTONE_TITLE = "The whole DDP program, written by you, checked under torchrun"
+
+
+def capstone_reference() -> str:
+    """The project's reference capstone script (ddp_helpers/workers/capstone.py), as text."""
+    from pathlib import Path
+
+    return (Path(__file__).resolve().parent.parent / "workers" / "capstone.py").read_text()
+
+
+def solution(exercise_id: str) -> str:
+    """The reference answer of an exercise, or the capstone's whole reference script."""
+    return capstone_reference() if exercise_id == CAPSTONE else get(exercise_id).reference
+
+
 class UnknownExercise(KeyError):
     """No exercise has this id; the message lists those that do."""
 
@@ -45,4 +61,6 @@ def get(exercise_id: str) -> Exercise:
         if exercise.id == exercise_id:
             return exercise
     known = ", ".join(e.id for e in exercises)
-    raise UnknownExercise(f"no exercise {exercise_id!r}; the exercises are: {known}")
+    if exercise_id == CAPSTONE:
+        raise UnknownExercise(f"{CAPSTONE} is a whole script: check it with check-script (or notebook 10)")
+    raise UnknownExercise(f"no exercise {exercise_id!r}; the exercises are: {known}, and {CAPSTONE}")

@@ -10,7 +10,9 @@ import math
 import os
 from typing import Any
 
-EXERCISE = "10-capstone"
+from ..registry import CAPSTONE
+
+EXERCISE = CAPSTONE  # "10-capstone": spelled once, in the registry
 
 # ------------------------------------------------------------------ the contract's sizes
 FEATURES, HIDDEN, CLASSES = 8, 16, 3
