@@ -59,8 +59,8 @@ def __dir__() -> list[str]:
 
 
 def load_ipython_extension(ipython: Any) -> None:  # %load_ext ddp_helpers
-    from .launcher.torchrun_magic import load_ipython_extension as load
     from .exercises.magics import load_ipython_extension as load_exercises
+    from .launcher.torchrun_magic import load_ipython_extension as load
     from .live.magics import load_ipython_extension as load_ranks
 
     load(ipython)
