@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -9,6 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -74,3 +77,44 @@ def stop(lab: subprocess.Popen[str]) -> int:
     if lab.poll() is None:
         os.killpg(lab.pid, signal.SIGTERM)
     return lab.wait(timeout=30)
+
+
+LAB_SETTINGS = {  # one notebook, windowing off (every cell in the DOM), no news or update checks
+    "notebook-extension/tracker": {"windowingMode": "none", "autoStartDefaultKernel": True},
+    "apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
+}
+
+
+@contextlib.contextmanager
+def serving_cells(root: Path, name: str, cells: list[str], token: str) -> Iterator[tuple[str, Path]]:
+    """JupyterLab (scripts/lab.sh) serving one notebook `name` of `cells` under `root/notebooks`.
+
+    Yields the lab's base URL and the served folder; the lab is stopped after."""
+    import nbformat
+
+    from ddp_helpers.launcher.machine import free_port
+
+    served = root / "notebooks"
+    served.mkdir()
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(source) for source in cells]
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(notebook, served / name)
+    for plugin, values in LAB_SETTINGS.items():
+        path = root / "settings" / "@jupyterlab" / f"{plugin}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
+    port = free_port()
+    env = {
+        "NOTEBOOK_DIR": str(served),
+        "JUPYTER_TOKEN": token,
+        "JUPYTERLAB_SETTINGS_DIR": str(root / "settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(root / "workspaces"),
+        "DDP_HELPERS_RUNS_DIR": str(served / "runs"),
+    }
+    lab = start(REPO / "scripts" / "lab.sh", root, port, log=root / "lab.log", **env)
+    try:
+        wait_for_contents(lab, port, token)
+        yield f"http://127.0.0.1:{port}", served
+    finally:
+        stop(lab)

@@ -7,13 +7,11 @@ page helpers are tests/test_browser.py's; this module serves a notebook of its o
 
 from __future__ import annotations
 
-import json
 import time
 
-import nbformat
 import pytest
 from conftest import assert_no_processes_left
-from lab_server import REPO, start, stop, wait_for_contents
+from lab_server import serving_cells
 from test_browser import (
     SCREENSHOTS,
     TOKEN,
@@ -26,7 +24,6 @@ from test_browser import (
 )
 
 from ddp_helpers.exercises import get
-from ddp_helpers.launcher.machine import free_port
 
 pytestmark = pytest.mark.browser
 __all__ = ["page", "playwright_api"]  # the fixtures, imported so that pytest finds them here
@@ -45,35 +42,10 @@ CELLS = [
 def lab(tmp_path_factory):
     """JupyterLab, as tests/test_browser.py starts it, serving one notebook with one exercise cell."""
     root = tmp_path_factory.mktemp("browser-exercise")
-    served = root / "notebooks"
-    served.mkdir()
-    run_dir = served / "runs" / "exercise-ranks"
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(source.format(run_dir=run_dir)) for source in CELLS]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, served / "exercise.ipynb")
-    settings = root / "settings"
-    for plugin, values in {
-        "notebook-extension/tracker": {"windowingMode": "none", "autoStartDefaultKernel": True},
-        "apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
-    }.items():
-        path = settings / "@jupyterlab" / f"{plugin}.jupyterlab-settings"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(values))
-    port = free_port()
-    env = {
-        "NOTEBOOK_DIR": str(served),
-        "JUPYTER_TOKEN": TOKEN,
-        "JUPYTERLAB_SETTINGS_DIR": str(settings),
-        "JUPYTERLAB_WORKSPACES_DIR": str(root / "workspaces"),
-        "DDP_HELPERS_RUNS_DIR": str(served / "runs"),
-    }
-    lab = start(REPO / "scripts" / "lab.sh", root, port, log=root / "lab.log", **env)
-    try:
-        wait_for_contents(lab, port, TOKEN)
-        yield f"http://127.0.0.1:{port}", served
-    finally:
-        stop(lab)
+    run_dir = root / "notebooks" / "runs" / "exercise-ranks"
+    cells = [source.format(run_dir=run_dir) if "{run_dir}" in source else source for source in CELLS]
+    with serving_cells(root, "exercise.ipynb", cells, TOKEN) as served:
+        yield served
     assert_no_processes_left(str(run_dir), wait_s=5)
 
 

@@ -7,12 +7,10 @@ module serves one small notebook of its own, so that no training job runs before
 
 from __future__ import annotations
 
-import json
 import time
 
-import nbformat
 import pytest
-from lab_server import REPO, start, stop, wait_for_contents
+from lab_server import serving_cells
 from test_browser import (  # noqa: F401 (page and playwright_api are fixtures)
     SCREENSHOTS,
     TOKEN,
@@ -26,8 +24,6 @@ from test_browser import (  # noqa: F401 (page and playwright_api are fixtures)
     wait_finished,
 )
 
-from ddp_helpers.launcher.machine import free_port
-
 pytestmark = pytest.mark.browser
 
 NOTEBOOK = "calculator.ipynb"
@@ -38,40 +34,12 @@ IMAGE_JS = """() => { const img = document.querySelector('.jp-NotebookPanel:not(
 @pytest.fixture(scope="module")
 def widget_lab(tmp_path_factory):
     """JupyterLab (scripts/lab.sh) serving one notebook that shows the calculator."""
-    root = tmp_path_factory.mktemp("browser-widget")
-    served = root / "notebooks"
-    served.mkdir()
-    notebook = nbformat.v4.new_notebook()
-    notebook.cells = [
-        nbformat.v4.new_code_cell(
-            "from ddp_helpers.lab.memory_widget import calculator\n\n"
-            "calculator(width=1024, depth=8, world=4, strategy='fsdp2')"
-        )
-    ]
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(notebook, served / NOTEBOOK)
-    settings = root / "settings" / "@jupyterlab"
-    for plugin, values in {
-        "notebook-extension/tracker": {"windowingMode": "none", "autoStartDefaultKernel": True},
-        "apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
-    }.items():
-        path = settings / f"{plugin}.jupyterlab-settings"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(values))
-    port = free_port()
-    env = {
-        "NOTEBOOK_DIR": str(served),
-        "JUPYTER_TOKEN": TOKEN,
-        "JUPYTERLAB_SETTINGS_DIR": str(root / "settings"),
-        "JUPYTERLAB_WORKSPACES_DIR": str(root / "workspaces"),
-        "DDP_HELPERS_RUNS_DIR": str(served / "runs"),
-    }
-    lab = start(REPO / "scripts" / "lab.sh", root, port, log=root / "lab.log", **env)
-    try:
-        wait_for_contents(lab, port, TOKEN)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        stop(lab)
+    cell = (
+        "from ddp_helpers.lab.memory_widget import calculator\n\n"
+        "calculator(width=1024, depth=8, world=4, strategy='fsdp2')"
+    )
+    with serving_cells(tmp_path_factory.mktemp("browser-widget"), NOTEBOOK, [cell], TOKEN) as (base, _served):
+        yield base
 
 
 def wait_for_image(page, not_this: str | None, timeout_s: float) -> str:  # noqa: F811
