@@ -84,15 +84,19 @@ def check_script(
     nproc: Sequence[int] = (2, 3),
     workdir: str | os.PathLike[str] | None = None,
     progress: bool = True,
+    amp: str | None = None,
 ) -> Verdict:
     """Run `script` under torchrun at each world size in `nproc`, as the contract says, and judge it.
 
     Three runs per world size (stopped at step 4, resumed, uninterrupted), the first world with --amp fp16,
-    the next with --amp bf16, and so on. Stops at the first failing check. Raises InvalidLaunchArguments,
-    before any process starts, for a missing script, one with a syntax error, or bad world sizes.
+    the next with --amp bf16, and so on; `amp` ("fp16" or "bf16") runs every world with that one. Stops at
+    the first failing check. Raises InvalidLaunchArguments, before any process starts, for a missing
+    script, one with a syntax error, bad world sizes or an unknown `amp`.
     """
     path = _valid_script(script)
     worlds = _valid_worlds(nproc)
+    if amp is not None and amp not in AMP_MODES:
+        raise InvalidLaunchArguments(f"amp must be one of {', '.join(AMP_MODES)} or None, got {amp!r}")
     base = Path(workdir) if workdir is not None else Path("runs") / "capstone"
     folder = (base / f"check-{os.getpid()}-{next(_checks)}-{time.time_ns() % 10**6}").resolve()
     folder.mkdir(parents=True, exist_ok=True)
@@ -105,15 +109,16 @@ def check_script(
 
     done = []
     for i, world in enumerate(worlds):
-        amp = AMP_MODES[i % len(AMP_MODES)]
+        mode = amp or AMP_MODES[i % len(AMP_MODES)]
         try:
-            check_world(path, probe, folder / f"ranks{world}-{amp}", world, amp, say)
+            check_world(path, probe, folder / f"ranks{world}-{mode}", world, mode, say)
         except Failed as failed:
             return failed.verdict
-        done.append(f"{world} rank(s) with --amp {amp}")
+        done.append(f"{world} rank(s) with --amp {mode}")
+    overflow = "fp16's overflow skipped on every rank, " if any(d.endswith("fp16") for d in done) else ""
     message = (
         f"your script passed every check at {' and at '.join(done)}: DDP, a shard per rank and a new order each "
-        f"epoch, rank 0's log of the loss over all ranks, fp16's overflow skipped on every rank, rank 0's atomic "
+        f"epoch, rank 0's log of the loss over all ranks, {overflow}rank 0's atomic "
         f"checkpoint, and a resume from step {STOP_AT} that ends as the uninterrupted run ends (bit for bit at 1 "
         f"or 2 ranks)."
     )
