@@ -45,5 +45,5 @@ LINES: dict[str, str] = {
     "lr-scaled": "the learning rate scaled with the world size (the linear rule)",
     "nan-skip-all": "a step skipped on every rank when any rank's loss is not finite",
     "no-sync-accumulation": "gradient accumulation under no_sync(), with one all-reduce per step",
-    "teardown": "destroy_process_group() in a finally block, after a barrier",
+    "teardown": "a barrier when training returns, and destroy_process_group() in a finally block",
 }

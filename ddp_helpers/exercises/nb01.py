@@ -13,7 +13,7 @@ from typing import Any
 from .spec import Context, Exercise, Mistake, Seen, field_of
 
 # ------------------------------------------------------------------ 01-shard
-SHARD_SIZE = 10  # 2 and 3 ranks do not divide it: the sampler pads
+SHARD_SIZE = 11  # 2, 3, 4 and 8 ranks do not divide it: the sampler pads, repeating its first indices
 SHARD_EPOCHS = 2
 
 
@@ -76,9 +76,10 @@ SHARD = Exercise(
     title="Deal each rank its shard, anew each epoch",
     task=(
         "Build `sampler`, a `DistributedSampler` over `dataset`, and make each epoch's loop draw a new order "
-        "(the same on every rank), so that the ranks' shards are disjoint and cover the dataset."
+        "(the same on every rank), so that the ranks' shards cover the dataset, disjoint but for the few samples "
+        "the sampler repeats to make the shards equal."
     ),
-    given="`dataset` (10 samples), `epochs` (2), `train_step(x, y)`, `DataLoader`, `DistributedSampler`",
+    given="`dataset` (11 samples), `epochs` (2), `train_step(x, y)`, `DataLoader`, `DistributedSampler`",
     starter=(
         "sampler = ...  # TODO: a DistributedSampler over `dataset`\n"
         "loader = DataLoader(dataset, batch_size=2, sampler=sampler)\n"

@@ -3,7 +3,8 @@ learning rate that goes with the global batch (the linear rule).
 
 Probe inputs make each mistake leave its own mark. In 02-loss-mean rank r holds r + 2 per-sample losses,
 each worth r + 1: the ranks' counts differ, so the mean of all samples, the mean of the ranks' means, the
-sum divided by the world size and each rank's own mean are four different numbers. `print` is recorded
+sum divided by the world size and the ranks' own means differ (on some rank at least: with an odd
+world the middle rank's own mean equals the mean of means). `print` is recorded
 on each rank, so the checker sees who logged. In 02-lr-scale the base learning rate was tuned at a batch
 unlike the batch per rank, so "lr times world size" and the rule itself give different answers.
 """

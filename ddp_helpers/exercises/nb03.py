@@ -20,7 +20,7 @@ from .spec import Context, Exercise, Mistake, Seen, close, field_of
 WIDTH = 4  # one input coordinate per rank (wider for more ranks)
 INIT_SCALE = 32.0  # the scaler's first scale: small, so the overflow comes from one large input
 BIG = 4096.0  # the last rank's first sample: BIG x INIT_SCALE = 131072 > 65504, fp16's largest
-MAX_NORM = 0.5  # the clean step's gradient norm, 1/sqrt(N), is above it for 1 to 3 ranks
+MAX_NORM = 0.25  # the clean step's gradient norm, 1/sqrt(N), is above it for 1 to 15 ranks: the clip bites
 CLIP_EPS = 1e-6  # clip_grad_norm_ divides max_norm by (total_norm + 1e-6): torch 2.7 and 2.14
 
 
@@ -170,7 +170,7 @@ FP16_STEP = Exercise(
     given=(
         "`ddp_model` (a bias-free Linear at zero, wrapped), `optimizer` (SGD, lr 1), `scaler` "
         "(`torch.amp.GradScaler(device.type, init_scale=32.0)`), `batches` (two, one sample each), "
-        "`max_norm` (0.5), `norms` (an empty list), `device`"
+        "`max_norm` (0.25), `norms` (an empty list), `device`"
     ),
     starter=(
         "for x in batches:\n"

@@ -195,13 +195,14 @@ LAST_BATCH = Exercise(
     ),
     given=(
         "`ddp_model` (`DDP(torch.compile(model))`, with a backend that counts compiles), `dataset`, "
-        "`batch_size`, `DataLoader`, `DistributedSampler`, `dist`"
+        "`batch_size`, `DataLoader`, `DistributedSampler`, `dist`, `device`"
     ),
     starter=(
         "sampler = DistributedSampler(dataset, shuffle=False)\n"
         "loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=...)  # TODO\n"
-        "seen = torch.zeros((), dtype=torch.int64)\n"
+        "seen = torch.zeros((), dtype=torch.int64, device=device)  # on the device: NCCL reduces no CPU tensor\n"
         "for (x,) in loader:\n"
+        "    x = x.to(device)  # the tensor the model gets: DDP would copy a CPU batch to the GPU, unmarked\n"
         "    ...  # TODO: so that the short last batch does not compile again\n"
         "    ddp_model(x).sum().backward()\n"
         "    seen += len(x)\n"
@@ -211,8 +212,9 @@ LAST_BATCH = Exercise(
     reference=(
         "sampler = DistributedSampler(dataset, shuffle=False)\n"
         "loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=False)  # keep it\n"
-        "seen = torch.zeros((), dtype=torch.int64)\n"
+        "seen = torch.zeros((), dtype=torch.int64, device=device)  # on the device: NCCL reduces no CPU tensor\n"
         "for (x,) in loader:\n"
+        "    x = x.to(device)  # the tensor the model gets: DDP would copy a CPU batch to the GPU, unmarked\n"
         "    torch._dynamo.mark_dynamic(x, 0)  # the batch size is symbolic: one graph for 4 and 3\n"
         "    ddp_model(x).sum().backward()\n"
         "    seen += len(x)  # the samples this batch really holds\n"
@@ -221,7 +223,8 @@ LAST_BATCH = Exercise(
     ),
     hint=(
         "`drop_last=True` compiles once by never training on the short batch. Dynamo guards each graph on "
-        "the shapes it saw; `torch._dynamo.mark_dynamic(x, 0)` before the call compiles the batch dimension "
+        "the shapes it saw; `torch._dynamo.mark_dynamic(x, 0)` before the call (on the tensor the model gets: "
+        "moved to the device first) compiles the batch dimension "
         "as a symbol, and one graph then serves both sizes (or pad the short batch to full size, and count, "
         "and weigh, only its real rows). Each rank counts its own shard: an all_reduce adds them up."
     ),

@@ -102,9 +102,12 @@ def _main_expected(world: int) -> Seen:
         torch.manual_seed(SEED)
         init = checksum(_build_model())  # what the seeded initialisation gives, whatever the rank
     lr = BASE_LR * NODES * GPUS_PER_NODE  # the linear rule: times the world
-    teardown = ["barrier", "destroy_process_group"]
+
+    def teardown(raised: bool) -> list[str]:  # the barrier only where train returned
+        return ["destroy_process_group"] if raised else ["barrier", "destroy_process_group"]
+
     return [
-        {_call_name(r, f): _call_outcome({"lr": lr, "init": init, "teardown": teardown, "raised": f})
+        {_call_name(r, f): _call_outcome({"lr": lr, "init": init, "teardown": teardown(f), "raised": f})
          for r, f in _calls(live)}
         for live in range(world)
     ]  # fmt: skip
@@ -149,8 +152,10 @@ MAIN = Exercise(
         "Write `main(env)`: set `lr` to `base_lr` scaled by the linear rule (`base_lr` was tuned on one "
         "rank; each rank keeps its batch, so the global batch grows with the world), seed torch's "
         "generator with `seed` so that every rank builds the same initial model with `build_model()`, "
-        "call `train(model, lr)`, and however train ends (it may raise), wait for every rank at a "
-        "barrier and destroy the process group. The checker calls it as ranks of 2 nodes x 4 GPUs."
+        "call `train(model, lr)`; when it returns, wait for every rank at a barrier, and however train ends "
+        "(it may raise), destroy the process group. The barrier stays out of the `finally`: a rank whose "
+        "train raised would wait there while the others wait in their training collectives. The checker "
+        "calls it as ranks of 2 nodes x 4 GPUs."
     ),
     given=(
         "`env` (torchrun's variables, as in `os.environ`), `seed`, `base_lr`, `build_model()`, "
@@ -163,7 +168,7 @@ MAIN = Exercise(
         "    # TODO: the same seed on every rank\n"
         "    model = build_model()\n"
         "    train(model, lr)\n"
-        "    # TODO: a barrier, then destroy the process group, also when train raises\n"
+        "    # TODO: a barrier when train returns; destroy the process group however it ends\n"
     ),
     reference="""\
 def main(env):
@@ -173,8 +178,8 @@ def main(env):
     model = build_model()
     try:
         train(model, lr)  # may raise
+        dist.barrier()  # no rank tears down while the others still run (not in finally: see the task)
     finally:  # also when train raised
-        dist.barrier()  # no rank tears down while the others still run
         dist.destroy_process_group()
 """,
     hint=(
@@ -201,8 +206,9 @@ def main(env):
             "06-main-init-differs",
             "the model's initial weights differ from call to call or rank to rank: a seed that depends on "
             "the rank (seed + rank), no seed, or a seed set after the model was built. DDP's constructor "
-            "copies rank 0's parameters and buffers to the others, which hides it there; FSDP (whose "
-            "sync_module_states is off by default) and any check before the wrap see different models",
+            "copies rank 0's parameters and buffers to the others, which hides it there; FSDP2's fully_shard "
+            "copies nothing (FSDP1 only with sync_module_states=True), and any check before the wrap sees "
+            "different models",
             _inits_differ,
         ),
         Mistake(
