@@ -153,6 +153,16 @@ def test_multinode_lines_wait_for_the_workers_own_rank(tmp_path):
     assert tail.rank_file(2, "stdout.log") == log
 
 
+
+def test_a_ranks_printed_lines_come_before_the_traceback_read_with_them(tmp_path):
+    attempt = tmp_path / "logs" / "r_1" / "attempt_0" / "1"
+    attempt.mkdir(parents=True)
+    (attempt / "stdout.log").write_text("line 0\nline 1\n")
+    (attempt / "stderr.log").write_text("Traceback (most recent call last):\nValueError: boom\n")
+    tail = RankLogTail(tmp_path / "logs")
+    texts = [line.text for line in tail.read_new()]
+    assert texts == ["line 0", "line 1", "Traceback (most recent call last):", "ValueError: boom"]
+
 def echo_on_a_fake_clock(burst: int) -> tuple[CellEcho, list[str], list[float]]:
     """A CellEcho at 10 lines/s whose clock is now[0], and the lines it wrote."""
     now = [0.0]

@@ -159,7 +159,10 @@ class RankLogTail:
         ranks still unmapped get ``rank_offset + local_rank``.
         """
         self._discover()
-        for followed in sorted(self._files.values(), key=lambda f: (f.attempt, f.local_rank, f.stream)):
+        # stdout before stderr: a rank that prints and then dies within one read has its lines shown
+        # before its traceback (the files carry no times; a crash's traceback is what comes last)
+        order = sorted(self._files.values(), key=lambda f: (f.attempt, f.local_rank, f.stream != "stdout"))
+        for followed in order:
             read = followed.follower.read(final)
             if read.lines or read.partial is not None:
                 chunk = LogChunk(-1, followed.attempt, followed.stream, read.lines, read.partial)
