@@ -25,9 +25,11 @@ def destroy_process_group() -> None:
     - torch 2.14: ranks of a finished run aborted now and then, in the destroy or at exit, with
       "terminate called without an active exception" (SIGABRT, once SIGSEGV), three times in a day of
       test runs on a loaded 2-core machine, mostly with 3 ranks. There ``destroy_process_group()`` does
-      not end the group's threads once ``torch._dynamo`` was first imported after ``init_process_group``
-      (DDP's constructor imports it): they still run as the interpreter exits (counted in
-      /proc/self/task: 4 threads after the destroy, 1 when dynamo was imported before the init).
+      not end the group's threads once ``torch.distributed.nn`` was first imported after
+      ``init_process_group`` (DDP's constructor imports it, through ``torch._dynamo``): its functions'
+      default argument ``group=group.WORLD`` keeps the group alive, so its threads still run as the
+      interpreter exits (/proc/self/task: 4 threads after the destroy, 1 when it was imported before
+      the init). The standalone ``ddp.py`` imports it first instead, and its test counts the threads.
     """
     if not dist.is_initialized():
         return

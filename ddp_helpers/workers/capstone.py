@@ -14,6 +14,7 @@ import os
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # noqa: F401  before the process group: ddp.py says why (gloo's threads at exit)
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP

@@ -11,11 +11,19 @@ import os
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # noqa: F401  before init_process_group: see the note below
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
+
+# torch.distributed.nn's functions take `group=group.WORLD` as a default argument, fixed when the module
+# is first imported (torch/distributed/nn/functional.py). DDP's constructor imports it (through
+# torch._dynamo). Imported after init_process_group, those defaults hold the process group forever, so
+# destroy_process_group() cannot end gloo's threads, which then race the interpreter's exit: "terminate
+# called without an active exception" (SIGABRT) now and then, after the work is done. Imported first,
+# the defaults hold nothing.
 
 
 def make_dataset(size=2048, features=20, classes=4, seed=0):
