@@ -18,7 +18,7 @@ COMPAT_TORCH := constraints/torch-2.7.txt
 # often set, every process would compile torch again (4 CPU-seconds each).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: venv lab test test-shapes test-compat test-browser test-slurm browser-deps slurm-deps mutants notebooks notebook-times process-costs bench lint gpu-check clean
+.PHONY: venv lab test test-fast test-shapes test-compat test-browser test-slurm browser-deps slurm-deps mutants notebooks notebook-times process-costs bench lint gpu-check clean
 
 # Rebuilt when pyproject.toml changes, so `make test` always runs against the declared dependencies.
 # $(1): the venv's folder; $(2): extra pip arguments (a constraints file)
@@ -68,6 +68,12 @@ lab: venv
 TEST_WORKERS ?= 3
 test: venv
 	$(call run_pytest,$(PY),make test,-n $(TEST_WORKERS) --dist loadgroup)
+
+# The tests that start no process (tests/conftest.py skips a test when it would start one), for a quick
+# check while changing code: under a minute with a warm venv. make test stays the full run.
+test-fast: export DDP_TEST_FAST = 1
+test-fast: venv
+	$(call run_pytest,$(PY),make test-fast,-n $(TEST_WORKERS) -q -r fE -m "not notebooks and not browser and not slurm and not heavy")
 
 # The notebooks on a machine shape a CPU can stand in for: nproc=1 (a one-GPU box), in smoke mode, and the
 # multi-node notebook at full size. The odd world (nproc=3) runs in test-compat, so no stage repeats a shape.

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import multiprocessing.process
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -18,6 +20,30 @@ SCRIPTS = Path(__file__).parent / "scripts"
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 REPO = Path(__file__).resolve().parent.parent
+
+# make test-fast (DDP_TEST_FAST=1): the tests that start no process. A test, or a fixture it uses, is
+# skipped at the moment it would start one (torchrun, a kernel, a python), so what remains runs in
+# seconds and stays so as tests are added; make test runs them all.
+FAST_ENV = "DDP_TEST_FAST"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_process_in_the_fast_tier():
+    """Session-wide, so it comes before any fixture that would start a process (its scope is widest)."""
+    if os.environ.get(FAST_ENV) != "1":
+        yield
+        return
+
+    def refuse(*args, **kwargs):
+        pytest.skip("starts a process (make test runs it)")
+
+    patched = pytest.MonkeyPatch()
+    patched.setattr(subprocess.Popen, "_execute_child", refuse)
+    patched.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+    patched.setattr(os, "fork", refuse)
+    patched.setattr(os, "posix_spawn", refuse)
+    yield
+    patched.undo()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -345,6 +345,7 @@ def test_a_flood_is_shown_bounded_and_kept_whole(script, tmp_path, capsys):
         assert sum(line.startswith(f"rank {rank} line") for line in result.logs[rank]) == 3000
 
 
+@pytest.mark.heavy  # its launches start in threads, where the fast tier cannot skip them
 def test_two_launches_in_two_threads_never_share_a_line(script, tmp_path, capsys):
     chatty = script("chatty.py")
     threads = [

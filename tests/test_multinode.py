@@ -15,6 +15,7 @@ from ddp_helpers.lab.pytorchjob import pytorchjob_manifest
 from ddp_helpers.launcher.machine import free_port
 
 
+@pytest.mark.heavy  # its two agents start in threads, where the fast tier cannot skip them
 def test_two_nodes_on_loopback_form_one_world(script, tmp_path):
     worker, endpoint = script("two_nodes.py"), f"127.0.0.1:{free_port()}"
     results, errors = {}, []

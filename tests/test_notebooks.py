@@ -2,8 +2,9 @@
 
 Each stage of CI runs every notebook once, at a shape no other stage repeats:
 - `make test`: the notebook's default ranks (2 on the CPU), on the newest torch;
-- `make test-shapes` (DDP_TEST_SHAPES=1): ``nproc=1`` (a one-GPU box), and the multi-node notebook at
-  full size, on the newest torch;
+- `make test-shapes` (DDP_TEST_SHAPES=1): ``nproc=1`` (a one-GPU box), run in the folder where the
+  notebook has just run at its default ranks (a rerun with another parameter), and the multi-node
+  notebook at full size, on the newest torch;
 - `make test-compat` (DDP_TEST_NPROC=3): ``nproc=3`` (an odd world), on the container's torch 2.7.1.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import time
 from pathlib import Path
 
 import nbformat
@@ -166,10 +168,13 @@ def test_notebook_kernel_never_creates_a_cuda_context(notebook):
 
 
 # ------------------------------------------------------------------------------------ machine shapes
-def _local_world_sizes(run_root: Path) -> set[int]:
-    """Ranks per torchrun agent (or per one-process run), read from the per-rank log folders it left."""
+def _local_world_sizes(run_root: Path, since: float = 0.0) -> set[int]:
+    """Ranks per torchrun agent (or per one-process run), read from the per-rank log folders it left
+    (those made after `since`, a time.time(): a rerun's, not the earlier run's)."""
     sizes = set()
     for attempt in run_root.rglob("attempt_0"):
+        if attempt.stat().st_mtime < since:
+            continue
         ranks = [p for p in attempt.iterdir() if p.is_dir() and p.name.isdigit()]
         if ranks:
             sizes.add(len(ranks))
@@ -193,16 +198,21 @@ def test_parameters_cell_declares_nproc(notebook):
 @pytest.mark.notebooks
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs_with_nproc_1(notebook, tmp_path, monkeypatch):
-    """One GPU gives nproc=1. (nproc=3, an odd world, runs in make test-compat: DDP_TEST_NPROC=3.)"""
+def test_notebook_reruns_in_its_folder_with_nproc_1(notebook, tmp_path, monkeypatch):
+    """One GPU gives nproc=1. (nproc=3, an odd world, runs in make test-compat: DDP_TEST_NPROC=3.)
+
+    As a learner changes a parameter and runs the notebook again: first at its default ranks, then at
+    nproc=1 in the same folder, over what the first run left (runs/, checkpoints, workers)."""
+    _execute(notebook, tmp_path, monkeypatch, {"smoke": True, "solutions": True})
     check_notebook_runs_with_nproc(notebook, 1, tmp_path, monkeypatch)
 
 
 def check_notebook_runs_with_nproc(notebook: Path, nproc: int, tmp_path: Path, monkeypatch) -> None:
     """An odd world catches `world // 2` and hard-coded pairs; nproc=1 the demos that need two ranks."""
     test_parameters_cell_declares_nproc(notebook)  # a notebook without it would pass without using it
+    started = int(time.time())  # whole seconds: some filesystems keep no finer folder times
     _execute(notebook, tmp_path, monkeypatch, {"smoke": True, "solutions": True, "nproc": nproc})
-    sizes = _local_world_sizes(tmp_path)
+    sizes = _local_world_sizes(tmp_path, since=started)
     if nproc == 1 and 1 not in sizes:
         # a demo that needs two ranks runs two at nproc=1, and must say so (shapes.backend_for's line)
         executed = nbformat.read(tmp_path / notebook.name, as_version=4)

@@ -142,6 +142,7 @@ def test_injected_fault_names_the_rank(tmp_path):
     assert "raise RuntimeError" in info.value.traceback
 
 
+@pytest.mark.heavy  # DataParallel trains in this process: 9 s
 def test_dataparallel_on_cpu_says_it_runs_unsplit(dp_run):
     tmp_path, printed = dp_run
     if not torch.cuda.is_available():
@@ -160,10 +161,17 @@ def test_bf16_on_cpu_gives_finite_losses(tmp_path):
     )
 
 
+@pytest.mark.heavy  # a ResNet-18 in this process: 15 s
 def test_digits_dataset_and_resnet18(tmp_path):
-    run_here("--model", "resnet18", "--dataset", "digits", "--batch-size", 16, "--steps", 2, run_dir=tmp_path)
+    args = ["--model", "resnet18", "--dataset", "digits", "--batch-size", 16, "--steps", 2, "--log-every", 1]
+    run_here(*args, run_dir=tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert (summary["model"], summary["dataset"]) == ("resnet18", "digits")
+    steps = read_metrics(tmp_path)
+    # two optimizer steps of 16 digits each (samples: the count so far), with a loss a 10-class model
+    # starts near, ln(10) = 2.3
+    assert list(steps["step"]) == [1, 2] and list(steps["samples"]) == [16, 32], steps
+    assert all(0.5 < loss < 10 for loss in steps["loss"]), steps
 
 
 def test_a_bad_flag_ends_the_script_with_argparses_exit_code(tmp_path):
