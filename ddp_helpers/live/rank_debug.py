@@ -7,8 +7,8 @@ sends the line back (`protocol.Answer`).
 
 While a rank is paused, the others run on until they wait for it in a collective. So that they wait
 there instead of failing on the process group's timeout, `Timeouts` stretches every group's timeout
-(as ``torch.distributed.breakpoint`` does in torch 2.14, to 3600 s) for the cell, and restores it when
-the cell ends. A collective takes its timeout when it starts: the kernel asks every rank to stretch
+for the cell, and restores it when the cell ends. (``torch.distributed.breakpoint`` in torch 2.14 also
+stretches every group's timeout, to 3600 s, but never restores it; in torch 2.7 it changes none.) A collective takes its timeout when it starts: the kernel asks every rank to stretch
 before the cell runs (`Run.stretch`) wherever a rank may pause.
 """
 
