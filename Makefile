@@ -18,7 +18,7 @@ COMPAT_TORCH := constraints/torch-2.7.txt
 # often set, every process would compile torch again (4 CPU-seconds each).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: venv lab test test-fast test-shapes test-compat test-browser test-slurm browser-deps slurm-deps mutants notebooks notebook-times process-costs bench lint gpu-check clean
+.PHONY: venv lab test test-fast test-shapes reruns test-compat test-browser test-slurm browser-deps slurm-deps mutants notebooks notebook-times process-costs bench lint gpu-check clean
 
 # Rebuilt when pyproject.toml changes, so `make test` always runs against the declared dependencies.
 # $(1): the venv's folder; $(2): extra pip arguments (a constraints file)
@@ -112,6 +112,11 @@ test-slurm: slurm-deps
 # teaches its lesson run on it in smoke mode: every one must fail that notebook. ARGS: e.g. --only 03 --jobs 1.
 mutants: venv
 	$(PY) mutants/run.py --jobs 2 $(ARGS)
+
+# Each notebook run three times in one folder, as a learner reruns it with other parameters: smoke at
+# nproc 2, full size, smoke at nproc 3 (ARGS='--sequence smoke:2,smoke:3 08' for fewer). Long: full size.
+reruns: venv
+	$(PY) benchmarks/notebook_reruns.py $(ARGS)
 
 # Every notebook at full size (smoke=False), outputs kept under runs/executed/.
 notebooks: venv
