@@ -33,12 +33,14 @@ _LAZY = {
     "start_ranks": ".live.ranks",
     "LaunchResult": ".launcher.result",
     "launch": ".launcher.runner",
+    "processes_marked": ".launcher.process_scan",
     "read_metrics": ".launcher.run_outputs",
     "read_summary": ".launcher.run_outputs",
     "write_worker": ".launcher.worker_files",
 }
 
 if TYPE_CHECKING:
+    from .launcher.process_scan import processes_marked
     from .launcher.result import LaunchResult
     from .launcher.run_outputs import read_metrics, read_summary
     from .launcher.runner import launch
@@ -82,6 +84,7 @@ __all__ = [
     "RunDirInUse",
     "WorkerFailed",
     "launch",
+    "processes_marked",
     "read_metrics",
     "read_summary",
     "start_ranks",

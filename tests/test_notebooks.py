@@ -249,3 +249,35 @@ def test_the_container_guide_is_never_called_the_seed(document):
     text = document.read_text()
     found = sorted({m.group(0) for m in GUIDE_AS_SEED.finditer(text)})
     assert not found, f"{document.name} calls the container guide {found}: say 'the container guide'"
+
+
+# ------------------------------------------------------------------ one notebook's edit stays in it
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_notebook_writes_its_workers_into_a_folder_of_its_own(notebook):
+    """A learner's edit to a worker one notebook wrote (runs/workers/03/train.py) never changes what
+    another notebook runs: each writes its copies under runs/workers/<its number>."""
+    number = notebook.stem[:2]
+    nb = nbformat.read(notebook, as_version=4)
+    folders = {
+        match
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        for match in re.findall(r"runs/workers(?:/[\w.]+)?", cell.source)
+    }
+    shared = sorted(f for f in folders if not f.startswith(f"runs/workers/{number}"))
+    assert not shared, f"{notebook.name} writes or reads workers outside runs/workers/{number}: {shared}"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_notebook_reaches_into_the_launchers_internals(notebook):
+    """A cell a learner reads uses the package's public names (ddp_helpers, ddp_helpers.lab), not the
+    modules behind them, which may change."""
+    nb = nbformat.read(notebook, as_version=4)
+    found = {
+        i: line.strip()
+        for i, cell in enumerate(nb.cells)
+        if cell.cell_type == "code"
+        for line in cell.source.splitlines()
+        if re.search(r"^\s*(from|import)\s+ddp_helpers\.launcher\b|\bddp_helpers\.launcher\.\w+\(", line)
+    }
+    assert not found, f"{notebook.name} imports launcher internals: {found}"
