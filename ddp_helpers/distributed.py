@@ -20,6 +20,7 @@ import os
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -118,7 +119,7 @@ def setup_distributed(backend: str | None = None, timeout: timedelta | None = No
     else:
         device = torch.device("cpu")
     if not dist.is_initialized():
-        kwargs: dict = {"device_id": device} if device_type == "cuda" else {}
+        kwargs: dict[str, Any] = {"device_id": device} if device_type == "cuda" else {}
         if timeout is not None:
             kwargs["timeout"] = timeout
         dist.init_process_group(backend=backend, **kwargs)

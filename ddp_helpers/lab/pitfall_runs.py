@@ -26,6 +26,12 @@ MISMATCH_NCCL_WAIT = 'print(f"rank {rank}: all_reduce of {size} elements gave {x
 MISMATCH_REPORT = "report(rank, world, values=x.tolist())"  # the line after the all_reduce's print
 
 
+def run_folder(err: WorkerFailed | LaunchTimeout) -> str:
+    """The folder of the launch that failed: the launcher names it in every error it raises."""
+    assert err.run_dir is not None, f"no run folder in {type(err).__name__}"
+    return err.run_dir
+
+
 def printed(run_dir: str | Path, rank: int) -> list[str]:
     """What `rank` printed, from its log file (on one node the local rank is the rank)."""
     logs = sorted(Path(run_dir).glob(f"logs/*/attempt_0/{rank}/stdout.log"))
@@ -116,7 +122,7 @@ class PitfallRuns:
             try:
                 self.run_case(case, *extra, timeout=timeout, startup_timeout=startup, **options)
             except expected as err:
-                if isinstance(err, LaunchTimeout) and not self.started(err.run_dir):
+                if isinstance(err, LaunchTimeout) and not self.started(run_folder(err)):
                     timeout, startup = 2 * timeout, 2 * startup
                     again = f"timeout={timeout:g}s, startup_timeout={startup:g}s"
                     print(f"(not every rank had started in time: again, with {again})")
@@ -140,7 +146,7 @@ class PitfallRuns:
         try:
             result = self.run_case("mismatch", *extra, timeout=3 * hang_timeout, **options)
         except (WorkerFailed, LaunchTimeout) as err:
-            logs = {rank: printed(err.run_dir, rank) for rank in range(self.world)}
+            logs = {rank: printed(run_folder(err), rank) for rank in range(self.world)}
             assert all(any("all-reducing" in line for line in logs[r]) for r in logs), (
                 "a rank never reached it"
             )
@@ -148,7 +154,7 @@ class PitfallRuns:
                 outcome = mismatch_failure(err, logs)
             else:
                 outcome = mismatch_stopped(err, logs, nccl)
-            if outcome == "named":
+            if outcome == "named" and isinstance(err, WorkerFailed):  # only an abort names it
                 print(f"It aborted and named the mismatch: {err.error}")
             else:
                 print(f"It hung in the all_reduce until a timeout stopped it: {str(err).splitlines()[0]}")

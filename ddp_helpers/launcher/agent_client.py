@@ -29,7 +29,7 @@ import threading
 import time
 
 from .agent_server import IDLE_ENV, NOT_FORKABLE, SERVER_FD_ENV
-from .fork_server import MAX_REQUEST_BYTES, ForkedAgent, ServerGone, request_fork
+from .fork_server import MAX_REQUEST_BYTES, AgentRequest, ForkedAgent, ServerGone, request_fork
 from .torchrun_agent import OWNER_FD_ENV
 
 # Set by the launcher for each run and read only when the run uses them (by torchrun's agent at run
@@ -54,7 +54,11 @@ SWITCH_ENV = (
 )
 
 
-def server_key(python: str, env: dict[str, str]) -> tuple:
+# a server's Python and the part of its environment read at import: runs that share it share the server
+ServerKey = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def server_key(python: str, env: dict[str, str]) -> ServerKey:
     return (python, tuple(sorted((k, v) for k, v in env.items() if not _run_time(k))))
 
 
@@ -95,10 +99,11 @@ class AgentServer:
     ) -> ForkedAgent | None:
         """The run's agent, forked; None for a request too big for one message (an environment of
         megabytes). Raises `ServerGone` if the server is gone, or went before it answered."""
-        request = json.dumps({"argv": argv, "env": env, "cwd": os.getcwd()}).encode()
-        if len(request) > MAX_REQUEST_BYTES:
+        request: AgentRequest = {"argv": argv, "env": env, "cwd": os.getcwd()}
+        message = json.dumps(request).encode()
+        if len(message) > MAX_REQUEST_BYTES:
             return None
-        return request_fork(self.channel, self.lock, request, [output_fd, lifeline_fd], ForkedAgent)
+        return request_fork(self.channel, self.lock, message, [output_fd, lifeline_fd], ForkedAgent)
 
     def alive(self) -> bool:
         return self.process.returncode is None and _exit_code_if_ended(self.process) is None
@@ -117,7 +122,7 @@ class AgentServer:
             pass
 
 
-def _exit_code_if_ended(process: subprocess.Popen) -> int | None:
+def _exit_code_if_ended(process: subprocess.Popen[bytes]) -> int | None:
     """The server's exit code once it has ended (reaping it), None while it runs."""
     try:
         pid, status = os.waitpid(process.pid, os.WNOHANG)
@@ -141,8 +146,8 @@ class AgentServers:
     starts: `stop_all` (at exit) tells them all to leave."""
 
     def __init__(self) -> None:
-        self.running: dict[tuple, AgentServer] = {}  # most recently used last
-        self.stopped: list[subprocess.Popen] = []  # told to leave, reaped when they have
+        self.running: dict[ServerKey, AgentServer] = {}  # most recently used last
+        self.stopped: list[subprocess.Popen[bytes]] = []  # told to leave, reaped when they have
         self.not_forkable: set[str] = set()  # Pythons whose server found threads after importing torch
         self._lock = threading.Lock()  # running, not_forkable
         self._stopped_lock = threading.Lock()
@@ -198,7 +203,7 @@ class AgentServers:
                 return False
         return True
 
-    def _use(self, key: tuple, server: AgentServer) -> None:
+    def _use(self, key: ServerKey, server: AgentServer) -> None:
         """Make `server` the most recently used; tell the least recently used beyond `KEEP_SERVERS` to leave."""
         self.running[key] = server
         while len(self.running) > KEEP_SERVERS:

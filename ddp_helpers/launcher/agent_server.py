@@ -33,7 +33,7 @@ import socket
 import sys
 import traceback
 
-from .fork_server import fork_child, one_thread, preload_torchrun, serve
+from .fork_server import AgentRequest, fork_child, one_thread, preload_torchrun, serve
 
 SERVER_FD_ENV = "DDP_HELPERS_SERVER_FD"
 IDLE_ENV = "DDP_HELPERS_AGENT_SERVER_IDLE_S"
@@ -46,7 +46,7 @@ def preload() -> None:
     from . import torchrun_agent  # noqa: F401
 
 
-def become_agent(request: dict, output_fd: int, lifeline_fd: int, close: list[int]) -> int:
+def become_agent(request: AgentRequest, output_fd: int, lifeline_fd: int, close: list[int]) -> int:
     """In the forked child: become the run's agent, as if started by ``python -m ...torchrun_agent``."""
     from . import torchrun_agent
 
@@ -69,7 +69,9 @@ def become_agent(request: dict, output_fd: int, lifeline_fd: int, close: list[in
     return torchrun_agent.main(request["argv"])
 
 
-def start_agent(runs: dict[int, socket.socket], request: dict, fds: list[int], close: list[int]) -> None:
+def start_agent(
+    runs: dict[int, socket.socket], request: AgentRequest, fds: list[int], close: list[int]
+) -> None:
     """Fork one run's agent; tell the launcher its pid on the run's socket.
 
     The agent writes its own exit code there too, before it leaves: if this server dies first, the

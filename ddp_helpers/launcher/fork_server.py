@@ -20,13 +20,30 @@ import socket
 import threading
 import traceback
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TypedDict, TypeVar
 
 MAX_REQUEST = 1 << 20  # what the server reads of one request (an environment and a command line: far less)
 MAX_REQUEST_BYTES = 100_000  # what the asking end sends: one datagram, well under the socket's ~200 kB
 START_TIMEOUT_S = 300.0  # the first fork waits for the server to import torch: minutes on a slow disk
+
+
+class AgentRequest(TypedDict):
+    """One request, as JSON: the run's torchrun command line, its environment and its folder."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+
+
+class RunNews(TypedDict, total=False):
+    """One line on a run's socket: the child's pid first, then its exit code (negative: a signal)."""
+
+    pid: int
+    exit: int
+
+
 # (children by pid, the request, its fds, fds the child must close): forks the child, reports its pid
-StartFork = Callable[[dict[int, socket.socket], dict, list[int], list[int]], None]
+StartFork = Callable[[dict[int, socket.socket], AgentRequest, list[int], list[int]], None]
 
 
 # ------------------------------------------------------------------------------- the server
@@ -78,7 +95,7 @@ def report_ended_children(runs: dict[int, socket.socket]) -> None:
             run.close()
 
 
-def _send(run: socket.socket, message: dict) -> None:
+def _send(run: socket.socket, message: RunNews) -> None:
     try:
         run.sendall((json.dumps(message) + "\n").encode())
     except OSError:  # the launcher closed its end: nobody waits for this run's news
@@ -207,13 +224,13 @@ class ForkedAgent:
         self.close()
         return self.returncode
 
-    def _take(self, message: dict) -> None:
+    def _take(self, message: RunNews) -> None:
         if "pid" in message:
             self.pid = int(message["pid"])
         if "exit" in message and self.returncode is None:  # the agent's own word, or the server's
             self.returncode = int(message["exit"])
 
-    def _next_message(self) -> dict | None:
+    def _next_message(self) -> RunNews | None:
         """The next message, or None at end-of-file (the server is gone)."""
         while b"\n" not in self._buffer:
             data = self._socket.recv(4096)
@@ -221,7 +238,8 @@ class ForkedAgent:
                 return None
             self._buffer += data
         line, self._buffer = self._buffer.split(b"\n", 1)
-        return json.loads(line)
+        message: RunNews = json.loads(line)  # written by `_send`, or by the agent as it leaves
+        return message
 
     def close(self) -> None:
         self._socket.close()

@@ -97,7 +97,7 @@ class ElasticNode:
     """One torchrun agent of an elastic job, started in a session of its own, its output in `log`."""
 
     name: str
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     log: Path
 
     def lines(self) -> list[str]:

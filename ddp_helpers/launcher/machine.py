@@ -43,7 +43,8 @@ def free_port() -> int:
     """A TCP port that was free on localhost a moment ago."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]  # an AF_INET address: (host, port)
+        return port
 
 
 def available_memory() -> int:

@@ -79,7 +79,7 @@ def option(
     }
     if isinstance(default, dict | list):
 
-        def copy() -> Any:  # each config gets its own
+        def copy() -> D:  # each config gets its own
             return type(default)(default)
 
         return field(default_factory=copy, metadata=metadata)
@@ -336,7 +336,9 @@ def with_options(
     return apply
 
 
-def add_flags(parser: argparse.ArgumentParser, options: Iterable[Option] = OPTIONS) -> None:
+def add_flags(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, options: Iterable[Option] = OPTIONS
+) -> None:
     """One flag per option that has one. Each defaults to None, which leaves the option's own default."""
     for option in options:
         if option.parse is None:  # no flag

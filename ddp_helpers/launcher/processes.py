@@ -14,13 +14,13 @@ from typing import BinaryIO
 
 from ..errors import LaunchInterrupted
 from .agent_client import (
-    ForkedAgent,
     reap_stopped_servers_in_background,
     start_agent,
     stop_servers,
     wait_for_stopped_servers,
 )
 from .config import LaunchConfig
+from .fork_server import ForkedAgent
 from .lifeline import die_with_owner
 from .process_tree import ProcessTree
 from .torchrun_agent import OWNER_FD_ENV

@@ -11,13 +11,13 @@ from typing import Any, Unpack
 from .. import stack_dumps
 from ..errors import LaunchError, LaunchFailed, LaunchInterrupted, LaunchTimeout, WorkerFailed
 from .agent_client import (
-    ForkedAgent,
     reap_stopped_servers_in_background,
     stop_servers,
 )
 from .cell_output import CellEcho
 from .config import LaunchConfig, make_config
 from .diagnosis import diagnose, strip_rank_prefix
+from .fork_server import ForkedAgent
 from .keywords import LaunchKeywords
 from .log_follow import FileFollower, LogChunk, RankLogTail
 from .options import OPTIONS, with_options

@@ -29,6 +29,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 PR_SET_CHILD_SUBREAPER = 36
 GRACE_ENV = "DDP_HELPERS_GRACE_S"
@@ -42,7 +43,8 @@ def become_subreaper() -> bool:
         return False
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        result: int = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # ctypes returns a C int as int
+        return result == 0
     except (OSError, AttributeError):
         return False
 
@@ -155,7 +157,8 @@ def tolerate_half_written_error_files() -> None:
     try:
         from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-        read = ProcessFailure.__post_init__
+        # torch leaves it unannotated; it returns None
+        read: Callable[[ProcessFailure], None] = ProcessFailure.__post_init__
     except (ImportError, AttributeError):  # a torch that moved it: torchrun as it is
         return
     if getattr(read, "tolerates_half_written", False):

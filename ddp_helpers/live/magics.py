@@ -15,7 +15,10 @@ x.item()
 
 from __future__ import annotations
 
+import argparse
 import shlex
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 from IPython.core.displayhook import DisplayHook
 from IPython.core.magic import Magics, line_cell_magic, magics_class
@@ -42,11 +45,37 @@ def current_ranks() -> LiveRanks:
     return _current
 
 
-class _start_flags(ArgDecorator):
+# IPython leaves its argparse decorators (magic_arguments.py) unannotated. Each gives back the function it
+# decorates, with what it adds to the parser recorded on it; magic_arguments(), the outermost, then builds
+# the parser and sets it as the function's `parser`. Typed so here.
+Magic = TypeVar("Magic", bound=Callable[..., object])
+
+
+class _StartFlags(ArgDecorator):
     """``%ranks start``'s flags: one per launcher option that `start_ranks` takes (launcher/options.py)."""
 
-    def add_to_parser(self, parser, group):
+    def add_to_parser(self, parser: argparse.ArgumentParser, group: argparse._ArgumentGroup | None) -> None:
         add_flags(group or parser, LIVE_OPTIONS)
+
+
+class _ParsedMagic(Protocol):
+    """A magic that magic_arguments() decorated: the parser it built is on the function."""
+
+    parser: argparse.ArgumentParser
+
+    def __call__(self, line: str, cell: str | None = None) -> LiveRanks | None: ...
+
+
+def _argument(*names: str, **settings: Any) -> Callable[[Magic], Magic]:
+    return argument(*names, **settings)
+
+
+def _start_flags() -> Callable[[Magic], Magic]:
+    return _StartFlags()
+
+
+def _magic_arguments() -> Callable[[Callable[..., object]], _ParsedMagic]:
+    return magic_arguments()
 
 
 def _parse_ranks(text: str | None, flag: str = "--rank") -> list[int] | None:
@@ -62,22 +91,22 @@ def _parse_ranks(text: str | None, flag: str = "--rank") -> list[int] | None:
 
 @magics_class
 class RanksMagics(Magics):
-    @magic_arguments()
-    @argument(
+    @_magic_arguments()
+    @_argument(
         "action", nargs="?", default=None, help="line form: start, stop, restart, status, where or debug"
     )
-    @argument("target", nargs="?", default=None, help="%%ranks debug N: the rank to debug post-mortem")
+    @_argument("target", nargs="?", default=None, help="%%ranks debug N: the rank to debug post-mortem")
     @_start_flags()  # --timeout also sets a %%ranks cell's own timeout
-    @argument("--rank", default=None, help="cell form: run on these ranks only, e.g. 0 or 0,2")
-    @argument("--name", default="ranks", help="the notebook variable that holds the ranks")
-    @argument("--debug", default=None, help="cell form: these ranks stop in pdb at the cell's first line")
-    @argument(
+    @_argument("--rank", default=None, help="cell form: run on these ranks only, e.g. 0 or 0,2")
+    @_argument("--name", default="ranks", help="the notebook variable that holds the ranks")
+    @_argument("--debug", default=None, help="cell form: these ranks stop in pdb at the cell's first line")
+    @_argument(
         "--pdb-commands",
         default=None,
         help="pdb's answers, in order, before the input box is asked: e.g. 'p x;; c' (pdb's separator ;;)",
     )
     @line_cell_magic
-    def ranks(self, line: str, cell: str | None = None):
+    def ranks(self, line: str, cell: str | None = None) -> LiveRanks | None:
         """Start, stop and use live DDP ranks; see `ddp_helpers.start_ranks`."""
         # shell quoting, as in a terminal: --pdb-commands 'p x;; c' is one argument
         opts = self.ranks.parser.parse_args(shlex.split(line))
@@ -105,7 +134,7 @@ class RanksMagics(Magics):
         self.shell.user_ns["_ranks_out"] = results
         return None
 
-    def _line(self, opts):
+    def _line(self, opts: argparse.Namespace) -> LiveRanks | None:
         global _current
         if opts.action == "start":
             replaced = ""
@@ -116,6 +145,7 @@ class RanksMagics(Magics):
                     "they held is gone. "
                 )
             _current = start_ranks(**given_options(opts, LIVE_OPTIONS))
+            assert self.shell is not None  # a registered magic has its shell
             self.shell.user_ns[opts.name] = _current
             print(
                 f"{replaced}{_current.world_size} live rank(s) on {_current.backend}, bound to `{opts.name}`; "
@@ -141,13 +171,14 @@ class RanksMagics(Magics):
             print(current_ranks().where())
             return None
         if opts.action == "debug":
-            return _post_mortem(opts)
+            _post_mortem(opts)
+            return None
         raise InvalidLaunchArguments(
             f"%ranks takes start, stop, restart, status, where or debug, not {opts.action!r}"
         )
 
 
-def _post_mortem(opts) -> None:
+def _post_mortem(opts: argparse.Namespace) -> None:
     """``%ranks debug N``: pdb on the last exception a cell raised on rank N."""
     ranks = _parse_ranks(opts.target, "%ranks debug")
     if not ranks or len(ranks) != 1:
@@ -155,5 +186,5 @@ def _post_mortem(opts) -> None:
     current_ranks().debug(ranks[0], pdb_commands=split_commands(opts.pdb_commands))
 
 
-def load_ipython_extension(ipython) -> None:
+def load_ipython_extension(ipython: Any) -> None:
     ipython.register_magics(RanksMagics)

@@ -142,7 +142,8 @@ def group_timeout(group: Any = None) -> timedelta | None:
     group = dist.distributed_c10d._get_default_group() if group is None else group
     for device in ("cpu", "cuda"):
         try:
-            return group._get_backend(torch.device(device)).options._timeout
+            timeout: timedelta = group._get_backend(torch.device(device)).options._timeout
+            return timeout
         except Exception:  # noqa: BLE001 - no backend for this device, or other options: the next one
             continue
     return None

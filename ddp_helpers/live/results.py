@@ -28,7 +28,7 @@ class _Shown:
         return self.text
 
 
-class RankResults(dict):
+class RankResults(dict[int, Any]):
     """The value of a cell's last expression on each rank that ran it: ``{rank: value}``.
 
     None where the cell ended in a statement. Values that cannot be unpickled in the kernel (an

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ddp_helpers.distributed import setup_distributed
+from ddp_helpers.distributed import DistInfo, setup_distributed
 from ddp_helpers.live.protocol import (
     ADDRESS_ENV,
     AUTHKEY_ENV,
@@ -84,7 +84,7 @@ def encode(cell_id: int, value: Any) -> Value:
 class Cells:
     """Runs cells in one persistent namespace, IPython-style: the last expression's value is returned."""
 
-    def __init__(self, info, debugger: Debugger | None = None) -> None:
+    def __init__(self, info: DistInfo, debugger: Debugger | None = None) -> None:
         # no debugger given (no kernel to ask): pdb reads end of input, and quits
         self.debugger = debugger or Debugger(None, info.rank, lambda: self.cell_id)
         self.last_error: BaseException | None = None  # for post-mortem (``%ranks debug N``)
@@ -255,7 +255,7 @@ def main() -> None:
     conn = Client(os.environ[ADDRESS_ENV], authkey=bytes.fromhex(os.environ.pop(AUTHKEY_ENV)))
     cells = Cells(info, Debugger(conn, info.rank, lambda: cells.cell_id))
 
-    def on_sigint(signum, frame):
+    def on_sigint(signum: int, frame: types.FrameType | None) -> None:
         if cells.running:
             raise KeyboardInterrupt
 

@@ -22,9 +22,9 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from pathlib import Path
 
 from ..errors import LaunchInterrupted, LaunchTimeout
-from ..launcher.agent_client import ForkedAgent
 from ..launcher.config import LaunchConfig
 from ..launcher.diagnosis import STDERR_TAIL_LINES
+from ..launcher.fork_server import ForkedAgent
 from ..launcher.process_tree import ProcessTree
 from ..launcher.processes import exit_code, start_run, stop_run, wait_for_exit
 from ..launcher.runner import RunFollower

@@ -14,6 +14,7 @@ import argparse
 import os
 import statistics
 import time
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -24,7 +25,7 @@ from ddp_helpers.distributed import setup_distributed, under_torchrun
 from ddp_helpers.metrics import MetricsWriter
 
 
-def parse_args():
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--min-bytes", type=int, default=1 << 10)
     p.add_argument("--max-bytes", type=int, default=1 << 24)
@@ -39,7 +40,7 @@ def parse_args():
     return args
 
 
-def sizes(min_bytes, max_bytes):
+def sizes(min_bytes: int, max_bytes: int) -> Iterator[int]:
     size = min_bytes
     while size <= max_bytes:
         yield size
@@ -53,7 +54,9 @@ def bus_bandwidth(algbw: float, world_size: int) -> float:
     return busbw
 
 
-def measure(nbytes: int, args, rank: int, world_size: int, device: torch.device) -> tuple[dict, dict]:
+def measure(
+    nbytes: int, args: argparse.Namespace, rank: int, world_size: int, device: torch.device
+) -> tuple[dict, dict]:
     """One all-reduce size: its sum as this rank sees it, then its time (median of --iters, slowest rank).
 
     Returns the row for the summary (every rank's view, reduced) and this rank's own row for its
@@ -109,7 +112,7 @@ def measure(nbytes: int, args, rank: int, world_size: int, device: torch.device)
 
 
 @record
-def main():
+def main() -> None:
     args = parse_args()
     if not under_torchrun():
         raise SystemExit(

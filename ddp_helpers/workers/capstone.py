@@ -25,17 +25,17 @@ from torch.utils.data.distributed import DistributedSampler
 class Net(nn.Module):
     """The contract's model: two bias-free layers and dropout (random, so a lost random state shows)."""
 
-    def __init__(self, features, hidden, classes, dropout):
+    def __init__(self, features: int, hidden: int, classes: int, dropout: float) -> None:
         super().__init__()
         self.fc1 = nn.Linear(features, hidden, bias=False)
         self.drop = nn.Dropout(dropout)
         self.fc2 = nn.Linear(hidden, classes, bias=False)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.drop(torch.tanh(self.fc1(x))))
 
 
-def parse_args():
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Train Net with DDP (start it with torchrun).")
     p.add_argument("--data", required=True, help="a .pt file: {x: float32 [N, D], y: int64 [N], classes}")
     p.add_argument("--out", required=True, help="where ckpt.pt goes")
@@ -53,7 +53,7 @@ def parse_args():
     return p.parse_args()
 
 
-def setup():
+def setup() -> tuple[int, int, torch.device]:
     # LOCAL_RANK picks the GPU: RANK counts processes across machines, and cuda:8 does not exist
     local_rank = int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
@@ -66,16 +66,28 @@ def setup():
     return dist.get_rank(), dist.get_world_size(), device
 
 
-def random_state(device, loader_gen):
+def random_state(device: torch.device, loader_gen: torch.Generator) -> dict[str, torch.Tensor]:
     state = {"cpu": torch.get_rng_state(), "loader": loader_gen.get_state()}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def save(path, raw, optimizer, scaler, epoch, batch, step, rank, world, device, loader_gen):
+def save(
+    path: str,
+    raw: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    epoch: int,
+    batch: int,
+    step: int,
+    rank: int,
+    world: int,
+    device: torch.device,
+    loader_gen: torch.Generator,
+) -> None:
     # each rank draws its own dropout masks: gather every rank's random state (every rank must call this)
-    every = [None] * world
+    every: list[dict[str, torch.Tensor] | None] = [None] * world
     dist.all_gather_object(every, random_state(device, loader_gen))
     if rank == 0:  # one writer: N ranks writing one file would corrupt it
         ckpt = {
@@ -93,7 +105,15 @@ def save(path, raw, optimizer, scaler, epoch, batch, step, rank, world, device, 
     dist.barrier()  # no rank runs on (or reads) before the file is whole
 
 
-def resume(path, rank, device, raw, optimizer, scaler, loader_gen):
+def resume(
+    path: str | None,
+    rank: int,
+    device: torch.device,
+    raw: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    loader_gen: torch.Generator,
+) -> tuple[int, int, int]:
     """Where to go on from: (epoch, batches of it already trained, step). Every rank must call it."""
     # rank 0 chooses: ranks that each looked for themselves could disagree while the file is replaced
     choice = [path if path is not None and os.path.exists(path) else None]
@@ -113,7 +133,15 @@ def resume(path, rank, device, raw, optimizer, scaler, loader_gen):
     return ckpt["epoch"], ckpt["batch"], ckpt["step"]
 
 
-def train_step(model, optimizer, scaler, x, y, clip, amp_dtype):
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    clip: float,
+    amp_dtype: torch.dtype | None,
+) -> torch.Tensor:
     with torch.autocast(x.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
         loss = F.cross_entropy(model(x), y)
     optimizer.zero_grad(set_to_none=True)
@@ -125,7 +153,7 @@ def train_step(model, optimizer, scaler, x, y, clip, amp_dtype):
     return loss
 
 
-def log(loss, n, step, epoch, rank, device):
+def log(loss: torch.Tensor, n: int, step: int, epoch: int, rank: int, device: torch.device) -> None:
     # the mean over every rank's samples: each rank saw only its own batch
     totals = torch.stack([loss.detach().float() * n, torch.tensor(float(n), device=device)])
     dist.all_reduce(totals)  # SUM, then divide: gloo has no ReduceOp.AVG
@@ -133,12 +161,13 @@ def log(loss, n, step, epoch, rank, device):
         print(json.dumps({"step": step, "epoch": epoch, "loss": (totals[0] / totals[1]).item()}), flush=True)
 
 
-def train(args, rank, world, device):
+def train(args: argparse.Namespace, rank: int, world: int, device: torch.device) -> None:
     if rank == 0:
         os.makedirs(args.out, exist_ok=True)
     data = torch.load(args.data, weights_only=True)
     dataset = TensorDataset(data["x"], data["y"])
-    sampler = DistributedSampler(dataset, seed=args.seed)  # a disjoint shard per rank, shuffled
+    # a disjoint shard per rank, shuffled
+    sampler: DistributedSampler[int] = DistributedSampler(dataset, seed=args.seed)
     # generator=: iter(loader) draws its seed from it, not from the global generator the masks come from
     loader_gen = torch.Generator().manual_seed(args.seed + rank)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, generator=loader_gen)
@@ -171,7 +200,7 @@ def train(args, rank, world, device):
     save(path, raw, optimizer, scaler, args.epochs, 0, step, rank, world, device, loader_gen)
 
 
-def main():
+def main() -> None:
     args = parse_args()
     if "LOCAL_RANK" not in os.environ:
         raise SystemExit("start it with torchrun: torchrun --nproc-per-node 2 capstone.py --data D --out O")

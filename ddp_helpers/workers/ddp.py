@@ -26,7 +26,7 @@ from torch.utils.data.distributed import DistributedSampler
 # the defaults hold nothing.
 
 
-def make_dataset(size=2048, features=20, classes=4, seed=0):
+def make_dataset(size: int = 2048, features: int = 20, classes: int = 4, seed: int = 0) -> TensorDataset:
     """Points around one centre per class: built from a seed, so no download and the same everywhere."""
     gen = torch.Generator().manual_seed(seed)
     centres = 2 * torch.randn(classes, features, generator=gen)
@@ -34,13 +34,13 @@ def make_dataset(size=2048, features=20, classes=4, seed=0):
     return TensorDataset(centres[labels] + torch.randn(size, features, generator=gen), labels)
 
 
-def train(args, device):
+def train(args: argparse.Namespace, device: torch.device) -> None:
     rank = dist.get_rank()
     torch.manual_seed(0)
     dataset = make_dataset()
-    sampler = DistributedSampler(dataset)  # each rank its own disjoint shard, shuffled
+    sampler: DistributedSampler[int] = DistributedSampler(dataset)  # a disjoint shard per rank, shuffled
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
-    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 4)).to(device)
+    model: nn.Module = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 4)).to(device)
     # DDP copies rank 0's weights to every rank, then averages gradients during backward()
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)  # index = LOCAL_RANK
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
@@ -70,7 +70,7 @@ def train(args, device):
     dist.barrier()  # the others wait until the file is whole, and every rank ends together
 
 
-def main():
+def main() -> None:
     parser = argparse.ArgumentParser(description="Train a small classifier with DDP (start with torchrun).")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=32)  # per process: the global batch is N times it

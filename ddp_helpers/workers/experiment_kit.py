@@ -8,13 +8,18 @@ import argparse
 import os
 import statistics
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.profiler import ProfilerActivity, record_function
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from ddp_helpers.distributed import DistInfo
+
+Batches = list[tuple[torch.Tensor, torch.Tensor]]  # (inputs, targets) for each step
 
 
 def build_model(name: str, width: int, depth: int, classes: int = 10, batch_norm: bool = False) -> nn.Module:
@@ -32,12 +37,12 @@ def build_model(name: str, width: int, depth: int, classes: int = 10, batch_norm
 
 
 def make_batches(
-    model_name: str, width: int, image_size: int, batch_size: int, steps: int, rank: int, device
-):
+    model_name: str, width: int, image_size: int, batch_size: int, steps: int, rank: int, device: torch.device
+) -> Batches:
     """`steps` batches of this rank's own data (seeded by rank): the same for every variant."""
     generator = torch.Generator().manual_seed(1000 + rank)
     shape = (batch_size, width) if model_name == "mlp" else (batch_size, 3, image_size, image_size)
-    batches = []
+    batches: Batches = []
     for _ in range(steps):
         inputs = torch.randn(shape, generator=generator)
         targets = torch.randint(0, 10, (batch_size,), generator=generator)
@@ -45,12 +50,12 @@ def make_batches(
     return batches
 
 
-def synchronize(device) -> None:
+def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def slowest(value: float, device) -> float:
+def slowest(value: float, device: torch.device) -> float:
     """The largest `value` over all ranks: a step is done when its slowest rank is."""
     tensor = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
@@ -66,7 +71,9 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-norm", action="store_true", help="a BatchNorm1d after each MLP layer")
 
 
-def make_ddp(args, info, cap_mb: float | None = None, **ddp_options) -> DDP:
+def make_ddp(
+    args: argparse.Namespace, info: DistInfo, cap_mb: float | None = None, **ddp_options: Any
+) -> DDP:
     """DDP around the seeded model; `cap_mb` None keeps DDP's default buckets (with its small first one)."""
     if cap_mb is not None:
         ddp_options["bucket_cap_mb"] = cap_mb
@@ -76,11 +83,11 @@ def make_ddp(args, info, cap_mb: float | None = None, **ddp_options) -> DDP:
     return DDP(model, device_ids=device_ids, **ddp_options)
 
 
-def activities(info) -> list:
+def activities(info: DistInfo) -> list[ProfilerActivity]:
     return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if info.device.type == "cuda" else [])
 
 
-def count_allreduces(prof) -> int:
+def count_allreduces(prof: profile) -> int:
     """All-reduces issued in a profiled window: c10d's op is recorded once per call, on any backend."""
     return sum(event.count for event in prof.key_averages() if event.key == "c10d::allreduce_")
 
@@ -100,7 +107,7 @@ def ddp_logging(model: DDP) -> dict:
     return {key: data[key] for key in keys if key in data}
 
 
-def gradient_bytes(model) -> int:
+def gradient_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
@@ -116,7 +123,9 @@ def add_training_arguments(
     p.add_argument("--run-dir", default=os.environ.get("DDP_RUN_DIR", run_dir))
 
 
-def train_step(model, optimizer, inputs, targets) -> torch.Tensor:
+def train_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
     with record_function("forward"):
         loss = F.cross_entropy(model(inputs), targets)
     with record_function("backward"):
@@ -127,7 +136,9 @@ def train_step(model, optimizer, inputs, targets) -> torch.Tensor:
     return loss.detach()
 
 
-def train(model, batches, args, info) -> tuple[float, float]:
+def train(
+    model: nn.Module, batches: Batches, args: argparse.Namespace, info: DistInfo
+) -> tuple[float, float]:
     """Train on `batches`; the median step time after warm-up (slowest rank) and the last loss."""
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     times = []

@@ -5,6 +5,7 @@ reshards); `load_ddp_checkpoint` loads a plain DDP job's checkpoint (train.py's)
 The model and the training steps are fsdp_model.py's.
 """
 
+import argparse
 import time
 from concurrent.futures import Future
 from pathlib import Path
@@ -21,6 +22,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_state_dict,
 )
+from torch.distributed.device_mesh import DeviceMesh
 
 try:  # torch >= 2.6 exports FSDP2 here; 2.4-2.5 kept it private
     from torch.distributed.fsdp import fully_shard
@@ -56,7 +58,7 @@ class AppState:
     two methods make it one). dcp.save calls state_dict(); dcp.load fills what state_dict() returned,
     in place, then hands it to load_state_dict()."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.model, self.optimizer = model, optimizer
 
     def state_dict(self) -> dict:
@@ -73,7 +75,7 @@ class AppState:
         )
 
 
-def part_save(args, mesh, device) -> dict:
+def part_save(args: argparse.Namespace, mesh: DeviceMesh, device: torch.device) -> dict:
     model, factor = checked_fsdp(args, mesh, device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.adam_lr)
     half = args.steps // 2
@@ -98,7 +100,13 @@ def part_save(args, mesh, device) -> dict:
     }
 
 
-def async_saves(model, optimizer, args, device, steps: range) -> tuple[list[float], dict]:
+def async_saves(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    args: argparse.Namespace,
+    device: torch.device,
+    steps: range,
+) -> tuple[list[float], dict]:
     """Train `steps`, each begun with an async_save of the state it starts from (to
     <checkpoint-dir>-async/step<N>), one save in flight at a time."""
     # async_save copies the state to CPU memory, returns, and writes from a background thread while
@@ -138,7 +146,7 @@ def async_saves(model, optimizer, args, device, steps: range) -> tuple[list[floa
     return losses, timings
 
 
-def part_resume(args, mesh, device) -> dict:
+def part_resume(args: argparse.Namespace, mesh: DeviceMesh, device: torch.device) -> dict:
     model, factor = checked_fsdp(args, mesh, device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.adam_lr)
     # dcp.load asks AppState for the shapes to load into, reads, and gives the values back to it
@@ -169,7 +177,7 @@ def train_py_mlp(features: int, hidden: int, classes: int) -> nn.Sequential:
     )
 
 
-def load_ddp_checkpoint(args, mesh, device) -> dict:
+def load_ddp_checkpoint(args: argparse.Namespace, mesh: DeviceMesh, device: torch.device) -> dict:
     """A DDP job's checkpoint (train.py: rank 0 saved the plain model's full state_dict) into FSDP2.
 
     Only rank 0 reads the file: the others would each hold the whole model in memory for a moment,

@@ -13,22 +13,26 @@ precision: fp32, or bf16 (FSDP2's MixedPrecisionPolicy(param_dtype=bfloat16, red
 """
 
 import argparse
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_helpers.workers.fsdp_measures import CollectiveCounter, local_bytes, local_shard, optimizer_bytes
-from ddp_helpers.workers.fsdp_model import MixedPrecisionPolicy, build_model, checked_fsdp
+from ddp_helpers.workers.fsdp_model import BlockMLP, MixedPrecisionPolicy, build_model, checked_fsdp
 
 STRATEGIES = ("ddp", "ddp_default", "zero1", "zero2", "fsdp2")
 
 
-def wrapped(strategy: str, precision: str, args, mesh, device):
+def wrapped(
+    strategy: str, precision: str, args: argparse.Namespace, mesh: DeviceMesh, device: torch.device
+) -> tuple[nn.Module, BlockMLP, torch.optim.Optimizer, list[torch.Tensor]]:
     """(the module to call, the plain model, the optimizer, DDP's buckets as its comm hook sees them)."""
     buckets: list[torch.Tensor] = []
     if strategy in ("zero2", "fsdp2"):
@@ -44,7 +48,9 @@ def wrapped(strategy: str, precision: str, args, mesh, device):
     model = build_model(args, device)
     ddp = DDP(model, gradient_as_bucket_view=strategy != "ddp_default")
 
-    def keep_bucket(state, bucket):  # DDP's comm hook: each flat bucket of gradients it all-reduces
+    def keep_bucket(
+        state: object, bucket: dist.GradBucket
+    ) -> torch.futures.Future[torch.Tensor]:  # DDP's comm hook: each flat bucket of gradients it all-reduces
         buckets.append(bucket.buffer())
         average = bucket.buffer().div_(dist.get_world_size())
         return dist.all_reduce(average, async_op=True).get_future().then(lambda fut: fut.value()[0])
@@ -59,7 +65,9 @@ def wrapped(strategy: str, precision: str, args, mesh, device):
     return ddp, model, optimizer, buckets
 
 
-def saved_activation_bytes(model: nn.Module):
+def saved_activation_bytes(
+    model: nn.Module,
+) -> tuple[dict[int, int], torch.autograd.graph.saved_tensors_hooks]:
     """A saved_tensors_hooks pair that sums the bytes autograd saves for backward, each storage once,
     leaving out the parameters (full or gathered: whatever the model holds when the tensor is saved)."""
     seen: dict[int, int] = {}
@@ -74,7 +82,12 @@ def saved_activation_bytes(model: nn.Module):
     return seen, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
 
 
-def held_at_forward_end(model: nn.Module, optimizer, buckets, loss_fn) -> tuple[dict, torch.Tensor]:
+def held_at_forward_end(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    buckets: list[torch.Tensor],
+    loss_fn: Callable[[], torch.Tensor],
+) -> tuple[dict, torch.Tensor]:
     """Run `loss_fn` (forward and loss), count what this rank holds once it returns; return both."""
     seen, hooks = saved_activation_bytes(model)
     with hooks:
@@ -105,7 +118,7 @@ def fsdp_params(model: nn.Module) -> list:
     return found
 
 
-def second_copy(params, buckets) -> int:
+def second_copy(params: list[nn.Parameter], buckets: list[torch.Tensor]) -> int:
     """DDP's buckets where `.grad` is not a view of them (gradient_as_bucket_view=False)."""
     if not buckets:
         return 0
@@ -114,7 +127,14 @@ def second_copy(params, buckets) -> int:
     return sum(n for ptr, n in copies.items() if ptr not in grad_storages)
 
 
-def footprint(mesh, device, strategy: str, precision: str = "fp32", recompute: bool = False, **sizes) -> dict:
+def footprint(
+    mesh: DeviceMesh,
+    device: torch.device,
+    strategy: str,
+    precision: str = "fp32",
+    recompute: bool = False,
+    **sizes: int,
+) -> dict:
     """This rank's bytes at the end of forward in the third step, and the bytes sent in that step."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
@@ -125,7 +145,7 @@ def footprint(mesh, device, strategy: str, precision: str = "fp32", recompute: b
     x = torch.randn(args.batch, args.features, generator=gen).to(device)
     y = torch.randint(args.classes, (args.batch,), generator=gen).to(device)
 
-    def loss_fn():
+    def loss_fn() -> torch.Tensor:
         return F.cross_entropy(module(x), y)
 
     for _ in range(2):  # gradients and Adam's state come to exist; DDP rebuilds its buckets in step 2

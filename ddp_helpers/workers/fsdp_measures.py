@@ -7,8 +7,8 @@ import inspect
 import math
 import statistics
 import time
-from collections.abc import Iterable
-from typing import TypeVar
+from collections.abc import Callable, Collection, Iterable
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -28,7 +28,7 @@ def flattened(tensors: Iterable[torch.Tensor | None]) -> torch.Tensor:
     return torch.cat([t.flatten() for t in whole])
 
 
-def local_bytes(tensors) -> int:
+def local_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes this rank holds for `tensors`: a DTensor counts its local shard only."""
     return sum(local_shard(t).numel() * local_shard(t).element_size() for t in tensors)
 
@@ -37,7 +37,9 @@ def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
     return local_bytes(v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v))
 
 
-def memory_row(model: nn.Module, optimizer: torch.optim.Optimizer, ddp_buckets=()) -> dict:
+def memory_row(
+    model: nn.Module, optimizer: torch.optim.Optimizer, ddp_buckets: Collection[torch.Tensor] = ()
+) -> dict[str, int]:
     """Bytes this rank holds. `ddp_buckets`: DDP's flat gradient buckets (from a comm hook); they count
     only where .grad is not a view of them (DDP's default, gradient_as_bucket_view=False: a second copy)."""
     params = list(model.parameters())
@@ -47,7 +49,7 @@ def memory_row(model: nn.Module, optimizer: torch.optim.Optimizer, ddp_buckets=(
         "weights": local_bytes(params),
         "grads": local_bytes(grads),
         "ddp_buckets": local_bytes(
-            {b.untyped_storage().data_ptr(): b for b in ddp_buckets}.get(ptr)
+            {b.untyped_storage().data_ptr(): b for b in ddp_buckets}[ptr]
             for ptr in {b.untyped_storage().data_ptr() for b in ddp_buckets} - grad_storages
         ),
         "optimizer": optimizer_bytes(optimizer),
@@ -69,25 +71,25 @@ class CollectiveCounter:
         "broadcast": ("broadcast", 0),  # ZeroRedundancyOptimizer sends each rank's updated weights
     }
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.bytes = {"all_gather": 0, "reduce_scatter": 0, "broadcast": 0}
         self.calls = {"all_gather": 0, "reduce_scatter": 0, "broadcast": 0}
         self._depth = 0
-        self._originals = {}
+        self._originals: dict[str, Callable[..., Any]] = {}
 
-    def __enter__(self):
+    def __enter__(self) -> "CollectiveCounter":
         for name, (kind, index) in self.NAMES.items():
             if hasattr(dist, name):
                 self._originals[name] = original = getattr(dist, name)
                 setattr(dist, name, self._wrap(original, kind, index))
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         for name, original in self._originals.items():
             setattr(dist, name, original)
 
-    def _wrap(self, original, kind: str, index: int):
-        def counted(*args, **kwargs):
+    def _wrap(self, original: Callable[..., Any], kind: str, index: int) -> Callable[..., Any]:
+        def counted(*args: Any, **kwargs: Any) -> Any:
             if self._depth == 0:
                 bound = inspect.signature(original).bind(*args, **kwargs).arguments
                 full = list(bound.values())[index]  # the names differ between torch versions
@@ -110,7 +112,7 @@ def padded_numel(model: nn.Module, world_size: int) -> int:
     )
 
 
-def timed_steps(step_fn, steps: int, device: torch.device) -> float:
+def timed_steps(step_fn: Callable[[int], object], steps: int, device: torch.device) -> float:
     """Median seconds per step, after one warm-up step."""
     times = []
     for step in range(steps):

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.device_mesh import DeviceMesh
 
 from ddp_helpers.workers.fsdp_measures import flattened, local_shard
 from ddp_helpers.workers.fsdp_model import BlockMLP, build_model, checked_fsdp, global_batch, my_slice, shard
@@ -25,7 +26,7 @@ def parameter_bytes(model: nn.Module) -> int:
     return sum(local_shard(p).nbytes for p in model.parameters() if not local_shard(p).is_meta)
 
 
-def whole_first(args, mesh, device) -> tuple[list, BlockMLP]:
+def whole_first(args: argparse.Namespace, mesh: DeviceMesh, device: torch.device) -> tuple[list, BlockMLP]:
     model = build_model(args, device)  # every rank holds every weight, full size, for a moment
     trace = [("built", parameter_bytes(model))]
     shard(model, mesh)  # fully_shard copies each rank's rows out; the full tensors are freed
@@ -33,7 +34,7 @@ def whole_first(args, mesh, device) -> tuple[list, BlockMLP]:
     return trace, model
 
 
-def meta_first(args, mesh, device) -> tuple[list, BlockMLP]:
+def meta_first(args: argparse.Namespace, mesh: DeviceMesh, device: torch.device) -> tuple[list, BlockMLP]:
     with torch.device("meta"):  # shapes and dtypes only: no memory, no initialisation
         model = BlockMLP(args.features, args.width, args.depth, args.classes)
     trace = [("built on meta", parameter_bytes(model))]
@@ -77,7 +78,9 @@ def block_weights(model: BlockMLP) -> list[torch.Tensor]:
     return [local_shard(p).detach() for p in model.blocks.parameters() if p.dim() == 2]
 
 
-def clipped_norm(args, mesh, device, max_norm: float = 0.5) -> dict:
+def clipped_norm(
+    args: argparse.Namespace, mesh: DeviceMesh, device: torch.device, max_norm: float = 0.5
+) -> dict:
     """clip_grad_norm_ over FSDP2's DTensor gradients, against one process on the global batch."""
     args = argparse.Namespace(**{**vars(args), "global_batch": 4 * mesh.size()})
     model, _ = checked_fsdp(args, mesh, device)  # gradients the mean over ranks (pytorch#162338)

@@ -12,11 +12,13 @@ FSDP2 itself): `gradient_factor()` measures that on a probe sharded with the mod
 
 import argparse
 import math
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
@@ -55,7 +57,9 @@ def build_model(args: argparse.Namespace, device: torch.device) -> BlockMLP:
     return BlockMLP(args.features, args.width, args.depth, args.classes).to(device)
 
 
-def global_batch(args: argparse.Namespace, step: int, device: torch.device):
+def global_batch(
+    args: argparse.Namespace, step: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole batch of `step`, the same on every rank (a deterministic generator per step)."""
     g = torch.Generator().manual_seed(args.seed * 1000 + step)
     x = torch.randn(args.global_batch, args.features, generator=g)
@@ -68,7 +72,7 @@ def my_slice(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.chunk(dist.get_world_size())[dist.get_rank()]
 
 
-def shard(model: BlockMLP, mesh, **fsdp_options) -> BlockMLP:
+def shard(model: BlockMLP, mesh: DeviceMesh, **fsdp_options: Any) -> BlockMLP:
     """FSDP2: each block is one unit (one all-gather, one reduce-scatter), the root holds the rest.
     `fsdp_options` (mp_policy=..., ...) go to every fully_shard call."""
     for block in model.blocks:
@@ -78,7 +82,7 @@ def shard(model: BlockMLP, mesh, **fsdp_options) -> BlockMLP:
     return model
 
 
-def sum_on_one_rank(model: nn.Module, mesh) -> None:
+def sum_on_one_rank(model: nn.Module, mesh: DeviceMesh) -> None:
     """On a one-rank mesh, reduce-scatter with SUM (the sum of one gradient is the mean).
 
     torch before 2.9 asks the backend for ReduceOp.AVG on fp32 and bf16 gradients even with one rank,
@@ -99,7 +103,9 @@ def sum_on_one_rank(model: nn.Module, mesh) -> None:
 # ---------------------------------------------------------------------------- pytorch#162338
 
 
-def gradient_factor(mesh, device: torch.device, force_sum: bool = False, **fsdp_options) -> float:
+def gradient_factor(
+    mesh: DeviceMesh, device: torch.device, force_sum: bool = False, **fsdp_options: Any
+) -> float:
     """FSDP2's gradient divided by the true mean, on a probe where the answer is known.
 
     Every rank's local gradient is all ones, so the mean over ranks is all ones: a correct FSDP2
@@ -122,7 +128,7 @@ def gradient_factor(mesh, device: torch.device, force_sum: bool = False, **fsdp_
     return factor.item()
 
 
-def factors_by_reduce(mesh, device: torch.device) -> dict[str, float]:
+def factors_by_reduce(mesh: DeviceMesh, device: torch.device) -> dict[str, float]:
     """`gradient_factor` per reduce dtype (the probe sharded with that MixedPrecisionPolicy), and with
     torch >= 2.8's set_force_sum_reduction_for_comms(True): which settings ask the backend for ReduceOp.AVG."""
     factors = {
@@ -148,7 +154,9 @@ def divide_gradients(model: nn.Module, factor: float) -> None:
             module.set_all_reduce_hook(divide)
 
 
-def checked_fsdp(args, mesh, device, **fsdp_options) -> tuple[BlockMLP, float]:
+def checked_fsdp(
+    args: argparse.Namespace, mesh: DeviceMesh, device: torch.device, **fsdp_options: Any
+) -> tuple[BlockMLP, float]:
     """An FSDP2 model whose gradients are the mean over ranks, whichever torch this is."""
     model = shard(build_model(args, device), mesh, **fsdp_options)
     factor = gradient_factor(mesh, device, **fsdp_options)  # the probe reduces as the model does
@@ -162,7 +170,13 @@ def checked_fsdp(args, mesh, device, **fsdp_options) -> tuple[BlockMLP, float]:
 # ---------------------------------------------------------------------------- training steps (also --part save / resume's)
 
 
-def train_steps(model, optimizer, args, device, steps: range) -> list[float]:
+def train_steps(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    args: argparse.Namespace,
+    device: torch.device,
+    steps: range,
+) -> list[float]:
     """Train `steps` and return each step's loss over the whole global batch (mean of the ranks')."""
     losses = []
     for step in steps:

@@ -17,9 +17,9 @@ wraps, removes and wraps again, as a rerun notebook cell would).
 """
 
 import argparse
-import statistics
 import time
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Self
 
 import torch
 import torch.distributed as dist
@@ -30,21 +30,22 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_helpers import teardown
-from ddp_helpers.distributed import setup_distributed
+from ddp_helpers.distributed import DistInfo, setup_distributed
 from ddp_helpers.metrics import MetricsWriter
 from ddp_helpers.workers.experiment_kit import (
+    Batches,
     add_model_arguments,
     add_training_arguments,
     build_model,
     make_batches,
-    slowest,
     synchronize,
 )
+from ddp_helpers.workers.handmade_check import compare_to_ddp, flat_state
 
 VARIANTS = ("naive", "flat", "overlap", "bucketed", "ddp")
 
 
-def broadcast_from_rank0(tensors) -> None:
+def broadcast_from_rank0(tensors: Iterable[torch.Tensor]) -> None:
     """Give every rank rank 0's values, in place: DDP does this for weights and buffers."""
     for tensor in tensors:
         dist.broadcast(tensor, src=0)
@@ -59,17 +60,21 @@ class HandmadeDDP(nn.Module):
     wrapping the same model again does not stack a second set (two all-reduces, two divisions).
     """
 
-    def __init__(self, module: nn.Module):
+    def __init__(self, module: nn.Module) -> None:
         super().__init__()
         self.module = module
         self.allreduces = 0  # per step, for the table
         self.hooks: list[torch.utils.hooks.RemovableHandle] = []
         broadcast_from_rank0(module.state_dict().values())
 
-    def forward(self, *args, **kwargs):
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         if torch.is_grad_enabled():  # as DDP's default (broadcast_buffers / forward_sync_buffers)
             broadcast_from_rank0(self.module.buffers())
         return self.module(*args, **kwargs)
+
+    def finish_gradient_synchronization(self) -> None:
+        """Make every gradient the mean over ranks before step(): each version does it its own way."""
+        raise NotImplementedError
 
     def remove(self) -> None:
         """Take this wrapper's hooks off the model's parameters."""
@@ -77,10 +82,10 @@ class HandmadeDDP(nn.Module):
             handle.remove()
         self.hooks.clear()
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.remove()
 
 
@@ -122,7 +127,7 @@ class OverlapDDP(HandmadeDDP):
     """Each gradient's all-reduce starts, asynchronously, the moment autograd has accumulated it,
     so communication runs while backward computes the earlier layers' gradients."""
 
-    def __init__(self, module: nn.Module):
+    def __init__(self, module: nn.Module) -> None:
         super().__init__(module)
         self.handles: list[dist.Work] = []
         for param in module.parameters():
@@ -167,7 +172,7 @@ class BucketedDDP(HandmadeDDP):
       unused on one rank only would make that rank skip an all-reduce the others wait in: a hang.
     """
 
-    def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0):
+    def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0) -> None:
         super().__init__(module)
         self.buckets: list[list[nn.Parameter]] = [[]]
         cap, size = bucket_cap_mb * 2**20, 0
@@ -215,11 +220,17 @@ class BucketedDDP(HandmadeDDP):
 # ---------------------------------------------------------------------------- wrapping
 
 
-def wrap(variant: str, model: nn.Module, bucket_cap_mb: float | None, device) -> nn.Module:
+def wrap(
+    variant: str, model: nn.Module, bucket_cap_mb: float | None, device: torch.device
+) -> DDP | HandmadeDDP:
     """`model` inside DDP or a hand-made version; a cap of None means DDP's default (25 MiB for ours)."""
     if variant == "ddp":
         options: dict[str, Any] = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
         return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **options)
+    return handmade(variant, model, bucket_cap_mb)
+
+
+def handmade(variant: str, model: nn.Module, bucket_cap_mb: float | None) -> HandmadeDDP:
     if variant == "bucketed":
         return BucketedDDP(model, 25.0 if bucket_cap_mb is None else bucket_cap_mb)
     return {"naive": NaiveDDP, "flat": FlatDDP, "overlap": OverlapDDP}[variant](model)
@@ -228,20 +239,20 @@ def wrap(variant: str, model: nn.Module, bucket_cap_mb: float | None, device) ->
 # ---------------------------------------------------------------------------- one variant
 
 
-def flat_state(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """All weights, and all floating-point buffers (BatchNorm's running statistics), each as one vector."""
-    weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
-    buffers = [b.reshape(-1) for b in model.buffers() if b.is_floating_point()]
-    return weights, (torch.cat(buffers).cpu() if buffers else torch.zeros(0))
-
-
-def train_variant(variant, args, info, batches, writer, first_step=0):
+def train_variant(
+    variant: str,
+    args: argparse.Namespace,
+    info: DistInfo,
+    batches: Batches,
+    writer: MetricsWriter,
+    first_step: int = 0,
+) -> tuple[list[float], list[int], torch.Tensor, torch.Tensor, float]:
     """Train `variant` on `batches` from the seeded initial weights; its step times, final weights and buffers."""
     torch.manual_seed(args.seed)  # the same initial weights for every variant
     model = build_model(args.model, args.width, args.depth, batch_norm=args.batch_norm).to(info.device)
     if args.rewrap and variant != "ddp":
         # a notebook cell run twice wraps the same model twice: the first wrapper's hooks must go
-        wrap(variant, model, args.bucket_cap_mb, info.device).remove()
+        handmade(variant, model, args.bucket_cap_mb).remove()
     wrapped = wrap(variant, model, args.bucket_cap_mb, info.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     times, allreduces = [], []
@@ -251,7 +262,7 @@ def train_variant(variant, args, info, batches, writer, first_step=0):
         loss = F.cross_entropy(wrapped(inputs), targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()  # DDP and variants 3-4 all-reduce during this call
-        if variant != "ddp":
+        if isinstance(wrapped, HandmadeDDP):  # not DDP
             wrapped.finish_gradient_synchronization()  # variants 1-2 all-reduce here; 3-4 wait here
             allreduces.append(wrapped.allreduces)
         optimizer.step()
@@ -264,47 +275,15 @@ def train_variant(variant, args, info, batches, writer, first_step=0):
             step_time_s=times[-1],
             samples=len(inputs),
         )
-    if variant != "ddp":
+    if isinstance(wrapped, HandmadeDDP):
         wrapped.remove()  # the model is done with; leave no hook behind on it
     return times, allreduces, *flat_state(model), loss.item()
-
-
-def compare_to_ddp(variant, args, info, times, allreduces, state, reference) -> dict:
-    """One variant's step time and its weights and buffers against DDP's, on every rank; raises if they differ."""
-    (weights, buffers), (ddp_weights, ddp_buffers) = state, reference
-    # this rank's weights and buffers against DDP's on this rank: rank 1's running statistics
-    # match DDP's only if the version broadcast rank 0's buffers before each forward, as DDP does
-    max_diff = (weights - ddp_weights).abs().max().item()  # this rank's
-    buffer_diff = (buffers - ddp_buffers).abs().max().item() if len(buffers) else 0.0
-    matches = torch.allclose(torch.cat(state), torch.cat(reference), rtol=args.rtol, atol=args.atol)
-    all_match = slowest(0.0 if matches else 1.0, info.device) == 0.0  # every rank agrees
-    r: dict[str, Any] = {
-        "step_time_s": slowest(statistics.median(times[args.warmup_steps :]), info.device),
-        "allreduces_per_step": allreduces[-1] if allreduces else None,
-        "max_abs_diff_vs_ddp": slowest(max_diff, info.device),
-        "buffer_max_abs_diff_vs_ddp": slowest(buffer_diff, info.device),
-        "equal_to_ddp": all_match,
-    }
-    if info.is_main:
-        print(
-            f"{variant:>9}: {r['step_time_s'] * 1e3:8.2f} ms/step, max |w - w_ddp| = "
-            f"{r['max_abs_diff_vs_ddp']:.2e}, buffers {r['buffer_max_abs_diff_vs_ddp']:.2e} "
-            f"({'equal' if all_match else 'DIFFERENT'})",
-            flush=True,
-        )
-    if not all_match:
-        raise AssertionError(
-            f"{variant}: weights or buffers after {args.steps} steps differ from DDP's on some rank "
-            f"(max {r['max_abs_diff_vs_ddp']:.3e} in the weights, "
-            f"{r['buffer_max_abs_diff_vs_ddp']:.3e} in the buffers)"
-        )
-    return r
 
 
 # ---------------------------------------------------------------------------- main
 
 
-def parse_args(argv: list[str] | None = None):
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--variants", default=",".join(VARIANTS), help=f"comma-separated, from {', '.join(VARIANTS)}"
@@ -326,7 +305,7 @@ def parse_args(argv: list[str] | None = None):
 
 
 @record
-def main(argv: list[str] | None = None):  # argv: for a caller in-process (live ranks)
+def main(argv: list[str] | None = None) -> None:  # argv: for a caller in-process (live ranks)
     args = parse_args(argv)
     info = setup_distributed()
     if not info.distributed:

@@ -27,12 +27,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.elastic.multiprocessing.errors import record
+from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import profile, record_function
 
 from ddp_helpers import teardown
-from ddp_helpers.distributed import setup_distributed
+from ddp_helpers.distributed import DistInfo, setup_distributed
 from ddp_helpers.metrics import MetricsWriter
 from ddp_helpers.workers.experiment_kit import (
+    Batches,
     activities,
     add_model_arguments,
     add_training_arguments,
@@ -49,9 +51,6 @@ from ddp_helpers.workers.experiment_kit import (
 )
 
 EXPERIMENTS = ("profile", "buckets", "allreduce", "no_sync", "hooks", "options")
-
-
-# ---------------------------------------------------------------------------- a hook of our own
 
 
 def storage_of(tensor: torch.Tensor) -> tuple[int, int]:
@@ -96,7 +95,7 @@ HOOKS = {
 # ---------------------------------------------------------------------------- experiments
 
 
-def experiment_profile(args, info, batches) -> dict:
+def experiment_profile(args: argparse.Namespace, info: DistInfo, batches: Batches) -> dict:
     """Profile DDP's own buckets, then the same steps with one bucket: every all-reduce after backward."""
     own = profile_steps(args, info, batches, args.bucket_cap_mb, "traces")
     size_mb = gradient_bytes(build_model(args.model, args.width, args.depth)) / 2**20
@@ -104,7 +103,9 @@ def experiment_profile(args, info, batches) -> dict:
     return {**own, "one_bucket": one}
 
 
-def profile_steps(args, info, batches, cap_mb, directory: str) -> dict:
+def profile_steps(
+    args: argparse.Namespace, info: DistInfo, batches: Batches, cap_mb: float | None, directory: str
+) -> dict:
     """Warm up (DDP rebuilds its buckets after the first step), then profile a few steps."""
     model = make_ddp(args, info, cap_mb)
     if hasattr(model, "_set_ddp_runtime_logging_sample_rate"):
@@ -129,7 +130,9 @@ def profile_steps(args, info, batches, cap_mb, directory: str) -> dict:
     }
 
 
-def bucket_layout(args, info, cap_mb, batches) -> list[dict]:
+def bucket_layout(
+    args: argparse.Namespace, info: DistInfo, cap_mb: float | None, batches: Batches
+) -> list[dict]:
     """The buckets DDP reduces once it has rebuilt them (from the second step on), seen by our hook."""
     model = make_ddp(args, info, cap_mb)
     log: list[dict] = []
@@ -140,7 +143,7 @@ def bucket_layout(args, info, cap_mb, batches) -> list[dict]:
     return sorted(log, key=lambda entry: entry["bucket"])
 
 
-def experiment_buckets(args, info, batches) -> dict:
+def experiment_buckets(args: argparse.Namespace, info: DistInfo, batches: Batches) -> dict:
     rows = []
     for cap in [None, *args.bucket_caps]:  # None: DDP's default, first bucket included
         model = make_ddp(args, info, cap)
@@ -171,7 +174,7 @@ def experiment_buckets(args, info, batches) -> dict:
     }
 
 
-def experiment_allreduce(args, info, batches) -> dict:
+def experiment_allreduce(args: argparse.Namespace, info: DistInfo, batches: Batches) -> dict:
     """The time of one all-reduce of each size: --iters of them back to back after a barrier (so a late
     peer is not counted), divided by --iters, in --repeats rounds over all sizes (a burst of load slows
     every size alike, not one). Timed alone, on an idle 2-core virtual machine, the smallest sizes' medians
@@ -197,7 +200,9 @@ def experiment_allreduce(args, info, batches) -> dict:
     return {"rows": rows, "repeats": args.repeats, "iters": args.iters}
 
 
-def accumulate(model, optimizer, micro_batches, use_no_sync: bool) -> None:
+def accumulate(
+    model: DDP, optimizer: torch.optim.Optimizer, micro_batches: Batches, use_no_sync: bool
+) -> None:
     """One optimizer step over several micro-batches; with no_sync(), only the last one all-reduces."""
     for i, (inputs, targets) in enumerate(micro_batches):
         last = i == len(micro_batches) - 1
@@ -208,7 +213,7 @@ def accumulate(model, optimizer, micro_batches, use_no_sync: bool) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-def experiment_no_sync(args, info, batches) -> dict:
+def experiment_no_sync(args: argparse.Namespace, info: DistInfo, batches: Batches) -> dict:
     groups = [batches[i : i + args.accumulate] for i in range(0, len(batches), args.accumulate)]
     groups = [group for group in groups if len(group) == args.accumulate]
     results, weights = {}, {}
@@ -244,7 +249,7 @@ def experiment_no_sync(args, info, batches) -> dict:
     }
 
 
-def experiment_hooks(args, info, batches) -> dict:
+def experiment_hooks(args: argparse.Namespace, info: DistInfo, batches: Batches) -> dict:
     results: dict[str, dict[str, Any]] = {}
     for name in args.hooks:
         model = make_ddp(args, info, args.bucket_cap_mb)
@@ -274,7 +279,7 @@ OPTIONS = {
 }
 
 
-def gradient_memory(args, info, batches, options: dict) -> dict:
+def gradient_memory(args: argparse.Namespace, info: DistInfo, batches: Batches, options: dict) -> dict:
     """Bytes of the distinct memory blocks that hold gradients at the end of a backward: the .grad
     tensors' and DDP's buckets' (seen by our hook), each block counted once. Measured on a second
     step: DDP rebuilds its buckets at the start of it, and .grad become bucket views only after it."""
@@ -298,7 +303,7 @@ def gradient_memory(args, info, batches, options: dict) -> dict:
     }
 
 
-def experiment_options(args, info, batches) -> dict:
+def experiment_options(args: argparse.Namespace, info: DistInfo, batches: Batches) -> dict:
     results = {}
     for name, options in OPTIONS.items():
         model = make_ddp(args, info, args.bucket_cap_mb, **options)
@@ -312,10 +317,7 @@ def experiment_options(args, info, batches) -> dict:
     return results
 
 
-# ---------------------------------------------------------------------------- main
-
-
-def parse_args(argv: list[str] | None = None):
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--experiments", default=",".join(EXPERIMENTS), help=f"comma-separated: {', '.join(EXPERIMENTS)}"
@@ -357,15 +359,16 @@ def parse_args(argv: list[str] | None = None):
 
 
 @record
-def main(argv: list[str] | None = None):  # argv: for a caller in-process (live ranks)
+def main(argv: list[str] | None = None) -> None:  # argv: for a caller in-process (live ranks)
     args = parse_args(argv)
     info = setup_distributed()
     if not info.distributed:
         raise SystemExit("run me under torchrun: DDP needs a process group")
     writer = MetricsWriter(args.run_dir, info.rank)
     writer.write_plan(len(args.experiments))
+    measured = max(args.steps, args.warmup_steps + args.profile_steps)  # batches most experiments train on
     # enough batches for the longest experiment: no_sync takes `accumulate` per optimizer step
-    n_batches = max(args.steps, args.warmup_steps + args.profile_steps) * max(1, args.accumulate)
+    n_batches = measured * max(1, args.accumulate)
     batches = make_batches(
         args.model, args.width, args.image_size, args.batch_size, n_batches, info.rank, info.device
     )
@@ -380,11 +383,7 @@ def main(argv: list[str] | None = None):  # argv: for a caller in-process (live 
     for step, name in enumerate(args.experiments, start=1):
         start = time.perf_counter()
         # every experiment but no_sync trains on the first --steps batches
-        data = (
-            batches
-            if name == "no_sync"
-            else batches[: max(args.steps, args.warmup_steps + args.profile_steps)]
-        )
+        data = batches if name == "no_sync" else batches[:measured]
         summary[name] = globals()[f"experiment_{name}"](args, info, data)
         writer.log(step=step, experiment=name, seconds=time.perf_counter() - start)
         if info.is_main:

@@ -14,6 +14,7 @@ check it rather than trust a printed line.
 import argparse
 import time
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -34,7 +35,7 @@ TIMED_STEPS = 50  # steps timed: enough to average out the scheduler's noise on 
 # the cases: each takes (rank, world_size, device, fix)
 
 
-def crash(rank, world, device, fix):
+def crash(rank: int, world: int, device: torch.device, fix: bool) -> None:
     batch = torch.ones(4, device=device)
     divisor = 0 if rank == 1 and not fix else 2  # a bug that only one rank's data triggers
     if divisor == 0:
@@ -43,7 +44,7 @@ def crash(rank, world, device, fix):
     print(f"rank {rank}: ok")
 
 
-def hang(rank, world, device, fix):
+def hang(rank: int, world: int, device: torch.device, fix: bool) -> None:
     x = torch.ones(1, device=device)
     if rank == 1 and not fix:
         print("rank 1: skipping the all_reduce (e.g. an `if loss is nan: continue` on one rank only)")
@@ -53,7 +54,7 @@ def hang(rank, world, device, fix):
     print(f"rank {rank}: all_reduce gave {x.item():g}")
 
 
-def monitored_barrier(rank, world, device, fix):
+def monitored_barrier(rank: int, world: int, device: torch.device, fix: bool) -> None:
     if rank == 1 and not fix:
         time.sleep(3600)  # rank 1 is stuck somewhere before the barrier
     # gloo only: unlike barrier(), rank 0 reports *which* rank did not arrive. The other ranks
@@ -63,7 +64,7 @@ def monitored_barrier(rank, world, device, fix):
     print(f"rank {rank}: everyone reached the barrier")
 
 
-def mismatch(rank, world, device, fix):
+def mismatch(rank: int, world: int, device: torch.device, fix: bool) -> None:
     # rank 1 sends a tensor of another shape: without checks this can hang or corrupt data silently
     size = 4 if fix or rank != 1 else 5
     x = torch.ones(size, device=device)
@@ -73,12 +74,13 @@ def mismatch(rank, world, device, fix):
     report(rank, world, values=x.tolist())
 
 
-def set_epoch(rank, world, device, fix):
+def set_epoch(rank: int, world: int, device: torch.device, fix: bool) -> None:
     # not an error, so one run shows both: the wrong loop, then the right one
-    orders = {}
+    orders: dict[str, list[list[int]]] = {}
     for call_set_epoch in (False, True):
         label = "with set_epoch" if call_set_epoch else "without set_epoch"
-        sampler = DistributedSampler(range(32), num_replicas=world, rank=rank, shuffle=True, seed=0)
+        # torch types `dataset` as a Dataset; a sampler only takes its len(), so a range serves
+        sampler = DistributedSampler(range(32), num_replicas=world, rank=rank, shuffle=True, seed=0)  # type: ignore[arg-type, var-annotated]
         orders[label] = []
         for epoch in range(3):
             if call_set_epoch:
@@ -89,12 +91,13 @@ def set_epoch(rank, world, device, fix):
     report(rank, world, orders=orders)
 
 
-def evaluate(rank, world, device, fix):
+def evaluate(rank: int, world: int, device: torch.device, fix: bool) -> None:
     # 299 samples and a "model" that is right on exactly the even-numbered ones: 150 of 299
     correct_on = (torch.arange(299) % 2 == 0).float()
     shards = {
         # naive: a DistributedSampler pads 299 up to a multiple of world_size by repeating samples
-        "naive": list(DistributedSampler(range(299), num_replicas=world, rank=rank, shuffle=False)),
+        # (torch types `dataset` as a Dataset: a sampler only takes its len(), so a range serves)
+        "naive": list(DistributedSampler(range(299), num_replicas=world, rank=rank, shuffle=False)),  # type: ignore[arg-type]
         # exact: every sample once (rank::world), with the counts summed across ranks
         "exact": list(range(rank, 299, world)),
     }
@@ -110,19 +113,20 @@ def evaluate(rank, world, device, fix):
 
 
 class TwoHeads(nn.Module):
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self.body = nn.Linear(8, 8)
         self.head_a = nn.Linear(8, 2)
         self.head_b = nn.Linear(8, 2)  # never used in forward: its gradient never arrives
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head_a(self.body(x))
 
 
-def unused(rank, world, device, fix):
+def unused(rank: int, world: int, device: torch.device, fix: bool) -> None:
     if fix:
-        return time_unused_fixes(rank, world, device)
+        time_unused_fixes(rank, world, device)
+        return
     # plain DDP: which step fails, where, and had the replicas already drifted apart by then?
     torch.manual_seed(0)  # the same initial weights on every rank
     ddp = DDP(TwoHeads().to(device))
@@ -167,10 +171,10 @@ def unused(rank, world, device, fix):
     )
 
 
-def time_unused_fixes(rank, world, device):
+def time_unused_fixes(rank: int, world: int, device: torch.device) -> None:
     # the two fixes, timed after a warm-up: the first steps build buckets, caches and (static_graph)
     # the unused set, and are not what every later step costs
-    options = {
+    options: dict[str, dict[str, Any]] = {  # DDP's keywords
         "find_unused_parameters=True": {"find_unused_parameters": True},  # walks the graph every step
         "static_graph=True": {"static_graph": True},  # learns the unused set once, in the first step
     }
@@ -202,13 +206,13 @@ def time_unused_fixes(rank, world, device):
     report(rank, world, ms_per_step=timings, gap_to_rank0=gaps)
 
 
-def batchnorm(rank, world, device, fix):
+def batchnorm(rank: int, world: int, device: torch.device, fix: bool) -> None:
     model = nn.Sequential(nn.BatchNorm1d(4)).to(device)
     if fix:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # statistics over the global batch
     ddp = DDP(model)  # broadcast_buffers=True (the default): rank 0's buffers go to all before each forward
     norm = ddp.module[0]
-    seen = {}
+    seen: dict[str, list[float]] = {}
     # runs inside DDP's forward, after DDP has broadcast the buffers and before BatchNorm updates them
     norm.register_forward_pre_hook(lambda module, args: seen.update(start=module.running_mean.tolist()))
     # each rank's data has its own mean (rank r around 10 r): skewed shards
@@ -229,6 +233,7 @@ def batchnorm(rank, world, device, fix):
     for step, batch in enumerate(batches):
         own(batch)
         whole(torch.cat([shard[step] for shard in everyone]))
+    assert own.running_mean is not None and whole.running_mean is not None  # they track statistics
     report(
         rank,
         world,
@@ -241,7 +246,7 @@ def batchnorm(rank, world, device, fix):
     )
 
 
-def uneven(rank, world, device, fix):
+def uneven(rank: int, world: int, device: torch.device, fix: bool) -> None:
     model = DDP(nn.Linear(4, 1).to(device))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     batches = 6 if rank == 0 else 4  # the other ranks run out of data first
@@ -249,7 +254,7 @@ def uneven(rank, world, device, fix):
     print(f"rank {rank}: {batches} batches to train on")
     scaled = []  # each step's all-reduced gradient over this rank's own local one
 
-    def train():
+    def train() -> None:
         for x in data:
             local = torch.autograd.grad(model.module(x).sum(), model.module.weight)[
                 0
@@ -271,7 +276,7 @@ def uneven(rank, world, device, fix):
     print(f"rank {rank}: trained on {batches} batches, weight sum {model.module.weight.sum().item():.4f}")
 
 
-def slow_save(rank, world, device, fix, save_seconds):
+def slow_save(rank: int, world: int, device: torch.device, fix: bool, save_seconds: float) -> None:
     # rank 0 writes a checkpoint (here: sleeps as long as a big save takes) while the others
     # wait at the barrier after it, and a barrier waits at most the process group's timeout
     save_ended = None
@@ -288,7 +293,7 @@ def slow_save(rank, world, device, fix, save_seconds):
     report(rank, world, entered=entered, left=time.time(), save_ended=save_ended)
 
 
-def oom(rank, world, device, fix):
+def oom(rank: int, world: int, device: torch.device, fix: bool) -> None:
     if device.type != "cuda":
         # an exception, not SystemExit: @record writes it to the error file, and the launcher shows it
         raise RuntimeError(
@@ -336,7 +341,7 @@ CASES = {
 
 
 @record
-def main():
+def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--case", choices=sorted(CASES), required=True)
     p.add_argument("--fix", action="store_true", help="apply the fix")

@@ -9,11 +9,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import Join
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 
-def report(rank, world, **facts):
+def report(rank: int, world: int, **facts: object) -> None:
     """Gather `facts` from every rank; rank 0 writes them, as a list by rank, to summary.json."""
-    gathered = [None] * world
+    gathered: list[dict[str, object] | None] = [None] * world
     dist.all_gather_object(gathered, facts)  # every rank must take part
     if rank == 0:
         run_dir = Path(os.environ.get("DDP_RUN_DIR", "runs/pitfalls"))
@@ -23,16 +24,16 @@ def report(rank, world, **facts):
         os.replace(tmp, run_dir / "summary.json")  # the notebook never sees half a file
 
 
-def synchronize(device):
+def synchronize(device: torch.device) -> None:
     """Wait for the GPU's queued work (a no-op on the CPU), so that a clock read measures it."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def all_reduces_per_step(model, optimizer, x):
+def all_reduces_per_step(model: DDP, optimizer: torch.optim.Optimizer, x: torch.Tensor) -> dict[str, int]:
     """All-reduces that one training step issues, counted by the profiler: outside Join, then inside it."""
 
-    def count_one_step():
+    def count_one_step() -> int:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             optimizer.zero_grad(set_to_none=True)
             model(x).sum().backward()
@@ -46,3 +47,9 @@ def all_reduces_per_step(model, optimizer, x):
     with Join([model]):  # every rank is here, so nobody joins early: only the step's own cost is counted
         counts["inside Join"] = count_one_step()
     return counts
+
+
+def grad_of(param: torch.Tensor) -> torch.Tensor:
+    """The gradient that backward() left in `param` (None before: the caller's bug, said so here)."""
+    assert param.grad is not None, "no gradient: backward() has not reached this parameter"
+    return param.grad

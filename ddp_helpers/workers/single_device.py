@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 
-def make_dataset(size=2048, features=20, classes=4, seed=0):
+def make_dataset(size: int = 2048, features: int = 20, classes: int = 4, seed: int = 0) -> TensorDataset:
     """Points around one centre per class: built from a seed, so no download and the same everywhere."""
     gen = torch.Generator().manual_seed(seed)
     centres = 2 * torch.randn(classes, features, generator=gen)
@@ -21,11 +21,11 @@ def make_dataset(size=2048, features=20, classes=4, seed=0):
     return TensorDataset(centres[labels] + torch.randn(size, features, generator=gen), labels)
 
 
-def train(args, device):
+def train(args: argparse.Namespace, device: torch.device) -> None:
     torch.manual_seed(0)
     dataset = make_dataset()
     loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True)
-    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 4)).to(device)
+    model: nn.Module = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 4)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
 
     for epoch in range(args.epochs):
@@ -43,7 +43,7 @@ def train(args, device):
     print(f"saved {args.save}")
 
 
-def main():
+def main() -> None:
     parser = argparse.ArgumentParser(description="Train a small classifier on one device.")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=32)

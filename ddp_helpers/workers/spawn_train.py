@@ -22,13 +22,13 @@ import torch.multiprocessing as mp
 TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
 
 
-def free_port():
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
-def run_rank(local_rank, world_size, port, train_args):
+def run_rank(local_rank: int, world_size: int, port: int, train_args: list[str]) -> None:
     # what torchrun would have set in each worker's environment
     os.environ.update(
         RANK=str(local_rank),

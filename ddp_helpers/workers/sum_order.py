@@ -19,9 +19,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ddp_helpers import teardown
 from ddp_helpers.distributed import setup_distributed
 from ddp_helpers.workers.pitfalls import report
+from ddp_helpers.workers.pitfalls_measures import grad_of
 
 
-def sum_order(rank, world, device):
+def sum_order(rank: int, world: int, device: torch.device) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)).to(
         device
@@ -32,15 +33,17 @@ def sum_order(rank, world, device):
     x, y = torch.randn(32, 64, device=device), torch.randint(0, 10, (32,), device=device)
     with ddp.no_sync():  # this rank's own gradients, not all-reduced
         nn.functional.cross_entropy(ddp(x), y).backward()
-    local = [p.grad.clone() for p in params]
+    local = [grad_of(p).clone() for p in params]
     steps = []
     for _ in range(3):  # three steps on the same batch and the same weights (no optimizer step)
         ddp.zero_grad(set_to_none=True)
         nn.functional.cross_entropy(ddp(x), y).backward()
-        steps.append(torch.cat([p.grad.flatten() for p in params]))
+        steps.append(torch.cat([grad_of(p).flatten() for p in params]))
     rebuilt = ddp._get_ddp_logging_data().get("rebuilt_per_bucket_param_indices", "")
 
-    def all_reduced(order, group=None, size=world):
+    def all_reduced(
+        order: list[int], group: dist.ProcessGroup | None = None, size: int = world
+    ) -> torch.Tensor:
         """DDP's sum by hand: every gradient times 1/size (as the Reducer scales it), laid out in
         one flat buffer in `order`, all-reduced."""
         flat = torch.cat([local[i].flatten() * (1.0 / size) for i in order])
@@ -53,6 +56,7 @@ def sum_order(rank, world, device):
     pair = dist.new_group([0, 1]) if world > 2 else None  # every rank must create the group
     two_ranks_agree = None
     if pair is not None and rank < 2:
+        assert isinstance(pair, dist.ProcessGroup)  # a member's; new_group gives the others a marker
         two_ranks_agree = torch.equal(all_reduced(param_order, pair, 2), all_reduced(ready_order, pair, 2))
     report(
         rank,
@@ -68,7 +72,7 @@ def sum_order(rank, world, device):
 
 
 @record
-def main():
+def main() -> None:
     os.environ.setdefault("DDP_RUN_DIR", "runs/sum_order")  # where report() writes summary.json
     info = setup_distributed()
     if info.world_size < 2:
