@@ -22,7 +22,7 @@ from ddp_helpers.launcher.agent_server import IDLE_ENV
 from ddp_helpers.launcher.config import make_config
 from ddp_helpers.launcher.process_tree import ProcessTree
 from ddp_helpers.launcher.processes import start_run, stop_run, wait_for_exit
-from ddp_helpers.launcher.runner import RunFollower
+from ddp_helpers.launcher.run_follower import RunFollower
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,6 @@
 """The kernel side of a launch: runs in the notebook kernel (or the command line), never in a rank.
 
-`runner.launch` starts torchrun (through `torchrun_agent`, which runs in the agent's own process),
-follows each rank's output and metrics, stops the run on interrupt, and diagnoses a failed rank.
+`runner.launch` starts torchrun (through `torchrun_agent`, which runs in the agent's own process) and
+stops the run on interrupt, a hang or its end; `run_follower.RunFollower` follows each rank's output and
+metrics and diagnoses a failed rank (live ranks use it too).
 """

@@ -27,7 +27,7 @@ from ..launcher.diagnosis import STDERR_TAIL_LINES
 from ..launcher.fork_server import ForkedAgent
 from ..launcher.process_tree import ProcessTree
 from ..launcher.processes import exit_code, start_run, stop_run, wait_for_exit
-from ..launcher.runner import RunFollower
+from ..launcher.run_follower import RunFollower
 from . import protocol
 from .protocol import Hello, Reply, Request, Shutdown
 
