@@ -36,7 +36,9 @@ def test_defaults_pick_gloo_and_two_processes_without_gpus(worker, monkeypatch, 
     env = config.environment()
     assert env["DDP_BACKEND"] == "gloo" and env["PYTHONUNBUFFERED"] == "1"
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in env
-    config.max_restarts = 1  # restarts get a fresh rendezvous store: no stale peer addresses
+    config = make_config(
+        worker, max_restarts=1
+    )  # restarts get a fresh rendezvous store: no stale peer addresses
     assert config.environment()["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
     gpus(4)
     config = make_config(worker)
@@ -153,7 +155,6 @@ def test_multinode_lines_wait_for_the_workers_own_rank(tmp_path):
     assert tail.rank_file(2, "stdout.log") == log
 
 
-
 def test_a_ranks_printed_lines_come_before_the_traceback_read_with_them(tmp_path):
     attempt = tmp_path / "logs" / "r_1" / "attempt_0" / "1"
     attempt.mkdir(parents=True)
@@ -162,6 +163,7 @@ def test_a_ranks_printed_lines_come_before_the_traceback_read_with_them(tmp_path
     tail = RankLogTail(tmp_path / "logs")
     texts = [line.text for line in tail.read_new()]
     assert texts == ["line 0", "line 1", "Traceback (most recent call last):", "ValueError: boom"]
+
 
 def echo_on_a_fake_clock(burst: int) -> tuple[CellEcho, list[str], list[float]]:
     """A CellEcho at 10 lines/s whose clock is now[0], and the lines it wrote."""

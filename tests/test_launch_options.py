@@ -96,7 +96,7 @@ def test_start_ranks_keywords_are_the_live_options_names_and_types():
 
 
 def test_adding_an_option_is_one_declaration():
-    @dataclasses.dataclass(kw_only=True)
+    @dataclasses.dataclass(kw_only=True, frozen=True)
     class WithKnob(LaunchOptions):
         demo_knob: int = option(3, "a knob only this test has", int_at_least(0), int, live=True)
 

@@ -8,14 +8,15 @@ bad input is refused before a process is spawned, and turns into a torchrun comm
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import secrets
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Unpack
+from typing import Any, Unpack
 
 from ..backends import resolve_backend  # the one rule, shared with every worker
 from ..errors import InvalidLaunchArguments
@@ -53,14 +54,15 @@ def _check_script_args(args: Iterable[object]) -> list[str]:
 # ---------------------------------------------------------------------------- the config
 
 
-@dataclass
+@dataclass(frozen=True)
 class LaunchConfig(LaunchOptions):
     """A validated launch: a script, its arguments and the options (`LaunchOptions`' fields) it runs with.
 
     Built with the user's options only; every default lives in `LaunchOptions`. On construction, bad
     input raises `InvalidLaunchArguments` before anything is spawned, an "auto" backend is resolved,
     and what depends on the machine is set: `gpus`, `device`, `local_world_size` (nproc, or its
-    default), `out_dir` (run_dir, or a new folder) and `shown_ranks`.
+    default), `out_dir` (run_dir, or a new folder) and `shown_ranks`. Then it never changes: a start
+    that needs another folder or more environment (live ranks) runs a copy made by `derive`.
     """
 
     script: Path
@@ -76,19 +78,38 @@ class LaunchConfig(LaunchOptions):
         # the seconds that `import torch` takes to count the GPUs.
         self._check_script()
         for option in OPTIONS:  # each option on its own
-            setattr(self, option.name, option.check(option.name, getattr(self, option.name)))
+            self._set(option.name, option.check(option.name, getattr(self, option.name)))
         self._check_nodes()
         if isinstance(self.show_ranks, list) and self.nproc is not None:
             ranks_outside("show_ranks", self.show_ranks, self.nproc * self.nnodes)
         # then what needs the machine
-        self.gpus = visible_gpus()
+        self._set("gpus", visible_gpus())
         self._resolve_world()
         if self.show_ranks == "all":
-            self.shown_ranks = None
+            self._set("shown_ranks", None)
         else:  # "none" or a list of ranks, once checked
-            self.shown_ranks = set(self.show_ranks) if isinstance(self.show_ranks, list) else set()
-            ranks_outside("show_ranks", self.shown_ranks, self.world_size)
-        self.out_dir = Path(self.run_dir) if self.run_dir is not None else default_run_dir(self.script.stem)
+            shown = set(self.show_ranks) if isinstance(self.show_ranks, list) else set()
+            ranks_outside("show_ranks", shown, self.world_size)
+            self._set("shown_ranks", shown)
+        self._set(
+            "out_dir", Path(self.run_dir) if self.run_dir is not None else default_run_dir(self.script.stem)
+        )
+
+    def _set(self, name: str, value: Any) -> None:
+        """While validating: the one place a field is written (the dataclass is frozen)."""
+        object.__setattr__(self, name, value)
+
+    def derive(self, **changes: Any) -> LaunchConfig:
+        """A copy with some fields changed (live ranks: each start's folder, the ranks' address).
+
+        Nothing is checked again: the changes are the launcher's own, never a user's."""
+        unknown = set(changes) - {f.name for f in fields(self)}
+        if unknown:
+            raise TypeError(f"LaunchConfig has no field {sorted(unknown)}")
+        new = copy.copy(self)
+        for name, value in changes.items():
+            object.__setattr__(new, name, value)
+        return new
 
     def _check_script(self) -> None:
         script = Path(self.script).expanduser()
@@ -101,7 +122,7 @@ class LaunchConfig(LaunchOptions):
                 f"{script.name} is a notebook, not a script: torchrun runs Python files. Write the cell "
                 f"with %%writefile, or export it: jupyter nbconvert --to script {script.name}"
             )
-        self.script = script.resolve()
+        self._set("script", script.resolve())
 
     def _check_nodes(self) -> None:
         """The options that only make sense together: a node's rank, the rendezvous across nodes."""
@@ -114,7 +135,7 @@ class LaunchConfig(LaunchOptions):
                 f"nnodes={self.nnodes} needs rdzv_endpoint='host:port', got {self.rdzv_endpoint!r}"
             )
         if self.rdzv_timeout is None and self.nnodes > 1:
-            self.rdzv_timeout = MULTINODE_RDZV_TIMEOUT_S
+            self._set("rdzv_timeout", MULTINODE_RDZV_TIMEOUT_S)
 
     def _resolve_world(self) -> None:
         """`backend` and `local_world_size` from the visible GPUs; what a one-process launch can do."""
@@ -122,12 +143,15 @@ class LaunchConfig(LaunchOptions):
         if self.launcher == "python" and nproc is None:
             nproc = 1
         try:
-            self.backend, self.device = resolve_backend(self.backend, self.gpus)
+            backend, device = resolve_backend(self.backend, self.gpus)
+            self._set("backend", backend)
+            self._set("device", device)
         except ValueError as err:
             raise InvalidLaunchArguments(str(err)) from None
         if nproc is None:
             nproc = self.gpus if self.gpus > 0 else 2
-        nproc = self.local_world_size = check_int("nproc", nproc, 1)
+        nproc = check_int("nproc", nproc, 1)
+        self._set("local_world_size", nproc)
         if self.device == "cpu":
             check_cpu_ranks(nproc)
         if self.backend == "nccl" and nproc > self.gpus:

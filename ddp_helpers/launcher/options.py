@@ -86,7 +86,7 @@ def option(
     return field(default=default, metadata=metadata)
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class LaunchOptions:
     """Every option of a launch, with its default: what ``launch(script, **options)`` takes.
 

@@ -95,7 +95,7 @@ class LiveRanks:
 
     def _start(self) -> None:
         if self._starts:
-            self._config.out_dir = self._base_run_dir / f"restart-{self._starts}"
+            self._config = self._config.derive(out_dir=self._base_run_dir / f"restart-{self._starts}")
         self._starts += 1
         self._session = None
         self._session = Session(self._config, self._startup_timeout)

@@ -83,17 +83,17 @@ class Session:
         self.closed = False
         self._socket_dir = Path(tempfile.mkdtemp(prefix="ddp-ranks-"))  # 0700: only this user
         authkey = secrets.token_bytes(32)
-        listener = self._listen(authkey)
+        listener = self._listen()
         self.run = RunFollower(config, "off")
         # live ranks have no result.logs: the held-back note names the files
         self.run.echo.kept_in = (
             f"each rank's stdout.log and stderr.log under {config.log_dir}/*/attempt_0/<rank>/"
         )
+        # where the ranks connect back to, and the key: in the ranks' environment only, never in self.config
+        reach_back = {protocol.ADDRESS_ENV: str(self._address), protocol.AUTHKEY_ENV: authkey.hex()}
         try:
-            self.proc = start_run(
-                config
-            )  # in a session of its own: never signalled by the kernel's own Ctrl-C
-            config.env.pop(protocol.AUTHKEY_ENV)  # the key lives in the ranks' environment only
+            # in a session of its own: never signalled by the kernel's own Ctrl-C
+            self.proc = start_run(config.derive(env={**config.env, **reach_back}))
             self.tree = ProcessTree(self.proc.pid)
             self._accept(listener, authkey, startup_timeout)
         except BaseException:
@@ -113,12 +113,14 @@ class Session:
         """torchrun's exit code (negative: the signal that ended it), or None while it runs or before."""
         return None if self.proc is None else exit_code(self.proc)
 
-    def _listen(self, authkey: bytes) -> socket.socket:
-        """The socket the ranks connect back to, and the environment that tells them where it is."""
-        config = self.config
-        address = str(self._socket_dir / "control.sock")
-        config.log_dir.mkdir(parents=True, exist_ok=True)
-        config.env.update({protocol.ADDRESS_ENV: address, protocol.AUTHKEY_ENV: authkey.hex()})
+    @property
+    def _address(self) -> Path:
+        return self._socket_dir / "control.sock"
+
+    def _listen(self) -> socket.socket:
+        """The socket the ranks connect back to."""
+        address = str(self._address)
+        self.config.log_dir.mkdir(parents=True, exist_ok=True)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             listener.bind(address)
@@ -130,7 +132,7 @@ class Session:
             raise OSError(
                 f"live ranks cannot listen at {address}: {err}{hint if size > 107 else ''}"
             ) from err
-        listener.listen(config.local_world_size)
+        listener.listen(self.config.local_world_size)
         return listener
 
     def _accept(self, listener: socket.socket, authkey: bytes, startup_timeout: float) -> None:
