@@ -1,0 +1,20 @@
+"""The public tools for several nodes on one machine, and for a real scheduler: what notebook 06 uses.
+
+- `loopback_plan(nnodes, nproc_per_node)`: each pretend node's environment (its own GPUs, if any);
+- `start_elastic_node(...)`: one node's torchrun agent of an elastic job, started as a real node would;
+- `wait_for_line(nodes, pattern, timeout_s)`: the first line of the nodes' logs that matches;
+- `free_port()`: a port nothing listens on, for a rendezvous;
+- `slurm`: submit a job file to SLURM (`slurm.submit`), follow it (`slurm.follow`), and say why SLURM
+  cannot run here (`slurm.missing_reason`).
+
+They live in the launcher; this module is the name a notebook imports them by, so the launcher's
+modules stay free to change.
+"""
+
+from __future__ import annotations
+
+from ..launcher import slurm
+from ..launcher.loopback import loopback_plan, start_elastic_node, wait_for_line
+from ..launcher.machine import free_port
+
+__all__ = ["free_port", "loopback_plan", "slurm", "start_elastic_node", "wait_for_line"]
