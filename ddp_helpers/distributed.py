@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from . import stack_dumps
 from .backends import BACKENDS, resolve_backend  # noqa: F401  (re-exported: the rule lives there)
+from .run_contract import BACKEND_ENV, DEVICE_ENV
 
 
 def worker_backend() -> tuple[str, str]:
@@ -36,7 +37,7 @@ def worker_backend() -> tuple[str, str]:
     gloo on the CPU: with nccl, rank 1 would ask for a ``cuda:1`` that does not exist.
     """
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    backend = os.environ.get("DDP_BACKEND") or "auto"
+    backend = os.environ.get(BACKEND_ENV) or "auto"
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     if backend == "auto" and 0 < gpus < local_ranks:
         if os.environ.get("LOCAL_RANK", "0") == "0":
@@ -101,7 +102,7 @@ def setup_distributed(backend: str | None = None, timeout: timedelta | None = No
     connects eagerly (and its watchdog exists before the first collective).
     """
     if not under_torchrun():
-        use_cuda = torch.cuda.is_available() and os.environ.get("DDP_DEVICE", "cuda") != "cpu"
+        use_cuda = torch.cuda.is_available() and os.environ.get(DEVICE_ENV, "cuda") != "cpu"
         device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
         return DistInfo(0, 0, 1, 1, "none", device)
     if backend is None:

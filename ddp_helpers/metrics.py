@@ -6,31 +6,14 @@ Workers use `MetricsWriter`. The kernel side follows and reads the files
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
-METRICS_DIR = "metrics"
-SUMMARY_FILE = "summary.json"
-PLAN_FILE = "plan.json"
-
-
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    # Readers poll these files while the run goes on: never let them see half a file.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(data, indent=2, default=str))
-        os.replace(tmp, path)
-    except OSError as error:
-        tmp.unlink(missing_ok=True)  # nothing half-written is left behind
-        if error.errno == errno.ENOSPC:
-            raise OSError(
-                error.errno, f"no space left on the device that holds {path.parent}: cannot write {path.name}"
-            ) from error
-        raise
+from .run_contract import METRICS_DIR, PLAN_FILE, SUMMARY_FILE
+from .run_contract import write_json_atomic as _write_json_atomic
 
 
 class MetricsWriter:

@@ -32,9 +32,11 @@ import time
 from pathlib import Path
 from typing import IO
 
+from . import run_contract
+
 # None where the system has no real-time signals (macOS): no worker registers, none is asked
 STACK_SIGNAL: int | None = signal.SIGRTMIN + 6 if hasattr(signal, "SIGRTMIN") else None
-STACKS_DIR = "stacks"  # in the run's logs/
+STACKS_DIR = run_contract.STACKS_DIR  # in the run's logs/
 WAIT_S = 2.0  # a live worker answers within milliseconds; one that does not is left out
 POLL_S = 0.05  # faulthandler writes a few bytes at a time, the main thread last: read once it stops
 MAX_FRAMES = 8  # innermost first: where it waits, and the calls that led there
@@ -45,7 +47,7 @@ _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 _registered: list[IO[str]] = []  # the open dump file, for as long as the worker runs
 # The launcher puts WORKER_SITE first on the ranks' PYTHONPATH and sets REGISTER_ENV=1: its
 # sitecustomize.py registers every rank before the script's first line (it reads this name too).
-REGISTER_ENV = "DDP_HELPERS_STACK_DUMPS"
+REGISTER_ENV = run_contract.STACK_DUMPS_ENV
 WORKER_SITE = Path(__file__).resolve().parent / "worker_site"
 
 
@@ -75,8 +77,8 @@ def register(log_dir: Path) -> None:
 def register_in_run() -> None:
     """`register` in the logs of this worker's run, where ``DDP_RUN_DIR`` names it (the launcher,
     the cluster job files and the workers set it)."""
-    if "DDP_RUN_DIR" in os.environ:
-        register(Path(os.environ["DDP_RUN_DIR"]) / "logs")
+    if run_contract.RUN_DIR_ENV in os.environ:
+        register(Path(os.environ[run_contract.RUN_DIR_ENV]) / run_contract.LOGS_DIR)
 
 
 def ask(pids_by_rank: dict[int, int], log_dir: Path) -> dict[int, str]:

@@ -130,3 +130,38 @@ def test_modules_and_functions_stay_small(path):
         and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
     ]
     assert not long, f"{path.name}: functions over {MAX_FUNCTION_LINES} lines: {', '.join(long)}"
+
+
+# ------------------------------------------------------------- the kernel-rank contract, spelled once
+CONTRACT_MODULE = PACKAGE / "run_contract.py"
+
+
+def _contract_names() -> set[str]:
+    from ddp_helpers import run_contract
+
+    return {value for name, value in vars(run_contract).items() if name.isupper() and isinstance(value, str)}
+
+
+def test_every_environment_name_and_run_file_is_spelled_in_the_contract_alone():
+    """run_contract.py owns the names the kernel and the ranks share: a module that spelled one out
+    again could drift from it, and a rank would then look for a file the launcher never writes."""
+    names = _contract_names()
+    assert {"DDP_RUN_DIR", "summary.json", "stderr.log"} <= names  # the scan below looks for something
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path == CONTRACT_MODULE:
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+        }
+        found += [
+            f"{path.relative_to(PACKAGE)}:{node.lineno} {node.value!r}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and node.value in names and id(node) not in docstrings
+        ]
+    assert not found, f"import these from ddp_helpers.run_contract instead: {found}"

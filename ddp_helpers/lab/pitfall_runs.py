@@ -18,6 +18,7 @@ from typing import Any
 
 from ..errors import LaunchTimeout, WorkerFailed
 from ..launcher.runner import launch
+from ..run_contract import SUMMARY_FILE
 
 IN_THE_WORKER = 'pitfalls.py", line'  # a traceback's or a stack's frame in the worker's own file
 MISMATCH_CALL = "dist.all_reduce(x)"
@@ -60,7 +61,7 @@ def live_cases(live: Any) -> Callable[..., SimpleNamespace]:
     (what the case reported, or None), as a launch's result holds them."""
 
     def run_live(case: str, fix: bool = False, **extra: Any) -> SimpleNamespace:
-        summary = live.run_dir / "summary.json"  # the case's report() writes it there, as in a launch
+        summary = live.run_dir / SUMMARY_FILE  # the case's report() writes it there, as in a launch
         summary.unlink(missing_ok=True)
         args = "".join(f", {name}={value!r}" for name, value in extra.items())
         logs = live.run(

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from ..run_contract import RUN_DIR_ENV
 from .job_files import CPUS_PER_RANK, FRESH_STORE, MAX_RESTARTS, check_job_shape, worker_args_for
 
 # Built from docker/Dockerfile (the name docker/compose.yaml gives it). A cluster pulls images from
@@ -110,7 +111,7 @@ def _pod_container(
         "command": command,
         "workingDir": IMAGE_REPO_DIR,
         "env": [
-            {"name": "DDP_RUN_DIR", "value": f"{SHARED_MOUNT}/runs/{name}"},  # the workers' --run-dir
+            {"name": RUN_DIR_ENV, "value": f"{SHARED_MOUNT}/runs/{name}"},  # the workers' --run-dir
             {"name": "OMP_NUM_THREADS", "value": str(cpus_per_rank)},  # torchrun would set 1
             # a fresh rendezvous store per restart round (see FRESH_STORE)
             *([{"name": k, "value": v} for k, v in FRESH_STORE.items()] if fresh_store else []),

@@ -20,6 +20,7 @@ from typing import Any, Unpack
 
 from ..backends import resolve_backend  # the one rule, shared with every worker
 from ..errors import InvalidLaunchArguments
+from ..run_contract import AGENT_LOG, BACKEND_ENV, DEVICE_ENV, ERROR_FILE, LOGS_DIR, RUN_DIR_ENV
 from ..stack_dumps import REGISTER_ENV, WORKER_SITE
 from .checks import check_int, ranks_outside
 from .keywords import LaunchKeywords
@@ -168,12 +169,12 @@ class LaunchConfig(LaunchOptions):
     # ------------------------------------------------------------------ derived
     @property
     def log_dir(self) -> Path:
-        return self.out_dir / "logs"
+        return self.out_dir / LOGS_DIR
 
     @property
     def agent_log(self) -> Path:
         """torchrun's own output (its warnings, its failure report): kept, shown only when it explains."""
-        return self.log_dir / "torchrun.log"
+        return self.log_dir / AGENT_LOG
 
     @property
     def rank_offset(self) -> int:
@@ -225,9 +226,11 @@ class LaunchConfig(LaunchOptions):
         # torchrun would set 1 thread per worker and warn; share the cores out instead.
         env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(self.local_world_size)))
         env.update(
-            DDP_BACKEND=self.backend,
-            DDP_DEVICE=self.device,
-            DDP_RUN_DIR=str(self.out_dir),  # where workers write metrics/ and summary.json
+            {
+                BACKEND_ENV: self.backend,
+                DEVICE_ENV: self.device,
+                RUN_DIR_ENV: str(self.out_dir),  # where workers write metrics/ and summary.json
+            }
         )
         env[GRACE_ENV] = f"{self.grace_s:g}"
         if self.launcher == "python":
@@ -240,7 +243,7 @@ class LaunchConfig(LaunchOptions):
                 GROUP_RANK="0",
                 MASTER_ADDR="127.0.0.1",
                 MASTER_PORT=str(free_port()),
-                TORCHELASTIC_ERROR_FILE=str(self.direct_log_dir / "error.json"),  # for @record
+                TORCHELASTIC_ERROR_FILE=str(self.direct_log_dir / ERROR_FILE),  # for @record
             )
         if self.max_restarts > 0:
             # torchrun keeps one shared TCPStore across restart rounds, so restarted workers can read

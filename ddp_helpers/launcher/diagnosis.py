@@ -15,6 +15,7 @@ import re
 import signal
 from dataclasses import dataclass, field
 
+from ..run_contract import ERROR_FILE, STDERR_LOG
 from .log_follow import RankLogTail
 
 _ROOT_CAUSE = re.compile(
@@ -107,7 +108,7 @@ def _from_error_file(tail: RankLogTail, rank: int, attempt: int | None) -> tuple
     """The message and Python stack that ``@record`` wrote, read with torchelastic's own reader."""
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-    path = tail.rank_file(rank, "error.json", attempt)
+    path = tail.rank_file(rank, ERROR_FILE, attempt)
     if path is None:
         return "", ""
     try:
@@ -161,7 +162,7 @@ class _RankReport:
 def _rank_report(tail: RankLogTail, rank: int, exitcode: int, since: int = 0) -> _RankReport:
     """This rank's exception line and traceback, from its error file or else its stderr (from byte `since`)."""
     error, traceback = _from_error_file(tail, rank, None)  # the latest attempt made torchrun give up
-    path = tail.rank_file(rank, "stderr.log")
+    path = tail.rank_file(rank, STDERR_LOG)
     stderr_text = ""
     if path is not None:
         with open(path, "rb") as fh:

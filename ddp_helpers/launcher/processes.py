@@ -13,6 +13,7 @@ import weakref
 from typing import BinaryIO
 
 from ..errors import LaunchInterrupted
+from ..run_contract import STDERR_LOG, STDOUT_LOG
 from .agent_client import (
     reap_stopped_servers_in_background,
     start_agent,
@@ -43,8 +44,8 @@ def start_run(config: LaunchConfig) -> subprocess.Popen[bytes] | ForkedAgent:
     out_dir = config.direct_log_dir if direct else config.log_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     # no agent: the process writes straight into the files torchrun's --redirects would write
-    stdout = open(out_dir / "stdout.log" if direct else config.agent_log, "wb")
-    stderr = open(out_dir / "stderr.log", "wb") if direct else None  # None: with torchrun's output
+    stdout = open(out_dir / STDOUT_LOG if direct else config.agent_log, "wb")
+    stderr = open(out_dir / STDERR_LOG, "wb") if direct else None  # None: with torchrun's output
     env = config.environment()
     if env.get("MPLBACKEND", "").startswith("module://") and "MPLBACKEND" not in config.env:
         # the kernel's inline backend means nothing in a worker (plt.show() would print

@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..metrics import METRICS_DIR, PLAN_FILE, SUMMARY_FILE
+from ..run_contract import RUN_OUTPUTS
 from .log_follow import FileFollower
 
 if TYPE_CHECKING:
     import pandas as pd
 
 # What one launch writes into its run_dir; a later launch into the same folder moves them aside.
-RUN_OUTPUTS = ("logs", "metrics", "summary.json", "plan.json")
 
 
 class MetricsFollower:

@@ -28,6 +28,7 @@ from ..launcher.fork_server import ForkedAgent
 from ..launcher.process_tree import ProcessTree
 from ..launcher.processes import exit_code, start_run, stop_run, wait_for_exit
 from ..launcher.run_follower import RunFollower
+from ..run_contract import STDERR_LOG
 from . import protocol
 from .protocol import Hello, Reply, Request, Shutdown
 
@@ -210,7 +211,7 @@ class Session:
     def _stderr_sizes(self) -> dict[int, int]:
         sizes = {}
         for rank in self.links:
-            path = self.run.tail.rank_file(rank, "stderr.log")
+            path = self.run.tail.rank_file(rank, STDERR_LOG)
             try:
                 sizes[rank] = path.stat().st_size if path is not None else 0
             except OSError:
@@ -219,7 +220,7 @@ class Session:
 
     def cell_stderr(self, rank: int | None) -> list[str]:
         """The last lines `rank` wrote to stderr during this cell (never an earlier cell's)."""
-        path = self.run.tail.rank_file(rank, "stderr.log") if rank is not None else None
+        path = self.run.tail.rank_file(rank, STDERR_LOG) if rank is not None else None
         if rank is None or path is None:
             return []
         with open(path, "rb") as fh:

@@ -1,8 +1,8 @@
 """Run by Python in every rank before the script's first line: register the rank for stack dumps.
 
 Python imports a module named ``sitecustomize`` at start-up, wherever ``sys.path`` finds one. The launcher
-puts this folder first on the workers' ``PYTHONPATH`` and sets `REGISTER_ENV`, so that every rank of a
-run answers the launcher's stack request when the run hangs, a script written elsewhere as well as this
+puts this folder first on the workers' ``PYTHONPATH`` and sets ``run_contract.STACK_DUMPS_ENV``, so that
+every rank of a run answers the launcher's stack request when the run hangs, a script written elsewhere as well as this
 package's workers (see ddp_helpers/stack_dumps.py). It registers, and does nothing else to the rank.
 
 Only a process that torchrun started as a rank (``LOCAL_RANK`` set) registers, and it removes the variable,
@@ -16,19 +16,18 @@ import importlib
 import os
 import sys
 
-REGISTER_ENV = (
-    "DDP_HELPERS_STACK_DUMPS"  # stack_dumps.REGISTER_ENV (that module is imported only to register)
-)
-
 
 def _register() -> None:
-    if os.environ.get(REGISTER_ENV) != "1" or "LOCAL_RANK" not in os.environ:
+    if "LOCAL_RANK" not in os.environ:
         return
-    del os.environ[REGISTER_ENV]
-    try:
-        from ddp_helpers import stack_dumps
+    try:  # the contract's names only (no torch): stack_dumps is imported only to register
+        from ddp_helpers.run_contract import STACK_DUMPS_ENV
     except ImportError:  # an environment without the package: the rank runs, without stack dumps
         return
+    if os.environ.pop(STACK_DUMPS_ENV, None) != "1":
+        return
+    from ddp_helpers import stack_dumps
+
     stack_dumps.register_in_run()
 
 

@@ -11,7 +11,6 @@ check the sum on every rank and recompute each row without trusting this script'
 """
 
 import argparse
-import os
 import statistics
 import time
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from ddp_helpers import teardown
 from ddp_helpers.distributed import setup_distributed, under_torchrun
 from ddp_helpers.metrics import MetricsWriter
+from ddp_helpers.run_contract import run_dir_from_env
 
 
 def parse_args() -> argparse.Namespace:
@@ -31,7 +31,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-bytes", type=int, default=1 << 24)
     p.add_argument("--iters", type=int, default=10, help="timed all_reduces per size")
     p.add_argument("--warmup", type=int, default=3, help="untimed all_reduces per size")
-    p.add_argument("--run-dir", default=os.environ.get("DDP_RUN_DIR", "runs/allreduce"))
+    p.add_argument("--run-dir", default=run_dir_from_env("runs/allreduce"))
     args = p.parse_args()
     if not 4 <= args.min_bytes <= args.max_bytes:
         p.error("need 4 <= --min-bytes <= --max-bytes")

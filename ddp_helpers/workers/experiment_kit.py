@@ -5,7 +5,6 @@ the numbers one prints compare with the other's.
 """
 
 import argparse
-import os
 import statistics
 import time
 from typing import Any
@@ -18,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from ddp_helpers.distributed import DistInfo
+from ddp_helpers.run_contract import run_dir_from_env
 
 Batches = list[tuple[torch.Tensor, torch.Tensor]]  # (inputs, targets) for each step
 
@@ -120,7 +120,7 @@ def add_training_arguments(
     p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the median")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--run-dir", default=os.environ.get("DDP_RUN_DIR", run_dir))
+    p.add_argument("--run-dir", default=run_dir_from_env(run_dir))
 
 
 def train_step(

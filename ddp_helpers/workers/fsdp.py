@@ -15,21 +15,22 @@ bytes sent, step times) is fsdp_measures.py's; --part save and resume are fsdp_c
 """
 
 import argparse
-import json
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_helpers import teardown
 from ddp_helpers.distributed import worker_backend
+from ddp_helpers.run_contract import SUMMARY_FILE, run_dir_from_env, write_json_atomic
 from ddp_helpers.workers import fsdp_checkpoint
 from ddp_helpers.workers.fsdp_measures import (
     CollectiveCounter,
@@ -65,7 +66,7 @@ RTOL, ATOL = 1e-4, 1e-6  # float rounding differs between a sharded and a whole-
 # ---------------------------------------------------------------------------- --part train
 
 
-def train_reference(args, device) -> BlockMLP:
+def train_reference(args: argparse.Namespace, device: torch.device) -> BlockMLP:
     """A single process on the whole global batch: what every sharded run must equal."""
     model = build_model(args, device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
@@ -77,7 +78,9 @@ def train_reference(args, device) -> BlockMLP:
     return model
 
 
-def fsdp_versus_one_process(args, mesh, device, result: dict) -> None:
+def fsdp_versus_one_process(
+    args: argparse.Namespace, mesh: DeviceMesh, device: torch.device, result: dict[str, Any]
+) -> None:
     """FSDP2 gradients and weights against a single process at the global batch."""
     world_size, rank = dist.get_world_size(), dist.get_rank()
     model = shard(build_model(args, device), mesh)
@@ -133,7 +136,7 @@ def fsdp_versus_one_process(args, mesh, device, result: dict) -> None:
     }
 
 
-def adam_run(kind: str, args, mesh, device) -> dict:
+def adam_run(kind: str, args: argparse.Namespace, mesh: DeviceMesh, device: torch.device) -> dict[str, Any]:
     """Train with Adam as DDP, ZeRO-1, ZeRO-2 (FSDP2, reshard_after_forward=False) or FSDP2: memory per
     rank after a step, bytes sent and step time."""
     world_size = dist.get_world_size()
@@ -150,7 +153,7 @@ def adam_run(kind: str, args, mesh, device) -> dict:
         model = build_model(args, device)
         ddp = DDP(model, gradient_as_bucket_view=True)  # .grad is a view of the bucket: one copy
 
-        def count_allreduce(state, bucket):
+        def count_allreduce(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
             buckets.append(bucket.buffer())
             sent["all_reduce"] += bucket.buffer().numel() * bucket.buffer().element_size()
             buffer = bucket.buffer().div_(world_size)
@@ -195,7 +198,7 @@ def adam_run(kind: str, args, mesh, device) -> dict:
     }
 
 
-def part_train(args, mesh, device) -> dict:
+def part_train(args: argparse.Namespace, mesh: DeviceMesh, device: torch.device) -> dict[str, Any]:
     world_size = dist.get_world_size()
     result: dict = {"parameters": sum(p.numel() for p in build_model(args, device).parameters())}
     result["padded_parameters"] = padded_numel(build_model(args, device), world_size)
@@ -250,12 +253,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--saved-full", default=None, help="--part resume: the saving job's full_model.pt, to check the load"
     )
-    p.add_argument("--run-dir", default=os.environ.get("DDP_RUN_DIR", "runs/fsdp"))
+    p.add_argument("--run-dir", default=run_dir_from_env("runs/fsdp"))
     return p.parse_args()
 
 
 @record
-def main():
+def main() -> None:
     args = parse_args()
     Path(args.run_dir).mkdir(parents=True, exist_ok=True)
     backend, device_type = worker_backend()  # the launcher's choice; gloo where GPUs are too few
@@ -283,7 +286,7 @@ def main():
             "torch_version": torch.__version__,
             **result,
         }
-        (Path(args.run_dir) / "summary.json").write_text(json.dumps(summary, indent=1))
+        write_json_atomic(Path(args.run_dir) / SUMMARY_FILE, summary)  # never half a file
         print(f"{' + '.join(args.part)}: done on {world_size} rank(s)", flush=True)
     dist.barrier()
 

@@ -2,8 +2,6 @@
 GPU, and the all-reduces one step issues (counted by the profiler).
 """
 
-import json
-import os
 from pathlib import Path
 
 import torch
@@ -11,17 +9,18 @@ import torch.distributed as dist
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ddp_helpers.run_contract import SUMMARY_FILE, run_dir_from_env, write_json_atomic
+
 
 def report(rank: int, world: int, **facts: object) -> None:
     """Gather `facts` from every rank; rank 0 writes them, as a list by rank, to summary.json."""
     gathered: list[dict[str, object] | None] = [None] * world
     dist.all_gather_object(gathered, facts)  # every rank must take part
     if rank == 0:
-        run_dir = Path(os.environ.get("DDP_RUN_DIR", "runs/pitfalls"))
+        run_dir = Path(run_dir_from_env("runs/pitfalls"))
         run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = run_dir / ".summary.json.tmp"
-        tmp.write_text(json.dumps({"world_size": world, "backend": dist.get_backend(), "ranks": gathered}))
-        os.replace(tmp, run_dir / "summary.json")  # the notebook never sees half a file
+        summary = {"world_size": world, "backend": dist.get_backend(), "ranks": gathered}
+        write_json_atomic(run_dir / SUMMARY_FILE, summary)  # the notebook never sees half a file
 
 
 def synchronize(device: torch.device) -> None:

@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_helpers import teardown
 from ddp_helpers.distributed import setup_distributed
+from ddp_helpers.run_contract import RUN_DIR_ENV
 from ddp_helpers.workers.pitfalls import report
 from ddp_helpers.workers.pitfalls_measures import grad_of
 
@@ -73,7 +74,7 @@ def sum_order(rank: int, world: int, device: torch.device) -> None:
 
 @record
 def main() -> None:
-    os.environ.setdefault("DDP_RUN_DIR", "runs/sum_order")  # where report() writes summary.json
+    os.environ.setdefault(RUN_DIR_ENV, "runs/sum_order")  # where report() writes summary.json
     info = setup_distributed()
     if info.world_size < 2:
         raise SystemExit(

@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, Subset
 from ddp_helpers import teardown
 from ddp_helpers.data import ResumableDistributedSampler, SizedDataset, build_dataset
 from ddp_helpers.distributed import DistInfo, setup_distributed
+from ddp_helpers.run_contract import DEVICE_ENV
 from ddp_helpers.workers.train_checkpoint import Preemption, resume, save
 from ddp_helpers.workers.train_options import RESUME_PARTS, parse_args
 from ddp_helpers.workers.train_report import Reporter, inject_overflow, mean_over_ranks, summarize
@@ -50,7 +51,7 @@ def setup(args: argparse.Namespace) -> DistInfo:
         # is the rank's own GPU (cuda:LOCAL_RANK, or cuda:0 where SLURM gave each task one), and
         # init_process_group gets it as device_id on GPUs
         return setup_distributed()
-    use_cuda = torch.cuda.is_available() and os.environ.get("DDP_DEVICE", "cuda") != "cpu"
+    use_cuda = torch.cuda.is_available() and os.environ.get(DEVICE_ENV, "cuda") != "cpu"
     return DistInfo(0, 0, 1, 1, "none", torch.device("cuda" if use_cuda else "cpu"))
 
 

@@ -15,6 +15,7 @@ import argparse
 import os
 
 from ddp_helpers.data import DATASETS
+from ddp_helpers.run_contract import run_dir_from_env
 
 # what --resume-ignore can leave out of a resume: each name drops that state and nothing else
 RESUME_PARTS = ("rng", "optimizer", "scheduler", "scaler")
@@ -29,7 +30,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--tensorboard", action="store_true", help="also write TensorBoard scalars to <run-dir>/tensorboard"
     )
-    p.add_argument("--run-dir", default=os.environ.get("DDP_RUN_DIR", "runs/train"))
+    p.add_argument("--run-dir", default=run_dir_from_env("runs/train"))
     args = p.parse_args(argv)
     check(p, args)
     return args
