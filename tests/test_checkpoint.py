@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -127,6 +128,33 @@ def test_sigkill_during_a_save_leaves_a_loadable_checkpoint(tmp_path):
         path.name.removeprefix("ckpt-step").removesuffix(".pt")
     )
     assert all(not p.name.endswith(".tmp") for p in ckpt.list_checkpoints(tmp_path))
+
+
+def test_a_save_killed_mid_write_leaves_no_torn_file_under_a_final_name(tmp_path):
+    """notebook 04's crash: the kernel kills the saver at a chosen byte (RLIMIT_FSIZE, SIGXFSZ), no cleanup."""
+    worker = Path(ckpt.__file__).parent / "workers" / "checkpoint_faults.py"
+    crash_at_byte = 100_000
+    ended = subprocess.run(
+        [
+            sys.executable,
+            str(worker),
+            "crash",
+            "--folder",
+            str(tmp_path),
+            "--crash-at-byte",
+            str(crash_at_byte),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ended.returncode == -signal.SIGXFSZ, (ended.returncode, ended.stderr[-2000:])
+    sizes = {p.name: p.stat().st_size for p in tmp_path.iterdir()}
+    torn = [name for name, size in sizes.items() if size == crash_at_byte]
+    assert len(torn) == 1 and torn[0].endswith(".tmp"), sizes  # cut mid-write, under a temporary name
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["ckpt-step00000001.pt"]
+    loaded, path = ckpt.load_latest(tmp_path)
+    assert loaded["step"] == 1 and sizes[path.name] > crash_at_byte  # whole, and no fallback was needed
 
 
 AGREE_SCRIPT = """
