@@ -104,7 +104,8 @@ def test_a_dead_server_is_replaced_and_its_runs_still_report_how_they_ended(scri
     os.kill(killed.pid, signal.SIGKILL)  # no word from the agent, and none from its dead server
     stop_run(trees[1], killed, 2.0)
     assert killed.returncode == 1 and killed.status_lost
-    assert "how the run ended is unknown" in str(runner._failure(RunFollower(configs[1], "off"), killed))
+    failure = runner._failure(RunFollower(configs[1], "off"), killed, killed.returncode)
+    assert "how the run ended is unknown" in str(failure)
     assert not trees[0].alive() and not trees[1].alive()
     result = launch(script("chatty.py"), nproc=1, run_dir=tmp_path / "after")
     assert result.returncode == 0
@@ -151,7 +152,7 @@ def test_a_fresh_agent_where_no_server_can_fork_it(script, tmp_path, monkeypatch
         monkeypatch.setenv(agent_client.SWITCH_ENV, "off")
     config = make_config(script("chatty.py"), nproc=1, run_dir=tmp_path / "run", env=env)
     proc = start_run(config)
-    assert not isinstance(proc, ForkedAgent) and runner._agent_kind(config, proc) == "fresh"
+    assert not isinstance(proc, ForkedAgent) and proc.kind == "fresh"
     assert psutil.Process(proc.pid).ppid() == os.getpid()
     assert wait_for_exit(proc, 120) and proc.returncode == 0
     stop_run(ProcessTree(proc.pid), proc, 2.0)

@@ -22,6 +22,8 @@ import traceback
 from collections.abc import Callable
 from typing import TypedDict, TypeVar
 
+from .run_process import ProcessKind
+
 MAX_REQUEST = 1 << 20  # what the server reads of one request (an environment and a command line: far less)
 MAX_REQUEST_BYTES = 100_000  # what the asking end sends: one datagram, well under the socket's ~200 kB
 START_TIMEOUT_S = 300.0  # the first fork waits for the server to import torch: minutes on a slow disk
@@ -189,6 +191,7 @@ class ForkedAgent:
 
     def __init__(self, run_socket: socket.socket) -> None:
         self.pid = 0
+        self.kind: ProcessKind = "forked"  # see run_process.RunProcess
         self.returncode: int | None = None
         self.status_lost = False  # killed by a signal after its server died: the exit code is unknown
         self.wait_s = 0.0  # how long the launch waited for the fork (a cold server: its import of torch)

@@ -21,23 +21,21 @@ from .agent_client import (
     wait_for_stopped_servers,
 )
 from .config import LaunchConfig
-from .fork_server import ForkedAgent
 from .lifeline import die_with_owner
 from .process_tree import ProcessTree
+from .run_process import FreshProcess, RunProcess, reap
 from .torchrun_agent import OWNER_FD_ENV
 
-_LIFELINES: weakref.WeakKeyDictionary[subprocess.Popen[bytes] | ForkedAgent, BinaryIO] = (
-    weakref.WeakKeyDictionary()
-)
+_LIFELINES: weakref.WeakKeyDictionary[RunProcess, BinaryIO] = weakref.WeakKeyDictionary()
 
 
-def hold_lifeline(proc: subprocess.Popen[bytes] | ForkedAgent, lifeline: BinaryIO) -> None:
+def hold_lifeline(proc: RunProcess, lifeline: BinaryIO) -> None:
     """Keep the write end of `proc`'s lifeline open until `stop_run` closes it (or the garbage
     collector does, with `proc`)."""
     _LIFELINES[proc] = lifeline
 
 
-def start_run(config: LaunchConfig) -> subprocess.Popen[bytes] | ForkedAgent:
+def start_run(config: LaunchConfig) -> RunProcess:
     """Spawn torchrun (or the one process) in a session of its own, its output going to files that
     `RunFollower` follows. Stop it with `stop_run`."""
     direct = config.launcher == "python"
@@ -66,18 +64,22 @@ def start_run(config: LaunchConfig) -> subprocess.Popen[bytes] | ForkedAgent:
             if lifeline_read is None  # direct
             else start_agent(config.python, config.agent_args(), env, stdout.fileno(), lifeline_read)
         )
+        proc: RunProcess
         if agent is not None:
             agent.wait_s = time.monotonic() - asked
-        proc = agent or subprocess.Popen(
-            config.command(),
-            stdout=stdout,
-            stderr=subprocess.STDOUT if stderr is None else stderr,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,  # the whole run can be signalled without touching the kernel
-            pass_fds=() if lifeline_read is None else (lifeline_read,),
-            preexec_fn=die_with_owner(os.getpid()) if direct else None,
-        )
+            proc = agent
+        else:
+            popen = subprocess.Popen(
+                config.command(),
+                stdout=stdout,
+                stderr=subprocess.STDOUT if stderr is None else stderr,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,  # the whole run can be signalled without touching the kernel
+                pass_fds=() if lifeline_read is None else (lifeline_read,),
+                preexec_fn=die_with_owner(os.getpid()) if direct else None,
+            )
+            proc = FreshProcess(popen, "none" if direct else "fresh")
     except BaseException:
         if lifeline_write is not None:
             os.close(lifeline_write)
@@ -93,7 +95,7 @@ def start_run(config: LaunchConfig) -> subprocess.Popen[bytes] | ForkedAgent:
     return proc
 
 
-def stop_run(tree: ProcessTree, proc: subprocess.Popen[bytes] | ForkedAgent, grace_s: float) -> list[int]:
+def stop_run(tree: ProcessTree, proc: RunProcess, grace_s: float) -> list[int]:
     """Stop every process of the run: SIGTERM, then SIGKILL for what is left after `grace_s`.
 
     Then reap torchrun (so it does not stay a zombie of the kernel; SIGKILL if it outlived its tree)
@@ -112,25 +114,14 @@ def stop_run(tree: ProcessTree, proc: subprocess.Popen[bytes] | ForkedAgent, gra
     return killed
 
 
-# Popen.poll() and wait() take a lock that CPython's subprocess module leaves held when a KeyboardInterrupt
-# lands between its acquire and its try (seen here: an interrupted launch then waited forever for a
-# torchrun that was already a zombie). This process is the only one that waits for its runs, so it asks
-# the kernel directly, without that lock.
-def exit_code(proc: subprocess.Popen[bytes] | ForkedAgent) -> int | None:
-    """The run's exit code (negative: the signal that ended it), or None while it runs. Reaps it."""
-    if isinstance(proc, ForkedAgent):  # not our child: its server reports its exit
-        return proc.poll()
-    if proc.returncode is None:
-        try:
-            pid, status = os.waitpid(proc.pid, os.WNOHANG)
-        except ChildProcessError:  # already reaped (SIGCHLD ignored): its status is lost, as Popen says
-            pid, status = proc.pid, 0
-        if pid == proc.pid:
-            proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode
+def exit_code(proc: RunProcess | subprocess.Popen[bytes]) -> int | None:
+    """The run's exit code (negative: the signal that ended it), or None while it runs. Reaps it.
+
+    Also for a process started outside `start_run` (loopback's nodes), without Popen's lock."""
+    return reap(proc) if isinstance(proc, subprocess.Popen) else proc.poll()
 
 
-def wait_for_exit(proc: subprocess.Popen[bytes] | ForkedAgent, timeout_s: float | None) -> bool:
+def wait_for_exit(proc: RunProcess | subprocess.Popen[bytes], timeout_s: float | None) -> bool:
     """Wait up to `timeout_s` (None: for as long as it takes) for the run to end; True if it did."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while exit_code(proc) is None:
@@ -140,9 +131,7 @@ def wait_for_exit(proc: subprocess.Popen[bytes] | ForkedAgent, timeout_s: float 
     return True
 
 
-def stop_interrupted(
-    tree: ProcessTree, proc: subprocess.Popen[bytes] | ForkedAgent, config: LaunchConfig
-) -> LaunchInterrupted:
+def stop_interrupted(tree: ProcessTree, proc: RunProcess, config: LaunchConfig) -> LaunchInterrupted:
     """Stop an interrupted run and the agent servers; the `LaunchInterrupted` that says how."""
     killed, hurried = stop_despite_interrupts(tree, proc, config.grace_s)
     try:
@@ -159,9 +148,7 @@ def stop_interrupted(
     )
 
 
-def stop_despite_interrupts(
-    tree: ProcessTree, proc: subprocess.Popen[bytes] | ForkedAgent, grace_s: float
-) -> tuple[list[int], bool]:
+def stop_despite_interrupts(tree: ProcessTree, proc: RunProcess, grace_s: float) -> tuple[list[int], bool]:
     """`stop_run`, which a second interrupt cannot cut short: it only skips the grace period (SIGKILL
     at once). Returns the pids that needed SIGKILL, and whether an interrupt hurried the stop."""
     try:

@@ -14,7 +14,6 @@ from .agent_client import (
     stop_servers,
 )
 from .config import LaunchConfig, make_config
-from .fork_server import ForkedAgent
 from .keywords import LaunchKeywords
 from .options import OPTIONS, with_options
 from .process_tree import ProcessTree
@@ -25,6 +24,7 @@ from .result import LaunchResult
 from .run_follower import RunFollower
 from .run_lock import holding_run_dir
 from .run_outputs import keep_previous_outputs, read_metrics, read_summary
+from .run_process import RunProcess
 
 __all__ = ["LaunchResult", "launch"]
 
@@ -49,21 +49,15 @@ def _start(config: LaunchConfig, run: RunFollower) -> Any:
         ) from None
 
 
-def _agent_kind(config: LaunchConfig, proc: Any) -> str:
-    if config.launcher == "python":
-        return "none"
-    return "forked" if isinstance(proc, ForkedAgent) else "fresh"
-
-
-def _failure(run: RunFollower, proc: Any) -> LaunchError:
-    if getattr(proc, "status_lost", False):  # see fork_server.ForkedAgent
+def _failure(run: RunFollower, proc: RunProcess, returncode: int) -> LaunchError:
+    if proc.status_lost:  # see fork_server.ForkedAgent
         return LaunchFailed(
             "torchrun's agent was killed by a signal after the agent server that started it had died, so "
             f"how the run ended is unknown. Logs are in {run.config.out_dir}",
-            returncode=proc.returncode,
+            returncode=returncode,
             output="\n".join(run.agent_lines),
         )
-    return run.failure(proc.returncode)
+    return run.failure(returncode)
 
 
 @with_options(
@@ -117,7 +111,8 @@ def _run_held(config: LaunchConfig, progress: str | None) -> LaunchResult:
         last_refresh = 0.0
         while True:
             run.poll_files()
-            if exit_code(proc) is not None:
+            returncode = exit_code(proc)
+            if returncode is not None:
                 break
             now = time.monotonic()
             # across nodes, a rank's lines wait until its worker says who it is: look sooner
@@ -137,8 +132,8 @@ def _run_held(config: LaunchConfig, progress: str | None) -> LaunchResult:
                 raise error
             time.sleep(POLL_S)
         run.poll_files(final=True)
-        if proc.returncode != 0:
-            raise _failure(run, proc)
+        if returncode != 0:
+            raise _failure(run, proc, returncode)
         success = True
     except KeyboardInterrupt as interrupt:
         if isinstance(interrupt, LaunchInterrupted):
@@ -151,9 +146,11 @@ def _run_held(config: LaunchConfig, progress: str | None) -> LaunchResult:
     return _result(config, run, proc, sampler)
 
 
-def _result(config: LaunchConfig, run: RunFollower, proc: Any, sampler: ResourceSampler) -> LaunchResult:
+def _result(
+    config: LaunchConfig, run: RunFollower, proc: RunProcess, sampler: ResourceSampler
+) -> LaunchResult:
     return LaunchResult(
-        returncode=proc.returncode,
+        returncode=0,  # any other code raised
         wall_s=time.monotonic() - run.started,
         run_dir=config.out_dir,
         logs=run.logs,
@@ -165,6 +162,6 @@ def _result(config: LaunchConfig, run: RunFollower, proc: Any, sampler: Resource
         resources=sampler.frame(),
         gpu_sampling=sampler.gpu_sampling,
         lines_held_back=run.echo.held_back,
-        agent=_agent_kind(config, proc),
-        agent_wait_s=getattr(proc, "wait_s", 0.0),
+        agent=proc.kind,
+        agent_wait_s=proc.wait_s,
     )

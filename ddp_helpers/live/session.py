@@ -13,7 +13,6 @@ import secrets
 import select
 import shutil
 import socket
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -24,10 +23,10 @@ from pathlib import Path
 from ..errors import LaunchInterrupted, LaunchTimeout
 from ..launcher.config import LaunchConfig
 from ..launcher.diagnosis import STDERR_TAIL_LINES
-from ..launcher.fork_server import ForkedAgent
 from ..launcher.process_tree import ProcessTree
 from ..launcher.processes import exit_code, start_run, stop_run, wait_for_exit
 from ..launcher.run_follower import RunFollower
+from ..launcher.run_process import RunProcess
 from ..run_contract import STDERR_LOG
 from . import protocol
 from .protocol import Hello, Reply, Request, Shutdown
@@ -80,7 +79,7 @@ class Session:
         self.config = config
         self.links: dict[int, RankLink] = {}
         self.stderr_at: dict[int, int] = {}  # each rank's stderr.log size when the current cell began
-        self.proc: subprocess.Popen[bytes] | ForkedAgent | None = None
+        self.proc: RunProcess | None = None
         self.closed = False
         self._socket_dir = Path(tempfile.mkdtemp(prefix="ddp-ranks-"))  # 0700: only this user
         authkey = secrets.token_bytes(32)
