@@ -143,7 +143,7 @@ bench: venv
 lint: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m mypy ddp_helpers
+	$(PY) -m mypy  # pyproject.toml's files: the package, tests, scripts, benchmarks, mutants
 
 # For a GPU machine with torch but no venv and no internet: uses the venv only if there is one. Runs the
 # doctor, every notebook (smoke, then full size) and ResNet-50 training within GPU_CHECK_DEADLINE_S seconds.

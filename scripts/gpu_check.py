@@ -51,7 +51,7 @@ def _train(
     from ddp_helpers.workers import worker_path
 
     name = f"{model}-ws{world_size}-{amp}"
-    args = [
+    args: list[str | int] = [
         "--model",
         model,
         "--dataset",

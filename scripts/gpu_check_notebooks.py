@@ -45,6 +45,7 @@ class KernelWatch:
         self._thread.join(timeout=10)
 
     def result(self) -> dict[str, Any]:
+        cuda: str | bool  # whether the kernel held a CUDA context, or why that is not known
         if not self.gpus:
             cuda = "not checked: no GPU"
         elif not self.gpu_pids_seen:

@@ -17,9 +17,9 @@ from conftest import assert_gone, descendants, processes_matching
 from ddp_helpers import launch
 from ddp_helpers.lab.chapter import chapter_setup
 from ddp_helpers.launcher import agent_client, runner
-from ddp_helpers.launcher.agent_client import ForkedAgent
 from ddp_helpers.launcher.agent_server import IDLE_ENV
 from ddp_helpers.launcher.config import make_config
+from ddp_helpers.launcher.fork_server import MAX_REQUEST_BYTES, ForkedAgent
 from ddp_helpers.launcher.process_tree import ProcessTree
 from ddp_helpers.launcher.processes import start_run, stop_run, wait_for_exit
 from ddp_helpers.launcher.run_follower import RunFollower
@@ -83,7 +83,7 @@ def test_torch_distributed_debug_reaches_the_workers_of_a_run_forked_from_the_sa
     level = tmp_path / "level.py"
     level.write_text("import torch.distributed as dist\nprint('debug level', dist.get_debug_level().name)\n")
     seen = []
-    for name, env in (("plain", None), ("detail", {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}), ("again", None)):
+    for name, env in (("plain", {}), ("detail", {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}), ("again", {})):
         result = launch(level, nproc=1, run_dir=tmp_path / name, env=env)
         assert result.agent == "forked"
         seen.append(next(line.split()[-1] for line in result.logs[0] if "debug level" in line))
@@ -129,6 +129,7 @@ def test_an_interrupt_while_the_server_imports_torch_leaves_nothing(script, tmp_
         time.sleep(60)
     """)
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
     try:
         assert child.stdout.readline() == "starting\n"
         time.sleep(0.5)  # the server is importing torch (seconds): the launch waits for it to fork the agent
@@ -147,7 +148,7 @@ def test_an_interrupt_while_the_server_imports_torch_leaves_nothing(script, tmp_
 
 @pytest.mark.parametrize("why", ["switched off", "an environment too big for one message"])
 def test_a_fresh_agent_where_no_server_can_fork_it(script, tmp_path, monkeypatch, why):
-    env = {"BIG": "x" * agent_client.MAX_REQUEST_BYTES} if why.startswith("an env") else {}
+    env = {"BIG": "x" * MAX_REQUEST_BYTES} if why.startswith("an env") else {}
     if why == "switched off":
         monkeypatch.setenv(agent_client.SWITCH_ENV, "off")
     config = make_config(script("chatty.py"), nproc=1, run_dir=tmp_path / "run", env=env)

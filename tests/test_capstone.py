@@ -5,7 +5,6 @@ and bad input is refused before any process starts. (conftest checks that no pro
 from __future__ import annotations
 
 import ast
-import importlib.util
 import subprocess
 import sys
 import time
@@ -13,16 +12,14 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from fixtures import load_script
 
 from ddp_helpers.errors import InvalidLaunchArguments
 from ddp_helpers.exercises.capstone import EXERCISE, check_script
 from ddp_helpers.workers import worker_path
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("mutant_runner_for_capstone", ROOT / "mutants" / "run.py")
-runner = importlib.util.module_from_spec(_spec)
-sys.modules["mutant_runner_for_capstone"] = runner  # dataclasses look their module up by name
-_spec.loader.exec_module(runner)
+runner = load_script("mutant_runner_for_capstone", ROOT / "mutants" / "run.py")
 
 WRONG_VERSIONS = [m for m in runner.load_catalogue() if m.exercise == EXERCISE]
 REFERENCE = worker_path("capstone")

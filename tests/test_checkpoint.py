@@ -44,6 +44,7 @@ def test_a_crash_during_save_leaves_the_previous_checkpoint_whole(tmp_path, monk
         ckpt.save_checkpoint(state(2), tmp_path, 2)
     monkeypatch.undo()
     loaded, path = ckpt.load_latest(tmp_path)
+    assert loaded is not None and path is not None
     assert path.name == "ckpt-step00000001.pt" and loaded["step"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt-step00000001.pt"]  # the temporary file is gone
 
@@ -56,7 +57,7 @@ def test_a_truncated_newest_checkpoint_is_named_and_skipped(tmp_path, caplog):
         ckpt.load_checkpoint(newest)
     with caplog.at_level("WARNING", logger="ddp_helpers.checkpoint"):
         loaded, path = ckpt.load_latest(tmp_path)
-    assert loaded["step"] == 1
+    assert loaded is not None and loaded["step"] == 1
     assert [r.levelname for r in caplog.records] == ["WARNING"]
     assert newest.name in caplog.text and "falling back to the previous checkpoint" in caplog.text
 
@@ -82,6 +83,7 @@ def test_rng_states_survive_a_save_and_load(tmp_path):
     ckpt.save_checkpoint({"rng": ckpt.capture_rng()}, tmp_path, 1)
     expected = (random.random(), np.random.rand(), torch.rand(3).tolist())
     loaded, _ = ckpt.load_latest(tmp_path)
+    assert loaded is not None
     ckpt.restore_rng(loaded["rng"])
     assert (random.random(), np.random.rand(), torch.rand(3).tolist()) == expected
 
@@ -113,7 +115,7 @@ for step in range(2, 10_000):
 
 def test_sigkill_during_a_save_leaves_a_loadable_checkpoint(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", SAVER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
-    assert child.stdout.readline().strip() == "first saved"
+    assert child.stdout is not None and child.stdout.readline().strip() == "first saved"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         partial = [p for p in tmp_path.iterdir() if p.name.endswith(".tmp") and p.stat().st_size > 0]
@@ -124,8 +126,10 @@ def test_sigkill_during_a_save_leaves_a_loadable_checkpoint(tmp_path):
     child.wait(timeout=30)
     assert partial, "never caught the saver half-way through a write"
     loaded, path = ckpt.load_latest(tmp_path)
-    assert loaded is not None and loaded["step"] == int(
-        path.name.removeprefix("ckpt-step").removesuffix(".pt")
+    assert (
+        loaded is not None
+        and path is not None
+        and loaded["step"] == int(path.name.removeprefix("ckpt-step").removesuffix(".pt"))
     )
     assert all(not p.name.endswith(".tmp") for p in ckpt.list_checkpoints(tmp_path))
 
@@ -154,6 +158,7 @@ def test_a_save_killed_mid_write_leaves_no_torn_file_under_a_final_name(tmp_path
     assert len(torn) == 1 and torn[0].endswith(".tmp"), sizes  # cut mid-write, under a temporary name
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["ckpt-step00000001.pt"]
     loaded, path = ckpt.load_latest(tmp_path)
+    assert loaded is not None and path is not None
     assert loaded["step"] == 1 and sizes[path.name] > crash_at_byte  # whole, and no fallback was needed
 
 

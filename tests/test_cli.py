@@ -48,6 +48,7 @@ def test_ctrl_c_twice_stops_the_run_at_once_with_one_line_not_a_traceback(tmp_pa
         stderr=subprocess.PIPE,
         text=True,
     )
+    assert child.stdout is not None
     try:
         for line in child.stdout:
             if "rank 1 tick 1" in line:

@@ -359,7 +359,9 @@ def _image_uid() -> int:
     dockerfile = (REPO / "docker" / "Dockerfile").read_text()
     user = re.findall(r"^USER (\S+)", dockerfile, re.M)[-1]
     if arg := re.fullmatch(r"\$\{(\w+)\}", user):
-        user = re.search(rf"^ARG {arg[1]}=(\d+)", dockerfile, re.M)[1]
+        default = re.search(rf"^ARG {arg[1]}=(\d+)", dockerfile, re.M)
+        assert default, f"no ARG {arg[1]} with a default in docker/Dockerfile"
+        user = default[1]
     return int(user)
 
 
@@ -396,6 +398,7 @@ def test_pytorchjob_writes_only_to_mounted_volumes_shared_by_every_pod_and_writa
         assert _on_volume(path, mounts) is not None, f"{what}: {path} is on no mounted volume"
     for what in ("the run folder (metrics, logs, summary)", "the checkpoints"):
         volume = _on_volume(written[what], mounts)
+        assert volume is not None, what
         assert volume.get("persistentVolumeClaim") == {"claimName": claim["metadata"]["name"]}, (what, volume)
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
     security = pod["securityContext"]

@@ -39,7 +39,8 @@ def test_dockerfile_keeps_the_image_torch_and_runs_as_a_user():
     users = re.findall(r"^USER (\S+)$", text, re.M)
     assert users and users[-1] not in ("root", "0")
     assert re.search(r"^HEALTHCHECK .*\n\s+CMD \[.*/api", text, re.M)
-    assert "docker/entrypoint.sh" in re.search(r"^ENTRYPOINT (.*)$", text, re.M)[1]
+    entrypoint = re.search(r"^ENTRYPOINT (.*)$", text, re.M)
+    assert entrypoint and "docker/entrypoint.sh" in entrypoint[1], entrypoint
 
 
 def test_compose_reserves_gpus_shares_memory_and_binds_localhost():

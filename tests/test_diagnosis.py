@@ -106,6 +106,7 @@ def error_file(message: str, callstack: str) -> str:
 def test_the_rank_prefix_is_stripped_and_the_whole_traceback_kept(tmp_path):
     tail = make_logs(tmp_path, {(1, "stderr.log"): PREFIXED_TRACEBACK, (0, "stderr.log"): ""})
     found = diagnose(REPORT_CURRENT, tail, nranks=2, cuda_available=False)
+    assert found is not None, "no diagnosis"
     assert (found.rank, found.exitcode) == (1, 1)
     assert found.error == "ZeroDivisionError: division by zero"
     assert found.traceback == strip_rank_prefix(PREFIXED_TRACEBACK).rstrip("\n")
@@ -129,6 +130,7 @@ def test_torch_27_report_with_an_error_file_from_record(tmp_path, prefixed):
         rank=1, local=1, exitcode=1, error_file=tail.rank_file(1, "error.json"), traceback="Traceback ..."
     )
     found = diagnose(report, tail, nranks=2, cuda_available=False)
+    assert found is not None, "no diagnosis"
     assert (found.rank, found.error) == (1, "ZeroDivisionError: division by zero")
     assert "return 1 / 0" in found.traceback  # the error file's stack, not stderr's
 
@@ -143,6 +145,7 @@ def test_a_victim_blamed_by_torchrun_gives_way_to_the_real_failure(tmp_path, rep
         else REPORT_27.format(rank=0, local=0, exitcode=1, error_file="<N/A>", traceback="To enable ...")
     )
     found = diagnose(agent, tail, nranks=2, cuda_available=False)
+    assert found is not None, "no diagnosis"
     assert found.rank == 1
     assert found.error == "ZeroDivisionError: division by zero"
 
@@ -168,6 +171,7 @@ def test_without_a_traceback_the_rank_own_words_are_the_first_line(tmp_path, std
     code = 2 if "usage" in stderr else 1
     report = REPORT_27.format(rank=0, local=0, exitcode=code, error_file="<N/A>", traceback="To enable ...")
     found = diagnose(report, tail, nranks=1, cuda_available=False)
+    assert found is not None, "no diagnosis"
     assert found.error == first_line
     if stderr:
         assert found.stderr_tail.splitlines()[-1] in stderr
@@ -185,6 +189,7 @@ def test_a_segfault_reports_the_signal_and_faulthandler_stack(tmp_path):
     tail = make_logs(tmp_path, {(0, "stderr.log"): stderr})
     report = REPORT_27.format(rank=0, local=0, exitcode=-11, error_file="<N/A>", traceback="Signal 11 ...")
     found = diagnose(report, tail, nranks=1, cuda_available=False)
+    assert found is not None, "no diagnosis"
     assert found.error == "killed by signal SIGSEGV"
     assert 'File "/tmp/seg.py", line 4 in crash' in found.traceback
     assert "Extension modules" not in found.traceback
@@ -201,6 +206,7 @@ def test_an_abort_on_a_native_thread_at_exit_says_the_script_had_ended(tmp_path)
     tail = make_logs(tmp_path, {(1, "stderr.log"): stderr})
     report = REPORT_27.format(rank=1, local=1, exitcode=-6, error_file="<N/A>", traceback="Signal 6 ...")
     found = diagnose(report, tail, nranks=2, cuda_available=False)
+    assert found is not None, "no diagnosis"
     assert found.error.startswith("killed by signal SIGABRT: terminate called without an active exception, ")
     assert "after the script's last line" in found.error
     assert "<no Python frame>" in found.traceback

@@ -132,20 +132,21 @@ def excerpts_shown(notebook: Path) -> list[tuple[str | None, str | None, str]]:
                 pairs = [(target, node.value)]
                 if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
                     pairs = list(zip(target.elts, node.value.elts, strict=False))
-                for name, value in pairs:
-                    if isinstance(name, ast.Name) and isinstance(value, ast.Call) and value.args:
+                for bound, value in pairs:
+                    if isinstance(bound, ast.Name) and isinstance(value, ast.Call) and value.args:
                         first = value.args[0]
                         if isinstance(first, ast.Constant) and isinstance(first.value, str):
-                            assignments[name.id] = Path(first.value).stem
+                            assignments[bound.id] = Path(first.value).stem
     found = []
     for tree in trees:
         for node in ast.walk(tree):
-            func = node.func if isinstance(node, ast.Call) else None
-            called = getattr(func, "id", None) or getattr(func, "attr", None)
+            if not isinstance(node, ast.Call):
+                continue
+            called = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
             if called != "show_source" or not node.args:
                 continue
             worker = _worker_name(node.args[0], assignments)
-            names = [a.value if isinstance(a, ast.Constant) else None for a in node.args[1:]] or [None]
+            names = [str(a.value) if isinstance(a, ast.Constant) else None for a in node.args[1:]] or [None]
             for name in names:
                 found.append((worker, name, ast.unparse(node)))
     return found

@@ -4,25 +4,23 @@ a hang ends within the bound with fresh ranks; and the catalogue covers the caps
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from fixtures import load_script
 
 from ddp_helpers import start_ranks
 from ddp_helpers.exercises import all_exercises, get
 from ddp_helpers.exercises.checker import check
 from ddp_helpers.exercises.lines import LINES
 from ddp_helpers.exercises.verdict import HUNG, PASSED
+from ddp_helpers.live.ranks import LiveRanks
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("mutant_runner_for_exercises", ROOT / "mutants" / "run.py")
-runner = importlib.util.module_from_spec(_spec)
-sys.modules["mutant_runner_for_exercises"] = runner  # dataclasses look their module up by name
-_spec.loader.exec_module(runner)
+runner = load_script("mutant_runner_for_exercises", ROOT / "mutants" / "run.py")
 
 EXERCISES = all_exercises()
 IDS = {e.id for e in EXERCISES}
@@ -32,12 +30,12 @@ WRONG_NPROC = 2  # the world a wrong answer is checked at, unless its mutant nam
 
 # one set of live ranks per world size, started once for the module: one xdist worker runs it all
 pytestmark = pytest.mark.xdist_group("test_exercises")
-_started: dict[int, object] = {}
+_started: dict[int, LiveRanks] = {}
 
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    def ranks_of(nproc: int):
+    def ranks_of(nproc: int) -> LiveRanks:
         if nproc not in _started:
             _started[nproc] = start_ranks(nproc=nproc, run_dir=tmp_path_factory.mktemp(f"ranks{nproc}"))
         return _started[nproc]

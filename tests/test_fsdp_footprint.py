@@ -18,7 +18,7 @@ WORLD = 3
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
+def footprints(tmp_path_factory):
     # its own run folder: this fixture runs before conftest sets DDP_HELPERS_RUNS_DIR for a test, and the
     # default would be the repo's runs/
     run_dir = tmp_path_factory.mktemp("footprints")
@@ -27,16 +27,16 @@ def ranks(tmp_path_factory):
     return json.loads(out.read_text())
 
 
-def test_every_configuration_is_predicted_to_the_byte(ranks):
-    for index, options in enumerate(ranks["configurations"]):
-        measured = [rank["footprints"][index] for rank in ranks["ranks"]]
-        predicted = predict(Setup(world=WORLD, **ranks["sizes"], **options))
+def test_every_configuration_is_predicted_to_the_byte(footprints):
+    for index, options in enumerate(footprints["configurations"]):
+        measured = [rank["footprints"][index] for rank in footprints["ranks"]]
+        predicted = predict(Setup(world=WORLD, **footprints["sizes"], **options))
         assert disagreements(predicted, measured) == [], options
 
 
-def test_meta_init_holds_only_the_shards(ranks):
+def test_meta_init_holds_only_the_shards(footprints):
     shapes = block_mlp_shapes(32, 40, 2, 10)
-    for rank, row in enumerate(ranks["ranks"]):
+    for rank, row in enumerate(footprints["ranks"]):
         own = 4 * sum(shard_numel(s, rank, WORLD) for s in shapes)
         assert [tuple(step) for step in row["meta_trace"]] == [
             ("built on meta", 0),
@@ -46,7 +46,7 @@ def test_meta_init_holds_only_the_shards(ranks):
         ]
 
 
-def test_clip_grad_norm_over_shards_is_the_full_norm(ranks):
-    for row in ranks["ranks"]:
+def test_clip_grad_norm_over_shards_is_the_full_norm(footprints):
+    for row in footprints["ranks"]:
         clip = row["clipping"]
         assert clip["norm_type"] == "DTensor" and math.isclose(clip["norm"], clip["expected"], rel_tol=1e-5)

@@ -61,7 +61,9 @@ def test_cpu_smoke_writes_the_report_and_the_executed_notebook(tmp_path):
     assert set(report["timings_s"]) == {"checks", "allreduce", "notebooks", "mutants", "training"}
     assert report["mutants"] == {"status": "not run: they need a GPU"}  # CPU-unkillable ones, by definition
     with tarfile.open(out / "notebooks.tar.gz") as archive:
-        executed = archive.extractfile("executed/00_environment_check-smoke.ipynb").read()
+        member = archive.extractfile("executed/00_environment_check-smoke.ipynb")
+        assert member is not None, "the executed notebook is no regular file"
+        executed = member.read()
     nb = nbformat.reads(executed.decode(), as_version=4)
     assert any("ran with smoke = True" in str(cell.get("outputs")) for cell in nb.cells)  # it really ran
     assert sorted(p.name for p in out.iterdir()) == ["gpu-check.json", "notebooks.tar.gz"]  # few files: $OUT

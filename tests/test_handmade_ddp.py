@@ -249,6 +249,7 @@ def test_bucketed_ddp_raises_on_a_parameter_without_gradient(one_rank_group):
     unused = nn.Linear(2, 2)  # registered, never called in forward
     model = nn.ModuleDict({"net": net, "unused": unused})
     wrapper = handmade_ddp.BucketedDDP(model, bucket_cap_mb=1e-6)  # one bucket per tensor
+    assert isinstance(wrapper.module, nn.ModuleDict)
     wrapper.module["net"](torch.randn(3, 4)).sum().backward()
     with pytest.raises(RuntimeError, match=r"never filled.*find_unused_parameters"):
         wrapper.finish_gradient_synchronization()

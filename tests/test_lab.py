@@ -33,6 +33,7 @@ def test_container_entrypoint_generates_a_token_and_shuts_down_cleanly(tmp_path)
         NOTEBOOK_DIR=str(REPO / "notebooks"),
         LAB_IP="127.0.0.1",
     )
+    assert lab.stdout is not None  # no log given: a pipe
     try:
         first = lab.stdout.readline() + lab.stdout.readline()
         match = re.search(r"token=([0-9a-f]{48})", first)
@@ -58,6 +59,7 @@ def test_a_taken_port_moves_the_lab_and_the_printed_url_with_it(tmp_path):
         taken.listen()
         port = taken.getsockname()[1]
         lab = start(REPO / "scripts" / "lab.sh", tmp_path, port)
+        assert lab.stdout is not None  # no log given: a pipe
         try:
             said = lab.stdout.readline() + lab.stdout.readline() + lab.stdout.readline()
             match = re.search(r"http://127\.0\.0\.1:(\d+)/lab\?token=([0-9a-f]{48})", said)

@@ -37,7 +37,7 @@ def test_streams_every_line_of_every_rank_prefixed_and_unmerged(script, tmp_path
         shown = [line for line in out if line.startswith(f"[rank {rank}] rank")]
         kept = [line for line in result.logs[rank] if line.startswith("rank")]
         # every line kept, in order, and none glued to another rank's line
-        assert [int(LINE.match(k)[2]) for k in kept if LINE.match(k)] == list(range(400))
+        assert [int(m[2]) for k in kept if (m := LINE.match(k))] == list(range(400))
         assert all(LINE.match(line.removeprefix(f"[rank {rank}] ")) for line in shown[:400])
         assert len(shown) == 400
         assert f"rank {rank} stderr line" in result.logs[rank]
@@ -143,6 +143,7 @@ def test_interrupt_stops_every_process(script, tmp_path):
     child = subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
+    assert child.stdout is not None
     try:
         seen = []
         for line in child.stdout:
@@ -187,6 +188,7 @@ def test_a_second_interrupt_ends_as_cleanly_only_faster(script, tmp_path):
     child = subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
+    assert child.stdout is not None
     try:
         seen = []
         for line in child.stdout:
@@ -249,7 +251,7 @@ def test_missing_script_and_bad_script_args_are_refused(tmp_path):
         launch(tmp_path)
     (tmp_path / "s.py").write_text("print(1)\n")
     with pytest.raises(InvalidLaunchArguments, match="pass strings, numbers or paths"):
-        launch(tmp_path / "s.py", ["--steps", 3])
+        launch(tmp_path / "s.py", ["--steps", 3])  # type: ignore[arg-type]  # deliberately: a list is refused
     with pytest.raises(InvalidLaunchArguments, match="pass strings, numbers or paths"):
         launch(tmp_path / "s.py", True)
 

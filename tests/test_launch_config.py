@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from ddp_helpers import InvalidLaunchArguments, LaunchError, LaunchInterrupted
@@ -23,14 +25,14 @@ def worker(tmp_path):
 
 
 @pytest.fixture
-def gpus(monkeypatch):
-    """``gpus(n)``: the machine shows n GPUs to the configs made after it (in place of asking torch)."""
+def config_sees_gpus(monkeypatch) -> Callable[[int], None]:
+    """``config_sees_gpus(n)``: the configs made after it see n GPUs on this machine (in place of asking torch)."""
     return lambda count: monkeypatch.setattr(config_module, "visible_gpus", lambda: count)
 
 
-def test_defaults_pick_gloo_and_two_processes_without_gpus(worker, monkeypatch, gpus):
+def test_defaults_pick_gloo_and_two_processes_without_gpus(worker, monkeypatch, config_sees_gpus):
     monkeypatch.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", raising=False)
-    gpus(0)
+    config_sees_gpus(0)
     config = make_config(worker)
     assert (config.nproc, config.local_world_size, config.backend, config.device) == (None, 2, "gloo", "cpu")
     env = config.environment()
@@ -40,16 +42,16 @@ def test_defaults_pick_gloo_and_two_processes_without_gpus(worker, monkeypatch, 
         worker, max_restarts=1
     )  # restarts get a fresh rendezvous store: no stale peer addresses
     assert config.environment()["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
-    gpus(4)
+    config_sees_gpus(4)
     config = make_config(worker)
     assert (config.local_world_size, config.backend, config.device) == (4, "nccl", "cuda")
 
 
-def test_nccl_needs_one_gpu_per_process(worker, gpus):
-    gpus(0)
+def test_nccl_needs_one_gpu_per_process(worker, config_sees_gpus):
+    config_sees_gpus(0)
     with pytest.raises(InvalidLaunchArguments, match="needs CUDA GPUs"):
         make_config(worker, backend="nccl")
-    gpus(1)
+    config_sees_gpus(1)
     with pytest.raises(InvalidLaunchArguments, match="only 1 GPU"):
         make_config(worker, backend="nccl", nproc=2)
     assert make_config(worker, backend="gloo", nproc=3).device == "cpu"  # N gloo ranks instead
@@ -59,18 +61,18 @@ def test_nccl_needs_one_gpu_per_process(worker, gpus):
     "visible, nproc, cores, threads", [(0, 2, 16, 8), (8, 8, 16, 2), (1, 1, 16, 16), (4, 3, 2, 1)]
 )
 def test_threads_are_the_cores_shared_out_on_every_backend(
-    worker, monkeypatch, gpus, visible, nproc, cores, threads
+    worker, monkeypatch, config_sees_gpus, visible, nproc, cores, threads
 ):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(machine, "cpu_cores", lambda: cores)
-    gpus(visible)
+    config_sees_gpus(visible)
     config = make_config(worker, nproc=nproc)
     assert config.environment()["OMP_NUM_THREADS"] == str(threads)
     assert threads_per_rank(nproc, cores) == threads
 
 
-def test_multinode_waits_120s_by_default_and_keeps_script_args_from_torchrun(worker, gpus):
-    gpus(0)
+def test_multinode_waits_120s_by_default_and_keeps_script_args_from_torchrun(worker, config_sees_gpus):
+    config_sees_gpus(0)
     config = make_config(worker, ["--max", 3], nnodes=2, node_rank=1, rdzv_endpoint="h:29500")
     assert config.rdzv_timeout == 120
     command = config.command()
@@ -220,7 +222,8 @@ def test_launch_shows_every_option_with_the_configs_default():
     import dataclasses
     import inspect
 
-    from ddp_helpers.launcher.config import OPTION_NAMES, LaunchConfig
+    from ddp_helpers.launcher.config import LaunchConfig
+    from ddp_helpers.launcher.options import OPTION_NAMES
     from ddp_helpers.launcher.runner import launch
 
     params = inspect.signature(launch).parameters
@@ -262,7 +265,7 @@ def test_bad_arguments_are_refused_before_torch_is_imported(options, tmp_path):
     assert "torch imported: False" in out.stdout, out.stdout
 
 
-def test_a_notebook_is_refused_as_a_script(tmp_path, gpus):
+def test_a_notebook_is_refused_as_a_script(tmp_path):
     # it ran as Python: every rank failed on the notebook's JSON
     notebook = tmp_path / "lesson.ipynb"
     notebook.write_text('{"cells": [], "nbformat": 4, "nbformat_minor": 5, "metadata": {}}')

@@ -79,6 +79,7 @@ def test_a_killed_launcher_leaves_no_stale_lock(tmp_path):
         """
     )
     proc = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "held"
     from ddp_helpers.launcher.run_lock import holding_run_dir
 

@@ -8,6 +8,7 @@ import inspect
 import typing
 
 import pytest
+from IPython.core.magic_arguments import MagicArgumentParser
 
 import ddp_helpers
 from ddp_helpers import InvalidLaunchArguments
@@ -47,6 +48,11 @@ def _launch_parser() -> argparse.ArgumentParser:
     return subparsers.choices["launch"]
 
 
+def _doc(documented: object) -> str:
+    assert documented.__doc__, f"{documented} has no docstring"
+    return documented.__doc__
+
+
 def _documented(doc: str) -> set[str]:
     return {name for name in NAMES if f"\n        {name} (default " in doc}
 
@@ -56,7 +62,7 @@ def test_every_declared_option_reaches_every_front_end():
     params = inspect.signature(launch).parameters
     assert set(params) - {"script", "script_args"} == NAMES
     assert all(params[o.name].default == o.default for o in OPTIONS)
-    assert _documented(launch.__doc__) == NAMES and "{options}" not in launch.__doc__
+    assert _documented(_doc(launch)) == NAMES and "{options}" not in _doc(launch)
     config_fields = {f.name: f for f in dataclasses.fields(LaunchConfig) if f.init}
     assert set(config_fields) - {"script", "script_args"} == NAMES
     for declared in OPTIONS:
@@ -67,11 +73,11 @@ def test_every_declared_option_reaches_every_front_end():
     assert {o.name for o in command_line_options()} == NAMES
     assert _flags(_launch_parser()) == FLAGS | {"--help"}
     assert _flags(magic_parser()) == FLAGS | {"--args"}
-    assert all(flag in TorchrunMagics.torchrun.__doc__ for flag in FLAGS)
+    assert all(flag in _doc(TorchrunMagics.torchrun) for flag in FLAGS)
     # live ranks: the options that make sense for ranks kept between cells (one node, no restarts)
     assert LIVE_NAMES == {"nproc", "backend", "timeout", "startup_timeout", "run_dir", "env", "show_ranks"}
     assert set(inspect.signature(start_ranks).parameters) == LIVE_NAMES
-    assert _documented(start_ranks.__doc__) == LIVE_NAMES
+    assert _documented(_doc(start_ranks)) == LIVE_NAMES
     live_flags = {o.flag for o in LIVE_OPTIONS}
     # and the cell-only flags: which ranks run the cell, its name, and pdb on some ranks
     assert _flags(RanksMagics.ranks.parser) == live_flags | {"--rank", "--name", "--debug", "--pdb-commands"}
@@ -116,7 +122,7 @@ def test_adding_an_option_is_one_declaration():
         """
 
     assert inspect.signature(front_end).parameters["demo_knob"].default == 4
-    assert "demo_knob (default 4)" in front_end.__doc__
+    assert "demo_knob (default 4)" in _doc(front_end)
 
     parser = argparse.ArgumentParser()
     add_flags(parser, options)
@@ -161,7 +167,7 @@ def test_start_ranks_refuses_bad_options_before_anything_starts(tmp_path, args, 
         start_ranks(*args, run_dir=tmp_path / "never", **kwargs)
     assert not (tmp_path / "never").exists()
     with pytest.raises(TypeError, match="max_restarts"):  # not a live option: refused as Python would
-        start_ranks(2, max_restarts=1)
+        start_ranks(2, max_restarts=1)  # type: ignore[call-arg]  # deliberately: mypy refuses it too
 
 
 def test_the_cli_takes_every_declared_option(tmp_path, capsys):
@@ -184,6 +190,8 @@ def test_the_magics_take_the_options_as_flags():
         "env": {"A": "1", "B": "x=y"},
         "launcher": "python",
     }
-    opts = RanksMagics.ranks.parser.parse_argstring("start --nproc 2 --env A=1 --env B=2 --show-ranks 0")
+    parser = RanksMagics.ranks.parser  # typed as argparse's in the package: IPython's subclass here
+    assert isinstance(parser, MagicArgumentParser), type(parser)
+    opts = parser.parse_argstring("start --nproc 2 --env A=1 --env B=2 --show-ranks 0")
     assert given_options(opts, LIVE_OPTIONS) == {"nproc": 2, "env": {"A": "1", "B": "2"}, "show_ranks": [0]}
     assert ddp_helpers.start_ranks is start_ranks

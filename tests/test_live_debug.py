@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 import pytest
+import torch.distributed as dist
 from conftest import assert_no_processes_left
 from jupyter_client.manager import start_new_kernel
 
@@ -255,20 +256,27 @@ def test_a_console_with_no_input_quits_and_says_why(capsys):
     assert f"{PROMPT}p x" in capsys.readouterr().out
 
 
+def _c10d(**members: object) -> types.ModuleType:
+    """A stand-in for torch's distributed_c10d module that holds only `members`."""
+    module = types.ModuleType("distributed_c10d")
+    module.__dict__.update(members)
+    return module
+
+
 def test_the_timeout_setter_falls_back_to_torch_27s_name_then_to_none():
     calls = []
-    old = types.SimpleNamespace(_set_pg_timeout=lambda t, g: calls.append((t, g)))
-    timeout_setter(old)(timedelta(seconds=5), "group")
+    setter = timeout_setter(_c10d(_set_pg_timeout=lambda t, g: calls.append((t, g))))
+    assert setter is not None
+    setter(timedelta(seconds=5), "group")
     assert calls == [(timedelta(seconds=5), "group")]
-    assert timeout_setter(types.SimpleNamespace()) is None
-    default = types.SimpleNamespace(_get_default_group=lambda: "default")
-    assert process_groups(default) == ["default"]
+    assert timeout_setter(_c10d()) is None
+    assert process_groups(_c10d(_get_default_group=lambda: "default")) == ["default"]
 
 
 def test_a_group_whose_timeout_cannot_be_read_is_neither_stretched_nor_left_stretched(monkeypatch):
     set_to = []
     readable, unreadable = "readable", "unreadable"
-    monkeypatch.setattr(rank_debug.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)  # the module rank_debug asks
     monkeypatch.setattr(rank_debug, "timeout_setter", lambda: lambda t, g: set_to.append((g, t.seconds)))
     monkeypatch.setattr(rank_debug, "process_groups", lambda: [readable, unreadable])
     monkeypatch.setattr(

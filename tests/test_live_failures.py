@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import assert_no_processes_left
+from fixtures import module_live_ranks
 
 import ddp_helpers
 from ddp_helpers import LaunchInterrupted, RankError, WorkerFailed
@@ -18,13 +18,7 @@ pytestmark = pytest.mark.xdist_group("test_live_failures")
 PROMPT_S = 8.0  # a rank that left is reported this soon (the old report waited 13 s for torchrun)
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("failure-ranks")
-    live = ddp_helpers.start_ranks(nproc=2, backend="gloo", run_dir=run_dir, timeout=60)
-    yield live
-    live.shutdown()
-    assert_no_processes_left(str(run_dir))
+ranks = module_live_ranks(nproc=2)
 
 
 def test_a_rank_that_exits_is_reported_by_this_cell_and_its_code(ranks):

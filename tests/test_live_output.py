@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import assert_no_processes_left
+from fixtures import module_live_ranks
 from IPython.testing import globalipapp
 
-import ddp_helpers
+from ddp_helpers.launcher.cell_source import CellSyntaxError
 from ddp_helpers.live import magics as live_magics
 
 # Its module-scoped fixture starts a job: with `--dist loadgroup` one xdist worker runs the whole
@@ -16,13 +16,7 @@ from ddp_helpers.live import magics as live_magics
 pytestmark = pytest.mark.xdist_group("test_live_output")
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("output-ranks")
-    live = ddp_helpers.start_ranks(nproc=1, backend="gloo", run_dir=run_dir, timeout=60)
-    yield live
-    live.shutdown()
-    assert_no_processes_left(str(run_dir))
+ranks = module_live_ranks(nproc=1)
 
 
 def test_a_flood_ends_in_its_own_cell_with_its_last_line_and_count(ranks, capsys):
@@ -80,7 +74,7 @@ def test_a_syntax_error_shows_its_line_and_none_of_our_frames(ranks, monkeypatch
     assert caught.value.text == "return x\n" and caught.value.lineno == 2
     magics = live_magics.RanksMagics(shell=globalipapp.get_ipython())
     monkeypatch.setattr(live_magics, "_current", ranks)
-    with pytest.raises(live_magics.CellSyntaxError) as shown:
+    with pytest.raises(CellSyntaxError) as shown:
         magics.ranks("", "await something()")
     assert shown.value.error.lineno == 2  # as the editor numbers it: the %%ranks line is line 1
     rendered = "\n".join(shown.value._render_traceback_())

@@ -12,13 +12,13 @@ import pickle
 import subprocess
 import sys
 import time
-import types
 from multiprocessing import Pipe
 
 import pytest
 import torch
 from conftest import REPO
 
+from ddp_helpers.distributed import DistInfo
 from ddp_helpers.live import protocol
 from ddp_helpers.live.protocol import Error, Exited, Gather, Hello, Interrupted, Push, Run, Shutdown, Value
 from ddp_helpers.live.session import receive
@@ -76,8 +76,10 @@ def test_messages_are_frozen_and_travel_whole():
     for message in messages:
         rank.send(message)
         assert kernel.recv() == message
+    run = messages[1]
+    assert isinstance(run, Run)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        messages[1].code = "y = 2"
+        run.code = "y = 2"  # type: ignore[misc]  # deliberately: a frozen field refuses assignment
 
 
 @pytest.fixture
@@ -85,7 +87,9 @@ def cells(monkeypatch):
     from ddp_helpers.live import server
 
     monkeypatch.setitem(sys.modules, "__main__", sys.modules["__main__"])  # Cells makes its own __main__
-    info = types.SimpleNamespace(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+    info = DistInfo(
+        rank=0, local_rank=0, world_size=1, local_world_size=1, backend="none", device=torch.device("cpu")
+    )
     return server.Cells(info)
 
 
@@ -100,11 +104,14 @@ def test_the_server_answers_each_request_with_its_typed_reply(cells):
     assert isinstance(handle(cells, Run(4, "raise SystemExit(1)")), Error)  # a cell never ends the rank
     assert handle(cells, Gather(5, "nope")) == Error(5, "name 'nope' is not defined", "")
     assert handle(cells, Push(6, pickle.dumps({"lr": 0.5}))) == Value(6, None, "None")
-    assert pickle.loads(handle(cells, Gather(7, "lr")).data) == 0.5
+    gathered = handle(cells, Gather(7, "lr"))
+    assert isinstance(gathered, Value) and gathered.data is not None, gathered
+    assert pickle.loads(gathered.data) == 0.5
     unpicklable = handle(cells, Run(8, "import threading\nthreading.Lock()"))
+    assert isinstance(unpicklable, Value), unpicklable
     assert unpicklable.data is None and unpicklable.text.startswith("<unlocked _thread.lock")
     with pytest.raises(ValueError, match="unknown request"):
-        handle(cells, "run")
+        handle(cells, "run")  # type: ignore[arg-type]  # deliberately: a string is no request
 
 
 def test_one_receive_loop_yields_replies_and_closed_connections():

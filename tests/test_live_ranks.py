@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import _thread
+import argparse
 import os
 import shutil
 import signal
@@ -12,7 +13,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import nbformat
 import papermill
@@ -20,6 +20,7 @@ import psutil
 import pytest
 import torch
 from conftest import assert_no_processes_left
+from fixtures import module_live_ranks
 
 import ddp_helpers
 from ddp_helpers import (
@@ -37,14 +38,7 @@ from ddp_helpers.live import magics as live_magics
 pytestmark = pytest.mark.xdist_group("test_live_ranks")
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    """One pair of ranks for the tests that leave them healthy (starting ranks costs seconds)."""
-    run_dir = tmp_path_factory.mktemp("shared-ranks")
-    live = ddp_helpers.start_ranks(nproc=2, backend="gloo", run_dir=run_dir, timeout=60)
-    yield live
-    live.shutdown()
-    assert_no_processes_left(str(run_dir))
+ranks = module_live_ranks(nproc=2)  # one pair of ranks for the tests that leave them healthy
 
 
 def test_each_live_rank_draws_its_own_seeds(ranks):
@@ -140,7 +134,7 @@ def test_a_hang_names_the_stuck_rank_and_its_line_then_restart_and_a_death(tmp_p
         monkeypatch.setattr(live_magics, "_current", live)  # what %%ranks finds in the kernel now
         with pytest.raises(RanksNotRunning, match=r"not running .* `%ranks restart`"):
             live_magics.current_ranks()
-        live_magics.RanksMagics(shell=None)._line(SimpleNamespace(action="restart"))  # the advice works
+        live_magics.RanksMagics(shell=None)._line(argparse.Namespace(action="restart"))  # the advice works
         assert live.run("rank") == {0: 0, 1: 1}
     finally:
         live.shutdown()
@@ -166,6 +160,7 @@ def test_no_rank_outlives_a_killed_kernel(tmp_path):
         text=True,
         env={**os.environ, "TMPDIR": str(temp)},
     )
+    assert kernel.stdout is not None
     try:
         pids = [int(p) for p in kernel.stdout.readline().split()]
         assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids)

@@ -7,6 +7,7 @@ each block 48x48 + 48 = 2,352; head 10x48 + 10 = 490; 6,778 in all, in 8 tensors
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 import pytest
 
@@ -22,7 +23,17 @@ from ddp_helpers.lab.memory_calculator import (
 )
 
 P, TENSORS = 6_778, 8
-SMALL = {"width": 48, "depth": 2, "batch": 4}
+
+
+class Size(TypedDict):
+    """Setup's model and batch fields, typed so that `**SMALL` checks against Setup's."""
+
+    width: int
+    depth: int
+    batch: int
+
+
+SMALL: Size = {"width": 48, "depth": 2, "batch": 4}
 
 
 def test_the_shapes_are_block_mlps():

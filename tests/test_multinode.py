@@ -42,7 +42,9 @@ def test_two_nodes_on_loopback_form_one_world(script, tmp_path):
         t.join()
     assert not errors, errors
     lines = [line for r in results.values() for log in r.logs.values() for line in log if "sum" in line]
-    found = sorted(re.match(r"rank (\d) of 2 on node (\d): sum 3", line).groups() for line in lines)
+    matched = [re.match(r"rank (\d) of 2 on node (\d): sum 3", line) for line in lines]
+    assert all(matched), lines
+    found = sorted(m.groups() for m in matched if m)
     assert found == [("0", "0"), ("1", "1")]  # one rank per node, and the sum crossed both
     for result in results.values():  # each agent labels its worker with the rank it really got
         (rank,) = result.logs

@@ -3,18 +3,14 @@ tree exactly once, and the runner refuses what would prove nothing. `make mutant
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from fixtures import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("mutant_runner", ROOT / "mutants" / "run.py")
-runner = importlib.util.module_from_spec(_spec)
-sys.modules["mutant_runner"] = runner  # dataclasses look their module up by name
-_spec.loader.exec_module(runner)
+runner = load_script("mutant_runner", ROOT / "mutants" / "run.py")
 
 ENTRY = """
 [[mutant]]
@@ -89,7 +85,7 @@ def test_a_malformed_entry_is_refused(tmp_path, entry, message):
         runner.load_catalogue(_catalogue(tmp_path, entry))
 
 
-def _mutant(**fields) -> runner.Mutant:
+def _mutant(**fields):  # -> runner.Mutant (a module loaded at run time: no type mypy can name)
     base = dict(name="m", notebook="00_x", lesson="l", file="w.py", old="x = 1\n", new="x = 2\n")
     return runner.Mutant(**(base | fields))
 
@@ -108,7 +104,7 @@ def test_an_edit_that_breaks_the_syntax_is_refused(tmp_path):
 
 
 def _notebook(tmp_path: Path, *sources: str) -> Path:
-    cells = [
+    cells: list[dict[str, object]] = [
         {"cell_type": "code", "metadata": {}, "source": s, "outputs": [], "execution_count": None}
         for s in sources
     ]

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+
+from fixtures import load_script
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "notebook_times.py"
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("notebook_times", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("notebook_times", BENCH)
 
 
 def test_jobs_are_counted_by_their_logs_folders_killed_early_or_one_process(tmp_path):

@@ -232,6 +232,7 @@ def check_notebook_runs_with_nproc(notebook: Path, nproc: int, tmp_path: Path, m
 @pytest.mark.skipif(MULTINODE is None, reason="no multi-node notebook")
 def test_multinode_notebook_runs_at_full_size(tmp_path, monkeypatch):
     """As a learner runs it (smoke=False): two agents, the full bandwidth sweep, the 20 s lonely node."""
+    assert MULTINODE is not None  # the skipif above
     _execute(MULTINODE, tmp_path, monkeypatch, {"solutions": True}, timeout=900)
 
 

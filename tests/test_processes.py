@@ -10,6 +10,7 @@ import psutil
 
 from ddp_helpers.launcher.process_tree import ProcessTree
 from ddp_helpers.launcher.processes import hold_lifeline, stop_run
+from ddp_helpers.launcher.run_process import FreshProcess
 
 STUBBORN = """
 import signal, subprocess, sys, time
@@ -22,9 +23,11 @@ time.sleep(60)
 
 
 def test_stop_run_kills_what_ignores_sigterm_reaps_the_root_and_may_run_twice():
-    proc = subprocess.Popen([sys.executable, "-c", STUBBORN], stdout=subprocess.PIPE, text=True)
-    child = int(proc.stdout.readline())
-    proc.stdout.close()
+    popen = subprocess.Popen([sys.executable, "-c", STUBBORN], stdout=subprocess.PIPE)
+    assert popen.stdout is not None
+    child = int(popen.stdout.readline())
+    popen.stdout.close()
+    proc = FreshProcess(popen, "fresh")  # as start_run wraps torchrun's agent
     lifeline = open(__file__, "rb")  # stands in for the agent's lifeline, which stop_run closes
     hold_lifeline(proc, lifeline)
     tree = ProcessTree(proc.pid)
@@ -42,13 +45,14 @@ def test_stop_run_reaps_a_run_whose_popen_lock_an_interrupt_left_held():
     """CPython's Popen.poll() leaves its lock held when a KeyboardInterrupt lands between its acquire
     and its try; Popen.wait() then blocks forever. An interrupted launch hung so. stop_run must not."""
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    assert proc._waitpid_lock.acquire(blocking=False)  # the state such an interrupt leaves
+    # the state such an interrupt leaves (the lock is CPython's private one: typeshed leaves it out)
+    assert proc._waitpid_lock.acquire(blocking=False)  # type: ignore[attr-defined]
     try:
         started = time.monotonic()
-        stop_run(ProcessTree(proc.pid), proc, grace_s=0.5)
+        stop_run(ProcessTree(proc.pid), FreshProcess(proc, "fresh"), grace_s=0.5)
         assert proc.returncode == -15  # reaped, and its SIGTERM shows
         assert time.monotonic() - started < 5
         assert not psutil.pid_exists(proc.pid)
     finally:
-        proc._waitpid_lock.release()
+        proc._waitpid_lock.release()  # type: ignore[attr-defined]
         proc.kill()

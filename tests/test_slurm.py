@@ -137,7 +137,8 @@ def cluster():
 
 def test_without_a_slurm_client_it_says_so(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch, no sinfo
-    assert slurm.missing_reason().startswith("no SLURM client here (sbatch, squeue")
+    reason = slurm.missing_reason()
+    assert reason is not None and reason.startswith("no SLURM client here (sbatch, squeue"), reason
 
 
 def test_without_a_configured_cluster_it_says_so_in_one_line(monkeypatch):

@@ -44,6 +44,7 @@ def waiter(tmp_path):
         stdout=subprocess.PIPE,
         text=True,
     )
+    assert proc.stdout is not None
     assert proc.stdout.readline() == "ready\n"
     yield proc
     proc.kill()

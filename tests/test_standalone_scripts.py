@@ -3,6 +3,7 @@ under plain `python` and plain torchrun, and the DDP one picks gloo by itself on
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import subprocess
@@ -63,7 +64,8 @@ def accuracy(state_dict: dict, folder: Path) -> float:
     """The saved model's accuracy on the scripts' own dataset, built by the copied script."""
     sys.path.insert(0, str(folder))
     try:
-        import single_device  # the copy: its make_dataset is the one both scripts train on
+        # the copy: its make_dataset is the one both scripts train on
+        single_device = importlib.import_module("single_device")
     finally:
         sys.path.remove(str(folder))
         sys.modules.pop("single_device", None)

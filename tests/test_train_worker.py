@@ -4,6 +4,7 @@ through launch() or on live ranks."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import json
 import math
@@ -51,13 +52,13 @@ def run_plain(*args, run_dir):
 def run_here(*args, run_dir):
     """train.main(argv) in this process, a world of one as under plain python, without a new interpreter's
     torch import: what it printed. The global state main() sets is put back: the random generators, the
-    deterministic mode and cuDNN's benchmark flag. (`__wrapped__`: not @record, which would point this
+    deterministic mode and cuDNN's benchmark flag. (Unwrapped: not @record, which would point this
     process's faulthandler at pytest's capture.)"""
     printed = io.StringIO()
     deterministic, benchmark = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark
     try:
         with torch.random.fork_rng(), contextlib.redirect_stdout(printed):
-            train.main.__wrapped__([*map(str, args), "--run-dir", str(run_dir)])
+            inspect.unwrap(train.main)([*map(str, args), "--run-dir", str(run_dir)])
     finally:
         torch.use_deterministic_algorithms(deterministic)
         torch.backends.cudnn.benchmark = benchmark

@@ -3,6 +3,8 @@ no DDP_BACKEND from the launcher, the GPUs torch sees, and LOCAL_WORLD_SIZE rank
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -10,7 +12,9 @@ from ddp_helpers.distributed import worker_backend
 
 
 @pytest.fixture
-def gpus(monkeypatch):
+def torch_sees_gpus(monkeypatch) -> Callable[[int], None]:
+    """``torch_sees_gpus(n)``: torch.cuda shows n GPUs, and no launcher has chosen a backend (no DDP_BACKEND)."""
+
     def visible(count: int) -> None:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
         monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
@@ -31,9 +35,9 @@ def gpus(monkeypatch):
     ],
 )
 def test_auto_takes_nccl_only_where_every_local_rank_has_a_gpu(
-    gpus, monkeypatch, capsys, count, local_ranks, expected
+    torch_sees_gpus, monkeypatch, capsys, count, local_ranks, expected
 ):
-    gpus(count)
+    torch_sees_gpus(count)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_ranks))
     monkeypatch.setenv("LOCAL_RANK", "0")
     assert worker_backend() == expected
@@ -44,20 +48,20 @@ def test_auto_takes_nccl_only_where_every_local_rank_has_a_gpu(
         assert said == ""
 
 
-def test_only_local_rank_0_says_why(gpus, monkeypatch, capsys):
-    gpus(1)
+def test_only_local_rank_0_says_why(torch_sees_gpus, monkeypatch, capsys):
+    torch_sees_gpus(1)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert worker_backend() == ("gloo", "cpu")
     assert capsys.readouterr().err == ""
 
 
-def test_the_launchers_choice_stands(gpus, monkeypatch):
-    gpus(1)
+def test_the_launchers_choice_stands(torch_sees_gpus, monkeypatch):
+    torch_sees_gpus(1)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     monkeypatch.setenv("DDP_BACKEND", "gloo")
     assert worker_backend() == ("gloo", "cpu")
-    gpus(0)
+    torch_sees_gpus(0)
     monkeypatch.setenv("DDP_BACKEND", "nccl")
     with pytest.raises(ValueError, match="needs CUDA GPUs"):
         worker_backend()

@@ -6,6 +6,7 @@ torchrun --nproc-per-node 3 footprints.py OUT.json
 import argparse
 import json
 import sys
+from typing import NotRequired, TypedDict
 
 import torch
 import torch.distributed as dist
@@ -14,7 +15,22 @@ from torch.distributed.device_mesh import init_device_mesh
 from ddp_helpers import teardown
 from ddp_helpers.workers import fsdp_footprint, fsdp_meta
 
-CONFIGURATIONS = [
+
+class Configuration(TypedDict):
+    """fsdp_footprint.footprint's keywords that say how the model is split."""
+
+    strategy: str
+    precision: NotRequired[str]
+    recompute: NotRequired[bool]
+
+
+class Sizes(TypedDict):
+    width: int
+    depth: int
+    batch: int
+
+
+CONFIGURATIONS: list[Configuration] = [
     {"strategy": "ddp_default"},
     {"strategy": "zero1"},
     {"strategy": "zero2", "precision": "bf16", "recompute": True},
@@ -23,12 +39,14 @@ CONFIGURATIONS = [
 
 dist.init_process_group("gloo")
 mesh, device = init_device_mesh("cpu", (dist.get_world_size(),)), torch.device("cpu")
-sizes = {"width": 40, "depth": 2, "batch": 4}  # 40 rows: uneven over 3 ranks (14, 14, 12)
-result = {"footprints": [fsdp_footprint.footprint(mesh, device, **c, **sizes) for c in CONFIGURATIONS]}
+sizes: Sizes = {"width": 40, "depth": 2, "batch": 4}  # 40 rows: uneven over 3 ranks (14, 14, 12)
+result: dict[str, object] = {
+    "footprints": [fsdp_footprint.footprint(mesh, device, **c, **sizes) for c in CONFIGURATIONS]
+}
 args = argparse.Namespace(features=32, width=40, depth=2, classes=10, seed=0)
 result["meta_trace"] = fsdp_meta.meta_first(args, mesh, device)[0]
 result["clipping"] = fsdp_meta.clipped_norm(args, mesh, device)
-everyone = [None] * dist.get_world_size()
+everyone: list[object] = [None] * dist.get_world_size()
 dist.all_gather_object(everyone, result)
 if dist.get_rank() == 0:
     with open(sys.argv[1], "w") as out:
