@@ -169,3 +169,44 @@ def test_every_environment_name_and_run_file_is_spelled_in_the_contract_alone():
             if isinstance(node, ast.Constant) and node.value in names and id(node) not in docstrings
         ]
     assert not found, f"import these from ddp_helpers.run_contract instead: {found}"
+
+
+# ------------------------------------------------------------------------- every test can fail
+TESTS = PACKAGE.parent / "tests"
+# tests whose check is code they run, not an assert of their own: each with where its assert is
+CHECKED_ELSEWHERE = {
+    "test_notebook_07_live_check_holds_however_often_its_cells_rerun": "notebook 07's own check cell, run on ranks",
+}
+
+
+def _checking_helpers(trees: list[ast.Module]) -> set[str]:
+    """Functions of the tests that assert, or raise on failure (papermill does, for a failed cell)."""
+    helpers = set()
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("test_"):
+                source = ast.unparse(node)
+                if "assert" in source or "raises" in source or "execute_notebook" in source:
+                    helpers.add(node.name)
+    return helpers
+
+
+def test_every_test_asserts_something():
+    trees = {path: ast.parse(path.read_text()) for path in sorted(TESTS.rglob("*.py"))}
+    helpers = _checking_helpers(list(trees.values()))
+    unchecked = []
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test_")):
+                continue
+            source = ast.unparse(node)
+            called = {
+                call.func.id if isinstance(call.func, ast.Name) else getattr(call.func, "attr", "")
+                for call in ast.walk(node)
+                if isinstance(call, ast.Call)
+            }
+            if "assert" in source or "raises" in source or called & helpers:
+                continue
+            if node.name not in CHECKED_ELSEWHERE:
+                unchecked.append(f"{path.name}::{node.name}")
+    assert not unchecked, f"these tests check nothing that could fail: {unchecked}"
