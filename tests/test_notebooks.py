@@ -282,3 +282,11 @@ def test_no_notebook_reaches_into_the_launchers_internals(notebook):
         if re.search(r"^\s*(from|import)\s+ddp_helpers\.launcher\b|\bddp_helpers\.launcher\.\w+\(", line)
     }
     assert not found, f"{notebook.name} imports launcher internals: {found}"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_cell_a_learner_reads_escapes_the_formatter(notebook):
+    """A `# fmt: skip` keeps a line as someone typed it, often too long to read: reshape it instead."""
+    nb = nbformat.read(notebook, as_version=4)
+    marked = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and "fmt: skip" in c.source]
+    assert not marked, f"{notebook.name}: cells {marked} carry # fmt: skip"
