@@ -12,6 +12,7 @@ from ddp_helpers.launcher.diagnosis import (
     _fault_stack,
     _last_traceback,
     _when_no_python_ran,
+    destroy_deadlock_note,
     diagnose,
     strip_rank_prefix,
 )
@@ -235,3 +236,34 @@ def test_last_traceback_takes_the_last_one_and_multi_line_messages():
 def test_nothing_to_blame_returns_none(tmp_path):
     tail = make_logs(tmp_path, {(0, "stderr.log"): "", (1, "stderr.log"): ""})
     assert diagnose("RendezvousTimeoutError", tail, nranks=2, cuda_available=False) is None
+
+
+# A rank stuck in the destroy, as the hang report shows it (the capstone's rank 1 on torch 2.7.1, in CI)
+IN_DESTROY = """File "/repo/ddp_helpers/workers/capstone.py", line 212 in main
+  dist.destroy_process_group()
+File "/repo/ddp_helpers/workers/capstone.py", line 216 in <module>
+  main()"""
+IN_ALL_REDUCE = """File "/tmp/script.py", line 40 in train
+  dist.all_reduce(t)
+File "/tmp/script.py", line 60 in main
+  dist.destroy_process_group()"""
+
+
+def test_a_rank_stuck_in_the_destroy_on_torch_2_7_gloo_is_named_as_torchs_deadlock():
+    note = destroy_deadlock_note({1: IN_DESTROY, 2: IN_ALL_REDUCE}, "gloo", "2.7.1+cpu")
+    assert note.startswith("rank(s) 1 wait in destroy_process_group()"), note
+    assert "pytorch/pytorch#154976" in note and "torch 2.7.1+cpu" in note, note
+
+
+@pytest.mark.parametrize(
+    ("stacks", "backend", "version"),
+    [
+        ({1: IN_DESTROY}, "gloo", "2.8.0"),  # fixed there: a hang in the destroy has another cause
+        ({1: IN_DESTROY}, "nccl", "2.7.1"),
+        ({1: IN_ALL_REDUCE}, "gloo", "2.7.1"),  # waits in a collective: the destroy is further out
+        ({1: IN_DESTROY}, "gloo", "not-a-version"),
+    ],
+)
+def test_no_deadlock_note_where_torchs_gloo_bug_cannot_be_the_cause(stacks, backend, version):
+    assert destroy_deadlock_note(stacks, backend, version) == ""
+

@@ -223,14 +223,15 @@ def test_launch_shows_every_option_with_the_configs_default():
     import inspect
 
     from ddp_helpers.launcher.config import LaunchConfig
-    from ddp_helpers.launcher.options import OPTION_NAMES
+    from ddp_helpers.launcher.options import DEFAULT_HANG_TIMEOUT_S, OPTION_NAMES
     from ddp_helpers.launcher.runner import launch
 
     params = inspect.signature(launch).parameters
     assert list(params)[:2] == ["script", "script_args"]
     defaults = {f.name: f.default for f in dataclasses.fields(LaunchConfig) if f.name in OPTION_NAMES}
     assert set(params) - {"script", "script_args"} == set(OPTION_NAMES)
-    assert params["timeout"].default is None and params["grace_s"].default == defaults["grace_s"]
+    assert params["timeout"].default == defaults["timeout"] == DEFAULT_HANG_TIMEOUT_S  # no silent hang by default
+    assert params["grace_s"].default == defaults["grace_s"]
     assert params["backend"].kind is inspect.Parameter.KEYWORD_ONLY
 
 

@@ -45,5 +45,6 @@ LINES: dict[str, str] = {
     "lr-scaled": "the learning rate scaled with the world size (the linear rule)",
     "nan-skip-all": "a step skipped on every rank when any rank's loss is not finite",
     "no-sync-accumulation": "gradient accumulation under no_sync(), with one all-reduce per step",
-    "teardown": "a barrier when training returns, and destroy_process_group() in a finally block",
+    "teardown": "every rank waits for the others when training returns (a barrier), and "
+    "destroy_process_group() in a finally block",
 }

@@ -287,3 +287,32 @@ def _left_early(
     if any(reports[r].error and not _is_secondary(reports[r].error) for r in candidates):
         return []
     return [r for r in candidates if r not in exitcodes and r != rank]
+
+
+# torch 2.7's ~ProcessGroupGloo joins gloo's threads while it holds the GIL; a thread that is still
+# freeing a finished collective's tensors (Python no longer holds them: a barrier keeps the collective
+# before it for its thread to free) waits for that GIL. pytorch/pytorch#154976 releases it, from torch 2.8.
+GLOO_DESTROY_FIXED_IN = (2, 8)
+
+
+def destroy_deadlock_note(stacks: dict[int, str], backend: str, torch_version: str) -> str:
+    """Advice for ranks stuck in destroy_process_group() on torch 2.7's gloo, where that is torch's bug."""
+    if backend != "gloo":
+        return ""
+    try:
+        major, minor = (int(part) for part in torch_version.split(".")[:2])
+    except ValueError:
+        return ""
+    if (major, minor) >= GLOO_DESTROY_FIXED_IN:
+        return ""
+    stuck = [r for r, stack in sorted(stacks.items()) if "destroy_process_group" in "".join(stack.splitlines()[:2])]
+    if not stuck:
+        return ""
+    return (
+        f"rank(s) {', '.join(map(str, stuck))} wait in destroy_process_group(), after their work: on torch "
+        f"{torch_version} with gloo that can deadlock (a gloo thread frees the last collective's tensors and "
+        "needs the GIL, which the destroy holds while it waits for that thread; fixed in torch 2.8, "
+        "pytorch/pytorch#154976). End with an all_reduce of a tensor you keep until the destroy returns, "
+        "not a barrier (as ddp.py does)."
+    )
+

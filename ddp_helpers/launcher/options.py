@@ -43,6 +43,10 @@ D = TypeVar("D")  # an option's default
 C = TypeVar("C")  # what its check keeps
 F = TypeVar("F", bound=Callable[..., Any])
 
+# No run waits silently for ever by default: a rank stuck in a collective (or in torch 2.7's gloo teardown)
+# ends in LaunchTimeout with every rank's stack. Longer than any silence of the notebooks' runs, shorter than
+# the 600 s a headless notebook cell gets (papermill, CI). timeout=None waits for ever.
+DEFAULT_HANG_TIMEOUT_S = 300.0
 METADATA_KEY = "ddp_helpers.option"  # where a field of LaunchOptions keeps its help, check and flag
 
 # ---------------------------------------------------------------------------- the declarations
@@ -110,7 +114,7 @@ class LaunchOptions:
         live=True,
     )
     timeout: float | None = option(
-        None,
+        DEFAULT_HANG_TIMEOUT_S,
         "seconds without progress (any output, or a metrics line) before the "
         "run counts as hung and is stopped; None waits for ever",
         seconds(allow_none=True),

@@ -8,6 +8,7 @@ alike; it starts and stops nothing.
 
 from __future__ import annotations
 
+import importlib.metadata
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -15,13 +16,21 @@ from typing import Any
 from ..errors import LaunchError, LaunchFailed, LaunchTimeout, WorkerFailed
 from .cell_output import CellEcho
 from .config import LaunchConfig
-from .diagnosis import diagnose, strip_rank_prefix
+from .diagnosis import destroy_deadlock_note, diagnose, strip_rank_prefix
 from .log_follow import FileFollower, LogChunk, RankLogTail
 from .progress import StepProgress
 from .resources import full_disk_note
 from .run_outputs import MetricsFollower
 
 WAITING_NOTE_EVERY_S = 5.0
+
+
+def installed_torch_version() -> str:
+    """The torch the workers import (the kernel's own environment), without importing it here."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
 
 
 @dataclass
@@ -171,6 +180,9 @@ class RunFollower:
                 "a longer startup_timeout may be all that is needed"
                 + (" (the stacks above show how far each rank got)." if stacks else ".")
             )
+        deadlock = destroy_deadlock_note(stacks, self.config.backend, installed_torch_version())
+        if deadlock:
+            advice.append(deadlock)
         advice += [
             "To find the collective that does not match, rerun with env={'TORCH_DISTRIBUTED_DEBUG': 'DETAIL'}"
             + (" and 'NCCL_DEBUG': 'INFO'." if self.config.backend == "nccl" else "."),

@@ -207,7 +207,10 @@ def main() -> None:
     rank, world, device = setup()
     try:
         train(args, rank, world, device)
-        dist.barrier()  # every rank ends together: none tears down while another still needs it
+        # every rank ends together: none tears down while another still needs it. An all_reduce of a
+        # tensor held past the destroy, not barrier(): ddp.py says why (a deadlock on torch 2.7's gloo)
+        finished = torch.ones(1, device=device)
+        dist.all_reduce(finished)
     finally:
         dist.destroy_process_group()
 

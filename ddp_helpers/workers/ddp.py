@@ -67,7 +67,6 @@ def train(args: argparse.Namespace, device: torch.device) -> None:
     if rank == 0:  # one writer: N processes writing one file would corrupt it
         torch.save(model.module.state_dict(), args.save)  # .module: the plain model, no "module." prefix
         print(f"saved {args.save}")
-    dist.barrier()  # the others wait until the file is whole, and every rank ends together
 
 
 def main() -> None:
@@ -94,6 +93,13 @@ def main() -> None:
         dist.init_process_group("gloo")  # gloo connects every pair of ranks here
     try:
         train(args, device)
+        # Every rank ends together: the others wait here until rank 0's file is whole. An all_reduce of a
+        # tensor held until destroy_process_group() returns, not barrier(): on torch 2.7 with gloo, a
+        # barrier leaves the collective before it for a gloo thread to free, which takes the GIL, and
+        # destroy_process_group() holds the GIL while it waits for that thread: now and then both wait
+        # for ever (fixed in torch 2.8, pytorch/pytorch#154976).
+        finished = torch.ones(1, device=device)
+        dist.all_reduce(finished)
     finally:
         dist.destroy_process_group()
 
