@@ -266,4 +266,3 @@ def test_a_rank_stuck_in_the_destroy_on_torch_2_7_gloo_is_named_as_torchs_deadlo
 )
 def test_no_deadlock_note_where_torchs_gloo_bug_cannot_be_the_cause(stacks, backend, version):
     assert destroy_deadlock_note(stacks, backend, version) == ""
-

@@ -230,7 +230,9 @@ def test_launch_shows_every_option_with_the_configs_default():
     assert list(params)[:2] == ["script", "script_args"]
     defaults = {f.name: f.default for f in dataclasses.fields(LaunchConfig) if f.name in OPTION_NAMES}
     assert set(params) - {"script", "script_args"} == set(OPTION_NAMES)
-    assert params["timeout"].default == defaults["timeout"] == DEFAULT_HANG_TIMEOUT_S  # no silent hang by default
+    assert (
+        params["timeout"].default == defaults["timeout"] == DEFAULT_HANG_TIMEOUT_S
+    )  # no silent hang by default
     assert params["grace_s"].default == defaults["grace_s"]
     assert params["backend"].kind is inspect.Parameter.KEYWORD_ONLY
 

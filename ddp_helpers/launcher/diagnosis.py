@@ -305,7 +305,9 @@ def destroy_deadlock_note(stacks: dict[int, str], backend: str, torch_version: s
         return ""
     if (major, minor) >= GLOO_DESTROY_FIXED_IN:
         return ""
-    stuck = [r for r, stack in sorted(stacks.items()) if "destroy_process_group" in "".join(stack.splitlines()[:2])]
+    stuck = [
+        r for r, stack in sorted(stacks.items()) if "destroy_process_group" in "".join(stack.splitlines()[:2])
+    ]
     if not stuck:
         return ""
     return (
@@ -315,4 +317,3 @@ def destroy_deadlock_note(stacks: dict[int, str], backend: str, torch_version: s
         "pytorch/pytorch#154976). End with an all_reduce of a tensor you keep until the destroy returns, "
         "not a barrier (as ddp.py does)."
     )
-
