@@ -1,4 +1,4 @@
-"""Notebook 02's plan (ddp_helpers/lab/plans.py) over every machine shape the notebooks must run on:
+"""Notebook 02's plan (ddp_helpers/lab/plans/throughput.py) over every machine shape the notebooks must run on:
 GPUs in {0, 1, 2, 4, 8} x nproc in {1, 2, 3, 8}. No GPU here: the GPU shapes are tested by their plans."""
 
 from __future__ import annotations

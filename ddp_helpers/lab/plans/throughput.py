@@ -13,16 +13,9 @@ Its rules, tested over GPUs in {0, 1, 2, 4, 8} x nproc in {1, 2, 3, 8} (tests/te
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class RunPlan:
-    nproc: int
-    backend: str  # launch()'s backend: "auto" (nccl with GPUs, gloo without) or "gloo"
-    device: str  # "cuda" or "cpu": where the run computes
-    devices: int  # devices the run drives: DataParallel's GPUs, DDP's ranks
-    env: dict[str, str] = field(default_factory=dict)  # launch()'s env
+from .core import RunPlan
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,101 @@
+"""What every notebook's plan is made of: the machine it meets, the runs it starts, the sizes it picks.
+
+A plan is pure: computed from the GPU count, the ranks per node and the nodes, never from a live
+device, so every machine shape is tested here, without a GPU (tests/test_notebook_plans.py), against
+rules that can fail:
+
+- nothing is compared across device kinds: the runs a notebook puts side by side compute on one kind;
+- NCCL only where every local rank has a GPU of its own;
+- sizes are chosen by device kind (a GPU gets GPU-sized work), never by the count of anything;
+- every run fits the world it is given: a global batch that its ranks can split evenly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The shape a notebook meets: GPUs per node, the ranks per node its launches use, and nodes."""
+
+    gpus: int
+    nproc: int
+    nodes: int = 1
+
+    def __post_init__(self) -> None:
+        if self.gpus < 0 or self.nproc < 1 or self.nodes < 1:
+            raise ValueError(
+                f"expected gpus >= 0, nproc >= 1 and nodes >= 1; got gpus={self.gpus}, nproc={self.nproc}, "
+                f"nodes={self.nodes}"
+            )
+
+    @property
+    def world(self) -> int:
+        return self.nproc * self.nodes
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    nproc: int  # ranks per node
+    backend: str  # launch()'s backend: "auto" (nccl with GPUs, gloo without) or "gloo"
+    device: str  # "cuda" or "cpu": where the run computes
+    devices: int  # devices the run drives: DataParallel's GPUs, DDP's ranks
+    env: dict[str, str] = field(default_factory=dict)  # launch()'s env
+    nodes: int = 1
+    batch: int | None = None  # the run's global batch, where it has one: its ranks split it evenly
+
+    @property
+    def world(self) -> int:
+        return self.nproc * self.nodes
+
+
+@dataclass(frozen=True)
+class NotebookPlan:
+    notebook: str  # "02"
+    machine: Machine
+    device: str  # the device kind of the runs the notebook compares
+    line: str  # one sentence for the learner: where the runs go, and why
+    runs: Mapping[str, RunPlan]
+    compared: tuple[tuple[str, ...], ...] = ()  # groups of runs whose numbers are put side by side
+    sizes: Mapping[str, Any] = field(default_factory=dict)  # chosen by device kind
+
+
+def placement(
+    machine: Machine, ranks: int | None = None, *, nodes: int = 1, batch: int | None = None
+) -> RunPlan:
+    """A demo of `ranks` ranks per node (default: the machine's) on `nodes` nodes, on what the machine has.
+
+    NCCL where every local rank gets a GPU of its own; else gloo on the CPU, with the GPUs hidden so
+    that nothing in the run reaches for one (a demo that needs two ranks still gets two on a one-GPU
+    box, and says so).
+    """
+    ranks = machine.nproc if ranks is None else ranks
+    if ranks < 1:
+        raise ValueError(f"a run needs at least one rank per node, got {ranks}")
+    if machine.gpus >= ranks:
+        return RunPlan(ranks, "auto", "cuda", ranks, {}, nodes, batch)
+    env = {"CUDA_VISIBLE_DEVICES": ""} if machine.gpus else {}
+    return RunPlan(ranks, "gloo" if machine.gpus else "auto", "cpu", ranks, env, nodes, batch)
+
+
+def placement_line(machine: Machine, run: RunPlan) -> str:
+    """One sentence: where `run` computes on this machine, and why."""
+    where = f"{run.nproc} rank(s)" + (f" on each of {run.nodes} nodes" if run.nodes > 1 else "")
+    if run.device == "cuda":
+        return f"{where} with nccl, one GPU each ({machine.gpus} visible)."
+    if machine.gpus == 0:
+        return f"{where} on the CPU with gloo (no GPU here)."
+    return (
+        f"This demo needs {run.nproc} ranks and this machine has {machine.gpus} GPU(s): NCCL needs one GPU per "
+        f"rank, so it runs {run.nproc} gloo ranks on the CPU instead."
+    )
+
+
+def by_kind(device: str, sizes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The sizes for `device` ("cpu" or "cuda") from a table keyed by device kind."""
+    if device not in sizes:
+        raise ValueError(f"no sizes for device kind {device!r}; the table has {sorted(sizes)}")
+    return dict(sizes[device])
