@@ -3,7 +3,9 @@
     python scripts/gpu_check.py [--out DIR] [--deadline-s 420] [--notebooks '0*'] [--cpu-smoke]
 
 One run, in this order, each part only while time is left before the deadline:
-1. the static checks and a live all_reduce sweep;
+1. the static checks, each notebook's plan for this box (ddp_helpers/lab/plans: the backend, device
+   and sizes its runs take here, and whether any run it compares leaves the GPUs), and a live
+   all_reduce sweep;
 2. every notebook with papermill in smoke mode, then every notebook at full size. A notebook
    still running at the deadline is interrupted, as Jupyter's stop button would (its launches stop
    their ranks). While a notebook runs, the GPU's process list is watched for the kernel: the
@@ -40,7 +42,7 @@ __all__ = ["NO_GPU_EXIT", "KernelWatch", "main"]
 
 NO_GPU_EXIT = 3
 NOTEBOOKS_DIR = REPO / "notebooks"
-PARTS = ("checks", "allreduce", "notebooks", "mutants", "training")
+PARTS = ("checks", "plans", "allreduce", "notebooks", "mutants", "training")
 
 
 def _train(
@@ -174,6 +176,35 @@ class GpuCheck:
 
         self.report["facts"] = collect_facts()
         self.report["checks"] = [asdict(c) for c in run_checks(self.report["facts"])]
+
+    def plans(self) -> None:
+        """Each notebook's plan for this box, as its notebook will compute it; a compared run off the GPUs
+        on a box with a GPU for every rank is a planning error the notebooks' own runs would hide."""
+        from ddp_helpers.lab.plans import plan_for, planners
+
+        rows = []
+        for notebook in planners():
+            nproc = self.args.nproc or self.gpus or 2  # what chapter_setup chooses for nproc=None
+            for smoke in sorted({mode == "smoke" for mode in self.plan["modes"]}, reverse=True):
+                plan = plan_for(notebook, self.gpus, nproc, smoke=smoke)
+                compared = sorted({name for group in plan.compared for name in group})
+                off_gpu = [n for n in compared if plan.runs[n].device != "cuda"]
+                rows.append(
+                    {
+                        "notebook": notebook,
+                        "smoke": smoke,
+                        "nproc": nproc,
+                        "device": plan.device,
+                        "line": plan.line,
+                        "sizes": dict(plan.sizes),
+                        "runs": {
+                            n: {"nproc": r.nproc, "backend": r.backend, "device": r.device, "batch": r.batch}
+                            for n, r in plan.runs.items()
+                        },
+                        "compared_off_gpu": off_gpu if self.gpus >= nproc else [],
+                    }
+                )
+        self.report["plans"] = rows
 
     def allreduce(self) -> None:
         from ddp_helpers.lab.allreduce_check import live_allreduce

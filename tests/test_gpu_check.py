@@ -58,7 +58,11 @@ def test_cpu_smoke_writes_the_report_and_the_executed_notebook(tmp_path):
         row["parameters"] == {"smoke": True, "solutions": True}
         and row["kernel_cuda_context"] == "not checked: no GPU"
     )
-    assert set(report["timings_s"]) == {"checks", "allreduce", "notebooks", "mutants", "training"}
+    assert set(report["timings_s"]) == {"checks", "plans", "allreduce", "notebooks", "mutants", "training"}
+    plans = {(row["notebook"], row["smoke"]): row for row in report["plans"]}
+    assert ("02", True) in plans and plans[("02", True)]["device"] == "cpu", sorted(
+        plans
+    )  # no GPU: the CPU plan
     assert report["mutants"] == {"status": "not run: they need a GPU"}  # CPU-unkillable ones, by definition
     with tarfile.open(out / "notebooks.tar.gz") as archive:
         member = archive.extractfile("executed/00_environment_check-smoke.ipynb")
@@ -122,3 +126,20 @@ def test_kernel_watch_says_unknown_unless_the_gpu_lists_this_runs_processes():
     watch.kernel_with_cuda = {100}
     assert watch.result() == {"kernel_cuda_context": True, "gpu_processes_seen": 1}
     assert KernelWatch(deadline=0, gpus=False).result()["kernel_cuda_context"] == "not checked: no GPU"
+
+
+def test_the_plans_part_records_each_notebooks_plan_for_an_eight_gpu_box(tmp_path):
+    """On 8 GPUs every notebook's compared runs stay on the GPUs (pure: no GPU needed to plan for one)."""
+    import argparse
+
+    from gpu_check import GpuCheck
+
+    args = argparse.Namespace(nproc=None, out=str(tmp_path / "out"), work=str(tmp_path / "work"), deadline_s=60)
+    check = GpuCheck(args, {"modes": ["smoke", "full"], "parts": ["plans"]}, gpus=8, started=0.0)
+    check.plans()
+    rows = check.report["plans"]
+    assert {row["smoke"] for row in rows} == {True, False}
+    assert {row["notebook"] for row in rows} >= {"02"}
+    assert all(row["nproc"] == 8 and row["compared_off_gpu"] == [] for row in rows), rows
+    assert next(row for row in rows if row["notebook"] == "02")["device"] == "cuda"
+
