@@ -37,7 +37,7 @@ def _threads_at_exit():
     if "LOCAL_RANK" in os.environ:
         names = sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
         # one write() call: both ranks share torchrun's stderr, and print() writes its pieces one by one
-        os.write(2, ("threads at exit: " + ",".join(names) + "\n").encode())
+        os.write(2, ("threads at exit: " + ",".join(names) + "\\n").encode())
 
 if os.path.isdir("/proc/self/task"):
     atexit.register(_threads_at_exit)
