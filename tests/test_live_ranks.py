@@ -224,6 +224,8 @@ def test_the_ranks_magic_runs_under_papermill(tmp_path):
     assert "[rank 0] Out: 3.0" in outputs[nb.cells[2].source]
     assert "[rank 1] Out: 3.0" in outputs[nb.cells[2].source]
     assert "[rank 1] only 1" in outputs[nb.cells[3].source] and "[rank 0]" not in outputs[nb.cells[3].source]
+    started = outputs[nb.cells[1].source]  # the seconds of start-up are announced, then what started
+    assert started.index("starting the live ranks") < started.index("2 live rank(s) on gloo"), started
     restarted = outputs[nb.cells[5].source]
     assert "stopped the 2 live rank(s) that were running: every variable they held is gone" in restarted
     assert_no_processes_left(str(tmp_path), wait_s=15)  # the kernel's exit took the ranks with it

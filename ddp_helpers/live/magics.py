@@ -144,6 +144,8 @@ class RanksMagics(Magics):
                     f"stopped the {_current.world_size} live rank(s) that were running: every variable "
                     "they held is gone. "
                 )
+            # every rank imports torch and joins the group first: seconds of silence without this line
+            print("starting the live ranks (each imports torch and joins the process group)...", flush=True)
             _current = start_ranks(**given_options(opts, LIVE_OPTIONS))
             assert self.shell is not None  # a registered magic has its shell
             self.shell.user_ns[opts.name] = _current
