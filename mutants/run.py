@@ -303,7 +303,14 @@ def table(outcomes: list[Outcome]) -> str:
 def select(mutants: list[Mutant], only: list[str], gpu: bool, ci: bool = False) -> list[Mutant]:
     chosen = [m for m in mutants if bool(m.cpu_unkillable) == gpu and (m.ci or not ci)]
     if only:
-        chosen = [m for m in chosen if any(m.name == o or m.notebook.startswith(o) for o in only)]
+        names = {o for o in only if any(m.name == o for m in mutants)}
+        notebooks = [o for o in only if o not in names]
+        # names narrow the notebooks given with them: `--only 01 no-set-epoch` is that one mutant of 01
+        chosen = [
+            m
+            for m in chosen
+            if (not names or m.name in names) and (not notebooks or m.notebook.startswith(tuple(notebooks)))
+        ]
     return chosen
 
 

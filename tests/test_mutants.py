@@ -176,3 +176,13 @@ def test_the_ci_subset_guards_every_notebook_twice():
     per_notebook = {stem: sum(m.notebook == stem for m in chosen) for stem in runner.notebook_stems()}
     thin = {stem: n for stem, n in per_notebook.items() if n < 2}
     assert not thin, f"mark at least 2 mutants ci = true for every notebook; these have fewer: {thin}"
+
+
+def test_only_with_a_notebook_and_a_name_runs_that_one_mutant():
+    mutants = runner.load_catalogue()
+    first = next(m for m in mutants if not m.cpu_unkillable)
+    number = first.notebook[:2]
+    assert runner.select(mutants, [number, first.name], gpu=False) == [first]
+    assert runner.select(mutants, [first.name], gpu=False) == [first]
+    of_notebook = runner.select(mutants, [number], gpu=False)
+    assert first in of_notebook and all(m.notebook.startswith(number) for m in of_notebook)
