@@ -134,7 +134,9 @@ def test_the_plans_part_records_each_notebooks_plan_for_an_eight_gpu_box(tmp_pat
 
     from gpu_check import GpuCheck
 
-    args = argparse.Namespace(nproc=None, out=str(tmp_path / "out"), work=str(tmp_path / "work"), deadline_s=60)
+    args = argparse.Namespace(
+        nproc=None, out=str(tmp_path / "out"), work=str(tmp_path / "work"), deadline_s=60
+    )
     check = GpuCheck(args, {"modes": ["smoke", "full"], "parts": ["plans"]}, gpus=8, started=0.0)
     check.plans()
     rows = check.report["plans"]
@@ -142,4 +144,3 @@ def test_the_plans_part_records_each_notebooks_plan_for_an_eight_gpu_box(tmp_pat
     assert {row["notebook"] for row in rows} >= {"02"}
     assert all(row["nproc"] == 8 and row["compared_off_gpu"] == [] for row in rows), rows
     assert next(row for row in rows if row["notebook"] == "02")["device"] == "cuda"
-
