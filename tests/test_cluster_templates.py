@@ -231,18 +231,33 @@ def test_slurm_scripts_activate_the_environment_first():
     assert "source .venv/bin/activate" in slurm_script("w.py")  # the repository's, by default
 
 
-def test_srun_script_gives_each_task_a_gpu_of_its_own_and_the_rank_its_identity():
+def test_srun_script_shows_every_task_its_nodes_gpus_and_gives_the_rank_its_identity():
+    """Every task of a node sees all the node's GPUs (NCCL finds its peers there, for P2P/NVLink) and
+    takes cuda:LOCAL_RANK; no per-task binding (--gpus-per-task fences a task into one GPU: nccl#1066)."""
     text = srun_script(TRAIN, ["--epochs", 1], nnodes=2, nproc_per_node=4, cpus_per_rank=3)
     directives = [line.split("#")[1].strip() for line in text.splitlines() if line.startswith("#SBATCH")]
     assert directives[1:5] == [
         "SBATCH --nodes=2",
         "SBATCH --ntasks-per-node=4",
-        "SBATCH --gpus-per-task=1",
+        "SBATCH --gpus-per-node=4",
         "SBATCH --cpus-per-task=3",
     ]
+    code = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    # nothing binds a task to one GPU: neither --gpus-per-task nor a --gpu-bind (map_gpu, single, ...)
+    assert not [line for line in code if "--gpus-per-task" in line or "--gpu-bind" in line]
     assert "export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS;" in text
     assert text.rstrip().endswith(f"rank {TRAIN} --epochs 1") and "torchrun --" not in text
-    assert "--gpus-per-task" not in srun_script("w.py", gpus_per_task=0).replace("# (no GPUs", "")
+    cpu = srun_script("w.py", gpus_per_node=0)
+    assert "--gpus-per-node" not in cpu and "--gpu-bind" not in cpu
+    with pytest.raises(ValueError, match="4 ranks per node need 4 GPUs per node"):
+        srun_script("w.py", nproc_per_node=4, gpus_per_node=2)
+
+
+def test_written_srun_file_takes_the_notebooks_gpus_per_node(tmp_path):
+    paths = write_cluster_templates(tmp_path, "w.py", nnodes=2, nproc_per_node=2, gpus_per_node=8)
+    assert "#SBATCH --gpus-per-node=8 " in paths["srun"].read_text()
+    paths = write_cluster_templates(tmp_path, "w.py", nnodes=2, nproc_per_node=2, gpus_per_node=0)
+    assert "--gpus-per" not in paths["srun"].read_text()
 
 
 def _fake_step(folder: Path) -> Path:

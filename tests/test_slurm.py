@@ -194,31 +194,30 @@ def test_generated_sbatch_file_runs_on_two_nodes_and_every_rank_all_reduces(clus
 
 @pytest.mark.slurm
 @pytest.mark.timeout(JOB_WITHIN_S + 120)
-def test_srun_recipe_gives_each_task_its_own_gpu_and_each_rank_finds_it(cluster, tmp_path):
-    """Notebook 06's srun without torchrun: --gpus-per-task=1 makes SLURM set each task's
-    CUDA_VISIBLE_DEVICES to its own GPU, so local rank 1 sees one GPU, and cuda:1 does not exist."""
+def test_srun_recipe_shows_every_task_its_nodes_gpus_and_each_rank_takes_its_local_rank(cluster, tmp_path):
+    """Notebook 06's srun without torchrun: every task of a node sees all the node's GPUs (NCCL needs
+    its peers visible for P2P/NVLink, nccl#1066), and each rank takes cuda:LOCAL_RANK (SLURM_LOCALID)."""
     (tmp_path / "worker.py").write_text(WORKER)
     paths = write_cluster_templates(
         tmp_path / "jobs",
         "worker.py",
         nnodes=2,
         nproc_per_node=2,
+        gpus_per_node=GPUS_PER_NODE,
         cpus_per_rank=1,
         time_limit="00:10:00",
         venv=this_environment(),
     )
-    assert "#SBATCH --gpus-per-task=1 " in paths["srun"].read_text()
     job_id = slurm.submit(paths["srun"], chdir=tmp_path, log=tmp_path / "job.log")
     job = slurm.follow(job_id, tmp_path / "job.log", timeout_s=JOB_WITHIN_S, echo=False)
     assert (job.state, job.exit_code, job.num_nodes) == ("COMPLETED", "0:0", 2), job.lines
     reports = {int(m[1]): m.groups() for m in map(REPORT.search, job.lines) if m}
     assert sorted(reports) == [0, 1, 2, 3], job.lines  # every rank ran, once
     assert all(world == "4" and float(total) == 10 for _, world, _, _, total, *_ in reports.values()), reports
-    assert sorted(r[5] for r in reports.values()) == ["0", "0", "1", "1"], (
-        reports
-    )  # local ranks 0, 1 per node
-    # one GPU per task, a different one for each task of a node: SLURM's binding, not the script's
-    assert all("," not in report[6] for report in reports.values()), reports
+    # SLURM's binding: every task of a node sees both of the node's GPUs, none is fenced into one
+    assert all(report[6] == "0,1" for report in reports.values()), {r: v[6] for r, v in reports.items()}
+    # and each rank takes its own by local rank: cuda:0 and cuda:1 on each node
+    assert all(report[7] == f"cuda:{report[5]}" for report in reports.values()), reports
     assert {node: sorted(gpus) for node, gpus in _gpus_taken(reports).items()} == {
         "n1": ["0", "1"],
         "n2": ["0", "1"],

@@ -9,7 +9,9 @@
   ``_rendezvous``; local_elastic_agent.py, the workers' env). With a checkpoint folder it also
   saves on preemption and requeues itself (`_preemption_lines`).
 - `srun_script`: the same job without torchrun: `srun` starts every rank itself, one task per
-  GPU (``--gpus-per-task=1``), and each rank's GPU is ``cuda:0``, the one SLURM gave its task.
+  rank. Every task sees all its node's GPUs (``--gpus-per-node``, no per-task binding) and takes
+  ``cuda:LOCAL_RANK``: a task fenced into one GPU (``--gpus-per-task=1``) hides its peers from
+  NCCL, which then cannot use P2P/NVLink between the ranks of a node, silently (NVIDIA/nccl#1066).
 - `pytorchjob_manifest` (pytorchjob.py): a Kubeflow training-operator v1 ``PyTorchJob`` with an ``elasticPolicy``
   (c10d rendezvous, ``--nnodes MIN:MAX``, ``--max-restarts``). The operator sets the ``PET_*``
   variables that torchrun reads in every pod. It targets the v1 operator (kubeflow.org/v1), the
@@ -204,7 +206,7 @@ def srun_script(
     *,
     nnodes: int = 2,
     nproc_per_node: int = 8,
-    gpus_per_task: int = 1,
+    gpus_per_node: int | None = None,
     cpus_per_rank: int = CPUS_PER_RANK,
     job_name: str = "ddp",
     time_limit: str = "01:00:00",
@@ -213,20 +215,31 @@ def srun_script(
 ) -> str:
     """An sbatch script that starts every rank with `srun`, without torchrun: one task per rank.
 
-    ``--gpus-per-task=1`` makes SLURM give each task a GPU of its own: it sets the task's
-    ``CUDA_VISIBLE_DEVICES`` to that one GPU, so the rank's device is ``cuda:0`` whatever its
-    ``LOCAL_RANK`` (`ddp_helpers.distributed.gpu_index`). `gpus_per_task=0` runs on CPUs (gloo).
+    Every task of a node sees all the node's `gpus_per_node` GPUs (default: one per rank): with
+    ``--gpus-per-node`` and no ``--gpus-per-task`` or ``--gpu-bind``, SLURM sets every task's
+    ``CUDA_VISIBLE_DEVICES`` to all of them (tests/test_slurm.py checks it on a real SLURM), and
+    each rank takes ``cuda:LOCAL_RANK`` (``SLURM_LOCALID``; `ddp_helpers.distributed.gpu_index`).
+    Not ``--gpus-per-task=1``: it fences each task into its own GPU, so NCCL cannot see the other
+    ranks' GPUs as P2P peers and does not use NVLink between the ranks of a node, without an error
+    (NVIDIA/nccl#1066: 687 against 792 img/s per GPU in its DDP benchmark, and no NVLink traffic).
+    `gpus_per_node=0` runs on CPUs (gloo).
     No agent: the script sets ``MASTER_ADDR`` and ``MASTER_PORT``, each task its ``RANK``,
     ``LOCAL_RANK`` and ``WORLD_SIZE``; no restarts, no elastic membership.
     """
     check_job_shape(nnodes, nproc_per_node, cpus_per_rank)
+    gpus = nproc_per_node if gpus_per_node is None else gpus_per_node
+    if 0 < gpus < nproc_per_node:
+        raise ValueError(
+            f"{nproc_per_node} ranks per node need {nproc_per_node} GPUs per node (one each, cuda:LOCAL_RANK); "
+            f"got gpus_per_node={gpus}"
+        )
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name={job_name}",
         f"#SBATCH --nodes={nnodes}",
         f"#SBATCH --ntasks-per-node={nproc_per_node}          # one task per rank: srun starts the ranks, no torchrun",
-        f"#SBATCH --gpus-per-task={gpus_per_task}             # a GPU of its own per task, in its CUDA_VISIBLE_DEVICES"
-        if gpus_per_task
+        f"#SBATCH --gpus-per-node={gpus}             # all the node's GPUs, seen by every task of the node"
+        if gpus
         else "# (no GPUs requested: gloo on CPUs)",
         f"#SBATCH --cpus-per-task={cpus_per_rank}",
         f"#SBATCH --time={time_limit}",
@@ -242,8 +255,11 @@ def srun_script(
         "",
         "# each task is one rank: SLURM numbers the tasks, init_process_group reads torchrun's names (env://)",
         *(
-            ["# a task sees its own GPU only, as cuda:0: for LOCAL_RANK >= 1, cuda:LOCAL_RANK does not exist"]
-            if gpus_per_task
+            [
+                "# every task sees all the node's GPUs and takes cuda:LOCAL_RANK; not --gpus-per-task=1, which",
+                "# fences each task into one GPU and hides its peers from NCCL: no NVLink within a node (nccl#1066)",
+            ]
+            if gpus
             else []
         ),
         'srun --cpus-per-task="$SLURM_CPUS_PER_TASK" bash -c \\',
@@ -296,7 +312,16 @@ SHARED_OPTIONS = {
     "checkpoint_dir",
 }
 SLURM_OPTIONS = SHARED_OPTIONS | {"job_name", "time_limit", "partition", "rdzv_port", "venv"}
-SRUN_OPTIONS = {"nnodes", "nproc_per_node", "cpus_per_rank", "job_name", "time_limit", "partition", "venv"}
+SRUN_OPTIONS = {
+    "nnodes",
+    "nproc_per_node",
+    "gpus_per_node",
+    "cpus_per_rank",
+    "job_name",
+    "time_limit",
+    "partition",
+    "venv",
+}
 K8S_OPTIONS = SHARED_OPTIONS | {"image", "name", "shared_storage", "storage_class"}
 
 
@@ -308,7 +333,7 @@ def write_cluster_templates(
 
     `worker` is a path relative to the repository (e.g. ``ddp_helpers/workers/train.py``): the
     SLURM job is submitted from the repository, and the image holds a copy of it. ``srun.sh`` is the
-    same job without torchrun (`srun_script`: one task and one GPU per rank, no restarts, so no
+    same job without torchrun (`srun_script`: one task per rank, each seeing the node's GPUs; no restarts, so no
     checkpoint options). A `checkpoint_dir` must lie under `SHARED_MOUNT`, where the pods mount the
     shared volume; call `slurm_script` alone for a folder elsewhere.
     """
@@ -320,8 +345,6 @@ def write_cluster_templates(
     slurm_options = {k: v for k, v in options.items() if k in SLURM_OPTIONS}
     k8s_options = {k: v for k, v in options.items() if k in K8S_OPTIONS}
     srun_options = {k: v for k, v in slurm_options.items() if k in SRUN_OPTIONS}
-    gpus = options.get("gpus_per_node")
-    srun_options["gpus_per_task"] = 0 if gpus == 0 else 1  # each rank uses one GPU
     paths = {
         "slurm": folder / "sbatch.sh",
         "srun": folder / "srun.sh",
