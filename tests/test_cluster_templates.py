@@ -532,3 +532,22 @@ def test_the_crd_check_catches_a_misspelt_field_and_a_wrong_type():
     job["spec"]["elasticPolicy"] = {**job["spec"].pop("elasticPolicies"), "maxReplicas": "two"}
     with pytest.raises(jsonschema.ValidationError, match="'two' is not of type 'integer'"):
         jsonschema.validate(job, CRD_SCHEMA)
+
+
+def test_slurm_scripts_send_every_nodes_flight_recorder_dumps_to_one_shared_folder(tmp_path):
+    """By default each rank dumps into its own node's ~/.cache/torch; the analyser reads one folder. The
+    job files point torch 2.14's and 2.7's variable at one folder under the submit dir, and create it."""
+    bin_dir = _fake_slurm_bin(tmp_path / "bin")
+    submit = tmp_path / "submitted-here"
+    submit.mkdir()
+    env = _job_env(tmp_path, bin_dir, SLURM_SUBMIT_DIR=str(submit))
+    show = 'echo "$TORCH_FR_DUMP_TEMP_FILE $TORCH_NCCL_DEBUG_INFO_TEMP_FILE"'
+    jobs = [
+        _with_last_lines(slurm_script("w.py", venv=None), 1, show),
+        _with_last_lines(srun_script("w.py", venv=None), 3, show),
+    ]
+    prefix = submit / "flight-recorder" / "4242" / "nccl_trace_rank_"
+    for script in jobs:
+        proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+        assert (proc.returncode, proc.stdout.split()) == (0, [str(prefix)] * 2), (proc.stderr, script)
+    assert prefix.parent.is_dir()  # the writer opens the file; it makes no folder

@@ -61,6 +61,19 @@ HEAD_NODE_LINES = [
     "head_node=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | awk 'NR == 1')  # the first node",
     'head_addr=$(scontrol show node "$head_node" | grep -o \'NodeAddr=[^ ]*\' | cut -d= -f2 || echo "$head_node")',
 ]
+# Flight Recorder's dumps (each rank's last collectives, written when NCCL's watchdog times out) in one
+# folder every node sees, for one analyser run over all ranks: by default each rank writes to its own
+# node's cache folder ($XDG_CACHE_HOME/torch or ~/.cache/torch; DebugInfoWriter::getWriter in
+# torch/csrc/distributed/c10d/FlightRecorder.cpp). torch 2.14 reads TORCH_FR_DUMP_TEMP_FILE, 2.7 only the
+# old name; the writer makes no folder.
+FLIGHT_RECORDER_LINES = [
+    "# Flight Recorder dumps (NCCL watchdog timeouts) from every node in one folder, for torchfrtrace:",
+    "# the default is each node's own ~/.cache/torch",
+    'fr_dir="${SLURM_SUBMIT_DIR:-$PWD}/flight-recorder/$SLURM_JOB_ID"',
+    'mkdir -p "$fr_dir"',
+    'export TORCH_FR_DUMP_TEMP_FILE="$fr_dir/nccl_trace_rank_"  # torch 2.14',
+    'export TORCH_NCCL_DEBUG_INFO_TEMP_FILE="$fr_dir/nccl_trace_rank_"  # torch 2.7 (2.14 reads it too)',
+]
 PREEMPT_NOTICE_S = 120  # USR1 this long before the time limit: enough for a save at the next logged step
 
 
@@ -252,6 +265,7 @@ def srun_script(
         'export MASTER_ADDR="$head_addr"',
         f"export MASTER_PORT={JOB_PORT}",
         f'export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{cpus_per_rank}}}"',
+        *FLIGHT_RECORDER_LINES,
         "",
         "# each task is one rank: SLURM numbers the tasks, init_process_group reads torchrun's names (env://)",
         *(
@@ -297,6 +311,7 @@ def _slurm_environment(
         "# --tee 3 copies every rank's stdout and stderr here, each line prefixed with its global rank",
         f"export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='{LOG_LINE_PREFIX}'",
         *(FRESH_STORE_LINES if max_restarts > 0 else []),
+        *FLIGHT_RECORDER_LINES,
         "# export NCCL_SOCKET_IFNAME=ib0   # the interface NCCL should use, if the default is wrong",
         "# export NCCL_DEBUG=INFO          # print the transport NCCL picked (IB, sockets) at start",
     ]
