@@ -4,6 +4,8 @@
 - `start_elastic_node(...)`: one node's torchrun agent of an elastic job, started as a real node would;
 - `wait_for_line(nodes, pattern, timeout_s)`: the first line of the nodes' logs that matches;
 - `free_port()`: a port nothing listens on, for a rendezvous;
+- `visible_gpus()`, `visible_gpu_ids(gpus, environ)`: this machine's GPUs, counted without a CUDA
+  context, and their ids as ``CUDA_VISIBLE_DEVICES`` names them (for each loopback node's share);
 - `slurm`: submit a job file to SLURM (`slurm.submit`), follow it (`slurm.follow`), and say why SLURM
   cannot run here (`slurm.missing_reason`).
 
@@ -14,7 +16,15 @@ modules stay free to change.
 from __future__ import annotations
 
 from ..launcher import slurm
-from ..launcher.loopback import loopback_plan, start_elastic_node, wait_for_line
-from ..launcher.machine import free_port
+from ..launcher.loopback import loopback_plan, start_elastic_node, visible_gpu_ids, wait_for_line
+from ..launcher.machine import free_port, visible_gpus
 
-__all__ = ["free_port", "loopback_plan", "slurm", "start_elastic_node", "wait_for_line"]
+__all__ = [
+    "free_port",
+    "loopback_plan",
+    "slurm",
+    "start_elastic_node",
+    "visible_gpu_ids",
+    "visible_gpus",
+    "wait_for_line",
+]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -84,6 +84,7 @@ class PitfallRuns:
     world: int
     backend: str
     failure_timeout: float  # only a safety net: the demos fail by themselves, long before it
+    env: dict[str, str] = field(default_factory=dict)  # every case's (the plan's: GPUs hidden on gloo)
 
     def run_case(self, case: str, *extra: Any, timeout: float | None = None, **options: Any) -> Any:
         """Launch one case; returns the launch's result (raises if it fails)."""
@@ -92,6 +93,7 @@ class PitfallRuns:
             "show_ranks": "none",
             "startup_timeout": self.failure_timeout,
             **options,
+            "env": {**self.env, **(options.get("env") or {})},
         }
         timeout = self.failure_timeout if timeout is None else timeout
         return launch(
