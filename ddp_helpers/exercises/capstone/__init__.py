@@ -32,7 +32,7 @@ import ast
 import itertools
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ...errors import InvalidLaunchArguments
@@ -85,11 +85,13 @@ def check_script(
     workdir: str | os.PathLike[str] | None = None,
     progress: bool = True,
     amp: str | None = None,
+    envs: Mapping[int, Mapping[str, str]] | None = None,
 ) -> Verdict:
     """Run `script` under torchrun at each world size in `nproc`, as the contract says, and judge it.
 
     Three runs per world size (stopped at step 4, resumed, uninterrupted), the first world with --amp fp16,
-    the next with --amp bf16, and so on; `amp` ("fp16" or "bf16") runs every world with that one. Stops at
+    the next with --amp bf16, and so on; `amp` ("fp16" or "bf16") runs every world with that one. `envs`: extra
+    environment for the ranks of a world size (its plan's env, such as hidden GPUs), by size. Stops at
     the first failing check. Raises InvalidLaunchArguments, before any process starts, for a missing
     script, one with a syntax error, bad world sizes or an unknown `amp`.
     """
@@ -111,7 +113,9 @@ def check_script(
     for i, world in enumerate(worlds):
         mode = amp or AMP_MODES[i % len(AMP_MODES)]
         try:
-            check_world(path, probe, folder / f"ranks{world}-{mode}", world, mode, say)
+            check_world(
+                path, probe, folder / f"ranks{world}-{mode}", world, mode, say, (envs or {}).get(world)
+            )
         except Failed as failed:
             return failed.verdict
         done.append(f"{world} rank(s) with --amp {mode}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,14 @@ def json_lines(lines: list[str]) -> list[dict[str, Any]]:
 
 
 def launch_run(
-    probe: Path, script: Path, args: list[str], world: int, folder: Path, data: Path, name: str
+    probe: Path,
+    script: Path,
+    args: list[str],
+    world: int,
+    folder: Path,
+    data: Path,
+    name: str,
+    extra_env: Mapping[str, str] | None = None,
 ) -> Run:
     """One run of the script under torchrun, each rank inside the probe; failures become part of the Run."""
     import torch
@@ -65,7 +73,7 @@ def launch_run(
     records_dir.mkdir(parents=True, exist_ok=True)
     out = Path(args[args.index("--out") + 1])
     run = Run(name, out, [], {})
-    env = {PROBE_DIR_ENV: str(records_dir), PROBE_DATA_ENV: str(data)}
+    env = {**(extra_env or {}), PROBE_DIR_ENV: str(records_dir), PROBE_DATA_ENV: str(data)}
     try:
         result = launch(
             probe, script, *args, nproc=world, run_dir=folder / "launch", timeout=RUN_TIMEOUT_S,

@@ -7,7 +7,7 @@ the order, the saves): its masks are the ones the run drew.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,16 +40,23 @@ class Stage:
     data_path: Path
     data: dict[str, Any]
     batches: list[list[list[int]]]
+    env: Mapping[str, str] | None = None  # extra environment for the ranks
 
     def run(self, name: str, label: str, out: str, *flags: str) -> Run:
         args = script_args(self.data_path, self.folder / out / "out", self.w.amp, *flags)
         return launch_run(
-            self.probe, self.script, args, self.w.world, self.folder / name, self.data_path, label
+            self.probe, self.script, args, self.w.world, self.folder / name, self.data_path, label, self.env
         )
 
 
 def check_world(
-    script: Path, probe: Path, folder: Path, world: int, amp: str, say: Callable[[str], None]
+    script: Path,
+    probe: Path,
+    folder: Path,
+    world: int,
+    amp: str,
+    say: Callable[[str], None],
+    env: Mapping[str, str] | None = None,
 ) -> None:
     """Run and judge `script` at `world` ranks with --amp `amp`; raises judge.Failed at the first failed check."""
     import torch
@@ -58,7 +65,7 @@ def check_world(
     data = make_data(world)
     torch.save(data, folder / "data.pt")
     w = World(world, amp, f"at {world} rank(s), --amp {amp}", say)
-    stage = Stage(w, script, probe, folder, folder / "data.pt", data, expected_batches(world))
+    stage = Stage(w, script, probe, folder, folder / "data.pt", data, expected_batches(world), env)
     stopped, masks = _stopped(stage)
     resumed, start = _resumed(stage, stopped, masks)
     say(f"{EXERCISE} {w.where}: run 3 of 3, uninterrupted")
