@@ -240,12 +240,7 @@ def srun_script(
     ``LOCAL_RANK`` and ``WORLD_SIZE``; no restarts, no elastic membership.
     """
     check_job_shape(nnodes, nproc_per_node, cpus_per_rank)
-    gpus = nproc_per_node if gpus_per_node is None else gpus_per_node
-    if 0 < gpus < nproc_per_node:
-        raise ValueError(
-            f"{nproc_per_node} ranks per node need {nproc_per_node} GPUs per node (one each, cuda:LOCAL_RANK); "
-            f"got gpus_per_node={gpus}"
-        )
+    gpus = _srun_gpus(nproc_per_node, gpus_per_node)
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name={job_name}",
@@ -268,20 +263,30 @@ def srun_script(
         *FLIGHT_RECORDER_LINES,
         "",
         "# each task is one rank: SLURM numbers the tasks, init_process_group reads torchrun's names (env://)",
-        *(
-            [
-                "# every task sees all the node's GPUs and takes cuda:LOCAL_RANK; not --gpus-per-task=1, which",
-                "# fences each task into one GPU and hides its peers from NCCL: no NVLink within a node (nccl#1066)",
-            ]
-            if gpus
-            else []
-        ),
+        *(SRUN_GPU_LINES if gpus else []),
         'srun --cpus-per-task="$SLURM_CPUS_PER_TASK" bash -c \\',
         "    'export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS; exec python -u \"$@\"' \\",
         f"    rank {shlex.join([worker, *map(str, worker_args)])}",
         "",
     ]
     return "\n".join(lines)
+
+
+SRUN_GPU_LINES = [
+    "# every task sees all the node's GPUs and takes cuda:LOCAL_RANK; not --gpus-per-task=1, which",
+    "# fences each task into one GPU and hides its peers from NCCL: no NVLink within a node (nccl#1066)",
+]
+
+
+def _srun_gpus(nproc_per_node: int, gpus_per_node: int | None) -> int:
+    """The GPUs per node srun.sh asks for: one per rank by default; fewer than the ranks are refused."""
+    gpus = nproc_per_node if gpus_per_node is None else gpus_per_node
+    if 0 < gpus < nproc_per_node:
+        raise ValueError(
+            f"{nproc_per_node} ranks per node need {nproc_per_node} GPUs per node (one each, cuda:LOCAL_RANK); "
+            f"got gpus_per_node={gpus}"
+        )
+    return gpus
 
 
 def _checkpoint_lines(checkpoint_dir: str | None) -> list[str]:
