@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -269,6 +270,33 @@ def test_a_failed_rank_restarts_both_nodes_and_they_resume_from_the_shared_check
     assert len(resumed) == 1 and " step 2," in resumed[0], rank0  # the last checkpoint before the fault
     assert rank0[-1].startswith("done: 6 steps"), rank0  # and the job went on to its end
     assert any("injected fault on rank 1 at step 3" in line for line in job.rank_lines[1]), job.rank_lines[1]
+
+
+BREAKPOINT_WORKER = """\
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+dist.breakpoint(rank=0)  # pdb on rank 0, which opens /dev/stdin: under sbatch, no terminal
+print("went on past the breakpoint")
+"""
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(JOB_WITHIN_S + 120)
+def test_dist_breakpoint_in_a_batch_job_has_no_terminal_and_quits(cluster, tmp_path):
+    """Notebook 05: under sbatch, torch.distributed.breakpoint's pdb reads end-of-file at its first prompt
+    and quits (BdbQuit): a batch job has no terminal to ask. salloc + srun --pty, or live ranks, instead."""
+    (tmp_path / "worker.py").write_text(BREAKPOINT_WORKER)
+    script = tmp_path / "sbatch.sh"
+    script.write_text(
+        "#!/bin/bash\n#SBATCH --nodes=1\n"
+        f"srun {sys.executable} -m torch.distributed.run --standalone --nproc-per-node 1 worker.py\n"
+    )
+    job_id = slurm.submit(script, chdir=tmp_path, log=tmp_path / "job.log")
+    job = slurm.follow(job_id, tmp_path / "job.log", timeout_s=JOB_WITHIN_S, echo=False)
+    text = "\n".join(job.lines)
+    assert job.state == "FAILED" and "(Pdb)" in text and "bdb.BdbQuit" in text, text[-3000:]
+    assert "went on past the breakpoint" not in text
 
 
 def _metrics_lines(run_dir: Path) -> int:
