@@ -99,6 +99,10 @@ EXCERPTS: dict[tuple[str, str | None], str] = {
     ("compile_ddp", "eager_against_compiled"): "DDP(torch.compile(model",
     ("compile_ddp", "epochs_of_batches"): "drop_last=drop_last",
     ("compile_ddp", "ChattyMLP"): "dist.get_rank() == 0",
+    ("compile_tools", "step_with_print"): "print(",
+    ("compile_tools", "add"): "return x + n",
+    ("compile_tools", "breaks_and_recompiles"): "fullgraph=True",
+    ("compile_tools", "recompile_limit"): "recompile_limit",
     ("compile_ddp", "checkpoint_keys"): "consume_prefix_in_state_dict_if_present(",
     ("compile_ddp", "resume_both_ways"): "load_state_dict(",
 }
