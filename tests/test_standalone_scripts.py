@@ -138,3 +138,35 @@ def test_both_scripts_train_in_a_function_of_the_same_name():
         functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
         assert {"make_dataset", "train", "main"} <= set(functions), (name, sorted(functions))
         assert [a.arg for a in functions["train"].args.args] == ["args", "device"], name
+
+
+# Ends like the scripts a learner writes: collectives on temporaries, so a gloo thread may still be
+# freeing one when the destroy starts. Without ddp.py's teardown() this hung 23 times in 40 on torch 2.7.1.
+ENDS_ON_TEMPORARIES = """
+import faulthandler, torch, torch.distributed as dist
+from ddp import teardown
+
+faulthandler.dump_traceback_later(30, exit=True)  # a hung rank prints where it waits, and leaves
+
+dist.init_process_group("gloo")
+for _ in range(200):
+    dist.all_reduce(torch.ones(1000))
+teardown()
+print("torn down", flush=True)
+"""
+
+
+@pytest.mark.skipif(
+    tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 8),
+    reason="the deadlock is torch < 2.8's (pytorch/pytorch#154976): make test-compat runs this on 2.7.1",
+)
+def test_ddp_teardown_never_deadlocks_in_gloos_destroy(elsewhere):
+    folder, env = elsewhere
+    (folder / "ends.py").write_text(ENDS_ON_TEMPORARIES)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3", "ends.py"]
+    for attempt in range(6):  # about half the runs hung without teardown(): six all pass by chance 1 in 100
+        proc = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=120)
+        out, err = proc.stdout, proc.stderr
+        assert "Timeout (0:00:30)!" not in err, f"run {attempt + 1} hung in the teardown: {err}"
+        assert proc.returncode == 0, err
+        assert out.count("torn down") == 3, out

@@ -289,9 +289,9 @@ def _left_early(
     return [r for r in candidates if r not in exitcodes and r != rank]
 
 
-# torch 2.7's ~ProcessGroupGloo joins gloo's threads while it holds the GIL; a thread that is still
-# freeing a finished collective's tensors (Python no longer holds them: a barrier keeps the collective
-# before it for its thread to free) waits for that GIL. pytorch/pytorch#154976 releases it, from torch 2.8.
+# torch 2.7 destroys a process group (and its ~ProcessGroupGloo, which joins gloo's threads) while it
+# holds the GIL; a gloo thread still freeing a finished collective's tensors (Python no longer holds
+# them) waits for that GIL. pytorch/pytorch#154976 releases it, from torch 2.8.
 GLOO_DESTROY_FIXED_IN = (2, 8)
 
 
@@ -314,6 +314,6 @@ def destroy_deadlock_note(stacks: dict[int, str], backend: str, torch_version: s
         f"rank(s) {', '.join(map(str, stuck))} wait in destroy_process_group(), after their work: on torch "
         f"{torch_version} with gloo that can deadlock (a gloo thread frees the last collective's tensors and "
         "needs the GIL, which the destroy holds while it waits for that thread; fixed in torch 2.8, "
-        "pytorch/pytorch#154976). End with an all_reduce of a tensor you keep until the destroy returns, "
-        "not a barrier (as ddp.py does)."
+        "pytorch/pytorch#154976). Hold gloo's backend until the destroy returns, as ddp.py's teardown() "
+        "does: its Python handle frees it without the GIL."
     )

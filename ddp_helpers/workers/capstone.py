@@ -207,12 +207,22 @@ def main() -> None:
     rank, world, device = setup()
     try:
         train(args, rank, world, device)
-        # every rank ends together: none tears down while another still needs it. An all_reduce of a
-        # tensor held past the destroy, not barrier(): ddp.py says why (a deadlock on torch 2.7's gloo)
-        finished = torch.ones(1, device=device)
-        dist.all_reduce(finished)
+        dist.barrier()  # every rank ends together: none tears down while another still needs it
     finally:
-        dist.destroy_process_group()
+        teardown()
+
+
+def teardown() -> None:
+    """dist.destroy_process_group(), without the deadlock it can meet on torch 2.7 with gloo (ddp.py says why)."""
+    world = dist.group.WORLD  # None only before init_process_group
+    gloo = (
+        world._get_backend(torch.device("cpu"))
+        if world is not None and dist.get_backend() == "gloo"
+        else None
+    )
+    del world  # a handle on the group would keep it, to be freed later with the GIL held
+    dist.destroy_process_group()
+    del gloo  # the last reference: freed without the GIL
 
 
 if __name__ == "__main__":

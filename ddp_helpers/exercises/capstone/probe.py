@@ -109,6 +109,18 @@ def loader_init(self, *args, **kwargs):
     record["loaders"].append(self.generator is not None)
 DataLoader.__init__ = loader_init
 
+import torch.distributed as dist
+_destroy = dist.destroy_process_group
+def destroy_process_group(group=None):
+    # Before torch 2.8, gloo's destroy can deadlock on the GIL (pytorch/pytorch#154976): torch's bug, not
+    # the script's. A Python handle on gloo's backend, freed after the destroy, frees it without the GIL.
+    keep = None
+    if group is None and dist.is_initialized() and dist.get_backend() == "gloo":
+        keep = dist.group.WORLD._get_backend(torch.device("cpu"))
+    _destroy(group)
+    del keep
+dist.destroy_process_group = destroy_process_group
+
 script = os.path.abspath(sys.argv[1])
 sys.argv = [script] + sys.argv[2:]
 sys.path[0] = os.path.dirname(script)
