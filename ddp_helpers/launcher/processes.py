@@ -35,16 +35,16 @@ def hold_lifeline(proc: RunProcess, lifeline: BinaryIO) -> None:
     _LIFELINES[proc] = lifeline
 
 
-def start_run(config: LaunchConfig) -> RunProcess:
+def start_run(config: LaunchConfig, env: dict[str, str] | None = None) -> RunProcess:
     """Spawn torchrun (or the one process) in a session of its own, its output going to files that
-    `RunFollower` follows. Stop it with `stop_run`."""
+    `RunFollower` follows, with `env` (default: `config.environment()`). Stop it with `stop_run`."""
     direct = config.launcher == "python"
     out_dir = config.direct_log_dir if direct else config.log_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     # no agent: the process writes straight into the files torchrun's --redirects would write
     stdout = open(out_dir / STDOUT_LOG if direct else config.agent_log, "wb")
     stderr = open(out_dir / STDERR_LOG, "wb") if direct else None  # None: with torchrun's output
-    env = config.environment()
+    env = dict(config.environment() if env is None else env)
     if env.get("MPLBACKEND", "").startswith("module://") and "MPLBACKEND" not in config.env:
         # the kernel's inline backend means nothing in a worker (plt.show() would print
         # "Figure(640x480)"): workers draw off-screen and save their figures to files

@@ -27,6 +27,8 @@ class LaunchResult:
     metrics: pd.DataFrame
     summary: dict[str, Any]
     command: list[str]
+    # what the run's processes got on top of this process's environment (OMP_NUM_THREADS, PYTHONPATH, ...)
+    environment: dict[str, str] = field(default_factory=dict)
     launcher_output: list[str] = field(default_factory=list)
     attempts: int = 1
     resources: pd.DataFrame = field(default_factory=_empty_frame)  # per-rank CPU/RSS, per-GPU use, over time

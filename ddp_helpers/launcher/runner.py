@@ -32,10 +32,10 @@ POLL_S = 0.1
 REFRESH_S = 0.5  # how often the process tree and the resources are sampled
 
 
-def _start(config: LaunchConfig, run: RunFollower) -> Any:
+def _start(config: LaunchConfig, run: RunFollower, env: dict[str, str]) -> Any:
     """`start_run`, which waits for a cold agent server to import torch: an interrupt there stops it."""
     try:
-        return start_run(config)
+        return start_run(config, env)
     except KeyboardInterrupt:
         try:
             stop_servers()
@@ -103,7 +103,8 @@ def run_config(config: LaunchConfig, progress: str | None = None) -> LaunchResul
 def _run_held(config: LaunchConfig, progress: str | None) -> LaunchResult:
     keep_previous_outputs(config.out_dir)
     run = RunFollower(config, progress or resolve_progress(config.progress))
-    proc = _start(config, run)
+    env = config.environment()
+    proc = _start(config, run, env)
     tree = ProcessTree(proc.pid)
     sampler = ResourceSampler(tree, gpus=config.device == "cuda", root_is_worker=config.launcher == "python")
     success = False
@@ -143,11 +144,11 @@ def _run_held(config: LaunchConfig, progress: str | None) -> LaunchResult:
         stop_despite_interrupts(tree, proc, config.grace_s)  # anything a worker left behind goes too
         run.echo.close()
         run.progress.close(success)
-    return _result(config, run, proc, sampler)
+    return _result(config, run, proc, sampler, env)
 
 
 def _result(
-    config: LaunchConfig, run: RunFollower, proc: RunProcess, sampler: ResourceSampler
+    config: LaunchConfig, run: RunFollower, proc: RunProcess, sampler: ResourceSampler, env: dict[str, str]
 ) -> LaunchResult:
     return LaunchResult(
         returncode=0,  # any other code raised
@@ -157,6 +158,7 @@ def _result(
         metrics=read_metrics(config.out_dir),
         summary=read_summary(config.out_dir),
         command=config.command(),
+        environment={name: value for name, value in env.items() if os.environ.get(name) != value},
         launcher_output=run.agent_lines,
         attempts=max(run.attempts_seen, 1),
         resources=sampler.frame(),
