@@ -26,7 +26,7 @@ from ddp_helpers import (
     launch,
 )
 from ddp_helpers.launcher import machine
-from ddp_helpers.launcher.config import WORKER_SITE
+from ddp_helpers.stack_dumps import WORKER_SITE
 from ddp_helpers.workers import worker_path
 
 LINE = re.compile(r"^rank (\d) line (\d+) x{300}$")
