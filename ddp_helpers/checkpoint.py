@@ -105,7 +105,26 @@ def save_checkpoint(
     _fsync_dir(folder)
     for old in list_checkpoints(folder)[:-keep]:
         old.unlink(missing_ok=True)
+    for leftover in stale_temporaries(folder, step):
+        leftover.unlink(missing_ok=True)
     return final
+
+
+_TEMPORARY = re.compile(r"^\.ckpt-step(\d+)\.pt\.(\d+)\.tmp$")
+
+
+def stale_temporaries(directory: str | os.PathLike[str], step: int) -> list[Path]:
+    """The temporary files of saves that never finished (a writer killed mid-save), up to `step`.
+
+    Only rank 0 writes, one save at a time: once step `step` is complete, a temporary file of that
+    step or an earlier one can never become a checkpoint.
+    """
+    found = []
+    for path in Path(directory).iterdir():
+        match = _TEMPORARY.match(path.name)
+        if match and int(match[1]) <= step:
+            found.append(path)
+    return sorted(found)
 
 
 def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict[str, Any]:

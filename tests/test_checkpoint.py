@@ -160,6 +160,21 @@ def test_a_save_killed_mid_write_leaves_no_torn_file_under_a_final_name(tmp_path
     loaded, path = ckpt.load_latest(tmp_path)
     assert loaded is not None and path is not None
     assert loaded["step"] == 1 and sizes[path.name] > crash_at_byte  # whole, and no fallback was needed
+    # the resumed run saves step 2 again: the killed save's temporary file goes with it
+    ckpt.save_checkpoint(state(2), tmp_path, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-step00000001.pt", "ckpt-step00000002.pt"]
+
+
+def test_a_save_removes_temporaries_of_its_step_and_earlier_only(tmp_path):
+    for name in (".ckpt-step00000001.pt.4242.tmp", ".ckpt-step00000003.pt.4242.tmp", "notes.tmp"):
+        (tmp_path / name).write_bytes(b"torn")
+    ckpt.save_checkpoint(state(2), tmp_path, 2)
+    # a later step's temporary stays (nothing says its save is over), and files not named as ours stay
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".ckpt-step00000003.pt.4242.tmp",
+        "ckpt-step00000002.pt",
+        "notes.tmp",
+    ]
 
 
 AGREE_SCRIPT = """
