@@ -7,7 +7,7 @@ from .throughput import throughput_plan
 
 
 def plan(machine: Machine, smoke: bool) -> NotebookPlan:
-    throughput = throughput_plan(machine.gpus, machine.nproc)
+    throughput = throughput_plan(machine.gpus, machine.nproc, smoke)
     runs = {"single": throughput.single, "dataparallel": throughput.dp, "ddp": throughput.ddp}
     runs |= {f"sweep-{n}": run for n, run in throughput.sweep.items()}
     return NotebookPlan(
@@ -17,4 +17,5 @@ def plan(machine: Machine, smoke: bool) -> NotebookPlan:
         line=throughput.line,
         runs=runs,
         compared=(tuple(runs),),
+        sizes=throughput.sizes,
     )

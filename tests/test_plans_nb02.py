@@ -1,0 +1,21 @@
+"""Notebook 02's sizes by device kind: GPUs get steps long enough for DDP's all-reduce to hide."""
+
+from __future__ import annotations
+
+from ddp_helpers.lab.plans import plan_for
+
+CPU = {"model": "resnet18", "image_size": 32, "num_samples": 2048, "batch_size": 32}  # CI's sizes
+
+
+def test_the_cpu_keeps_its_sizes_and_smoke_mode_its_mlp():
+    assert dict(plan_for("02", 0, 2).sizes) == CPU
+    assert dict(plan_for("02", 1, 2).sizes) == CPU  # fewer GPUs than ranks: every run on the CPU
+    assert dict(plan_for("02", 0, 2, smoke=True).sizes) == {**CPU, "model": "mlp"}
+
+
+def test_gpus_get_resnet50_at_224_px_and_a_larger_batch():
+    for smoke in (False, True):
+        sizes = plan_for("02", 8, 8, smoke=smoke).sizes
+        assert sizes["model"] == "resnet50" and sizes["image_size"] == 224, sizes
+        assert sizes["batch_size"] > CPU["batch_size"], sizes
+        assert plan_for("02", 1, 1, smoke=smoke).sizes == sizes  # by device kind, not by count
