@@ -4,6 +4,8 @@ It predicts, for the workers' `BlockMLP` (an input Linear, `depth` residual bloc
 Linear and a ReLU, a head) trained with Adam, what each rank holds at the end of forward in a step
 after the first (the last step's gradients kept, as `zero_grad(set_to_none=False)` keeps them), and
 what it sends in that step. `ddp_helpers.workers.fsdp_footprint` measures the same on live ranks.
+The end of forward is when every activation saved for backward is held; it is not the step's peak,
+which for FSDP2 comes in backward (gathered weights and full gradients on top of the activations).
 
     predict(Setup(width=64, depth=2, batch=8, world=2, strategy="zero2", precision="bf16"))
 

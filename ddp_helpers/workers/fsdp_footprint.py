@@ -1,9 +1,10 @@
 """What one rank holds at the end of forward, and what it sends per step, for one configuration.
 
 Notebook 08's calculator (`ddp_helpers.lab.memory_calculator`) predicts these bytes; this measures
-them on live ranks, so the two can be compared. The moment measured is a step's peak for weights and
-activations: the end of forward (the loss computed, backward not yet begun), in a step after the first,
-with the last step's gradients kept (`zero_grad(set_to_none=False)`) and Adam's state in place.
+them on live ranks, so the two can be compared. The moment measured is the end of forward (the loss
+computed, backward not yet begun: every activation saved for backward held), in a step after the first,
+with the last step's gradients kept (`zero_grad(set_to_none=False)`) and Adam's state in place. It is
+not the step's peak: FSDP2's comes in backward (torch's FSDPMemTracker measures it, in notebook 08).
 
     footprint(mesh, device, strategy="zero2", precision="bf16", recompute=True, width=64, depth=2, batch=8)
 
