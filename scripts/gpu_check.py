@@ -1,4 +1,5 @@
-"""`make gpu-check`: the doctor, the all_reduce bench, every notebook and ResNet-50 training, on cuda/nccl.
+"""`make gpu-check`: the doctor, the all_reduce bench, 08's calculator against the true peak, every notebook
+and ResNet-50 training, on cuda/nccl.
 
     python scripts/gpu_check.py [--out DIR] [--deadline-s 420] [--notebooks '0*'] [--cpu-smoke]
 
@@ -6,6 +7,9 @@ One run, in this order, each part only while time is left before the deadline:
 1. the static checks, each notebook's plan for this box (ddp_helpers/lab/plans: the backend, device
    and sizes its runs take here, and whether any run it compares leaves the GPUs), and a live
    all_reduce sweep;
+   then notebook 08's memory calculator against each rank's true peak over one step
+   (`torch.cuda.max_memory_allocated()`, reset before the step) for DDP and FSDP2, at the sizes 08's
+   plan picks for this box: both numbers and their ratio;
 2. every notebook with papermill in smoke mode, then every notebook at full size. A notebook
    still running at the deadline is interrupted, as Jupyter's stop button would (its launches stop
    their ranks). While a notebook runs, the GPU's process list is watched for the kernel: the
@@ -42,7 +46,8 @@ __all__ = ["NO_GPU_EXIT", "KernelWatch", "main"]
 
 NO_GPU_EXIT = 3
 NOTEBOOKS_DIR = REPO / "notebooks"
-PARTS = ("checks", "plans", "allreduce", "notebooks", "mutants", "training")
+PARTS = ("checks", "plans", "allreduce", "memory", "notebooks", "mutants", "training")
+HELD = ("parameters", "gradients", "optimizer", "activations")  # the calculator's kinds of memory
 
 
 def _train(
@@ -86,6 +91,47 @@ def _train(
     except LaunchError as err:
         return {"name": name, "world_size": world_size, "amp": amp, "error": str(err).splitlines()[0]}
     return {"name": name, "wall_s": result.wall_s, **result.summary}
+
+
+def memory_plan(gpus: int) -> dict[str, Any]:
+    """The memory part's run: notebook 08's training job as its plan puts it on this box (ranks, backend,
+    sizes, global batch), and the calculator's bytes for the fullest rank at the end of forward."""
+    from ddp_helpers.lab.memory_calculator import Setup, predict
+    from ddp_helpers.lab.plans import plan_for
+
+    plan = plan_for("08", gpus, gpus or 2)
+    run = plan.runs["train"]
+    assert run.batch is not None, run  # the plan gives the training job a batch its ranks split
+    width, depth, per_rank = plan.sizes["width"], plan.sizes["depth"], run.batch // run.world
+    predicted = {}
+    for strategy in ("ddp", "fsdp2"):  # fsdp_peak.PEAK_STRATEGIES, without importing torch here
+        setup = Setup(width=width, depth=depth, batch=per_rank, world=run.world, strategy=strategy)
+        predicted[strategy] = max(sum(rank[k] for k in HELD) for rank in predict(setup))
+    return {
+        "nproc": run.nproc,
+        "backend": run.backend,
+        "env": dict(run.env),
+        "device": run.device,
+        "args": ["--part", "peak", "--width", width, "--depth", depth, "--global-batch", run.batch],
+        "predicted": predicted,
+    }
+
+
+def memory_rows(predicted: dict[str, int], peaks: dict[str, list[dict]]) -> list[dict[str, Any]]:
+    """Per strategy: the calculator's end of forward, the fullest rank's measured peak, and their ratio."""
+    rows = []
+    for strategy, expected in predicted.items():
+        measured = [rank["peak"] for rank in peaks.get(strategy, [])]
+        peak = max(measured) if measured and None not in measured else None
+        rows.append(
+            {
+                "strategy": strategy,
+                "predicted_forward_end_bytes": expected,
+                "measured_peak_bytes": peak,
+                "peak_over_predicted": round(peak / expected, 3) if peak is not None else None,
+            }
+        )
+    return rows
 
 
 # ----------------------------------------------------------------------------------------- main
@@ -217,6 +263,33 @@ class GpuCheck:
             progress="text",
         )
         self.report.setdefault("checks", []).extend(asdict(c) for c in found)
+
+    def memory(self) -> None:
+        """08's calculator against torch.cuda.max_memory_allocated() over one step, per strategy."""
+        from ddp_helpers.errors import LaunchError
+        from ddp_helpers.launcher.runner import launch
+        from ddp_helpers.workers import worker_path
+
+        run = memory_plan(self.gpus)
+        if self.gpus == 0:  # --cpu-smoke: the CPU has no allocator peak to compare with
+            self.report["memory"] = {"status": "not run: max_memory_allocated needs a GPU", **run}
+            return
+        try:
+            result = launch(
+                worker_path("fsdp"),
+                *run["args"],
+                nproc=run["nproc"],
+                backend=run["backend"],
+                env=run["env"],
+                run_dir=self.work / "memory",
+                timeout=300,
+                show_ranks=0,
+                progress="text",
+            )
+        except LaunchError as err:
+            self.report["memory"] = {**run, "error": str(err).splitlines()[0]}
+            return
+        self.report["memory"] = {**run, "rows": memory_rows(run["predicted"], result.summary["peaks"])}
 
     def notebooks(self) -> None:
         self.report["notebooks"] = run_notebooks(

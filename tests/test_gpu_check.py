@@ -58,7 +58,16 @@ def test_cpu_smoke_writes_the_report_and_the_executed_notebook(tmp_path):
         row["parameters"] == {"smoke": True, "solutions": True}
         and row["kernel_cuda_context"] == "not checked: no GPU"
     )
-    assert set(report["timings_s"]) == {"checks", "plans", "allreduce", "notebooks", "mutants", "training"}
+    assert set(report["timings_s"]) == {
+        "checks",
+        "plans",
+        "allreduce",
+        "memory",
+        "notebooks",
+        "mutants",
+        "training",
+    }
+    assert report["memory"]["status"] == "not run: max_memory_allocated needs a GPU"
     plans = {(row["notebook"], row["smoke"]): row for row in report["plans"]}
     assert ("02", True) in plans and plans[("02", True)]["device"] == "cpu", sorted(
         plans

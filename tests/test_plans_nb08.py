@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ddp_helpers.lab.plans import plan_for
 
 
@@ -30,3 +32,13 @@ def test_save_and_resume_share_a_device_kind_the_resume_can_have():
 def test_one_rank_still_gets_two_live_ranks_to_shard_over():
     runs = plan_for("08", 0, 1).runs
     assert (runs["train"].nproc, runs["live"].nproc) == (1, 2)
+
+
+def test_the_worker_refuses_a_batch_its_world_cannot_split_and_takes_the_plans():
+    from ddp_helpers.workers.fsdp import refuse_uneven_batch
+
+    with pytest.raises(SystemExit, match="--global-batch 24 does not split evenly over 16 ranks"):
+        refuse_uneven_batch(24, 16)
+    train = plan_for("08", 8, 8, nodes=2).runs["train"]
+    assert train.batch is not None
+    refuse_uneven_batch(train.batch, train.world)  # no exit

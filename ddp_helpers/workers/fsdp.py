@@ -4,6 +4,7 @@
     torchrun --nproc-per-node 2 fsdp.py --part save --checkpoint-dir ckpt
     torchrun --nproc-per-node 3 fsdp.py --part resume --checkpoint-dir ckpt   # 2 ranks saved, 3 load
     torchrun --nproc-per-node 2 fsdp.py --part train save --checkpoint-dir ckpt  # both, one job's start-up
+    torchrun --nproc-per-node 8 fsdp.py --part peak    # each rank's step peak on a GPU (make gpu-check)
 
 Every rank sees the same global batch of --global-batch samples per step and trains on its own slice,
 so a run on N ranks must follow a single process trained on the whole batch: that is the check.
@@ -11,7 +12,8 @@ Rank 0 writes what it measured to <run-dir>/summary.json: the first part's resul
 further part under the part's name (summary["save"]).
 
 The model, its sharding and the pytorch#162338 probe are fsdp_model.py's; the measuring (bytes held,
-bytes sent, step times) is fsdp_measures.py's; --part save and resume are fsdp_checkpoint.py's.
+bytes sent, step times) is fsdp_measures.py's; --part save and resume are fsdp_checkpoint.py's, --part
+peak fsdp_peak.py's.
 """
 
 import argparse
@@ -31,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ddp_helpers import teardown
 from ddp_helpers.distributed import worker_backend
 from ddp_helpers.run_contract import SUMMARY_FILE, run_dir_from_env, write_json_atomic
-from ddp_helpers.workers import fsdp_checkpoint
+from ddp_helpers.workers import fsdp_checkpoint, fsdp_peak
 from ddp_helpers.workers.fsdp_measures import (
     CollectiveCounter,
     flattened,
@@ -234,7 +236,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--part",
         nargs="+",
-        choices=("train", "save", "resume"),
+        choices=("train", "save", "resume", "peak"),
         default=["train"],
         help="one part, or several run one after the other in this job",
     )
@@ -257,6 +259,16 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
+def refuse_uneven_batch(global_batch: int, world_size: int) -> None:
+    """Exit, saying why, where `world_size` ranks cannot split `global_batch` evenly: each rank's slice
+    would differ, and the check against one process on the global batch would compare other batches."""
+    if global_batch % world_size:
+        raise SystemExit(
+            f"--global-batch {global_batch} does not split evenly over {world_size} ranks: pass a multiple "
+            f"of {world_size} (notebook 08's plan picks one for every world)"
+        )
+
+
 @record
 def main() -> None:
     args = parse_args()
@@ -268,11 +280,15 @@ def main() -> None:
     dist.init_process_group(backend)
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     world_size = dist.get_world_size()
-    if args.global_batch % world_size:
-        raise SystemExit(f"--global-batch {args.global_batch} does not split evenly over {world_size} ranks")
+    refuse_uneven_batch(args.global_batch, world_size)
     # a 1-D mesh: every rank holds 1/world_size of each parameter
     mesh = init_device_mesh(device_type, (world_size,))
-    parts = {"train": part_train, "save": fsdp_checkpoint.part_save, "resume": fsdp_checkpoint.part_resume}
+    parts = {
+        "train": part_train,
+        "save": fsdp_checkpoint.part_save,
+        "resume": fsdp_checkpoint.part_resume,
+        "peak": fsdp_peak.part_peak,
+    }
     first, *others = args.part
     result = parts[first](args, mesh, device)
     for name in others:  # a further part in the same job: no second start-up and rendezvous to pay
