@@ -19,3 +19,17 @@ def test_gpus_get_resnet50_at_224_px_and_a_larger_batch():
         assert sizes["model"] == "resnet50" and sizes["image_size"] == 224, sizes
         assert sizes["batch_size"] > CPU["batch_size"], sizes
         assert plan_for("02", 1, 1, smoke=smoke).sizes == sizes  # by device kind, not by count
+
+
+def test_one_gpu_runs_the_throughput_on_it_and_the_live_demos_on_two_gloo_ranks_and_says_so():
+    plan = plan_for("02", 1, 1)
+    assert (plan.device, plan.runs["ddp"].nproc) == ("cuda", 1)
+    demo = plan.runs["demo"]
+    assert (demo.nproc, demo.device, demo.backend, demo.env) == (
+        2,
+        "cpu",
+        "gloo",
+        {"CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert "The demos on live ranks need two at least" in plan.line, plan.line
+    assert all("demo" not in group for group in plan.compared[:1])  # never beside the GPU's throughput runs
