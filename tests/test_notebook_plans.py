@@ -37,7 +37,7 @@ def test_nothing_is_compared_across_device_kinds(notebook):
     for plan in every_plan(notebook):
         for group in plan.compared:
             kinds = {name: plan.runs[name].device for name in group}
-            assert set(kinds.values()) == {plan.device}, f"{plan.machine}: {kinds}"
+            assert len(set(kinds.values())) == 1, f"{plan.machine}: {kinds}"  # each group on one kind
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS)

@@ -214,7 +214,7 @@ def check_notebook_runs_with_nproc(notebook: Path, nproc: int, tmp_path: Path, m
     _execute(notebook, tmp_path, monkeypatch, {"smoke": True, "solutions": True, "nproc": nproc})
     sizes = _local_world_sizes(tmp_path, since=started)
     if nproc == 1 and 1 not in sizes:
-        # a demo that needs two ranks runs two at nproc=1, and must say so (shapes.backend_for's line)
+        # a demo that needs two ranks runs two at nproc=1, and must say so (its plan's line)
         executed = nbformat.read(tmp_path / notebook.name, as_version=4)
         said = "".join(o.get("text", "") for c in executed.cells for o in c.get("outputs", []))
         assert 2 in sizes and "2 rank" in said, (

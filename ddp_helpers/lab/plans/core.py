@@ -4,7 +4,8 @@ A plan is pure: computed from the GPU count, the ranks per node and the nodes, n
 device, so every machine shape is tested here, without a GPU (tests/test_notebook_plans.py), against
 rules that can fail:
 
-- nothing is compared across device kinds: the runs a notebook puts side by side compute on one kind;
+- nothing is compared across device kinds: each group of runs a notebook puts side by side computes
+  on one kind;
 - NCCL only where every local rank has a GPU of its own;
 - sizes are chosen by device kind (a GPU gets GPU-sized work), never by the count of anything;
 - every run fits the world it is given: a global batch that its ranks can split evenly.

@@ -20,8 +20,7 @@ def plan(machine: Machine, smoke: bool) -> NotebookPlan:
     world = max(machine.nproc, 2)  # a straggler, an average over ranks: a second rank at least
     demo = placement(machine, world)
     runs |= {"demo": demo, "exercise": demo}
-    if demo.device == throughput.device:  # core's rule: every compared group on the plan's device kind
-        compared += (("demo",),)  # section 5: DDP against one process at the global batch, on rank 0
+    compared += (("demo",),)  # section 5: DDP against one process at the global batch, on rank 0
     line = throughput.line
     if world != machine.nproc or demo.device != throughput.device:
         line += f" The demos on live ranks need two at least: {placement_line(machine, demo)}"
