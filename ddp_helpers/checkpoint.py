@@ -116,15 +116,27 @@ _TEMPORARY = re.compile(r"^\.ckpt-step(\d+)\.pt\.(\d+)\.tmp$")
 def stale_temporaries(directory: str | os.PathLike[str], step: int) -> list[Path]:
     """The temporary files of saves that never finished (a writer killed mid-save), up to `step`.
 
-    Only rank 0 writes, one save at a time: once step `step` is complete, a temporary file of that
-    step or an earlier one can never become a checkpoint.
+    Once step `step` is complete, a temporary file of that step or an earlier one can never become
+    a checkpoint, unless its writer still runs: every rank saving at once (the mistake notebook 04
+    guards) must fail on its own, not because rank 0 deleted rank 1's file mid-write. The pid in
+    the name is checked on this host only; a shared folder cannot tell other hosts' writers.
     """
     found = []
     for path in Path(directory).iterdir():
         match = _TEMPORARY.match(path.name)
-        if match and int(match[1]) <= step:
+        if match and int(match[1]) <= step and not _running(int(match[2])):
             found.append(path)
     return sorted(found)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict[str, Any]:

@@ -166,15 +166,33 @@ def test_a_save_killed_mid_write_leaves_no_torn_file_under_a_final_name(tmp_path
 
 
 def test_a_save_removes_temporaries_of_its_step_and_earlier_only(tmp_path):
-    for name in (".ckpt-step00000001.pt.4242.tmp", ".ckpt-step00000003.pt.4242.tmp", "notes.tmp"):
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # its pid names a writer that is gone
+    dead = child.pid
+    for name in (f".ckpt-step00000001.pt.{dead}.tmp", f".ckpt-step00000003.pt.{dead}.tmp", "notes.tmp"):
         (tmp_path / name).write_bytes(b"torn")
     ckpt.save_checkpoint(state(2), tmp_path, 2)
     # a later step's temporary stays (nothing says its save is over), and files not named as ours stay
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        ".ckpt-step00000003.pt.4242.tmp",
+        f".ckpt-step00000003.pt.{dead}.tmp",
         "ckpt-step00000002.pt",
         "notes.tmp",
     ]
+
+
+def test_a_save_leaves_the_temporary_of_a_writer_still_running(tmp_path):
+    """Every rank saving at once (notebook 04's mutant): rank 0 must not delete rank 1's file mid-write."""
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        in_flight = tmp_path / f".ckpt-step00000002.pt.{writer.pid}.tmp"
+        in_flight.write_bytes(b"half")
+        ckpt.save_checkpoint(state(2), tmp_path, 2)
+        assert in_flight.exists()
+    finally:
+        writer.kill()
+        writer.wait()
+    ckpt.save_checkpoint(state(3), tmp_path, 3)  # its writer gone, the next save clears it
+    assert not in_flight.exists()
 
 
 AGREE_SCRIPT = """
