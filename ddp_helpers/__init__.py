@@ -4,6 +4,7 @@ The public API:
     launch(script, *args, nproc=..., ...) -> LaunchResult
     write_worker(name_or_path, run_dir=...) -> Path
     start_ranks(nproc=...) -> LiveRanks: DDP ranks that stay up between cells
+        .run(code), .call("module.function", *args, OnRank("name")), .gather(name), .push(**values)
     %load_ext ddp_helpers, then %%torchrun --nproc 2, or %ranks start and %%ranks
 
 Names load on first use (PEP 562): a worker that imports ``ddp_helpers.teardown`` or the metrics
@@ -29,6 +30,7 @@ from .errors import (
 
 _LAZY = {
     "LiveRanks": ".live.ranks",
+    "OnRank": ".live.rank_call",
     "RankResults": ".live.ranks",
     "start_ranks": ".live.ranks",
     "LaunchResult": ".launcher.result",
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
     from .launcher.run_outputs import read_metrics, read_summary
     from .launcher.runner import launch
     from .launcher.worker_files import write_worker
+    from .live.rank_call import OnRank
     from .live.ranks import LiveRanks, RankResults, start_ranks
 
 
@@ -78,6 +81,7 @@ __all__ = [
     "LaunchResult",
     "LaunchTimeout",
     "LiveRanks",
+    "OnRank",
     "RankError",
     "RankResults",
     "RanksNotRunning",

@@ -174,7 +174,7 @@ def test_an_idle_server_leaves_and_the_next_launch_starts_another(script, tmp_pa
 
 
 def test_chapter_setup_starts_the_server_that_the_first_launch_forks_from(script, tmp_path):
-    chapter_setup(1)
+    chapter_setup("01", 1)
     [server] = agent_client.SERVERS.running.values()
     agent = _run(make_config(script("chatty.py"), nproc=1, run_dir=tmp_path / "run"))
     assert psutil.Process(agent.pid).ppid() == server.process.pid

@@ -249,3 +249,38 @@ def test_a_file_imported_on_every_rank_is_a_module_its_dataclasses_can_pickle_fr
         ranks.import_file(tmp_path / "missing.py")
     with pytest.raises(InvalidLaunchArguments, match="not a module name"):
         ranks.import_file(worker, "not-a-name")
+
+
+def test_call_runs_a_named_function_with_real_arguments_and_rank_side_variables(ranks, tmp_path):
+    worker = tmp_path / "called_worker.py"
+    worker.write_text(
+        "import os\n\n"
+        "def main(argv, scale=1):\n"
+        "    return [a * scale for a in argv], os.environ.get('CALLED_FLAG')\n"
+    )
+    ranks.import_file(worker)
+    assert ranks.call("called_worker.main", [1, 2], scale=3) == {0: ([3, 6], None), 1: ([3, 6], None)}
+    ranks.run("mine = torch.full((2,), float(rank))")  # a rank's own value, never in the kernel
+    summed = ranks.call("torch.sum", ddp_helpers.OnRank("mine"))
+    assert {r: v.item() for r, v in summed.items()} == {0: 0.0, 1: 2.0}
+    # environ holds for the call only, on the ranks chosen only
+    seen = ranks.call("called_worker.main", [], ranks=1, environ={"CALLED_FLAG": "yes"})
+    assert seen == {1: ([], "yes")}
+    assert ranks.run("__import__('os').environ.get('CALLED_FLAG')") == {0: None, 1: None}
+    # an importable dotted name needs no import on the ranks first
+    assert ranks.call("os.path.basename", "/a/b.txt") == {0: "b.txt", 1: "b.txt"}
+
+
+def test_call_refuses_bad_targets_and_names_what_a_rank_lacks(ranks):
+    for bad in ("train.main()", "", "a..b", 3):
+        with pytest.raises(InvalidLaunchArguments, match="dotted name"):
+            ranks.call(bad)
+    with pytest.raises(InvalidLaunchArguments, match="environ"):
+        ranks.call("os.getpid", environ={"X": 1})
+    with pytest.raises(RankError, match="no_such_module"):
+        ranks.call("no_such_module.main")
+    with pytest.raises(RankError, match=r"OnRank\('nothing_here'\)"):
+        ranks.call("len", ddp_helpers.OnRank("nothing_here"))
+    with pytest.raises(ValueError, match="variable name"):
+        ddp_helpers.OnRank("not a name")
+    assert ranks.call("len", "abc") == {0: 3, 1: 3}  # the ranks are fine after each

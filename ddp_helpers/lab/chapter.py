@@ -1,35 +1,69 @@
-"""The setup every chapter starts with: the GPUs this machine has, and the ranks its launches use."""
+"""The one call every chapter's setup cell makes: the GPUs here, the ranks, the plan, the workers.
+
+chapter = chapter_setup("04", nproc, smoke=smoke, workers=["train"])
+chapter.gpus, chapter.nproc, chapter.plan, chapter.workers["train"]
+"""
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from ..launcher.agent_client import warm_up
 from ..launcher.config import base_environment
 from ..launcher.machine import visible_gpus
-from .demo_backend import backend_for
+from ..launcher.worker_files import write_worker
+from .plans import NotebookPlan, plan_for
 
 
 @dataclass(frozen=True)
 class Chapter:
-    gpus: int  # visible GPUs, counted without a CUDA context in this kernel: the ranks own them
-    nproc: int  # the ranks the chapter's launches use
+    notebook: str  # "04": its plan is ddp_helpers/lab/plans/nb04.py
+    gpus: int  # visible GPUs per node, counted without a CUDA context in this kernel: the ranks own them
+    nproc: int  # the ranks per node the chapter's launches use
+    plan: NotebookPlan  # backend, device, sizes and runs compared, for this machine
+    workers: dict[str, Path] = field(default_factory=dict)  # each worker's copy in runs/workers/<notebook>
 
-    def backend_for(self, ranks: int) -> tuple[str, str]:
-        """The backend for a demo of `ranks` ranks here, and the line that says which (see demo_backend)."""
-        return backend_for(ranks, self.gpus)
+    @property
+    def worker_dir(self) -> Path:
+        """Where this notebook's workers are written: one notebook's edit never changes another's run."""
+        return worker_dir(self.notebook)
 
 
-def chapter_setup(nproc: int | None) -> Chapter:
-    """Count the GPUs, then choose the ranks: the notebook's `nproc` parameter if given, else one per
-    GPU, else 2 on the CPU (the fewest that show DDP at work).
+def worker_dir(notebook: str) -> Path:
+    return Path("runs") / "workers" / notebook
+
+
+def chapter_setup(
+    notebook: str,
+    nproc: int | None,
+    *,
+    smoke: bool = False,
+    nodes: int = 1,
+    workers: Iterable[str] = (),
+    **plan_options: Any,
+) -> Chapter:
+    """Count the GPUs, choose the ranks, plan the notebook, and write the workers it launches.
+
+    `nproc`: the notebook's parameter if given, else one rank per GPU, else 2 on the CPU (the fewest
+    that show DDP at work). `nodes`: loopback nodes sharing this machine's GPUs (notebook 06), so each
+    gets its share. `workers`: bundled workers copied into ``runs/workers/<notebook>`` (a copy the
+    learner edited is kept). `plan_options` go to the notebook's planner.
 
     Also starts the agent server that the chapter's launches fork torchrun's agent from
     (launcher/agent_client.py): it imports torch while the next cells run, so the first launch finds it
-    ready."""
+    ready.
+    """
     if nproc is not None and (not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1):
         raise ValueError(f"nproc must be a whole number of ranks, at least 1, or None; got {nproc!r}")
-    gpus = visible_gpus()
+    if isinstance(workers, str):
+        raise ValueError(f"workers takes a list of worker names, got the string {workers!r}")
+    gpus = visible_gpus() // nodes
+    ranks = nproc or gpus or 2
+    plan = plan_for(notebook, gpus, ranks, nodes, smoke=smoke, **plan_options)  # checks `notebook` first
     warm_up(sys.executable, base_environment())
-    return Chapter(gpus=gpus, nproc=nproc or gpus or 2)
+    written = {name: write_worker(name, worker_dir(notebook), show=False) for name in workers}
+    return Chapter(notebook=notebook, gpus=gpus, nproc=ranks, plan=plan, workers=written)

@@ -25,7 +25,7 @@ import pickle
 import re
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import EllipsisType
 from typing import Any, Unpack
@@ -39,11 +39,12 @@ from .calls import request
 from .cells import CellLog
 from .console import Console, DebuggerQuit
 from .protocol import Gather, PostMortem, Push, Reply, Run
+from .rank_call import PAYLOAD, OnRank
 from .recovery import RESTART_HINT, where
 from .results import RankResults, cell_results, check_syntax, gathered, shown_value
 from .session import RANK_SERVER, Session
 
-__all__ = ["DebuggerQuit", "LiveRanks", "RankResults", "shown_value", "start_ranks"]
+__all__ = ["DebuggerQuit", "LiveRanks", "OnRank", "RankResults", "shown_value", "start_ranks"]
 
 STARTUP_TIMEOUT_S = 180.0  # importing torch and the rendezvous, on a loaded 2-core machine
 
@@ -160,6 +161,33 @@ class LiveRanks:
         results = cell_results(replies)
         results.wall_s = time.monotonic() - started
         return results
+
+    def call(
+        self,
+        target: str,
+        /,
+        *args: Any,
+        ranks: Iterable[int] | int | None = None,
+        timeout: float | None | EllipsisType = ...,
+        environ: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> RankResults:
+        """Call the function named `target` on `ranks` (default: every rank) with these arguments, and
+        return each rank's return value: ``ranks.call("train.main", argv)``.
+
+        The arguments travel pickled; `OnRank("mesh")` stands for the rank's own variable ``mesh``.
+        `target` is a dotted name in each rank's namespace (a module `import_file` bound) or an
+        importable one (``"ddp_helpers.workers.handmade_ddp.main"``). `environ`: variables set on the
+        ranks for the call only. Output, errors, hangs and interrupts are as `run` reports them.
+        """
+        if not isinstance(target, str) or not all(part.isidentifier() for part in target.split(".")):
+            raise InvalidLaunchArguments(f"call takes a function's dotted name, got {target!r}")
+        extra = dict(environ or {})
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in extra.items()):
+            raise InvalidLaunchArguments(f"environ must map names to strings, got {environ!r}")
+        self.push(**{PAYLOAD: (target, args, kwargs, extra)})
+        code = f"__import__('ddp_helpers.live.rank_call', fromlist=['invoke']).invoke(globals())  # {target}"
+        return self.run(code, ranks=ranks, timeout=timeout)
 
     def where(self) -> str:
         """Every rank's Python stack now, without stopping any (the cell's lines shown with its frames)."""

@@ -10,11 +10,12 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable
+from typing import Any
 
 from .core import Machine, NotebookPlan, RunPlan, by_kind, placement, placement_line
 from .throughput import ThroughputPlan, sweep_points, throughput_plan
 
-Planner = Callable[[Machine, bool], NotebookPlan]
+Planner = Callable[..., NotebookPlan]  # plan(machine, smoke, **options)
 
 
 def planners() -> dict[str, Planner]:
@@ -26,12 +27,16 @@ def planners() -> dict[str, Planner]:
     return dict(sorted(found.items()))
 
 
-def plan_for(notebook: str, gpus: int, nproc: int, nodes: int = 1, *, smoke: bool = False) -> NotebookPlan:
-    """Notebook `notebook`'s plan for a machine of `gpus` GPUs per node, `nproc` ranks per node, `nodes` nodes."""
+def plan_for(
+    notebook: str, gpus: int, nproc: int, nodes: int = 1, *, smoke: bool = False, **options: Any
+) -> NotebookPlan:
+    """Notebook `notebook`'s plan for a machine of `gpus` GPUs per node, `nproc` ranks per node, `nodes` nodes.
+
+    `options` go to that notebook's planner (notebook 10's ``worlds``)."""
     known = planners()
     if notebook not in known:
         raise ValueError(f"no plan for notebook {notebook!r}; plans exist for {', '.join(known)}")
-    return known[notebook](Machine(gpus, nproc, nodes), smoke)
+    return known[notebook](Machine(gpus, nproc, nodes), smoke, **options)
 
 
 __all__ = [

@@ -1,0 +1,76 @@
+"""The package modules a worker needs, read from its imports, against what loading it really loads."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ddp_helpers.lab.worker_helpers import closure, package_helpers, package_imports, purpose, show_helpers
+from ddp_helpers.workers import worker_path
+
+LOADED = """
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("copied_worker", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)  # the file's top level, as torchrun runs it, without calling main()
+print(json.dumps(sorted(name for name in sys.modules if name.split(".")[0] == "ddp_helpers")))
+"""
+
+
+@pytest.mark.parametrize("worker", ["train", "ddp"])
+def test_the_modules_listed_are_those_loading_the_worker_loads(worker):
+    ran = subprocess.run(
+        [sys.executable, "-c", LOADED, str(worker_path(worker))], capture_output=True, text=True, timeout=120
+    )
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert closure(worker) == json.loads(ran.stdout.splitlines()[-1])
+
+
+def test_ddp_py_needs_nothing_and_train_py_names_its_helpers():
+    assert package_helpers("ddp") == []  # notebook 01's script: torch only
+    helpers = {h.module: h for h in package_helpers("train")}
+    assert "parse_args" in helpers["ddp_helpers.workers.train_options"].names
+    assert helpers["ddp_helpers.teardown"].names == ()  # `from ddp_helpers import teardown`: a module
+    assert all(h.purpose.endswith(".") and len(h.purpose) > 20 for h in helpers.values())
+
+
+def test_only_imports_run_at_load_count(tmp_path):
+    source = tmp_path / "worker.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "import ddp_helpers.metrics\n"
+        "from ddp_helpers.data import digits, build_dataset\n"
+        "try:\n    from ddp_helpers import teardown\nexcept ImportError:\n    teardown = None\n"
+        "if TYPE_CHECKING:\n    from ddp_helpers.launcher import runner\n"
+        "def main():\n    from ddp_helpers import checkpoint\n"
+        "from . import sibling\n"  # relative: no package to resolve it in a copied-out file
+    )
+    assert package_imports(source) == {
+        "ddp_helpers.data": ("digits", "build_dataset"),
+        "ddp_helpers.metrics": (),
+        "ddp_helpers.teardown": (),
+    }
+    # inside the package, a relative import resolves against the file's package
+    relative = tmp_path / "rel.py"
+    relative.write_text("from ..checkpoint import save_checkpoint\nfrom . import train_state\n")
+    assert package_imports(relative, "ddp_helpers.workers") == {
+        "ddp_helpers.checkpoint": ("save_checkpoint",),
+        "ddp_helpers.workers.train_state": (),
+    }
+
+
+def test_purpose_is_the_docstrings_first_sentence_joined(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text('"""Does one thing, across\ntwo lines. Then more.\n\nDetails."""\n')
+    assert purpose(module) == "Does one thing, across two lines."
+
+
+def test_show_helpers_prints_the_table_outside_ipython(capsys):
+    shown = show_helpers("train")
+    out = capsys.readouterr().out
+    assert f"`train.py` imports {len(shown)} module(s) of `ddp_helpers`" in out
+    assert "| `ddp_helpers.workers.train_options` |" in out
+    assert f"loads {len(closure('train'))} module(s)" in out
