@@ -125,8 +125,8 @@ def excerpts_shown(notebook: Path) -> list[tuple[str | None, str | None, str]]:
         if cell.cell_type != "code" or cell.source.lstrip().startswith("%%"):
             continue  # a cell magic's body runs elsewhere (on the ranks, under torchrun)
         trees.append(ast.parse(TransformerManager().transform_cell(cell.source)))
-    # variables bound to a worker, e.g. `train = write_worker("train", ...)`, or
-    # `a, b = worker_path("x"), worker_path("y")`
+    # variables bound to a worker, e.g. `train = write_worker("train", ...)`,
+    # `a, b = worker_path("x"), worker_path("y")`, or `worker = chapter.workers["train"]`
     assignments: dict[str, str] = {}
     for tree in trees:
         for node in ast.walk(tree):
@@ -137,6 +137,13 @@ def excerpts_shown(notebook: Path) -> list[tuple[str | None, str | None, str]]:
                 if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
                     pairs = list(zip(target.elts, node.value.elts, strict=False))
                 for bound, value in pairs:
+                    key = value.slice if isinstance(value, ast.Subscript) else None
+                    if (
+                        isinstance(bound, ast.Name)
+                        and isinstance(key, ast.Constant)
+                        and isinstance(key.value, str)
+                    ):
+                        assignments[bound.id] = key.value  # chapter.workers["train"]
                     if isinstance(bound, ast.Name) and isinstance(value, ast.Call) and value.args:
                         first = value.args[0]
                         if isinstance(first, ast.Constant) and isinstance(first.value, str):
