@@ -139,12 +139,12 @@ def show_helpers(target: str | os.PathLike[str]) -> list[Helper]:
     )
     try:
         from IPython import get_ipython
-        from IPython.display import Markdown, display
+        from IPython.display import display
     except ImportError:
         print(text)
     else:
         if get_ipython() is None:
             print(text)
-        else:
-            display(Markdown(text))
+        else:  # the table in a notebook, the same text where only plain text shows (a terminal IPython)
+            display({"text/markdown": text, "text/plain": text}, raw=True)
     return helpers
