@@ -27,13 +27,9 @@ class Chapter:
     plan: NotebookPlan  # backend, device, sizes and runs compared, for this machine
     workers: dict[str, Path] = field(default_factory=dict)  # each worker's copy in runs/workers/<notebook>
 
-    @property
-    def worker_dir(self) -> Path:
-        """Where this notebook's workers are written: one notebook's edit never changes another's run."""
-        return worker_dir(self.notebook)
-
 
 def worker_dir(notebook: str) -> Path:
+    """Where a notebook's workers are written: one notebook's edit never changes another's run."""
     return Path("runs") / "workers" / notebook
 
 
