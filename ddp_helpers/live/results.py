@@ -85,7 +85,10 @@ def cell_results(replies: dict[int, Reply]) -> RankResults:
     if failed:
         raise _rank_error(failed)
     _refuse_interrupted(replies)
-    return RankResults({r: _decode(reply) for r, reply in replies.items() if isinstance(reply, Value)})
+    # in rank order, whichever rank replied first: `list(results.values())` is rank 0's value first
+    return RankResults(
+        {r: _decode(reply) for r, reply in sorted(replies.items()) if isinstance(reply, Value)}
+    )
 
 
 def _refuse_interrupted(replies: dict[int, Reply]) -> None:
