@@ -150,9 +150,11 @@ def test_a_check_between_waits_may_end_the_loop():
 def test_a_cells_values_come_in_rank_order_whichever_rank_replied_first():
     import pickle
 
-    from ddp_helpers.live.protocol import Value
+    from ddp_helpers.live.protocol import Reply, Value
     from ddp_helpers.live.results import cell_results
 
-    replies = {rank: Value(7, pickle.dumps(rank * 10), repr(rank * 10)) for rank in (2, 0, 1)}  # as they came
+    replies: dict[int, Reply] = {
+        rank: Value(7, pickle.dumps(rank * 10), repr(rank * 10)) for rank in (2, 0, 1)
+    }  # as they came
     results = cell_results(replies)
     assert list(results) == [0, 1, 2] and list(results.values()) == [0, 10, 20]
