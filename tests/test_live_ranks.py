@@ -277,6 +277,8 @@ def test_call_refuses_bad_targets_and_names_what_a_rank_lacks(ranks):
             ranks.call(bad)
     with pytest.raises(InvalidLaunchArguments, match="environ"):
         ranks.call("os.getpid", environ={"X": 1})
+    with pytest.raises(InvalidLaunchArguments, match="world size 2"):
+        ranks.call("os.getpid", ranks=[5])
     with pytest.raises(RankError, match="no_such_module"):
         ranks.call("no_such_module.main")
     with pytest.raises(RankError, match=r"OnRank\('nothing_here'\)"):

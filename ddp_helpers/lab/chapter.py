@@ -55,6 +55,8 @@ def chapter_setup(
     """
     if nproc is not None and (not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1):
         raise ValueError(f"nproc must be a whole number of ranks, at least 1, or None; got {nproc!r}")
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+        raise ValueError(f"nodes must be a whole number of nodes, at least 1; got {nodes!r}")
     if isinstance(workers, str):
         raise ValueError(f"workers takes a list of worker names, got the string {workers!r}")
     gpus = visible_gpus() // nodes

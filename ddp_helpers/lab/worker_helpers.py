@@ -35,7 +35,7 @@ def module_path(module: str) -> Path:
 
 
 def purpose(path: Path) -> str:
-    """The first sentence of the module's docstring (its first paragraph, joined, up to ". " or ":")."""
+    """The first sentence of the module's docstring: its first paragraph, joined, up to the first ". "."""
     doc = ast.get_docstring(ast.parse(path.read_text())) or ""
     paragraph = " ".join(doc.split("\n\n")[0].split())
     sentence = paragraph.split(". ")[0]

@@ -185,6 +185,7 @@ class LiveRanks:
         extra = dict(environ or {})
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in extra.items()):
             raise InvalidLaunchArguments(f"environ must map names to strings, got {environ!r}")
+        self._targets(ranks)  # bad ranks are refused before anything is sent
         self.push(**{PAYLOAD: (target, args, kwargs, extra)})
         code = f"__import__('ddp_helpers.live.rank_call', fromlist=['invoke']).invoke(globals())  # {target}"
         return self.run(code, ranks=ranks, timeout=timeout)
