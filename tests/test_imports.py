@@ -124,6 +124,9 @@ for path in sys.argv[1:]:  # all at once: a worker's own imports (fsdp's take se
     pid = os.fork()
     if pid == 0:
         try:
+            # a child's --help would share the parent's stdout and could run into its RESULT lines
+            quiet = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(quiet, 1)
             run_as_main(path, write_end)
         finally:
             os._exit(0)
