@@ -18,7 +18,7 @@ COMPAT_TORCH := constraints/torch-2.7.txt
 # often set, every process would compile torch again (4 CPU-seconds each).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: venv lab test test-fast test-shapes reruns test-compat test-browser test-slurm browser-deps slurm-deps mutants notebooks notebook-times process-costs bench lint gpu-check clean
+.PHONY: venv lab test test-fast test-shapes test-deeper reruns test-compat test-browser test-slurm browser-deps slurm-deps mutants notebooks notebook-times process-costs bench lint gpu-check clean
 
 # Rebuilt when pyproject.toml changes, so `make test` always runs against the declared dependencies.
 # $(1): the venv's folder; $(2): extra pip arguments (a constraints file)
@@ -80,6 +80,12 @@ test-fast: venv
 test-shapes: export DDP_TEST_SHAPES = 1
 test-shapes: venv
 	$(call run_pytest,$(PY),make test-shapes,-n $(TEST_WORKERS) --dist loadgroup tests/test_notebooks.py -k "nproc or full_size")
+
+# The lessons' companion notebooks (notebooks/deeper/: internals, version details, GPU-only reference), in
+# smoke mode. A stage of its own, so that make test stays under 10 minutes on 2 cores.
+test-deeper: export DDP_TEST_DEEPER = 1
+test-deeper: venv
+	$(call run_pytest,$(PY),make test-deeper,-n $(TEST_WORKERS) --dist loadgroup tests/test_notebooks.py -k companion)
 
 # Every test against the oldest supported torch (the container's); the notebooks there run at nproc=3.
 test-compat: export DDP_TEST_NPROC = 3

@@ -5,6 +5,7 @@ The public API:
     write_worker(name_or_path, run_dir=...) -> Path
     start_ranks(nproc=...) -> LiveRanks: DDP ranks that stay up between cells
         .run(code), .call("module.function", *args, OnRank("name")), .gather(name), .push(**values)
+    check(claim, holds, evidence): a notebook's claim, checked, with its evidence ("✓ ..." or ClaimFailed)
     %load_ext ddp_helpers, then %%torchrun --nproc 2, or %ranks start and %%ranks
 
 Names load on first use (PEP 562): a worker that imports ``ddp_helpers.teardown`` or the metrics
@@ -29,6 +30,9 @@ from .errors import (
 )
 
 _LAZY = {
+    "ClaimFailed": ".lab.claims",
+    "check": ".lab.claims",
+    "check_equal": ".lab.claims",
     "LiveRanks": ".live.ranks",
     "OnRank": ".live.rank_call",
     "RankResults": ".live.ranks",
@@ -42,6 +46,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    from .lab.claims import ClaimFailed, check, check_equal
     from .launcher.process_scan import processes_marked
     from .launcher.result import LaunchResult
     from .launcher.run_outputs import read_metrics, read_summary
@@ -74,6 +79,7 @@ def load_ipython_extension(ipython: Any) -> None:  # %load_ext ddp_helpers
 
 
 __all__ = [
+    "ClaimFailed",
     "InvalidLaunchArguments",
     "LaunchError",
     "LaunchFailed",
@@ -87,6 +93,8 @@ __all__ = [
     "RanksNotRunning",
     "RunDirInUse",
     "WorkerFailed",
+    "check",
+    "check_equal",
     "launch",
     "processes_marked",
     "read_metrics",

@@ -50,7 +50,7 @@ class CatalogueError(ValueError):
 @dataclass(frozen=True)
 class Mutant:
     name: str
-    notebook: str  # the notebook's file stem, "01_first_ddp_program"
+    notebook: str  # the notebook's file stem, "01_first_ddp_program", or "deeper/01_..." for a companion
     lesson: str
     file: str  # relative to the project root
     old: str
@@ -82,7 +82,17 @@ class Outcome:
 
 # ------------------------------------------------------------------------------------------ the catalogue
 def notebook_stems(root: Path = ROOT) -> list[str]:
-    return sorted(p.stem for p in (root / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    """The lessons by stem ("01_first_ddp_program") and their companions by path ("deeper/01_...")."""
+    lessons = sorted(p.stem for p in (root / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    companions = sorted(
+        f"deeper/{p.stem}" for p in (root / "notebooks" / "deeper").glob("[0-9][0-9]_*.ipynb")
+    )
+    return lessons + companions
+
+
+def short_name(notebook: str) -> str:
+    """ "01" for a lesson, "01 deeper" for its companion: the report's notebook column."""
+    return f"{notebook[7:9]} deeper" if notebook.startswith("deeper/") else notebook[:2]
 
 
 def load_catalogue(directory: Path = CATALOGUE, root: Path = ROOT) -> list[Mutant]:
@@ -210,7 +220,7 @@ def run_one(
         workdir.mkdir()
         env = _env_for(project)
         _check_imports_from(project, env)
-        executed = workdir / f"{mutant.notebook}.ipynb"
+        executed = workdir / f"{Path(mutant.notebook).name}.ipynb"
         command = [
             sys.executable, "-m", "papermill", str(project / "notebooks" / f"{mutant.notebook}.ipynb"),
             str(executed), "-p", "smoke", "True", "-p", "solutions", "True", "-p", "nproc", str(nproc), "--cwd", str(workdir),
@@ -295,7 +305,7 @@ def table(outcomes: list[Outcome]) -> str:
         failure = (o.failure or "").replace("|", "\\|").replace("\n", " ")
         cell = "" if o.cell is None else str(o.cell)
         lines.append(
-            f"| {o.mutant.name} | {o.mutant.notebook[:2]} | {o.nproc} | {o.status} | {cell} | {failure} | {o.seconds:.0f} |"
+            f"| {o.mutant.name} | {short_name(o.mutant.notebook)} | {o.nproc} | {o.status} | {cell} | {failure} | {o.seconds:.0f} |"
         )
     return "\n".join(lines)
 
@@ -319,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--only", nargs="*", default=[], help="mutant names or notebook prefixes (01, 03_mixed...)"
+        "--only", nargs="*", default=[], help="mutant names or notebook prefixes (01, 03_mixed..., deeper/01)"
     )
     parser.add_argument("--jobs", type=int, default=2, help="mutants run at once (default 2)")
     parser.add_argument("--nproc", type=int, help="run every chosen mutant at this nproc only")
@@ -347,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for m in mutants:
             mark = f"  [CPU-unkillable: {m.cpu_unkillable}]" if m.cpu_unkillable else ""
-            print(f"{m.notebook[:2]}  {m.name:38} {m.lesson}{mark}")
+            print(f"{short_name(m.notebook):9}  {m.name:38} {m.lesson}{mark}")
         print(f"{len(mutants)} mutants")
         return 0
 

@@ -21,12 +21,25 @@ import papermill
 import pytest
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+# the lessons' companions (notebooks/deeper/): run in a stage of their own, make test-deeper
+COMPANIONS = sorted(
+    (Path(__file__).resolve().parent.parent / "notebooks" / "deeper").glob("[0-9][0-9]_*.ipynb")
+)
+EVERY_NOTEBOOK = NOTEBOOKS + COMPANIONS
 SHAPES_ENV = "DDP_TEST_SHAPES"
+DEEPER_ENV = "DDP_TEST_DEEPER"
 NPROC_ENV = "DDP_TEST_NPROC"  # the smoke run's nproc; unset: the notebook's own default
 shapes = pytest.mark.skipif(
     not os.environ.get(SHAPES_ENV), reason=f"make test-shapes ({SHAPES_ENV}=1) runs these"
 )
+deeper = pytest.mark.skipif(
+    not os.environ.get(DEEPER_ENV), reason=f"make test-deeper ({DEEPER_ENV}=1) runs the companion notebooks"
+)
 MULTINODE = next((nb for nb in NOTEBOOKS if "multinode" in nb.stem), None)
+
+
+def notebook_id(path: Path) -> str:
+    return f"deeper-{path.stem}" if path.parent.name == "deeper" else path.stem
 
 
 def _parameters_cell(notebook: Path) -> str:
@@ -56,7 +69,7 @@ def test_there_are_notebooks():
     assert NOTEBOOKS, "no notebooks found"
 
 
-@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("notebook", EVERY_NOTEBOOK, ids=notebook_id)
 def test_notebook_is_stored_without_outputs(notebook):
     nb = nbformat.read(notebook, as_version=4)
     dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.outputs or c.execution_count)]
@@ -74,6 +87,21 @@ def test_notebook_runs_in_smoke_mode(notebook, tmp_path, monkeypatch):
         check_notebook_runs_with_nproc(notebook, int(nproc), tmp_path, monkeypatch)
     else:
         _execute(notebook, tmp_path, monkeypatch, {"smoke": True, "solutions": True})
+
+
+@deeper
+@pytest.mark.notebooks
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("notebook", COMPANIONS, ids=notebook_id)
+def test_companion_runs_in_smoke_mode(notebook, tmp_path, monkeypatch):
+    """Each lesson's companion (notebooks/deeper/) keeps its measurements and checks: it runs as the lesson does."""
+    _execute(notebook, tmp_path, monkeypatch, {"smoke": True, "solutions": True})
+
+
+def test_every_companion_belongs_to_a_lesson():
+    lessons = {nb.stem[:2] for nb in NOTEBOOKS}
+    orphans = [nb.name for nb in COMPANIONS if nb.stem[:2] not in lessons]
+    assert not orphans, f"companions whose number names no lesson: {orphans}"
 
 
 # ------------------------------------------------------------------------ the kernel never touches CUDA
@@ -155,7 +183,7 @@ def test_the_cuda_scan_leaves_ranks_workers_and_queries_alone(source):
     assert cuda_calls_in_kernel(source) == []
 
 
-@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("notebook", EVERY_NOTEBOOK, ids=notebook_id)
 def test_notebook_kernel_never_creates_a_cuda_context(notebook):
     """Found by reading the cells, so this holds without a GPU: the ranks own the GPUs."""
     nb = nbformat.read(notebook, as_version=4)
@@ -245,7 +273,7 @@ GUIDE_AS_SEED = re.compile(
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
-@pytest.mark.parametrize("document", [*NOTEBOOKS, README], ids=lambda p: p.stem)
+@pytest.mark.parametrize("document", [*EVERY_NOTEBOOK, README], ids=notebook_id)
 def test_the_container_guide_is_never_called_the_seed(document):
     text = document.read_text()
     found = sorted({m.group(0) for m in GUIDE_AS_SEED.finditer(text)})
@@ -253,7 +281,7 @@ def test_the_container_guide_is_never_called_the_seed(document):
 
 
 # ------------------------------------------------------------------ one notebook's edit stays in it
-@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("notebook", EVERY_NOTEBOOK, ids=notebook_id)
 def test_a_notebook_writes_its_workers_into_a_folder_of_its_own(notebook):
     """A learner's edit to a worker one notebook wrote (runs/workers/03/train.py) never changes what
     another notebook runs: each writes its copies under runs/workers/<its number>."""
@@ -269,7 +297,7 @@ def test_a_notebook_writes_its_workers_into_a_folder_of_its_own(notebook):
     assert not shared, f"{notebook.name} writes or reads workers outside runs/workers/{number}: {shared}"
 
 
-@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("notebook", EVERY_NOTEBOOK, ids=notebook_id)
 def test_no_notebook_reaches_into_the_launchers_internals(notebook):
     """A cell a learner reads uses the package's public names (ddp_helpers, ddp_helpers.lab), not the
     modules behind them, which may change."""
@@ -284,7 +312,7 @@ def test_no_notebook_reaches_into_the_launchers_internals(notebook):
     assert not found, f"{notebook.name} imports launcher internals: {found}"
 
 
-@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("notebook", EVERY_NOTEBOOK, ids=notebook_id)
 def test_no_cell_a_learner_reads_escapes_the_formatter(notebook):
     """A `# fmt: skip` keeps a line as someone typed it, often too long to read: reshape it instead."""
     nb = nbformat.read(notebook, as_version=4)

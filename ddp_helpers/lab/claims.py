@@ -1,0 +1,55 @@
+"""Checks a learner reads: a claim a notebook makes, checked on this machine, with the evidence shown.
+
+A notebook never uses a bare ``assert``. It calls ``check(claim, holds, evidence)``, which prints
+
+    ✓ the two ranks drew disjoint shards: 16 + 16 of 32 samples
+
+when the claim holds, and raises ``ClaimFailed`` with the same words and the evidence when it does not:
+
+    ClaimFailed: ✗ the two ranks drew disjoint shards: 16 + 16 of 32 samples, 4 drawn twice
+
+``check_equal`` is the common case of two values that must be equal; its evidence shows both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PASS_MARK = "✓"
+FAIL_MARK = "✗"
+
+
+class ClaimFailed(AssertionError):
+    """A claim a notebook made did not hold on this machine. The message says the claim and what was seen."""
+
+    def _render_traceback_(self) -> list[str]:
+        # the claim and its evidence are the whole story: the frames inside this module add nothing
+        return f"{type(self).__name__}: {self}".splitlines()
+
+
+def _say(claim: str, evidence: str) -> str:
+    claim, evidence = claim.strip(), str(evidence).strip()
+    if not claim:
+        raise ValueError("check() needs the claim in words: what is being checked")
+    return f"{claim}: {evidence}" if evidence else claim
+
+
+def check(claim: str, holds: Any, evidence: str = "") -> None:
+    """Print ``✓ claim: evidence`` when ``holds`` is true; raise ``ClaimFailed`` with ``✗ claim: evidence`` else.
+
+    ``claim`` says in plain words what must be true ("every rank holds the same weights"); ``evidence``
+    shows what was measured ("checksums 1.25, 1.25"), whether the claim holds or not, so that the
+    learner sees the numbers the verdict rests on.
+    """
+    text = _say(claim, evidence)
+    if not isinstance(holds, bool):
+        holds = bool(holds)  # numpy and torch booleans; a tensor of many values raises here, as it should
+    if not holds:
+        raise ClaimFailed(f"{FAIL_MARK} {text}")
+    print(f"{PASS_MARK} {text}")
+
+
+def check_equal(claim: str, seen: Any, expected: Any, evidence: str = "") -> None:
+    """``check(claim, seen == expected)``, with both values in the evidence: "seen X, expected X"."""
+    shown = f"seen {seen!r}, expected {expected!r}" if seen != expected else f"{seen!r}"
+    check(claim, seen == expected, f"{evidence}; {shown}" if evidence else shown)
