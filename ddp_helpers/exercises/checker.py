@@ -19,7 +19,8 @@ from typing import Any
 from ..errors import InvalidLaunchArguments, LaunchTimeout, RankError, WorkerFailed
 from .registry import get
 from .spec import Exercise, differences
-from .verdict import HUNG, PASSED, RAISED, UNKNOWN, Verdict
+from .unwritten import unwritten_message
+from .verdict import HUNG, PASSED, RAISED, UNKNOWN, UNWRITTEN, Verdict
 
 _checks = itertools.count()
 
@@ -49,6 +50,9 @@ def check(
     if not isinstance(code, str):
         raise InvalidLaunchArguments(f"an answer is code in a string, got {type(code).__name__}")
     check_syntax(exercise, code)
+    unwritten = unwritten_message(exercise, code)
+    if unwritten is not None:  # nothing to run: the ranks are not touched
+        return Verdict(exercise.id, False, UNWRITTEN, unwritten, "", getattr(ranks, "world_size", 0))
     base = Path(workdir) if workdir is not None else Path("runs") / "exercises"
     folder = (base / f"{exercise.id}-{os.getpid()}-{next(_checks)}-{time.time_ns() % 10**6}").resolve()
     call = (

@@ -5,7 +5,9 @@
     python -m ddp_helpers exercises check ID FILE [--nproc N] [--json]
     python -m ddp_helpers exercises check-script SCRIPT [--nproc N] [--json]
 
-FILE holds the code of the answer cell. With ``--json`` the last line of stdout is one object with
+FILE holds the code of the answer cell (a cell pasted whole, with its ``%%exercise ID`` line, is read as
+the notebook reads it). An answer not written yet (the starter, or a ``...`` still in place) is said to be so
+at once, without starting a rank. With ``--json`` the last line of stdout is one object with
 ``exercise``, ``passed``, ``diagnosis`` and ``message``. Bad input (an unknown id, a missing file, a
 syntax error) is refused before torch is imported or any rank starts; exit codes: 0 passed, 1 not
 passed, 2 bad input.
@@ -84,13 +86,32 @@ def _read(path: str) -> str:
     return file.read_text()
 
 
+def answer_of(text: str, exercise_id: str) -> str:
+    """The answer in FILE: a notebook cell pasted whole starts with its `%%exercise ID` line, which is the
+    cell's magic, not Python. It is taken off, and refused when it names another exercise."""
+    first, _, rest = text.lstrip("\n").partition("\n")
+    if not first.startswith("%%exercise"):
+        return text
+    named = first.split()[1:]
+    if named and named[0] != exercise_id:
+        raise InvalidLaunchArguments(f"the file is the answer cell of {named[0]}, not of {exercise_id}")
+    return rest
+
+
 def _check(args: argparse.Namespace) -> int:
     from .checker import check_syntax
+    from .unwritten import unwritten_message
+    from .verdict import UNWRITTEN, Verdict
 
     exercise = get(args.id)
     _nproc(args.nproc)
-    code = _read(args.file)
+    code = answer_of(_read(args.file), exercise.id)
     check_syntax(exercise, code)  # all refused above, before torch or a rank
+    unwritten = unwritten_message(exercise, code)
+    if unwritten is not None:  # said at once: no rank is started for an answer not written yet
+        verdict = Verdict(exercise.id, False, UNWRITTEN, unwritten, "", args.nproc)
+        print(verdict.to_json() if args.json else verdict.text())
+        return 1
     from ..live.ranks import start_ranks
     from .checker import check
 

@@ -11,6 +11,7 @@ PASSED = "passed"
 UNKNOWN = "unknown"  # wrong, and like no catalogued mistake: the differences are shown instead
 RAISED = "raised"  # the answer raised on some rank, in no way a catalogued mistake explains
 HUNG = "hung"  # some rank did not finish the answer within the exercise's bound
+UNWRITTEN = "not written yet"  # the starter as given, an empty cell, or a `...` still in place: nothing ran
 
 
 @dataclass(repr=False)
@@ -30,11 +31,10 @@ class Verdict:
         return json.dumps(asdict(self), default=repr)
 
     def text(self) -> str:
-        head = (
-            f"✅ {self.exercise}: passed on {self.world_size} rank(s)"
-            if self.passed
-            else f"❌ {self.exercise}: {self.diagnosis}"
-        )
+        if self.passed:
+            head = f"✅ {self.exercise}: passed on {self.world_size} rank(s)"
+        else:
+            head = f"{'✏️' if self.diagnosis == UNWRITTEN else '❌'} {self.exercise}: {self.diagnosis}"
         lines = [head, self.message]
         if self.differences:
             lines.append("what differs from a right answer:")
@@ -52,8 +52,14 @@ class Verdict:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        colour = "#1a7f37" if self.passed else "#cf222e"
-        title = "passed" if self.passed else f"not yet: {self.diagnosis}"
+        colour = "#1a7f37" if self.passed else "#6e7781" if self.diagnosis == UNWRITTEN else "#cf222e"
+        title = (
+            "passed"
+            if self.passed
+            else self.diagnosis
+            if self.diagnosis == UNWRITTEN
+            else f"not yet: {self.diagnosis}"
+        )
         parts = [
             f'<div style="border-left:4px solid {colour};padding:4px 10px">',
             f"<b>{html.escape(self.exercise)}: {html.escape(title)}</b>"
