@@ -475,7 +475,7 @@ def test_pytorchjob_command_runs_with_the_variables_the_operator_sets(tmp_path):
 def test_write_cluster_templates_refuses_an_unknown_option(tmp_path):
     paths = write_cluster_templates(tmp_path, TRAIN, nnodes=2, nproc_per_node=2, image="x", cpus_per_rank=2)
     assert "#SBATCH --cpus-per-task=4 " in paths["slurm"].read_text()
-    assert _pytorchjob(paths["kubernetes"].read_text())["spec"]["nprocPerNode"] == "2"
+    assert _pytorchjob(paths["kubernetes_legacy"].read_text())["spec"]["nprocPerNode"] == "2"
     assert "#SBATCH --ntasks-per-node=2 " in paths["srun"].read_text()
     with pytest.raises(TypeError, match="unknown options: gpus"):
         write_cluster_templates(tmp_path, TRAIN, gpus=2)

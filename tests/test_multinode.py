@@ -109,6 +109,6 @@ def test_templates_are_written_side_by_side(tmp_path):
         tmp_path, "train.py", ["--epochs", 1], nnodes=2, nproc_per_node=2, image="x"
     )
     assert paths["slurm"].read_text().startswith("#!/bin/bash")
-    assert _pytorchjob(paths["kubernetes"].read_text())["spec"]["nprocPerNode"] == "2"
+    assert _pytorchjob(paths["kubernetes_legacy"].read_text())["spec"]["nprocPerNode"] == "2"
     with pytest.raises(ValueError):
         slurm_script("train.py", nnodes=0)

@@ -1,5 +1,9 @@
-"""The Kubeflow PyTorchJob for a notebook's worker (see `pytorchjob_manifest`; cluster_templates.py
-writes it beside the SLURM files)."""
+"""The legacy Kubeflow PyTorchJob (kubeflow.org/v1) for a notebook's worker (see `pytorchjob_manifest`).
+
+For clusters that still run the v1 training operator, which the Kubeflow project now files under
+"Legacy". The Kubernetes file the workbench writes first is Kubeflow Trainer v2's ``TrainJob``
+(trainjob.py); cluster_templates.py writes this one beside it, as ``pytorchjob-legacy-v1.yaml``.
+"""
 
 from __future__ import annotations
 
@@ -62,7 +66,7 @@ def pytorchjob_manifest(
     user, and ``fsGroup`` makes the volumes writable by its group.
     """
     check_job_shape(nnodes, nproc_per_node, cpus_per_rank, min_nodes)
-    _check_shared(checkpoint_dir)
+    check_shared(checkpoint_dir)
     gpus = nproc_per_node if gpus_per_node is None else gpus_per_node
     claim = f"{name}-shared"
     command = ["torchrun", worker, *worker_args_for(worker_args, checkpoint_dir)]
@@ -83,12 +87,10 @@ def pytorchjob_manifest(
             "pytorchReplicaSpecs": {"Worker": _worker_spec(nnodes, container, claim)},
         },
     }
-    return yaml.safe_dump_all(
-        [_volume_claim(claim, shared_storage, storage_class), manifest], sort_keys=False
-    )
+    return yaml.safe_dump_all([volume_claim(claim, shared_storage, storage_class), manifest], sort_keys=False)
 
 
-def _check_shared(checkpoint_dir: str | None) -> None:
+def check_shared(checkpoint_dir: str | None) -> None:
     if checkpoint_dir is not None and not _under(checkpoint_dir, SHARED_MOUNT):
         raise ValueError(
             f"checkpoint_dir {checkpoint_dir!r} must lie under {SHARED_MOUNT}, where every pod mounts the "
@@ -155,7 +157,7 @@ def _worker_spec(nnodes: int, container: dict[str, Any], claim: str) -> dict[str
     }
 
 
-def _volume_claim(claim: str, shared_storage: str, storage_class: str | None) -> dict[str, Any]:
+def volume_claim(claim: str, shared_storage: str, storage_class: str | None) -> dict[str, Any]:
     """The ReadWriteMany claim every pod mounts at `SHARED_MOUNT`."""
     return {
         "apiVersion": "v1",
