@@ -1,5 +1,10 @@
-"""Notebook 03's exercises: the fp16 step with a GradScaler under DDP (one rank's overflow skips the step
-everywhere), and bf16 autocast around the forward and the loss.
+"""Notebook 03's exercises: bf16 autocast around the forward and the loss of a DDP step, and the fp16 step
+with a GradScaler and gradient clipping under DDP (one rank's overflow skips the step everywhere).
+
+Each asks for a variation of a worked example the notebook shows above it, not a copy: the notebook runs
+autocast on one plain layer in its own process, on the CPU, with an MSE loss (03-bf16 asks for a wrapped
+model on the rank's device, with cross-entropy and a step), and drives a GradScaler by hand on one layer
+without autocast or clipping (03-fp16-step adds fp16 autocast, DDP, and the clip after unscale_).
 
 Probe inputs make each mistake leave its own mark. The model is a bias-free Linear that starts at zero,
 so a weight's gradient is the input itself and every number is exact in 16 bits. In 03-fp16-step the
@@ -162,7 +167,8 @@ FP16_STEP = Exercise(
     notebook="03",
     title="The fp16 step: GradScaler, unscale_ before the clip, a skip on every rank",
     task=(
-        "Write the body of the training loop for fp16 under DDP: clear the gradients, run the forward "
+        "The notebook drove a GradScaler by hand on one layer; here is the whole fp16 step under DDP, "
+        "with gradient clipping added. Write the body of the training loop: clear the gradients, run the forward "
         "under fp16 autocast, backward through the scaler, unscale the gradients in place, clip them to "
         "`max_norm` (append the norm `clip_grad_norm_` returns to `norms`), then step and update through "
         "the scaler. On the first step the last rank's gradient overflows fp16: every rank must skip it."
@@ -307,12 +313,16 @@ BF16 = Exercise(
     notebook="03",
     title="bf16 autocast around the forward and the loss",
     task=(
-        "Run the forward and the loss under bf16 autocast, on this rank's device type; backward and the "
-        "optimizer step stay outside it, with no GradScaler."
+        "One DDP training step of a fresh model (no gradients yet to clear): the forward and the loss "
+        "under bf16 autocast, on this rank's device type; backward and the optimizer step stay outside "
+        "it, with no GradScaler. (The notebook shows autocast on one layer in one process, on the CPU, "
+        "with another loss: here it is the wrapped model, on whatever device the rank has.)"
     ),
-    given="`ddp_model` (a bias-free Linear at zero, wrapped), `optimizer` (SGD, lr 1), `x`, `y`, `device`, `F`",
+    given=(
+        "`ddp_model` (a bias-free Linear at zero, wrapped: no gradients yet), `optimizer` (SGD, lr 1), "
+        "`x`, `y`, `device`, `F`"
+    ),
     starter=(
-        "optimizer.zero_grad(set_to_none=True)\n"
         "# TODO: the forward and the loss under bf16 autocast\n"
         "logits = ddp_model(x)\n"
         "loss = F.cross_entropy(logits, y)\n"
@@ -320,7 +330,6 @@ BF16 = Exercise(
         "optimizer.step()\n"
     ),
     reference=(
-        "optimizer.zero_grad(set_to_none=True)\n"
         "with torch.autocast(device.type, dtype=torch.bfloat16):  # the forward in bf16\n"
         "    logits = ddp_model(x)\n"
         "    loss = F.cross_entropy(logits, y)  # inside too: autocast runs the loss in fp32\n"
