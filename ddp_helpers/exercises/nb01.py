@@ -1,20 +1,286 @@
-"""Notebook 01's exercises: deal the shards (sampler, set_epoch), then wrap, step and save (DDP, rank 0).
+"""Notebook 01's exercises: make the single-device training DDP (01-convert), deal the shards of a resumed
+run (01-shard), then make ranks that start apart agree, train and save (01-wrap).
 
-Probe inputs make each mistake leave its own mark. The dataset records which indices each pass over a
-loader drew. The model is a bias-free float64 Linear that starts at zero and sees a one-hot input per
-rank: after one SGD step with lr 1, coordinate r of the weight is minus rank r's share of the gradient,
-so an average, a sum and an unshared gradient all look different.
+Probe inputs make each mistake leave its own mark. The datasets record which indices each pass over a
+loader drew. 01-convert's training is replayed here, in one process, as DDP computes it (every rank's
+gradient on its own batch, averaged), so a right answer's weights are known without running it. 01-wrap's
+model is a bias-free float64 Linear that sees a one-hot input per rank: after each SGD step with lr 1,
+coordinate r of the weight has moved by minus rank r's share of the gradient, so an average, a sum, an
+unshared gradient and gradients that pile up across steps all look different.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .spec import Context, Exercise, Mistake, Seen, field_of
 
+# ------------------------------------------------------------------ 01-convert
+CONVERT_SIZE = 45  # 2, 3, 4 and 8 ranks do not divide it: the sampler pads
+CONVERT_FEATURES, CONVERT_CLASSES = 4, 3
+CONVERT_EPOCHS, CONVERT_BATCH, CONVERT_LR = 2, 8, 0.5
+
+
+def _convert_data() -> tuple[Any, Any]:
+    import torch
+
+    gen = torch.Generator().manual_seed(1)
+    centres = 2 * torch.randn(CONVERT_CLASSES, CONVERT_FEATURES, generator=gen, dtype=torch.float64)
+    labels = torch.randint(CONVERT_CLASSES, (CONVERT_SIZE,), generator=gen)
+    return centres[labels] + torch.randn(
+        CONVERT_SIZE, CONVERT_FEATURES, generator=gen, dtype=torch.float64
+    ), labels
+
+
+def _convert_setup(ctx: Context) -> dict[str, Any]:
+    import builtins
+
+    from .observers import RecordingDataset
+
+    made: list[Any] = []
+    printed: list[str] = []
+
+    def make_dataset() -> Any:
+        made.append(RecordingDataset(*_convert_data()))
+        return made[-1]
+
+    def make_model() -> Any:
+        return _convert_model()
+
+    def recording_print(*args: Any, **kwargs: Any) -> None:
+        printed.append(" ".join(map(str, args)))
+        builtins.print(*args, **kwargs)
+
+    return {
+        "make_dataset": make_dataset,
+        "make_model": make_model,
+        "epochs": CONVERT_EPOCHS,
+        "batch_size": CONVERT_BATCH,
+        "lr": CONVERT_LR,
+        "save_path": f"{ctx.workdir}/model.pt",
+        "print": recording_print,
+        "_made": made,
+        "_printed": printed,
+    }
+
+
+def _convert_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    import os
+
+    import torch
+
+    wrapped: Any = ns.get("model")
+    plain: Any = getattr(wrapped, "module", wrapped)
+    out: dict[str, Any] = {
+        "drawn": [p for p in ns["_made"][0].passes if p] if ns["_made"] else [],
+        "is_ddp": isinstance(wrapped, torch.nn.parallel.DistributedDataParallel),
+        "weight": [round(v, 12) for v in plain.weight.detach().cpu().flatten().tolist()],
+        "printed": bool(ns["_printed"]),
+    }  # "saved", the count of torch.save calls, comes from the observers
+    if ctx.rank == 0:
+        path = ns["save_path"]
+        out["file_keys"] = sorted(torch.load(path, map_location="cpu")) if os.path.exists(path) else None
+    return out
+
+
+def _convert_model() -> Any:
+    import torch
+
+    model = torch.nn.Linear(CONVERT_FEATURES, CONVERT_CLASSES, bias=False, dtype=torch.float64)
+    with torch.no_grad():  # the same start on every rank, from a fixed seed, whatever the rank's RNG holds
+        model.weight.copy_(0.1 * torch.randn(model.weight.shape, generator=torch.Generator().manual_seed(2),
+                                             dtype=torch.float64))  # fmt: skip
+    return model
+
+
+def replay_convert(world: int) -> list[float]:
+    """The weights a right answer ends with: each step, every rank's gradient on its own batch, averaged."""
+    import torch
+    import torch.nn.functional as F
+
+    x, y = _convert_data()
+    weight = _convert_model().weight.detach().clone()
+    for epoch in range(CONVERT_EPOCHS):
+        orders = [sampler_order(CONVERT_SIZE, world, r, epoch) for r in range(world)]
+        for start in range(0, len(orders[0]), CONVERT_BATCH):
+            grads = []
+            for order in orders:
+                w = weight.clone().requires_grad_(True)
+                batch = order[start : start + CONVERT_BATCH]
+                F.cross_entropy(x[batch] @ w.T, y[batch]).backward()
+                grads.append(w.grad)
+            weight -= CONVERT_LR * torch.stack(grads).mean(dim=0)
+    return [round(v, 12) for v in weight.flatten().tolist()]
+
+
+def _convert_expected(world: int) -> Seen:
+    weight = replay_convert(world)
+    rows: Seen = [
+        {
+            "drawn": [sampler_order(CONVERT_SIZE, world, r, e) for e in range(CONVERT_EPOCHS)],
+            "is_ddp": True,
+            "weight": weight,
+            "printed": r == 0,
+            "saved": 1 if r == 0 else 0,
+        }
+        for r in range(world)
+    ]
+    rows[0]["file_keys"] = ["weight"]
+    return rows
+
+
+def _every_rank_drew_all(size: int) -> Any:
+    def matches(seen: Seen, expected: Seen) -> bool:
+        drawn = field_of(seen, "drawn")
+        return len(seen) > 1 and all(d and all(sorted(p) == list(range(size)) for p in d) for d in drawn)
+
+    return matches
+
+
+def _epochs_repeat(seen: Seen, expected: Seen) -> bool:
+    drawn = field_of(seen, "drawn")
+    return all(d and len(d) == 2 and d[1] == d[0] for d in drawn)
+
+
+def _models_apart(seen: Seen, expected: Seen) -> bool:
+    return (
+        len(seen) > 1
+        and not any(s.get("is_ddp") for s in seen)
+        and any(s.get("weight") != seen[0].get("weight") for s in seen)
+    )
+
+
+def _every_rank(name: str) -> Any:
+    return lambda seen, expected: len(seen) > 1 and all(s.get(name) for s in seen)
+
+
+def _module_keys(seen: Seen, expected: Seen) -> bool:
+    return any(k.startswith("module.") for k in (seen[0].get("file_keys") or []))
+
+
+def _not_saved(seen: Seen, expected: Seen) -> bool:
+    return seen[0].get("file_keys") is None and not seen[0].get("error")
+
+
+CONVERT = Exercise(
+    id="01-convert",
+    notebook="01",
+    title="Make single_device.py's training DDP",
+    task=(
+        "The cell holds `single_device.py`'s training, as every rank runs it. Make it DDP: this process's "
+        "rank from the environment torchrun set, a `DistributedSampler` for the loader (and a new order "
+        "each epoch), the model wrapped in DDP, and printing and saving on rank 0 only (the plain model's "
+        "weights)."
+    ),
+    given=(
+        "`make_dataset()` (45 samples), `make_model()`, `epochs` (2), `batch_size`, `lr`, `save_path`, "
+        "`device`, `local_rank`, `os`, `DDP`, `DistributedSampler`, `DataLoader`"
+    ),
+    starter=(
+        "rank = ...  # TODO 1: this process's rank, from the environment torchrun set\n"
+        "dataset = make_dataset()\n"
+        "loader = DataLoader(dataset, batch_size=batch_size, shuffle=True)  # TODO 2: a DistributedSampler\n"
+        "model = make_model().to(device)  # TODO 3: wrap it in DDP\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=lr)\n"
+        "for epoch in range(epochs):\n"
+        "    # TODO 4: one line here, so that each epoch deals a new order\n"
+        "    for x, y in loader:\n"
+        "        loss = F.cross_entropy(model(x.to(device)), y.to(device))\n"
+        "        optimizer.zero_grad()\n"
+        "        loss.backward()\n"
+        "        optimizer.step()\n"
+        '    print(f"epoch {epoch}: loss {loss.item():.4f}")  # TODO 5: rank 0 only\n'
+        "torch.save(model.state_dict(), save_path)  # TODO 6: rank 0 only, the plain model's weights\n"
+    ),
+    reference=(
+        'rank = int(os.environ["RANK"])  # torchrun sets RANK, LOCAL_RANK and WORLD_SIZE\n'
+        "dataset = make_dataset()\n"
+        "sampler = DistributedSampler(dataset)  # this rank's shard, shuffled\n"
+        "loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)  # no shuffle=True\n"
+        'model = DDP(make_model().to(device), device_ids=[local_rank] if device.type == "cuda" else None)\n'
+        "optimizer = torch.optim.SGD(model.parameters(), lr=lr)\n"
+        "for epoch in range(epochs):\n"
+        "    sampler.set_epoch(epoch)  # a new order each epoch, the same on every rank\n"
+        "    for x, y in loader:\n"
+        "        loss = F.cross_entropy(model(x.to(device)), y.to(device))\n"
+        "        optimizer.zero_grad()\n"
+        "        loss.backward()  # DDP averages the gradients over the ranks here\n"
+        "        optimizer.step()\n"
+        "    if rank == 0:  # one process prints\n"
+        '        print(f"epoch {epoch}: loss {loss.item():.4f}")\n'
+        "if rank == 0:  # one process saves\n"
+        "    torch.save(model.module.state_dict(), save_path)  # .module: keys without 'module.'\n"
+    ),
+    hint=(
+        "Six small edits: RANK from os.environ; sampler=DistributedSampler(dataset) instead of shuffle=True; "
+        "DDP(...) around the model (device_ids only on a GPU); sampler.set_epoch(epoch) first in each epoch; "
+        "`if rank == 0:` before the print and the save, which saves model.module's weights."
+    ),
+    setup=_convert_setup,
+    observe=_convert_observe,
+    expected=_convert_expected,
+    mistakes=(
+        Mistake(
+            "01-convert-whole-dataset",
+            "every rank drew all 45 samples each epoch: the loader shuffles by itself, with no "
+            "DistributedSampler, so the ranks train on the same data and the job does N times the work",
+            _every_rank_drew_all(CONVERT_SIZE),
+        ),
+        Mistake(
+            "01-convert-no-set-epoch",
+            "epoch 1 drew exactly epoch 0's order on every rank: the sampler shuffles with seed + epoch, and "
+            "learns the epoch only from sampler.set_epoch(epoch)",
+            _epochs_repeat,
+        ),
+        Mistake(
+            "01-convert-not-wrapped",
+            "the model is not a DDP model, and the ranks' weights now differ: each rank followed the "
+            "gradients of its own shard, and nobody averaged them",
+            _models_apart,
+        ),
+        Mistake(
+            "01-convert-every-rank-prints",
+            "every rank printed: N copies of each line, each about one rank's own batch; print on rank 0 only",
+            _every_rank("printed"),
+        ),
+        Mistake(
+            "01-convert-every-rank-saves",
+            "every rank called torch.save on the one file: N writers race, and the file can end up as none "
+            "of their saves; save on rank 0 only",
+            _every_rank("saved"),
+        ),
+        Mistake(
+            "01-convert-module-keys",
+            "the saved keys start with 'module.': that is the DDP wrapper's state_dict, which a plain model "
+            "refuses to load. Save model.module.state_dict()",
+            _module_keys,
+        ),
+        Mistake(
+            "01-convert-not-saved",
+            "rank 0 wrote no file at save_path: is `rank` this process's rank (int(os.environ['RANK']))?",
+            _not_saved,
+        ),
+    ),
+    covers=(
+        "rank-world",
+        "sampler",
+        "loader-sampler",
+        "set-epoch",
+        "ddp-wrap",
+        "rank0-logs",
+        "rank0-writes",
+        "save-module",
+        "optimizer-params",
+    ),  # fmt: skip
+    timeout_s=60.0,
+)
+
 # ------------------------------------------------------------------ 01-shard
 SHARD_SIZE = 11  # 2, 3, 4 and 8 ranks do not divide it: the sampler pads, repeating its first indices
 SHARD_EPOCHS = 2
+SHARD_FIRST_EPOCH = 3  # the run resumes here: epochs 3 and 4 must draw epoch 3's and epoch 4's orders
+SHARD_SEED = 7  # the run's seed: every rank must shuffle with it
 
 
 def _shard_setup(ctx: Context) -> dict[str, Any]:
@@ -26,6 +292,8 @@ def _shard_setup(ctx: Context) -> dict[str, Any]:
     return {
         "dataset": RecordingDataset(x, torch.arange(SHARD_SIZE)),
         "epochs": SHARD_EPOCHS,
+        "first_epoch": SHARD_FIRST_EPOCH,
+        "seed": SHARD_SEED,
         "train_step": lambda xb, yb: None,  # the probe needs only the indices drawn
     }
 
@@ -48,15 +316,12 @@ def sampler_order(size: int, world: int, rank: int, epoch: int, seed: int = 0) -
     return order[rank:total:world]
 
 
+def _shard_orders(world: int, rank: int, first: int, seed: int) -> list[list[int]]:
+    return [sampler_order(SHARD_SIZE, world, rank, first + e, seed) for e in range(SHARD_EPOCHS)]
+
+
 def _shard_expected(world: int) -> Seen:
-    return [
-        {"drawn": [sampler_order(SHARD_SIZE, world, r, e) for e in range(SHARD_EPOCHS)]} for r in range(world)
-    ]
-
-
-def _every_rank_drew_all(seen: Seen, expected: Seen) -> bool:
-    drawn = field_of(seen, "drawn")
-    return len(seen) > 1 and all(d and all(sorted(p) == list(range(SHARD_SIZE)) for p in d) for d in drawn)
+    return [{"drawn": _shard_orders(world, r, SHARD_FIRST_EPOCH, SHARD_SEED)} for r in range(world)]
 
 
 def _same_shard_everywhere(seen: Seen, expected: Seen) -> bool:
@@ -64,41 +329,43 @@ def _same_shard_everywhere(seen: Seen, expected: Seen) -> bool:
     return len(seen) > 1 and bool(drawn[0]) and all(d == drawn[0] for d in drawn)
 
 
-def _epochs_repeat(seen: Seen, expected: Seen) -> bool:
-    drawn = field_of(seen, "drawn")
-    return all(d and len(d) == SHARD_EPOCHS and d[0] == e["drawn"][0] and d[1] == d[0]
-               for d, e in zip(drawn, expected, strict=True))  # fmt: skip
+def _drew_as(first: int, seed: int) -> Any:
+    def matches(seen: Seen, expected: Seen) -> bool:
+        world = len(seen)
+        return all(s.get("drawn") == _shard_orders(world, r, first, seed) for r, s in enumerate(seen))
+
+    return matches
 
 
 SHARD = Exercise(
     id="01-shard",
     notebook="01",
-    title="Deal each rank its shard, anew each epoch",
+    title="Deal the shards of a resumed run",
     task=(
-        "Build `sampler`, a `DistributedSampler` over `dataset`, and make each epoch's loop draw a new order "
-        "(the same on every rank), so that the ranks' shards cover the dataset, disjoint but for the few samples "
-        "the sampler repeats to make the shards equal."
+        "A run resumes at epoch `first_epoch` (3) for `epochs` (2) more epochs, and shuffles with its own "
+        "`seed` (7). Build `sampler` over `dataset` and write the epoch loop so that every rank draws its "
+        "shard of exactly the order that epoch 3, then epoch 4, of this run deals."
     ),
-    given="`dataset` (11 samples), `epochs` (2), `train_step(x, y)`, `DataLoader`, `DistributedSampler`",
+    given="`dataset` (11 samples), `first_epoch` (3), `epochs` (2), `seed` (7), `train_step(x, y)`",
     starter=(
-        "sampler = ...  # TODO: a DistributedSampler over `dataset`\n"
+        "sampler = ...  # TODO: a DistributedSampler over `dataset`, with the run's seed\n"
         "loader = DataLoader(dataset, batch_size=2, sampler=sampler)\n"
-        "for epoch in range(epochs):\n"
+        "for ...:  # TODO: epochs first_epoch, first_epoch + 1, ...\n"
         "    ...  # TODO: one line, before the batches\n"
         "    for x, y in loader:\n"
         "        train_step(x, y)\n"
     ),
     reference=(
-        "sampler = DistributedSampler(dataset)  # asks the process group for rank and world size\n"
+        "sampler = DistributedSampler(dataset, seed=seed)  # asks the process group for rank and world size\n"
         "loader = DataLoader(dataset, batch_size=2, sampler=sampler)  # the sampler shuffles, not the loader\n"
-        "for epoch in range(epochs):\n"
+        "for epoch in range(first_epoch, first_epoch + epochs):  # the resumed epochs' own numbers\n"
         "    sampler.set_epoch(epoch)  # shuffles with seed + epoch: a new order each epoch\n"
         "    for x, y in loader:\n"
         "        train_step(x, y)\n"
     ),
     hint=(
         "The sampler asks the process group for its rank and the world size; pass neither. It shuffles "
-        "with seed + epoch, and learns the epoch from one call only."
+        "with seed + epoch: the seed is a constructor argument, and the epoch comes from one call only."
     ),
     setup=_shard_setup,
     observe=_shard_observe,
@@ -108,7 +375,7 @@ SHARD = Exercise(
             "01-shard-whole-dataset",
             "every rank drew every sample: the loader has no DistributedSampler, so each rank trains on "
             "the whole dataset and an epoch does world-size times the work",
-            _every_rank_drew_all,
+            _every_rank_drew_all(SHARD_SIZE),
         ),
         Mistake(
             "01-shard-same-shard",
@@ -118,9 +385,21 @@ SHARD = Exercise(
         ),
         Mistake(
             "01-shard-no-set-epoch",
-            "epoch 1 drew exactly epoch 0's order on every rank: without sampler.set_epoch(epoch) the "
-            "sampler shuffles with the same seed every epoch",
+            "the second epoch drew exactly the first one's order on every rank: without "
+            "sampler.set_epoch(epoch) the sampler shuffles with the same seed + epoch every time",
             _epochs_repeat,
+        ),
+        Mistake(
+            "01-shard-from-epoch-0",
+            "the ranks drew the orders of epochs 0 and 1, not 3 and 4: the loop counted from 0, so the "
+            "resumed run repeats the orders it trained on before it stopped",
+            _drew_as(0, SHARD_SEED),
+        ),
+        Mistake(
+            "01-shard-default-seed",
+            "the ranks drew the orders of the default seed (0), not the run's seed 7: pass seed=seed to "
+            "the sampler (the same value on every rank)",
+            _drew_as(SHARD_FIRST_EPOCH, 0),
         ),
     ),
     covers=("sampler", "loader-sampler", "set-epoch", "rank-world"),
@@ -128,16 +407,17 @@ SHARD = Exercise(
 
 # ------------------------------------------------------------------ 01-wrap
 WIDTH = 8  # one-hot inputs: one coordinate per rank, up to 8 ranks
+WRAP_STEPS = 2
 
 
 def _wrap_setup(ctx: Context) -> dict[str, Any]:
     import torch
 
     model = torch.nn.Linear(max(WIDTH, ctx.world_size), 1, bias=False, dtype=torch.float64).to(ctx.device)
-    torch.nn.init.zeros_(model.weight)
+    torch.nn.init.constant_(model.weight, float(ctx.rank))  # every rank starts somewhere else
     x = torch.zeros(1, model.in_features, dtype=torch.float64, device=ctx.device)
     x[0, ctx.rank] = 1.0  # this rank's sample: its gradient is the one-hot of its rank
-    return {"model": model, "x": x, "save_path": f"{ctx.workdir}/model.pt"}
+    return {"model": model, "x": x, "steps": WRAP_STEPS, "save_path": f"{ctx.workdir}/model.pt"}
 
 
 def _wrap_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
@@ -157,72 +437,103 @@ def _wrap_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
     return out
 
 
+def _one_hot_steps(
+    world: int, width: int, start: float, moved: float, ranks: range | None = None
+) -> list[float]:
+    return [
+        start + (moved if i in (ranks if ranks is not None else range(world)) else 0.0) for i in range(width)
+    ]
+
+
 def _wrap_expected(world: int) -> Seen:
     width = max(WIDTH, world)
-    weight = [-1.0 / world if i < world else 0.0 for i in range(width)]  # lr 1 times the averaged one-hots
+    weight = _one_hot_steps(world, width, 0.0, -WRAP_STEPS / world)  # rank 0's start, the averages taken
     rows: Seen = [{"is_ddp": True, "weight": weight, "saved": 1 if r == 0 else 0} for r in range(world)]
     rows[0]["file_keys"] = ["weight"]
     return rows
 
 
-def _own_gradients(seen: Seen, expected: Seen) -> bool:
-    return len(seen) > 1 and all(
-        s["weight"] == [-1.0 if i == r else 0.0 for i in range(len(s["weight"]))] for r, s in enumerate(seen)
-    )
+def _own_steps(start_of_rank: Any) -> Any:
+    """Each rank moved by its own gradient only, from `start_of_rank(r)`."""
+
+    def matches(seen: Seen, expected: Seen) -> bool:
+        world = len(seen)
+        return world > 1 and all(
+            s["weight"]
+            == _one_hot_steps(world, len(s["weight"]), start_of_rank(r), -WRAP_STEPS, range(r, r + 1))
+            for r, s in enumerate(seen)
+        )
+
+    return matches
 
 
-def _summed(seen: Seen, expected: Seen) -> bool:
-    world = len(seen)
-    return world > 1 and all(
-        s["weight"][:world] == [-1.0] * world and not any(s["weight"][world:]) for s in seen
-    )
+def _every_coordinate_moved(by: Callable[[int], float]) -> Any:
+    def matches(seen: Seen, expected: Seen) -> bool:
+        world = len(seen)
+        return world > 1 and all(
+            s["weight"] == _one_hot_steps(world, len(s["weight"]), 0.0, by(world)) for s in seen
+        )
+
+    return matches
 
 
 WRAP = Exercise(
     id="01-wrap",
     notebook="01",
-    title="Wrap the model, train a step, save from rank 0",
+    title="Make ranks that start apart agree, train, and save from rank 0",
     task=(
-        "Wrap `model` in DDP as `ddp_model` (the rank's GPU on GPUs, no device_ids on the CPU), then, after "
-        "the step, let rank 0 alone save the plain model's `state_dict()` to `save_path`."
+        "Every rank's `model` starts from different weights (rank r's are all r). Wrap it in DDP as "
+        "`ddp_model`, make an SGD optimizer (lr 1.0), and train `steps` (2) steps on this rank's `x`, "
+        "with the loss `ddp_model(x).sum()`. Then rank 0 alone saves the plain model's `state_dict()` "
+        "to `save_path`."
     ),
-    given="`model` (a Linear), `x` (this rank's sample), `save_path`, `rank`, `local_rank`, `device`, `DDP`",
+    given="`model` (a Linear), `x` (this rank's sample), `steps` (2), `save_path`, `rank`, `local_rank`, `device`",
     starter=(
         "ddp_model = ...  # TODO: wrap `model` in DDP\n"
-        "optimizer = torch.optim.SGD(ddp_model.parameters(), lr=1.0)\n"
-        "loss = ddp_model(x).sum()\n"
-        "loss.backward()\n"
-        "optimizer.step()\n"
-        "# TODO: rank 0 alone saves the plain model's weights to save_path\n"
+        "# TODO: an SGD optimizer with lr=1.0, then `steps` steps, then rank 0's save\n"
     ),
     reference=(
-        'ddp_model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)\n'
+        'ddp_model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)  # rank 0\'s start\n'
         "optimizer = torch.optim.SGD(ddp_model.parameters(), lr=1.0)\n"
-        "loss = ddp_model(x).sum()  # through the wrapper: its hooks all-reduce in backward\n"
-        "loss.backward()  # DDP averages the gradients over the ranks here\n"
-        "optimizer.step()\n"
-        "if rank == 0:  # one writer\n"
+        "for _ in range(steps):\n"
+        "    optimizer.zero_grad()  # or each step adds to the last one's gradient\n"
+        "    ddp_model(x).sum().backward()  # through the wrapper: DDP averages the gradients here\n"
+        "    optimizer.step()  # the same averaged step on every rank\n"
+        "if rank == 0:  # one writer of the file\n"
         "    torch.save(ddp_model.module.state_dict(), save_path)  # .module: keys without 'module.'\n"
     ),
     hint=(
-        "DDP averages gradients only for a forward that went through the wrapper. Save the model inside the "
-        "wrapper, from one rank."
+        "The wrap copies rank 0's weights to every rank; DDP averages gradients only for a forward that "
+        "went through the wrapper. Clear the gradients each step. Save the model inside the wrapper, from "
+        "one rank."
     ),
     setup=_wrap_setup,
     observe=_wrap_observe,
     expected=_wrap_expected,
     mistakes=(
         Mistake(
+            "01-wrap-never-wrapped",
+            "each rank kept its own start (rank r's weights still hold r) and moved by its own gradient: "
+            "without DDP(...) nothing copied rank 0's weights and nothing averaged the gradients",
+            _own_steps(float),
+        ),
+        Mistake(
             "01-wrap-not-averaged",
-            "each rank's weights moved by its own gradient only: no DDP wrapper averaged them, so the "
-            "ranks' models now differ",
-            _own_gradients,
+            "the ranks started from rank 0's weights (the wrap happened), but each moved by its own gradient "
+            "only: the forward went around the wrapper (model(x), not ddp_model(x)), so DDP averaged nothing",
+            _own_steps(lambda r: 0.0),
         ),
         Mistake(
             "01-wrap-summed",
-            "the step used the SUM of the ranks' gradients, world-size times the average: DDP already "
-            "averages, so a gradient all-reduced again (or not divided) steps too far",
-            _summed,
+            "each step used the SUM of the ranks' gradients, world-size times the average: DDP already "
+            "averages, so a gradient all-reduced again steps too far",
+            _every_coordinate_moved(lambda world: -float(WRAP_STEPS)),
+        ),
+        Mistake(
+            "01-wrap-grads-pile-up",
+            "the weights moved by 1 + 2 = 3 averaged gradients in 2 steps: without optimizer.zero_grad() "
+            "each backward() adds to the gradient the last step left",
+            _every_coordinate_moved(lambda world: -WRAP_STEPS * (WRAP_STEPS + 1) / 2 / world),
         ),
         Mistake(
             "01-wrap-every-rank-saves",
@@ -234,15 +545,22 @@ WRAP = Exercise(
             "01-wrap-module-keys",
             "the saved keys start with 'module.': that is the DDP wrapper's state_dict; a model without DDP "
             "refuses it. Save ddp_model.module.state_dict()",
-            lambda seen, expected: any(k.startswith("module.") for k in (seen[0].get("file_keys") or [])),
+            _module_keys,
         ),
         Mistake(
             "01-wrap-not-saved",
             "rank 0 wrote no file at save_path",
-            lambda seen, expected: seen[0].get("file_keys") is None and not seen[0].get("error"),
+            _not_saved,
         ),
     ),
-    covers=("ddp-wrap", "optimizer-params", "rank0-writes", "save-module", "device-from-local-rank"),
+    covers=(
+        "ddp-wrap",
+        "optimizer-params",
+        "zero-grad",
+        "rank0-writes",
+        "save-module",
+        "device-from-local-rank",
+    ),
 )
 
-EXERCISES = (SHARD, WRAP)
+EXERCISES = (CONVERT, SHARD, WRAP)
