@@ -2,15 +2,18 @@
 rank whose loss went bad first.
 
 05-nan-skip: a bias-free float64 Linear, wrapped in DDP, starts at zero; at step s rank r's sample is the
-one-hot of r times 10**s, so the weights say which steps were taken. The last rank's sample is NaN at
-step 1 and rank 0's at step 3. Hooks record the steps at which each rank's optimizer stepped: a check of
-the local loss only, a flag taken from rank 0 alone, no check at all, and a skipped step whose NaN
-gradients were never zeroed each leave their own pattern.
+one-hot of r times 10**s, so the weights say which steps were taken. The last rank's sample is NaN at step
+1 and infinite at step 4 (its loss is -inf; the last step, so that no later step reads weights it spoilt),
+rank 0's NaN at step 3. Hooks record the steps at which each
+rank's optimizer stepped: a check of the local loss only, a flag taken from rank 0 alone, a test for NaN
+that misses inf, no check at all, and a skipped step whose NaN gradients were never zeroed each leave their
+own pattern.
 
-05-first-bad: each rank holds its own list of per-step losses. The last rank's turns infinite at step 1;
-rank 0's turns infinite at step 2 and NaN at step 3. The right answer, (1, last rank), is none of what
-each wrong way of looking gives: rank 0's own view, NaN only, or the first bad rank instead of the first
-bad step.
+05-first-bad: each rank holds its own list of per-step losses. The last rank's turns infinite at step 9;
+rank 0's turns infinite at step 10 and NaN at step 11. The right answer, (9, last rank), is none of what
+each wrong way of looking gives: rank 0's own view, NaN only, the first bad rank instead of the first
+bad step, or (rank, step) for (step, rank) (step 9 is no rank's number, up to 9 ranks, so the two orders
+never coincide).
 """
 
 from __future__ import annotations
@@ -21,9 +24,12 @@ from .spec import Context, Exercise, Mistake, Seen, field_of
 
 # ------------------------------------------------------------------ 05-nan-skip
 WIDTH = 8  # one-hot samples: one coordinate per rank, up to 8 ranks
-STEPS = 4
-LAST_RANK_BAD = 1  # the step at which the last rank's loss is NaN
+STEPS = 5
+LAST_RANK_NAN = 1  # the step at which the last rank's loss is NaN
 RANK0_BAD = 3  # the step at which rank 0's loss is NaN
+# the step at which the last rank's sample is infinite (its loss -inf, not NaN): the last step, since a step
+# taken with an infinite gradient leaves weights whose next losses are NaN (0 * inf), which would hide it
+LAST_RANK_INF = 4
 
 
 def _skip_setup(ctx: Context) -> dict[str, Any]:
@@ -39,9 +45,10 @@ def _skip_setup(ctx: Context) -> dict[str, Any]:
     for step in range(STEPS):
         x = torch.zeros(1, width, dtype=torch.float64, device=ctx.device)
         x[0, ctx.rank] = 10.0**step  # the weights show which steps were taken
-        if (ctx.rank == ctx.world_size - 1 and step == LAST_RANK_BAD) or (
-            ctx.rank == 0 and step == RANK0_BAD
-        ):
+        last = ctx.rank == ctx.world_size - 1
+        if last and step == LAST_RANK_INF:
+            x[0, ctx.rank] = float("inf")  # the weight there is not 0 by then: the loss is -inf
+        if (last and step == LAST_RANK_NAN) or (ctx.rank == 0 and step == RANK0_BAD):
             x[0, ctx.rank] = float("nan")  # this rank's loss is NaN at this step
         batches.append(x)
     probe: dict[str, Any] = {"forwards": 0, "steps_taken": []}
@@ -75,7 +82,7 @@ def _skip_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
 
 def _skip_expected(world: int) -> Seen:
     width = max(WIDTH, world)
-    taken = [s for s in range(STEPS) if s not in (LAST_RANK_BAD, RANK0_BAD)]
+    taken = [s for s in range(STEPS) if s not in (LAST_RANK_INF, RANK0_BAD, LAST_RANK_NAN)]
     # lr 1 times the average of the ranks' one-hots, over the steps taken
     weight = [-sum(10.0**s for s in taken) / world if i < world else 0.0 for i in range(width)]
     return [{"steps_taken": taken, "weight": weight} for _ in range(world)]
@@ -93,7 +100,16 @@ def _ranks_disagree(seen: Seen, expected: Seen) -> bool:
 def _followed_rank0(seen: Seen, expected: Seen) -> bool:
     steps = _steps(seen)
     return len(seen) > 1 and all(
-        isinstance(s, list) and LAST_RANK_BAD in s and RANK0_BAD not in s for s in steps
+        isinstance(s, list) and LAST_RANK_NAN in s and RANK0_BAD not in s for s in steps
+    )
+
+
+def _nan_only(seen: Seen, expected: Seen) -> bool:
+    """The NaN steps skipped on every rank, the infinite one taken."""
+    steps = _steps(seen)
+    return all(
+        isinstance(s, list) and LAST_RANK_INF in s and RANK0_BAD not in s and LAST_RANK_NAN not in s
+        for s in steps
     )
 
 
@@ -165,6 +181,13 @@ NAN_SKIP = Exercise(
             _followed_rank0,
         ),
         Mistake(
+            "05-nan-skip-nan-only",
+            f"every rank skipped the steps where a loss was NaN, and took step {LAST_RANK_INF}, where the last rank's loss "
+            "was -inf: the flag tested for NaN only (torch.isnan, or loss != loss), which an infinite loss "
+            "passes, and its infinite gradient reached every rank's weights. Test with torch.isfinite",
+            _nan_only,
+        ),
+        Mistake(
             "05-nan-skip-never-skipped",
             "every rank took every step, also those where a rank's loss was NaN: nothing skipped them (or "
             "the flag was reduced with MIN or PRODUCT, where one bad rank does not win), and the NaN "
@@ -183,17 +206,19 @@ NAN_SKIP = Exercise(
 )
 
 # ------------------------------------------------------------------ 05-first-bad
-LOSS_STEPS = 5
+LOSS_STEPS = 12
+# the first bad step is no rank's number (worlds up to 9 ranks), so (rank, step) never reads as (step, rank)
+FIRST_BAD_STEP = 9
 
 
 def losses_of(rank: int, world: int) -> list[float]:
-    """Rank `rank`'s per-step losses: finite, but for the last rank's inf at step 1 and rank 0's inf at
-    step 2 and NaN at step 3 (on one rank, rank 0 is the last rank and has all three)."""
+    """Rank `rank`'s per-step losses: finite, but for the last rank's inf at step 9 and rank 0's inf at
+    step 10 and NaN at step 11 (on one rank, rank 0 is the last rank and has all three)."""
     losses = [round(1.0 / (1 + step) + 0.01 * rank, 6) for step in range(LOSS_STEPS)]
     if rank == world - 1:
-        losses[1] = float("inf")
+        losses[FIRST_BAD_STEP] = float("inf")
     if rank == 0:
-        losses[2], losses[3] = float("inf"), float("nan")
+        losses[FIRST_BAD_STEP + 1], losses[FIRST_BAD_STEP + 2] = float("inf"), float("nan")
     return losses
 
 
@@ -213,7 +238,7 @@ def _first_bad_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
 
 
 def _first_bad_expected(world: int) -> Seen:
-    return [{"first_bad": [1, world - 1]} for _ in range(world)]
+    return [{"first_bad": [FIRST_BAD_STEP, world - 1]} for _ in range(world)]
 
 
 def _own_view(seen: Seen, expected: Seen) -> bool:
@@ -274,15 +299,26 @@ FIRST_BAD = Exercise(
         ),
         Mistake(
             "05-first-bad-nan-only",
-            "every rank names rank 0 at step 3, its NaN: an infinite loss went unnoticed (math.isnan, or "
+            f"every rank names rank 0 at step {FIRST_BAD_STEP + 2}, its NaN: an infinite loss went unnoticed (math.isnan, or "
             "loss != loss, is blind to inf). Test with math.isfinite",
-            lambda seen, expected: all(f == [3, 0] for f in field_of(seen, "first_bad")),
+            lambda seen, expected: all(f == [FIRST_BAD_STEP + 2, 0] for f in field_of(seen, "first_bad")),
         ),
         Mistake(
             "05-first-bad-rank-order",
-            "every rank names rank 0 at step 2: the first bad loss in rank order, not in time. Another "
+            f"every rank names rank 0 at step {FIRST_BAD_STEP + 1}: the first bad loss in rank order, not in time. Another "
             "rank's loss went bad a step earlier: take the earliest step first",
-            lambda seen, expected: len(seen) > 1 and all(f == [2, 0] for f in field_of(seen, "first_bad")),
+            lambda seen, expected: (
+                len(seen) > 1 and all(f == [FIRST_BAD_STEP + 1, 0] for f in field_of(seen, "first_bad"))
+            ),
+        ),
+        Mistake(
+            "05-first-bad-swapped",
+            "every rank found the right loss, but bound (rank, step): the task asks for (step, rank), the "
+            "step first, as the search sorts them",
+            lambda seen, expected: all(
+                f == list(reversed(e["first_bad"]))
+                for f, e in zip(field_of(seen, "first_bad"), expected, strict=True)
+            ),
         ),
     ),
 )

@@ -3,7 +3,9 @@
 Probe inputs make each mistake leave its own mark. The model is a bias-free float64 Linear that starts
 at zero, stepped once by SGD with lr 1, so the weight is minus the gradient DDP left. In 07-accumulate
 each micro-batch of each rank is a one-hot sample of its own coordinate, so the weight shows every
-micro-batch's share; a comm hook that setup registers counts the all-reduces DDP ran. In 07-hook each
+micro-batch's share; a comm hook that setup registers counts the all-reduces DDP ran, and a hook on the
+weight counts the backward passes (one per micro-batch: a single backward of the stacked losses keeps every
+micro-batch's graph alive at once, which accumulation exists to avoid). In 07-hook each
 rank's sample is the one-hot of its rank, so an average, a sum and a double division all differ.
 """
 
@@ -35,6 +37,8 @@ def _accumulate_setup(ctx: Context) -> dict[str, Any]:
         return default_hooks.allreduce_hook(state, bucket)
 
     ddp_model.register_comm_hook(None, counted)
+    backwards: list[int] = []
+    model.weight.register_hook(lambda grad: backwards.append(1))  # once per backward pass through the model
     micro_batches = []
     for k in range(ACCUMULATE):
         x = torch.zeros(1, width, dtype=torch.float64, device=ctx.device)
@@ -44,20 +48,24 @@ def _accumulate_setup(ctx: Context) -> dict[str, Any]:
         "ddp_model": ddp_model,
         "micro_batches": micro_batches,
         "optimizer": torch.optim.SGD(ddp_model.parameters(), lr=1.0),
-        "_probe": {"model": model, "allreduces": calls},
+        "_probe": {"model": model, "allreduces": calls, "backwards": backwards},
     }
 
 
 def _accumulate_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
     probe = ns["_probe"]
     weight = probe["model"].weight.detach().cpu().flatten().tolist()
-    return {"weight": [round(v, 12) for v in weight], "allreduces": len(probe["allreduces"])}
+    return {
+        "weight": [round(v, 12) for v in weight],
+        "allreduces": len(probe["allreduces"]),
+        "backwards": len(probe["backwards"]),
+    }
 
 
 def _accumulate_expected(world: int) -> Seen:
     # every rank: minus the mean over ranks of the mean over micro-batches of the one-hot gradients
     weight = [-1.0 / (ACCUMULATE * world)] * (world * ACCUMULATE)
-    return [{"weight": weight, "allreduces": 1} for _ in range(world)]
+    return [{"weight": weight, "allreduces": 1, "backwards": ACCUMULATE} for _ in range(world)]
 
 
 def _micro_batch_shares(seen_row: dict[str, Any], world: int) -> list[list[float]]:
@@ -78,6 +86,13 @@ def _not_divided(seen: Seen, expected: Seen) -> bool:
 def _synced_every_micro_batch(seen: Seen, expected: Seen) -> bool:
     return all(
         close(s.get("weight"), e["weight"]) and s.get("allreduces") == ACCUMULATE
+        for s, e in zip(seen, expected, strict=True)
+    )
+
+
+def _one_backward(seen: Seen, expected: Seen) -> bool:
+    return all(
+        close(s.get("weight"), e["weight"]) and s.get("allreduces") == 1 and s.get("backwards") == 1
         for s, e in zip(seen, expected, strict=True)
     )
 
@@ -153,6 +168,14 @@ ACCUMULATE_EXERCISE = Exercise(
             f"the weights are right, but DDP all-reduced {ACCUMULATE} times in one step, once per micro-batch: "
             "without no_sync() every backward all-reduces, and accumulation saves no communication",
             _synced_every_micro_batch,
+        ),
+        Mistake(
+            "07-accumulate-one-backward",
+            f"the weights are right, with one all-reduce, but from one backward(): every micro-batch's forward "
+            f"ran first and their losses were summed (or stacked), so all {ACCUMULATE} graphs, activations "
+            "included, were alive at once. Accumulation exists to fit a batch that memory cannot hold: call "
+            "backward() on each micro-batch's loss as it comes, and its graph is freed",
+            _one_backward,
         ),
         Mistake(
             "07-accumulate-never-synced",
