@@ -13,6 +13,7 @@ from .spec import Exercise
 # one module per notebook (a package where its exercises need a file each); each defines EXERCISES, a
 # tuple in the order the notebook asks them
 MODULES = (
+    "nb00",
     "nb01",
     "nb02",
     "nb03",
