@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .spec import Context, Exercise, Mistake, Seen
+from .spec import Context, Exercise, Mistake, Seen, close
 
 # ------------------------------------------------------------------ 09-save
 WIDTH = 8  # one-hot inputs: one coordinate per rank, up to 8 ranks
@@ -155,11 +155,16 @@ def _last_batch_setup(ctx: Context) -> dict[str, Any]:
         torch.compile(net, backend=counting_backend),
         device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
     )
-    generator = torch.Generator().manual_seed(0)  # the same dataset on every rank
-    dataset = TensorDataset(
-        torch.randn(PER_RANK * ctx.world_size, 4, dtype=torch.float64, generator=generator)
-    )
-    return {"ddp_model": ddp_model, "dataset": dataset, "batch_size": BATCH, "_compiles": graphs}
+    dataset = TensorDataset(_last_batch_rows(ctx.world_size))  # the same dataset on every rank
+    return {"ddp_model": ddp_model, "dataset": dataset, "batch_size": BATCH, "_compiles": graphs, "_net": net}
+
+
+def _last_batch_rows(world: int) -> Any:
+    """The dataset every rank builds (the same seed), as setup builds it."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    return torch.randn(PER_RANK * world, 4, dtype=torch.float64, generator=generator)
 
 
 def _last_batch_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
@@ -168,11 +173,33 @@ def _last_batch_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
         samples = int(samples) if samples is not None else None
     except (TypeError, ValueError):
         samples = None
-    return {"compiles": len(ns["_compiles"]), "samples": samples}
+    net = ns["_net"]
+    grads = {
+        name: None if p.grad is None else [round(v, 12) for v in p.grad.detach().cpu().flatten().tolist()]
+        for name, p in (("grad_weight", net.weight), ("grad_bias", net.bias))
+    }  # every parameter's: a padding row adds nothing to the weight's, but the bias's takes it as a sample
+    return {"compiles": len(ns["_compiles"]), "samples": samples, **grads}
 
 
 def _last_batch_expected(world: int) -> Seen:
-    return [{"compiles": 1, "samples": PER_RANK * world} for _ in range(world)]
+    # the loss is each batch's summed output; DDP averages each backward over the ranks, and .grad adds the
+    # batches up: the weight's gradient is the sum of every real sample over the world, the bias's PER_RANK
+    rows = _last_batch_rows(world)
+    weight = [round(v, 12) for v in (rows.sum(dim=0) / world).tolist()]
+    return [
+        {"compiles": 1, "samples": PER_RANK * world, "grad_weight": weight, "grad_bias": [float(PER_RANK)]}
+        for _ in range(world)
+    ]
+
+
+def _padding_in_loss(seen: Seen, expected: Seen) -> bool:
+    return all(
+        s.get("compiles") == 1
+        and s.get("samples") == e["samples"]
+        and close(s.get("grad_weight"), e["grad_weight"])
+        and close(s.get("grad_bias"), [float(2 * BATCH)])
+        for s, e in zip(seen, expected, strict=True)
+    )
 
 
 def _samples_in(counts: Any) -> Any:
@@ -243,6 +270,14 @@ LAST_BATCH = Exercise(
             f"one compile, but {2 * BATCH} samples counted per rank: the padding rows of the short batch were "
             "counted as samples (count, and weigh in the loss, only the real rows)",
             _samples_in(lambda world: (2 * BATCH, 2 * BATCH * world)),
+        ),
+        Mistake(
+            "09-last-batch-padding-in-loss",
+            f"one compile and the right count, but the bias's gradient is {2 * BATCH}, not {PER_RANK}: the short "
+            "batch's padding rows went into the loss. A zero row adds nothing to the weight's gradient, but it "
+            "still outputs the bias, which learns from it as from a sample. Weigh only the real rows: slice "
+            "the output to them (or multiply by a mask) before the sum",
+            _padding_in_loss,
         ),
         Mistake(
             "09-last-batch-recompiled",
