@@ -16,6 +16,7 @@ from ddp_helpers import start_ranks
 from ddp_helpers.exercises import all_exercises, get
 from ddp_helpers.exercises.checker import check
 from ddp_helpers.exercises.lines import LINES
+from ddp_helpers.exercises.spec import Exercise
 from ddp_helpers.exercises.verdict import HUNG
 from ddp_helpers.live.ranks import LiveRanks
 
@@ -52,12 +53,22 @@ def workdir(tmp_path_factory):
 
 
 def wrong_answer(mutant) -> str:
-    reference = get(mutant.exercise).reference
-    assert reference.count(mutant.old) == 1, (
-        f"{mutant.name}: `old` must occur once in {mutant.exercise}'s reference, "
-        f"found {reference.count(mutant.old)} times"
+    """The exercise's reference answer as the mutant leaves it: its edit made in the module's source text
+    (as make mutants makes it, so an edit may span the lines of the reference's string literal), that
+    source run as the module, and the exercise's reference read from it."""
+    path = ROOT / mutant.file
+    source = path.read_text()
+    assert source.count(mutant.old) == 1, f"{mutant.name}: `old` must occur once in {mutant.file}"
+    package = ".".join(path.relative_to(ROOT).parent.parts)  # relative imports resolve as in the real module
+    namespace = {"__name__": f"{package}._mutated_{path.stem}", "__package__": package, "__file__": str(path)}
+    exec(compile(source.replace(mutant.old, mutant.new), str(path), "exec"), namespace)
+    (exercise,) = {
+        v.id: v for v in namespace.values() if isinstance(v, Exercise) and v.id == mutant.exercise
+    }.values()
+    assert exercise.reference != get(mutant.exercise).reference, (
+        f"{mutant.name} leaves the reference as it was"
     )
-    return reference.replace(mutant.old, mutant.new)
+    return exercise.reference
 
 
 # ------------------------------------------------------------------ no ranks needed
