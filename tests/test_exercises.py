@@ -60,11 +60,14 @@ def wrong_answer(mutant) -> str:
     source = path.read_text()
     assert source.count(mutant.old) == 1, f"{mutant.name}: `old` must occur once in {mutant.file}"
     package = ".".join(path.relative_to(ROOT).parent.parts)  # relative imports resolve as in the real module
-    namespace = {"__name__": f"{package}._mutated_{path.stem}", "__package__": package, "__file__": str(path)}
+    namespace: dict[str, object] = {
+        "__name__": f"{package}._mutated_{path.stem}",
+        "__package__": package,
+        "__file__": str(path),
+    }
     exec(compile(source.replace(mutant.old, mutant.new), str(path), "exec"), namespace)
-    (exercise,) = {
-        v.id: v for v in namespace.values() if isinstance(v, Exercise) and v.id == mutant.exercise
-    }.values()
+    found = {v.id: v for v in namespace.values() if isinstance(v, Exercise) and v.id == mutant.exercise}
+    (exercise,) = found.values()
     assert exercise.reference != get(mutant.exercise).reference, (
         f"{mutant.name} leaves the reference as it was"
     )
