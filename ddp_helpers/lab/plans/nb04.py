@@ -1,5 +1,7 @@
-"""Notebook 04: the reference run and its resumes, the demos where ranks disagree or fail, and two
-one-off gloo jobs (a save killed mid-write, the order of a sum).
+"""Notebook 04 and its companion (notebooks/deeper/04_checkpoint_internals.ipynb): the reference run and
+its resumes, the demos where ranks disagree or fail, and two one-off gloo jobs (a save killed mid-write,
+the order of a sum). The lesson runs "train" (the reference, its resumes), "choose" and "exercise"; the
+companion runs "train" (the preempted run), "crash", "sum-order", "elastic" and "elastic-reference".
 
 The resumes are compared with the reference, so they run exactly where it runs: NCCL where every rank
 has a GPU of its own, else gloo on the CPU with the GPUs hidden. Choosing a checkpoint, the elastic
@@ -23,10 +25,10 @@ def plan(machine: Machine, smoke: bool) -> NotebookPlan:
             f" The demos where ranks disagree or one fails need two ranks: {placement_line(machine, demo)}"
         )
     runs = {
-        "train": train,  # the reference, the live ranks, the resumes, the preempted run
+        "train": train,  # the reference, the resumes, the preempted run
         "choose": demo,
         "elastic": demo,
-        "elastic-reference": demo,  # where the elastic run's shape differs from the reference's
+        "elastic-reference": demo,  # the elastic run's yardstick: the same job, never interrupted
         "exercise": demo,
         "crash": RunPlan(1, "gloo", "cpu", 1),  # one process: only rank 0 writes, no collective needed
         "sum-order": RunPlan(3, "gloo", "cpu", 3),  # the fewest ranks whose sum depends on the order
