@@ -350,7 +350,7 @@ SHARD = Exercise(
     starter=(
         "sampler = ...  # TODO: a DistributedSampler over `dataset`, with the run's seed\n"
         "loader = DataLoader(dataset, batch_size=2, sampler=sampler)\n"
-        "for ...:  # TODO: epochs first_epoch, first_epoch + 1, ...\n"
+        "for epoch in range(epochs):  # TODO: the resumed run's own epoch numbers\n"
         "    ...  # TODO: one line, before the batches\n"
         "    for x, y in loader:\n"
         "        train_step(x, y)\n"

@@ -11,19 +11,12 @@ import os
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn  # noqa: F401  before init_process_group: see the note below
+import torch.distributed.nn  # noqa: F401  imported before init_process_group, or gloo can abort at exit
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
-
-# torch.distributed.nn's functions take `group=group.WORLD` as a default argument, fixed when the module
-# is first imported (torch/distributed/nn/functional.py). DDP's constructor imports it (through
-# torch._dynamo). Imported after init_process_group, those defaults hold the process group forever, so
-# destroy_process_group() cannot end gloo's threads, which then race the interpreter's exit: "terminate
-# called without an active exception" (SIGABRT) now and then, after the work is done. Imported first,
-# the defaults hold nothing.
 
 
 def make_dataset(size: int = 2048, features: int = 20, classes: int = 4, seed: int = 0) -> TensorDataset:
@@ -100,12 +93,8 @@ def main() -> None:
 
 def teardown() -> None:
     """dist.destroy_process_group(), without the deadlock it can meet on torch 2.7 with gloo."""
-    # Before torch 2.8 the group's destructor holds the GIL while it waits for gloo's threads, and a thread
-    # still freeing a finished collective's tensors waits for the GIL: now and then both wait for ever
-    # (pytorch/pytorch#154976). Gloo's backend, freed from a Python handle, is destroyed without the GIL
-    # (torch/csrc/distributed/c10d/init.cpp binds it with intrusive_ptr_no_gil_destructor_class_): hold
-    # one until the group is gone. On torch 2.7.1 at 3 ranks, a script ending with 200
-    # all_reduces of temporaries hung 23 times in 40 without it, and never in 90 runs with it.
+    # torch < 2.8 with gloo can deadlock in the destroy (pytorch/pytorch#154976): holding gloo's backend
+    # until the group is gone avoids it (notebooks/deeper/01_process_group_and_teardown.ipynb says how)
     world = dist.group.WORLD  # None only before init_process_group
     gloo = (
         world._get_backend(torch.device("cpu"))
