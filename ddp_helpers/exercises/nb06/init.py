@@ -50,6 +50,7 @@ def _init_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
     out: dict[str, Any] = {"_probes": []}  # "_probes": for the signatures, not compared
     for rank, per_node, gpus in _probes(ctx.rank):
         recorder = _Recorder(gpus)
+        recorder.env = dict(pretend_env(rank, per_node))  # what the pretend group reads at init
         ns["_record"].current = recorder
         row: dict[str, Any] = {"error": None, "device": None, "shard": None}
         try:

@@ -72,6 +72,7 @@ def _main_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
     try:
         for rank, fail in _calls(ctx.rank):
             recorder = _Recorder(GPUS_PER_NODE)
+            recorder.env = dict(pretend_env(rank, GPUS_PER_NODE))  # what the pretend group reads at init
             ns["_record"].current = recorder
             probe["fail"], probe["calls"] = fail, []
             try:

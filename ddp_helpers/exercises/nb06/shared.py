@@ -42,6 +42,7 @@ class _Recorder:
         self.set_device: list[Any] = []
         self.current_index = 0
         self.initialized = False
+        self.env: dict[str, str] = {}  # the pretend process's environment, where its process group reads RANK
 
 
 class _FakeCuda:
@@ -128,6 +129,33 @@ class _FakeDist:
 
     def is_initialized(self) -> bool:
         return self._recorder.initialized
+
+    # After init_process_group, the pretend group answers as torchrun's environment says (init_method env://
+    # reads RANK and WORLD_SIZE): an answer may take its rank from dist.get_rank(), as most tutorials do.
+    def _variable(self, name: str) -> int:
+        if not self._recorder.initialized:
+            raise ValueError(
+                "Default process group has not been initialized, please make sure to call init_process_group."
+            )
+        return int(self._recorder.env[name])
+
+    def get_rank(self, group: Any = None) -> int:
+        return self._variable("RANK")
+
+    def get_world_size(self, group: Any = None) -> int:
+        return self._variable("WORLD_SIZE")
+
+    def get_node_local_rank(self, fallback_rank: int | None = None) -> int:
+        """torch 2.4 and later: LOCAL_RANK from the environment, as torch reads it (no group needed)."""
+        if "LOCAL_RANK" in self._recorder.env:
+            return int(self._recorder.env["LOCAL_RANK"])
+        if fallback_rank is not None:
+            return fallback_rank
+        raise RuntimeError("LOCAL_RANK is not in the environment")
+
+    def get_backend(self, group: Any = None) -> str:
+        self._variable("RANK")
+        return str(self._recorder.backends[-1])
 
     def barrier(self, *args: Any, **kwargs: Any) -> None:
         self._recorder.events.append("barrier")

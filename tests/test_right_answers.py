@@ -1,0 +1,98 @@
+"""Right answers written differently from the references pass: the checker judges what an answer does, not
+how it is spelled. Each is an answer a learner wrote in their own words (issue 60), run on real live ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddp_helpers import start_ranks
+from ddp_helpers.exercises.checker import check
+
+pytestmark = pytest.mark.xdist_group("test_right_answers")
+
+RIGHT_ANSWERS = {
+    "06-init, the rank from dist.get_rank() after init, as most tutorials write it": (
+        "06-init",
+        """
+def init_distributed(env):
+    local_rank = int(env["LOCAL_RANK"])
+    on_gpus = torch.cuda.is_available()
+    if on_gpus:
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl" if on_gpus else "gloo")
+    device = torch.device(f"cuda:{local_rank}") if on_gpus else torch.device("cpu")
+    return device, (dist.get_rank(), dist.get_world_size())
+""",
+    ),
+    "07-accumulate, one loop with a context chosen per micro-batch": (
+        "07-accumulate",
+        """
+import contextlib
+
+k = len(micro_batches)
+for i, x in enumerate(micro_batches):
+    last = i == k - 1
+    with contextlib.nullcontext() if last else ddp_model.no_sync():
+        (ddp_model(x).sum() / k).backward()
+optimizer.step()
+optimizer.zero_grad()
+""",
+    ),
+    "05-nan-skip, a MAX of Python-tested flags": (
+        "05-nan-skip",
+        """
+import math
+
+for x in batches:
+    optimizer.zero_grad(set_to_none=True)
+    loss = ddp_model(x).sum()
+    loss.backward()
+    flag = torch.tensor([float(not math.isfinite(loss.item()))], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if flag.item() == 0.0:
+        optimizer.step()
+""",
+    ),
+    "05-first-bad, a loop over steps, then ranks": (
+        "05-first-bad",
+        """
+gathered = [None] * world_size
+dist.all_gather_object(gathered, losses)
+first_bad = None
+for step in range(len(losses)):
+    bad_ranks = [r for r in range(world_size) if not math.isfinite(gathered[r][step])]
+    if bad_ranks:
+        first_bad = (step, bad_ranks[0])
+        break
+""",
+    ),
+    "09-last-batch, the short batch padded and only its real rows in the loss": (
+        "09-last-batch",
+        """
+sampler = DistributedSampler(dataset, shuffle=False)
+loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+seen = torch.zeros((), dtype=torch.int64, device=device)
+for (x,) in loader:
+    x = x.to(device)
+    real = len(x)
+    x = torch.nn.functional.pad(x, (0, 0, 0, batch_size - real))  # one shape: one compile
+    ddp_model(x)[:real].sum().backward()  # the padding rows weigh nothing
+    seen += real
+dist.all_reduce(seen)
+samples = int(seen)
+""",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    with start_ranks(nproc=3, run_dir=tmp_path_factory.mktemp("ranks")) as live:
+        yield live
+
+
+@pytest.mark.parametrize("case", list(RIGHT_ANSWERS))
+def test_a_right_answer_written_differently_passes(case, ranks, tmp_path):
+    exercise, answer = RIGHT_ANSWERS[case]
+    verdict = check(exercise, answer.lstrip("\n"), ranks, workdir=tmp_path)
+    assert verdict.passed, verdict.text()
