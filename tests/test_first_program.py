@@ -1,0 +1,38 @@
+"""Notebook 01's helpers (ddp_helpers/lab/first_program.py): what they read from the scripts' output, and the
+sampler's order they compute, agree with the scripts and with DistributedSampler."""
+
+from __future__ import annotations
+
+import torch
+
+from ddp_helpers.exercises.nb01 import sampler_order
+from ddp_helpers.lab import first_program as lab
+
+DDP_OUTPUT = (
+    "epoch 0: loss 0.1237 (mean over 2048 samples); rank 0 drew samples [684, 1939, 327, 913] first\n"
+    "epoch 1: loss 0.0113 (mean over 2048 samples); rank 0 drew samples [1061, 1250, 707, 697] first\n"
+    "saved runs/ddp.pt\n"
+)
+
+
+def test_the_printed_losses_counts_and_first_samples_are_read_back():
+    assert lab.losses(DDP_OUTPUT) == [0.1237, 0.0113]
+    assert lab.samples_counted(DDP_OUTPUT) == [2048, 2048]
+    assert lab.first_drawn(DDP_OUTPUT) == [[684, 1939, 327, 913], [1061, 1250, 707, 697]]
+    assert lab.losses("saved runs/ddp.pt\n") == []
+
+
+def test_rank_0s_first_samples_are_what_the_sampler_deals():
+    for world in (1, 2, 3, 8):
+        firsts = lab.sampler_firsts(2048, world, epochs=3)
+        assert firsts == [sampler_order(2048, world, 0, epoch)[:4] for epoch in range(3)]
+        assert firsts[0] != firsts[1]
+
+
+def test_equal_lists_of_tensors_compare_equal_and_their_mean_is_taken_per_tensor():
+    a = [torch.ones(2), torch.zeros(3)]
+    b = [torch.ones(2), torch.full((3,), 2.0)]
+    assert lab.all_equal([a, [t.clone() for t in a]]) and not lab.all_equal([a, b])
+    assert lab.checksum(a) == 2.0 and lab.checksum(b) == 8.0
+    mean = lab.mean_over_ranks([a, b])
+    assert torch.equal(mean[1], torch.ones(3)) and lab.worst_gap(mean, a) == 1.0
