@@ -77,6 +77,16 @@ def _owned_as(deal: Any) -> Any:
     return matches
 
 
+def _dealt_by_count(world: int) -> list[list[int]]:
+    """Largest first, each to the rank with the fewest tensors so far: tensors counted, not elements."""
+    order = sorted(range(len(NUMEL)), key=lambda i: NUMEL[i], reverse=True)
+    count, owner = [0] * world, {}
+    for i in order:
+        owner[i] = count.index(min(count))
+        count[owner[i]] += 1
+    return [sorted(i for i in owner if owner[i] == r) for r in range(world)]
+
+
 def _bytes_as(formula: Any) -> Any:
     def matches(seen: Seen, expected: Seen) -> bool:
         world = len(seen)
@@ -140,6 +150,13 @@ ZERO1 = Exercise(
             _owned_as(lambda world: [list(range(r, len(NUMEL), world)) for r in range(world)]),
         ),
         Mistake(
+            "08-zero1-dealt-by-count",
+            "the parameters went largest first, but each to the rank with the fewest tensors so far: "
+            "ZeroRedundancyOptimizer balances elements, not tensors (one 60-element weight outweighs three "
+            "biases), so it adds each parameter's numel() to the rank's load",
+            _owned_as(_dealt_by_count),
+        ),
+        Mistake(
             "08-zero1-not-largest-first",
             "the parameters went to the emptiest rank in registration order; ZeroRedundancyOptimizer sorts "
             "them by size first, largest first (a large tensor dealt last unbalances the ranks)",
@@ -156,6 +173,19 @@ ZERO1 = Exercise(
             "you counted only this rank's share of the gradients (or of the weights): under ZeRO-1 every rank "
             "holds all weights and all gradients; only Adam's moments are split. Sharded gradients are ZeRO-2",
             _bytes_as(lambda mine, world: 4 * TOTAL + 12 * mine),
+        ),
+        Mistake(
+            "08-zero1-step-counted",
+            "the deal is right, and the bytes are 4 (or 8) per owned tensor too many: Adam's `step` counter, "
+            "which the task leaves out (a scalar per tensor, next to the moments' 8 bytes per element)",
+            lambda seen, expected: all(
+                s.get("zero1_bytes") is not None
+                and s.get("owned") == e["owned"]
+                and any(
+                    math.isclose(s["zero1_bytes"], e["zero1_bytes"] + k * len(e["owned"])) for k in (4, 8)
+                )
+                for s, e in zip(seen, expected, strict=True)
+            ),
         ),
         Mistake(
             "08-zero1-all-sharded",
@@ -228,6 +258,40 @@ def _held_is(formula: Any) -> Any:
     return matches
 
 
+def _flat_split(rank: int, world: int) -> list[float]:
+    """What FSDP1 would hold: one flat parameter per unit (the whole model, or each Linear), split into
+    equal padded parts, or into its real elements only."""
+    units = [[30, 70, 33], [TOTAL]]  # each Linear's weight and bias flattened together; or one unit
+    out = []
+    for sizes in units:
+        per = [math.ceil(n / world) for n in sizes]
+        out.append(16.0 * sum(per))
+        out.append(16.0 * sum(max(0, min(p, n - rank * p)) for p, n in zip(per, sizes, strict=True)))
+    return out
+
+
+def _flat(seen: Seen, expected: Seen) -> bool:
+    world = len(seen)
+    return world > 1 and all(
+        s.get("held_bytes") is not None
+        and any(math.isclose(s["held_bytes"], v) for v in _flat_split(r, world))
+        for r, s in enumerate(seen)
+    )
+
+
+def _own_shard_times_world(seen: Seen, expected: Seen) -> bool:
+    world = len(seen)
+    own = [4 * world * sum(shard_numel(shape, r, world) for shape in SHAPES) for r in range(world)]
+    return (
+        world > 1
+        and own != [e["gathered_bytes"] for e in expected]
+        and all(
+            s.get("gathered_bytes") is not None and math.isclose(s["gathered_bytes"], own[r])
+            for r, s in enumerate(seen)
+        )
+    )
+
+
 def _not_padded(seen: Seen, expected: Seen) -> bool:
     return len(seen) > 1 and all(
         s.get("gathered_bytes") is not None and math.isclose(s["gathered_bytes"], 4 * TOTAL) for s in seen
@@ -285,6 +349,30 @@ FSDP2 = Exercise(
             "you counted exactly 1/N of the model on every rank; FSDP2 shards whole rows of dim 0, "
             "ceil(rows / N) per rank until they run out, so the shards are uneven: read them with to_local()",
             _held_is(lambda rank, world: 16 * TOTAL / world),
+        ),
+        Mistake(
+            "08-fsdp2-step-counted",
+            "the shards are right, and each parameter counted 4 (or 8) bytes too many: Adam's `step` counter, "
+            "which the task leaves out",
+            lambda seen, expected: all(
+                s.get("held_bytes") is not None
+                and any(math.isclose(s["held_bytes"], e["held_bytes"] + k * len(SHAPES)) for k in (4, 8))
+                for s, e in zip(seen, expected, strict=True)
+            ),
+        ),
+        Mistake(
+            "08-fsdp2-flat-split",
+            "you split the parameters as FSDP1 does: flattened into one flat parameter per unit, cut into N "
+            "equal parts. FSDP2 shards each parameter on its own, by rows of dim 0 (ceil(rows / N) per rank "
+            "until they run out): read each shard with to_local()",
+            _flat,
+        ),
+        Mistake(
+            "08-fsdp2-own-shard-times-n",
+            "the all-gather's bytes came out as this rank's shard times N, which holds only on the ranks "
+            "with a full ceil(rows / N) rows; a later rank holds fewer, yet the all-gather still moves "
+            "ceil(rows / N) rows from every rank, padding included: count from the full shape",
+            _own_shard_times_world,
         ),
         Mistake(
             "08-fsdp2-no-padding",
