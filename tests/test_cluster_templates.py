@@ -232,8 +232,8 @@ def test_slurm_scripts_activate_the_environment_first():
 
 
 def test_srun_script_shows_every_task_its_nodes_gpus_and_gives_the_rank_its_identity():
-    """Every task of a node sees all the node's GPUs (NCCL finds its peers there, for P2P/NVLink) and
-    takes cuda:LOCAL_RANK; no per-task binding (--gpus-per-task fences a task into one GPU: nccl#1066)."""
+    """Every task of a node sees all the node's GPUs and takes cuda:LOCAL_RANK; no per-task binding
+    (--gpus-per-task, where SLURM confines each task's GPU in a cgroup, cost NCCL its NVLink: nccl#1066)."""
     text = srun_script(TRAIN, ["--epochs", 1], nnodes=2, nproc_per_node=4, cpus_per_rank=3)
     directives = [line.split("#")[1].strip() for line in text.splitlines() if line.startswith("#SBATCH")]
     assert directives[1:5] == [
@@ -535,8 +535,9 @@ def test_the_crd_check_catches_a_misspelt_field_and_a_wrong_type():
 
 
 def test_slurm_scripts_send_every_nodes_flight_recorder_dumps_to_one_shared_folder(tmp_path):
-    """By default each rank dumps into its own node's ~/.cache/torch; the analyser reads one folder. The
-    job files point torch 2.14's and 2.7's variable at one folder under the submit dir, and create it."""
+    """By default each rank dumps on its own node (~/.cache/torch on torch 2.14, /tmp/nccl_trace_rank_ on
+    2.7); the analyser reads one folder. The job files point torch 2.14's and 2.7's variable at one folder
+    under the submit dir, and create it."""
     bin_dir = _fake_slurm_bin(tmp_path / "bin")
     submit = tmp_path / "submitted-here"
     submit.mkdir()

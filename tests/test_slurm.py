@@ -196,8 +196,8 @@ def test_generated_sbatch_file_runs_on_two_nodes_and_every_rank_all_reduces(clus
 @pytest.mark.slurm
 @pytest.mark.timeout(JOB_WITHIN_S + 120)
 def test_srun_recipe_shows_every_task_its_nodes_gpus_and_each_rank_takes_its_local_rank(cluster, tmp_path):
-    """Notebook 06's srun without torchrun: every task of a node sees all the node's GPUs (NCCL needs
-    its peers visible for P2P/NVLink, nccl#1066), and each rank takes cuda:LOCAL_RANK (SLURM_LOCALID)."""
+    """Notebook 06's srun without torchrun: every task of a node sees all the node's GPUs (no per-task
+    cgroup to cost NCCL its NVLink, nccl#1066), and each rank takes cuda:LOCAL_RANK (SLURM_LOCALID)."""
     (tmp_path / "worker.py").write_text(WORKER)
     paths = write_cluster_templates(
         tmp_path / "jobs",

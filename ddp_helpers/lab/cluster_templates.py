@@ -10,8 +10,8 @@
   saves on preemption and requeues itself (`_preemption_lines`).
 - `srun_script`: the same job without torchrun: `srun` starts every rank itself, one task per
   rank. Every task sees all its node's GPUs (``--gpus-per-node``, no per-task binding) and takes
-  ``cuda:LOCAL_RANK``: a task fenced into one GPU (``--gpus-per-task=1``) hides its peers from
-  NCCL, which then cannot use P2P/NVLink between the ranks of a node, silently (NVIDIA/nccl#1066).
+  ``cuda:LOCAL_RANK``. Not ``--gpus-per-task=1``: where SLURM confines each task's GPU in a cgroup of
+  its own, NCCL loses P2P/NVLink between the ranks of a node, silently (NVIDIA/nccl#1066).
 - `trainjob_manifest` (trainjob.py): a Kubeflow Trainer v2 ``TrainJob`` (trainer.kubeflow.org/v1alpha1)
   on the ``torch-distributed`` ClusterTrainingRuntime: the job sets the image, torchrun's command (a c10d
   rendezvous at the runtime's master address, ``--max-restarts``), ``numNodes``, ``numProcPerNode`` and
@@ -65,13 +65,13 @@ HEAD_NODE_LINES = [
     'head_addr=$(scontrol show node "$head_node" | grep -o \'NodeAddr=[^ ]*\' | cut -d= -f2 || echo "$head_node")',
 ]
 # Flight Recorder's dumps (each rank's last collectives, written when NCCL's watchdog times out) in one
-# folder every node sees, for one analyser run over all ranks: by default each rank writes to its own
-# node's cache folder ($XDG_CACHE_HOME/torch or ~/.cache/torch; DebugInfoWriter::getWriter in
-# torch/csrc/distributed/c10d/FlightRecorder.cpp). torch 2.14 reads TORCH_FR_DUMP_TEMP_FILE, 2.7 only the
-# old name; the writer makes no folder.
+# folder every node sees, for one analyser run over all ranks: by default each rank writes on its own
+# node, on torch 2.14 into its cache folder ($XDG_CACHE_HOME/torch or ~/.cache/torch), on torch 2.7 to
+# /tmp/nccl_trace_rank_<rank> (DebugInfoWriter::getWriter in torch/csrc/distributed/c10d/FlightRecorder.cpp).
+# torch 2.14 reads TORCH_FR_DUMP_TEMP_FILE, 2.7 only the old name; the writer makes no folder.
 FLIGHT_RECORDER_LINES = [
     "# Flight Recorder dumps (NCCL watchdog timeouts) from every node in one folder, for torchfrtrace:",
-    "# the default is each node's own ~/.cache/torch",
+    "# the default is each node's own ~/.cache/torch (torch 2.14) or /tmp/nccl_trace_rank_<rank> (torch 2.7)",
     'fr_dir="${SLURM_SUBMIT_DIR:-$PWD}/flight-recorder/$SLURM_JOB_ID"',
     'mkdir -p "$fr_dir"',
     'export TORCH_FR_DUMP_TEMP_FILE="$fr_dir/nccl_trace_rank_"  # torch 2.14',
@@ -235,9 +235,11 @@ def srun_script(
     ``--gpus-per-node`` and no ``--gpus-per-task`` or ``--gpu-bind``, SLURM sets every task's
     ``CUDA_VISIBLE_DEVICES`` to all of them (tests/test_slurm.py checks it on a real SLURM), and
     each rank takes ``cuda:LOCAL_RANK`` (``SLURM_LOCALID``; `ddp_helpers.distributed.gpu_index`).
-    Not ``--gpus-per-task=1``: it fences each task into its own GPU, so NCCL cannot see the other
-    ranks' GPUs as P2P peers and does not use NVLink between the ranks of a node, without an error
-    (NVIDIA/nccl#1066: 687 against 792 img/s per GPU in its DDP benchmark, and no NVLink traffic).
+    Not ``--gpus-per-task=1``. Hiding a peer's GPU (``CUDA_VISIBLE_DEVICES``) does not by itself stop
+    P2P: NCCL reaches a GPU its process cannot see over NVLink (CUDA 10.1 and later, NCCL's
+    ``src/transport/p2p.cc``). What broke it in NVIDIA/nccl#1066 is SLURM's per-task cgroup
+    confinement: each task's GPU in a cgroup of its own, and NCCL fell back from NVLink without an
+    error (687 against 792 img/s per GPU in its DDP benchmark, and no NVLink traffic).
     `gpus_per_node=0` runs on CPUs (gloo).
     No agent: the script sets ``MASTER_ADDR`` and ``MASTER_PORT``, each task its ``RANK``,
     ``LOCAL_RANK`` and ``WORLD_SIZE``; no restarts, no elastic membership.
@@ -276,8 +278,8 @@ def srun_script(
 
 
 SRUN_GPU_LINES = [
-    "# every task sees all the node's GPUs and takes cuda:LOCAL_RANK; not --gpus-per-task=1, which",
-    "# fences each task into one GPU and hides its peers from NCCL: no NVLink within a node (nccl#1066)",
+    "# every task sees all the node's GPUs and takes cuda:LOCAL_RANK; not --gpus-per-task=1: where SLURM",
+    "# confines each task's GPU in a cgroup of its own, NCCL loses NVLink within a node (nccl#1066)",
 ]
 
 
