@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import nbformat
 import pytest
@@ -17,12 +18,16 @@ from fixtures import load_script
 
 from ddp_helpers.errors import InvalidLaunchArguments
 from ddp_helpers.exercises.capstone import EXERCISE, check_script
+from ddp_helpers.exercises.capstone.checks import check_rng
+from ddp_helpers.exercises.capstone.judge import Failed, World
+from ddp_helpers.exercises.capstone.runs import Run
 from ddp_helpers.workers import worker_path
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = load_script("mutant_runner_for_capstone", ROOT / "mutants" / "run.py")
 
-WRONG_VERSIONS = [m for m in runner.load_catalogue() if m.exercise == EXERCISE]
+# the wrong versions a CPU run can show (the GPU generator's is checked below on records, and by make gpu-check)
+WRONG_VERSIONS = [m for m in runner.load_catalogue() if m.exercise == EXERCISE and not m.cpu_unkillable]
 REFERENCE = worker_path("capstone")
 NOTEBOOK = ROOT / "notebooks" / "10_capstone.ipynb"
 STARTER_CELL = "%%writefile runs/capstone/my_ddp.py\n"
@@ -120,3 +125,64 @@ def test_an_unknown_amp_is_refused_before_anything_runs(tmp_path):
     with pytest.raises(InvalidLaunchArguments, match="amp must be one of"):
         check_script(REFERENCE, nproc=(2,), workdir=tmp_path, progress=False, amp="fp8")
     assert not list(tmp_path.glob("check-*"))
+
+
+def test_a_script_without_any_barrier_is_named(tmp_path):
+    """Neither the barrier after rank 0's save nor the one before the teardown: no rank waits for the file."""
+    source = REFERENCE.read_text()
+    for barrier in (
+        "    dist.barrier()  # no rank runs on",
+        "        dist.barrier()  # every rank ends together",
+    ):
+        assert source.count(barrier) == 1, barrier
+        source = source.replace(barrier, barrier.replace("dist.barrier()", "pass"))
+    wrong = tmp_path / "no_barrier.py"
+    wrong.write_text(source)
+    verdict = check_script(wrong, nproc=(2,), workdir=tmp_path, progress=False)
+    assert verdict.diagnosis == f"{EXERCISE}-no-barrier", verdict.text()
+
+
+def test_a_gradscaler_under_bf16_passes_with_a_note_on_its_cost(tmp_path):
+    """Harmless: bf16 has float32's range, so the scaler never skips a step, and scaling by a power of two and
+    back leaves the weights as they were. It passes, and the verdict says the scaler was not needed."""
+    source = REFERENCE.read_text()
+    old = 'torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")'
+    assert source.count(old) == 1
+    script = tmp_path / "bf16_scaler.py"
+    script.write_text(source.replace(old, 'torch.amp.GradScaler(device.type, enabled=args.amp != "off")'))
+    verdict = check_script(script, nproc=(2,), workdir=tmp_path, progress=False, amp="bf16")
+    assert verdict.passed, verdict.text()
+    assert "a GradScaler ran under --amp bf16: harmless" in verdict.message, verdict.message
+
+
+def _run(name: str, records: list[dict[str, Any]]) -> Run:
+    return Run(name=name, out=Path("/nowhere"), records=list(records), logs={})
+
+
+def test_a_resume_that_restores_the_cpu_generator_alone_is_named_on_gpus():
+    """No GPU here: records as the probe writes them on two GPUs, where the resumed run got the CPU generator's
+    state back but not the GPU's (which dropout draws from there). The verdict names the GPU's generator, on
+    which rank and from which step, in words, not a hash."""
+    at_stop = [{"cpu": f"cpu-stop-{r}", "cuda": f"cuda-stop-{r}"} for r in range(2)]
+    fresh = [{"cpu": f"cpu-fresh-{r}", "cuda": f"cuda-fresh-{r}"} for r in range(2)]
+    stopped = _run("stopped at step 4", [{"forwards": [{"rng": fresh[r]}], "rng_exit": at_stop[r], "loaders": [True]}
+                                         for r in range(2)])  # fmt: skip
+    after = [{"cpu": at_stop[r]["cpu"], "cuda": fresh[r]["cuda"]} for r in range(2)]
+    resumed = _run("resumed", [{"forwards": [{"rng": after[r]}], "loaders": [True]} for r in range(2)])
+    w = World(2, "fp16", "at 2 rank(s), --amp fp16", lambda line: None)
+    with pytest.raises(Failed) as failed:
+        check_rng(w, stopped, resumed)
+    verdict = failed.value.verdict
+    assert verdict.diagnosis == f"{EXERCISE}-cuda-rng-not-restored", verdict.text()
+    assert "torch.cuda.get_rng_state" in verdict.hint and "torch.cuda.set_rng_state" in verdict.hint
+    assert verdict.seen[1] == {
+        "the CPU generator at the first mask after the resume (step 5)": "as at the stop (step 4)",
+        "the GPU's generator at the first mask after the resume (step 5)": "as freshly seeded, at the run's start",
+    }
+    stopped_cpu_only = _run(
+        "stopped", [{"forwards": [{"rng": {"cpu": fresh[r]["cpu"]}}], "rng_exit": {"cpu": at_stop[r]["cpu"]}}
+                    for r in range(2)]
+    )  # fmt: skip
+    resumed_cpu = _run("resumed", [{"forwards": [{"rng": {"cpu": at_stop[r]["cpu"]}}], "loaders": [True]}
+                                   for r in range(2)])  # fmt: skip
+    check_rng(w, stopped_cpu_only, resumed_cpu)  # on the CPU the same resume is right: it raises nothing

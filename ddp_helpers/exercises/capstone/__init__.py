@@ -109,11 +109,12 @@ def check_script(
         if progress:
             print(line, flush=True)
 
-    done = []
+    done: list[str] = []
+    notes: list[str] = []
     for i, world in enumerate(worlds):
         mode = amp or AMP_MODES[i % len(AMP_MODES)]
         try:
-            check_world(
+            notes += check_world(
                 path, probe, folder / f"ranks{world}-{mode}", world, mode, say, (envs or {}).get(world)
             )
         except Failed as failed:
@@ -126,4 +127,6 @@ def check_script(
         f"checkpoint, and a resume from step {STOP_AT} that ends as the uninterrupted run ends (bit for bit at 1 "
         f"or 2 ranks)."
     )
+    if notes:
+        message += " Note: " + "; ".join(dict.fromkeys(notes)) + "."
     return Verdict(EXERCISE, True, PASSED, message, "", max(worlds))

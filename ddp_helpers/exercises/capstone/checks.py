@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..spec import close
-from .contract import POISON_STEP, SHARD, STEPS_PER_EPOCH, STOP_AT
+from .contract import POISON_STEP, SEED, SHARD, STEPS_PER_EPOCH, STOP_AT
 from .judge import Sign, World, steps_of
 from .replay import drift
 from .runs import Run
@@ -55,6 +55,12 @@ def check_order(w: World, run: Run, batches: list[list[list[int]]]) -> None:
         shared = sum(len(a & b) for a, b in itertools.combinations(sets, 2))
         return w.world > 1 and shared > pad
 
+    def default_seed() -> bool:  # the order DistributedSampler deals with its default seed, 0, not --seed's
+        from ..nb01 import sampler_order
+
+        n = SHARD * w.world - 1
+        return all(s["epoch 0"] == sampler_order(n, w.world, rank, 0, 0) for rank, s in enumerate(seen))
+
     def repeats() -> bool:  # epoch 1 starts as epoch 0 did
         return all(s["epoch 1 (until the stop)"] == s["epoch 0"][: len(s["epoch 1 (until the stop)"])]
                    and s["epoch 1 (until the stop)"] for s in seen)  # fmt: skip
@@ -62,8 +68,51 @@ def check_order(w: World, run: Run, batches: list[list[list[int]]]) -> None:
     w.judge("each rank trains on its own shard, in a new order each epoch", run, seen, expected, [
         Sign("10-capstone-no-sampler", "the ranks trained on the same samples: without a DistributedSampler each "
              "rank goes through the whole dataset.", overlap),
+        Sign("10-capstone-sampler-seed", f"each rank drew the shard DistributedSampler deals with its default "
+             f"seed, 0, not with --seed {SEED}: the sampler was built without seed=args.seed (a seed that only "
+             "seed 0 would never show).", default_seed),
         Sign("10-capstone-no-set-epoch", "epoch 1 dealt each rank the same samples in the same order as epoch 0: "
              "the sampler never learned the epoch.", repeats),
+    ])  # fmt: skip
+
+
+def check_masks(w: World, run: Run) -> None:
+    """Each rank draws its own dropout masks: the first step's masks of the ranks differ (64 random bits each)."""
+    first = [(((r or {}).get("forwards") or [{}])[0]).get("mask") for r in run.records]
+    same = "first step's dropout mask = rank 0's"
+    seen: Seen = [{same: first[rank] == first[0]} for rank in range(1, w.world)]
+    expected: Seen = [{same: False} for _ in range(1, w.world)]
+    w.judge("each rank draws its own dropout masks", run, seen, expected, [
+        Sign("10-capstone-same-masks", "every rank drew the same dropout masks: after building the model (with "
+             "the same seed everywhere, for the same weights) no rank reseeded with seed + rank, so each rank's "
+             "dropout drops the same units, and the ranks' noise is one noise, N times.",
+             lambda: all(s[same] for s in seen)),
+    ])  # fmt: skip
+
+
+def check_teardown(w: World, run: Run) -> None:
+    """Rank 0's checkpoint is followed by a barrier on every rank, and every rank destroys its process group."""
+    events = [(r or {}).get("events", []) for r in run.records]
+    writes = [i for i, e in enumerate(events[0]) if e in ("save", "replace")]
+    last_write = writes[-1] if writes else len(events[0])
+    barrier = "a barrier after rank 0's checkpoint"
+    seen: Seen = [{barrier: "barrier" in events[0][last_write:], "destroy_process_group()": "destroy_process_group"
+                   in events[0]}]  # fmt: skip
+    for rank in range(1, w.world):  # the others: a barrier after their last step, where rank 0 saves
+        steps = [i for i, e in enumerate(events[rank]) if e == "step"]
+        after = events[rank][steps[-1] + 1 :] if steps else events[rank]
+        seen.append(
+            {barrier: "barrier" in after, "destroy_process_group()": "destroy_process_group" in after}
+        )
+    expected: Seen = [{barrier: True, "destroy_process_group()": True} for _ in range(w.world)]
+    w.judge("every rank waits at a barrier after the checkpoint, then destroys its process group", run, seen,
+            expected, [
+        Sign("10-capstone-no-barrier", "a rank went on past rank 0's checkpoint without a barrier: nothing made "
+             "it wait for rank 0 to finish writing, before it read the file, tore down, or exited.",
+             lambda: not all(s[barrier] for s in seen)),
+        Sign("10-capstone-no-teardown", "a rank ended without dist.destroy_process_group(): the process group's "
+             "threads and connections are left to the interpreter's exit, where torch warns, and where a "
+             "backend can hang or abort.", lambda: not all(s["destroy_process_group()"] for s in seen)),
     ])  # fmt: skip
 
 
@@ -155,13 +204,29 @@ def check_training(
     taken = [s for s in range(first, last + 1) if sim[s]["stepped"]]
     scales = [sim[s]["scale"] for s in range(first, last + 1)] if w.amp == "fp16" else []
     expected = [{"steps taken": taken, "loss scale": scales, "weights off by": 0.0} for _ in range(w.world)]
+    scalers = [(r or {}).get("scalers", []) for r in run.records]
+    if w.amp != "fp16":
+        # a GradScaler under bf16 (or none) scales and unscales by a power of two and never sees an overflow
+        # (bf16 has float32's range): the weights are the same, and only fp16 is held to the loss scale
+        for row in (*seen, *expected):
+            row.pop("loss scale")
+        if any(s["enabled"] for rank in scalers for s in rank):
+            w.notes.append(f"a GradScaler ran under --amp {w.amp}: harmless (with float32's range nothing "
+                           "overflows), but only fp16 needs one")  # fmt: skip
 
     def matches(variant: list[dict[str, Any]]) -> Callable[[], bool]:
         scales = [variant[s]["scale"] for s in range(first, last + 1)] if w.amp == "fp16" else []
         return lambda: all(observed(rank, variant)["weights off by"] <= tol
                            and close(seen[rank]["loss scale"], scales) for rank in range(w.world))  # fmt: skip
 
-    signs = [Sign(d, m, matches(v)) for d, m, v in variants]
+    disabled = Sign(
+        "10-capstone-scaler-disabled",
+        "with --amp fp16 the GradScaler was built disabled: it scaled nothing, and fp16's overflow was "
+        "stepped on. GradScaler() means GradScaler('cuda'), which turns itself off where there is no CUDA "
+        "(it warns); build it for the device the ranks train on.",
+        lambda: w.amp == "fp16" and all(not s["enabled"] for rank in scalers for s in rank) and any(scalers),
+    )
+    signs = [disabled, *(Sign(d, m, matches(v)) for d, m, v in variants)]
     signs.append(
         Sign(
             "10-capstone-overflow-stepped",
@@ -189,18 +254,47 @@ def check_resume_start(w: World, resumed: Run, batches: list[list[list[int]]]) -
     ])  # fmt: skip
 
 
+GENERATORS = {"cpu": "the CPU generator", "cuda": "the GPU's generator"}
+AS_AT_STOP = f"as at the stop (step {STOP_AT})"
+AS_FRESH = "as freshly seeded, at the run's start"
+
+
 def check_rng(w: World, stopped: Run, resumed: Run) -> None:
-    first = [(((r or {}).get("forwards") or [{}])[0]).get("rng") for r in resumed.records]
-    fresh = [(((r or {}).get("forwards") or [{}])[0]).get("rng") for r in stopped.records]
-    seen = [{"random state at the first mask": f} for f in first]
-    expected = [{"random state at the first mask": r} for r in stopped.each("rng_exit")]
+    """Each generator's state at the resumed run's first mask, per rank, in words: as it was at the stop, as
+    a fresh start has it, or neither. On GPUs dropout draws from the GPU's generator, so it counts too."""
+    after = [(((r or {}).get("forwards") or [{}])[0]).get("rng") or {} for r in resumed.records]
+    fresh = [(((r or {}).get("forwards") or [{}])[0]).get("rng") or {} for r in stopped.records]
+    at_stop = [r or {} for r in stopped.each("rng_exit")]
+    seen: Seen = []
+    expected: Seen = []
+    for rank in range(w.world):
+        row = {}
+        for key, name in GENERATORS.items():
+            if key in at_stop[rank]:
+                state = after[rank].get(key)
+                row[f"{name} at the first mask after the resume (step {STOP_AT + 1})"] = (
+                    AS_AT_STOP if state == at_stop[rank][key] else AS_FRESH if state == fresh[rank].get(key)
+                    else "neither as at the stop nor as at a fresh start"
+                )  # fmt: skip
+        seen.append(row)
+        expected.append(dict.fromkeys(row, AS_AT_STOP))
+
+    def generators(key: str) -> list[str]:
+        return [v for row in seen for k, v in row.items() if k.startswith(GENERATORS[key])]
+
     no_generator = any(not all((r or {}).get("loaders") or [True]) for r in resumed.records)
     w.judge("each rank draws on from its own random state as it was at the stop", resumed, seen, expected, [
         Sign("10-capstone-rng-not-restored", "the resumed ranks drew their dropout masks from freshly seeded "
-             "generators, not from the random state each had at the stop.", lambda: first == fresh),
+             "generators, not from the random state each had at the stop.",
+             lambda: all(v == AS_FRESH for row in seen for v in row.values())),
         Sign("10-capstone-no-loader-generator", "the random state was restored, then iter(loader) drew from it: a "
              "DataLoader without generator= takes its seed from the global generator at every iter().",
              lambda: no_generator),
+        Sign("10-capstone-cuda-rng-not-restored", "every rank got the CPU generator's state back, but not the "
+             "GPU's: on a GPU, dropout draws its masks from the GPU's generator "
+             "(torch.cuda.get_rng_state(device)), which the checkpoint must hold and the resume restore too.",
+             lambda: all(v == AS_AT_STOP for v in generators("cpu"))
+             and any(v != AS_AT_STOP for v in generators("cuda"))),
         Sign("10-capstone-rng-not-restored", "some rank did not get its own random state back: each rank's masks "
              "must go on from the state that rank had at the stop.", lambda: True),
     ])  # fmt: skip

@@ -17,7 +17,8 @@ EXERCISE = CAPSTONE  # "10-capstone": spelled once, in the registry
 # ------------------------------------------------------------------ the contract's sizes
 FEATURES, HIDDEN, CLASSES = 8, 16, 3
 BATCH, EPOCHS = 4, 3
-LR, MOMENTUM, CLIP, DROPOUT, SEED = 0.5, 0.9, 1.0, 0.25, 0
+# SEED is not 0: a sampler left at its default seed (0) would deal the same order as a right one at seed 0
+LR, MOMENTUM, CLIP, DROPOUT, SEED = 0.5, 0.9, 1.0, 0.25, 5
 SHARD = 11  # samples per rank (the sampler pads one): batches of 4, 4 and 3, so three steps per epoch
 STEPS_PER_EPOCH = math.ceil(SHARD / BATCH)
 STOP_AT = STEPS_PER_EPOCH + 1  # the first step of epoch 1: the resumed run must go on with its second batch
@@ -51,8 +52,20 @@ HINTS = {
     "10-capstone-overflow-stepped": "step through the scaler: scaler.scale(loss).backward(), scaler.step(optimizer), "
     "scaler.update().",
     "10-capstone-resume-restarts-epoch": "save how many batches of the epoch are done, and skip them when resuming.",
-    "10-capstone-rng-not-restored": "save every rank's torch.get_rng_state() (all_gather_object) and have each "
-    "rank restore its own with torch.set_rng_state.",
+    "10-capstone-rng-not-restored": "save every rank's random state (torch.get_rng_state(), and on GPUs "
+    "torch.cuda.get_rng_state(device) too) with all_gather_object, and have each rank restore its own "
+    "(torch.set_rng_state, torch.cuda.set_rng_state(state, device)).",
+    "10-capstone-cuda-rng-not-restored": "on GPUs dropout draws from the GPU's generator: put "
+    "torch.cuda.get_rng_state(device) in each rank's saved state, beside the CPU's, and restore it with "
+    "torch.cuda.set_rng_state(state, device).",
+    "10-capstone-sampler-seed": "give the sampler the run's seed: DistributedSampler(dataset, seed=args.seed).",
+    "10-capstone-same-masks": "build the model right after torch.manual_seed(args.seed), then call "
+    "torch.manual_seed(args.seed + rank): the same weights everywhere, each rank its own masks.",
+    "10-capstone-scaler-disabled": "build the scaler for the ranks' device: "
+    'torch.amp.GradScaler(device.type, enabled=args.amp == "fp16").',
+    "10-capstone-no-barrier": "after rank 0's save, dist.barrier() on every rank (every rank calls it, rank 0 "
+    "after writing).",
+    "10-capstone-no-teardown": "end main() with dist.destroy_process_group() in a finally: block, on every rank.",
     "10-capstone-no-loader-generator": "give the DataLoader generator=torch.Generator().manual_seed(...): "
     "iter(loader) then draws from it, not from the global generator.",
     "10-capstone-scaler-not-restored": "save scaler.state_dict() and load it back when resuming.",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from ..spec import close
@@ -38,6 +38,7 @@ class World:
     say: Callable[[str], None]
     wtol: float = 1e-5  # TOLERANCE's, once the first run says which device the ranks trained on
     ltol: float = 1e-5
+    notes: list[str] = field(default_factory=list)  # what a passing script does that costs or is unneeded
 
     def judge(
         self,

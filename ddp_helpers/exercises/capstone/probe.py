@@ -21,14 +21,17 @@ _x = torch.load(os.environ["CAPSTONE_PROBE_DATA"], weights_only=True)["x"]
 ROWS = {tuple(row): i for i, row in enumerate(_x.tolist())}
 FEATURES = _x.shape[1]
 record = {"rank": RANK, "forwards": [], "steps": [], "scales": [], "saves": [], "replaces": [], "ddp": 0,
-          "loaders": [], "loads": [], "rng_exit": None, "error": None, "device": None}
+          "loaders": [], "loads": [], "rng_exit": None, "error": None, "device": None, "scalers": [],
+          "events": []}
 
 
 def digest(device=None):
-    parts = [bytes(torch.get_rng_state().tolist())]
+    """Each generator's state, by name: the CPU's, and the current GPU's where CUDA is in use (dropout on a
+    GPU draws from the GPU's generator), so that the check can say which one a resume did not restore."""
+    states = {"cpu": hashlib.sha1(bytes(torch.get_rng_state().tolist())).hexdigest()[:12]}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        parts.append(bytes(torch.cuda.get_rng_state().tolist()))
-    return hashlib.sha1(b"".join(parts)).hexdigest()[:12]
+        states["cuda"] = hashlib.sha1(bytes(torch.cuda.get_rng_state().tolist())).hexdigest()[:12]
+    return states
 
 
 def where(f):
@@ -65,7 +68,14 @@ F.dropout = dropout
 def after_step(optimizer, args, kwargs):
     flat = [p.detach().float().flatten().cpu() for g in optimizer.param_groups for p in g["params"]]
     record["steps"].append({"at": len(record["forwards"]), "weights": torch.cat(flat).tolist()})
+    record["events"].append("step")
 register_optimizer_step_post_hook(after_step)
+
+_scaler_init = GradScaler.__init__
+def scaler_init(self, *args, **kwargs):
+    _scaler_init(self, *args, **kwargs)
+    record["scalers"].append({"enabled": bool(self.is_enabled()), "device": str(getattr(self, "_device", ""))})
+GradScaler.__init__ = scaler_init
 
 _update = GradScaler.update
 def update(self, new_scale=None):
@@ -78,6 +88,7 @@ _save = torch.save
 def save(obj, f, *args, **kwargs):
     if where(f) is not None:
         record["saves"].append(where(f))
+        record["events"].append("save")
     return _save(obj, f, *args, **kwargs)
 torch.save = save
 
@@ -92,6 +103,7 @@ def renaming(original):
     def rename(src, dst, *args, **kwargs):
         result = original(src, dst, *args, **kwargs)
         record["replaces"].append([where(src), where(dst)])
+        record["events"].append("replace")
         return result
     return rename
 _os_replace = os.replace
@@ -110,10 +122,18 @@ def loader_init(self, *args, **kwargs):
 DataLoader.__init__ = loader_init
 
 import torch.distributed as dist
+_barrier = dist.barrier
+def barrier(*args, **kwargs):
+    record["events"].append("barrier")
+    return _barrier(*args, **kwargs)
+dist.barrier = barrier
+
 _destroy = dist.destroy_process_group
 def destroy_process_group(group=None):
     # Before torch 2.8, gloo's destroy can deadlock on the GIL (pytorch/pytorch#154976): torch's bug, not
     # the script's. A Python handle on gloo's backend, freed after the destroy, frees it without the GIL.
+    if group is None:
+        record["events"].append("destroy_process_group")
     keep = None
     if group is None and dist.is_initialized() and dist.get_backend() == "gloo":
         keep = dist.group.WORLD._get_backend(torch.device("cpu"))

@@ -57,8 +57,9 @@ def check_world(
     amp: str,
     say: Callable[[str], None],
     env: Mapping[str, str] | None = None,
-) -> None:
-    """Run and judge `script` at `world` ranks with --amp `amp`; raises judge.Failed at the first failed check."""
+) -> list[str]:
+    """Run and judge `script` at `world` ranks with --amp `amp`; raises judge.Failed at the first failed check.
+    Returns the notes on a passing script (what it does that is harmless but unneeded)."""
     import torch
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -74,6 +75,7 @@ def check_world(
     if whole.error:
         w.raised(whole)
     checks.check_exact(w, stopped, resumed, whole, start)
+    return w.notes
 
 
 def _stopped(stage: Stage) -> tuple[Run, list[list[Any]]]:
@@ -87,7 +89,9 @@ def _stopped(stage: Stage) -> tuple[Run, list[list[Any]]]:
         w.raised(stopped)  # it failed before every rank took a step: nothing below could be judged
     checks.check_ddp(w, stopped)
     checks.check_order(w, stopped, stage.batches)
+    checks.check_masks(w, stopped)
     checks.check_saves(w, stopped)
+    checks.check_teardown(w, stopped)
     if stopped.error:
         w.raised(stopped)
     masks = masks_of(stopped, STOP_AT, w.world)
