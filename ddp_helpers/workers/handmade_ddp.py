@@ -55,7 +55,8 @@ class HandmadeDDP(nn.Module):
     """What the four versions share: start from rank 0's state, sync buffers, and take hooks off again.
 
     DDP broadcasts weights and buffers from rank 0 when it is built, and buffers (BatchNorm's running
-    statistics) again at every forward by default. The hooks a version registers stay on the
+    statistics) again before a forward if the one before it ran with grad enabled and outside no_sync();
+    these wrappers before every forward with grad enabled (in a training loop, the same). The hooks a version registers stay on the
     *parameters*, not on the wrapper: `remove()` (or leaving a `with` block) takes them off, so that
     wrapping the same model again does not stack a second set (two all-reduces, two divisions).
     """
@@ -68,7 +69,7 @@ class HandmadeDDP(nn.Module):
         broadcast_from_rank0(module.state_dict().values())
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if torch.is_grad_enabled():  # as DDP's default (broadcast_buffers / forward_sync_buffers)
+        if torch.is_grad_enabled():  # DDP's default (broadcast_buffers / forward_sync_buffers), simplified
             broadcast_from_rank0(self.module.buffers())
         return self.module(*args, **kwargs)
 
