@@ -33,3 +33,23 @@ def test_one_gpu_runs_the_throughput_on_it_and_the_live_demos_on_two_gloo_ranks_
     )
     assert "The demos on live ranks need two at least" in plan.line, plan.line
     assert all("demo" not in group for group in plan.compared[:1])  # never beside the GPU's throughput runs
+
+
+def test_every_throughput_run_times_the_same_steps_after_its_warmup_and_smoke_shortens_them():
+    from ddp_helpers.lab.plans import nb02
+
+    for smoke in (False, True):
+        args = nb02.throughput_args(plan_for("02", 0, 2, smoke=smoke).sizes, smoke)
+        steps, warmup = (int(args[args.index(flag) + 1]) for flag in ("--steps", "--warmup-steps"))
+        assert steps - warmup == nb02.timed_steps(smoke), args
+        assert args[args.index("--model") + 1] == plan_for("02", 0, 2, smoke=smoke).sizes["model"]
+    assert nb02.timed_steps(True) < nb02.timed_steps(False)
+
+
+def test_the_equality_and_learning_rate_runs_use_the_mlp():
+    from ddp_helpers.lab.plans import nb02
+
+    # no BatchNorm: DDP is then exactly a bigger batch
+    for args in (nb02.equality_args(), nb02.lr_args(smoke=True)):
+        assert args[args.index("--model") + 1] == "mlp", args
+    assert "--deterministic" in nb02.equality_args()

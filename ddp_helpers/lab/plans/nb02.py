@@ -5,6 +5,7 @@ exercise, which need a second rank: at least two, on gloo with the GPUs hidden w
 from __future__ import annotations
 
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -66,7 +67,7 @@ def timed_steps(smoke: bool) -> int:
     return TIMED_STEPS[smoke]
 
 
-def throughput_args(sizes: dict[str, Any], smoke: bool) -> list[str]:
+def throughput_args(sizes: Mapping[str, Any], smoke: bool) -> list[str]:
     """The worker's arguments shared by every throughput run (the mode and the batch are the caller's)."""
     args: list[Any] = ["--model", sizes["model"], "--image-size", sizes["image_size"]]
     args += ["--num-samples", sizes["num_samples"], "--lr", THROUGHPUT_LR]
