@@ -5,7 +5,7 @@
 
 In a notebook, ``%%exercise 01-shard`` checks the cell's code; ``%exercise solution 01-shard`` shows
 the reference answer. The modules: `spec` (what an exercise is), `registry` (every exercise, by id),
-`nb01` ... `nb09` (each notebook's), `observers` and `rank_side` (on the ranks), `checker` and
+`nb01` ... `nb09` (each notebook's, a package where it has a file per exercise), `observers` and `rank_side` (on the ranks), `checker` and
 `verdict` (in the kernel), `magics` and `cli`, and `capstone` (notebook 10's whole-script check).
 This package's top loads only what the ranks load too.
 """

@@ -83,8 +83,52 @@ def trainjob_manifest(
         raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
     gpus = nproc_per_node if gpus_per_node is None else gpus_per_node
     claim = f"{name}-shared"
+    trainer = _trainer(
+        worker,
+        worker_args,
+        image,
+        nnodes,
+        nproc_per_node,
+        gpus,
+        cpus_per_rank,
+        max_restarts,
+        checkpoint_dir,
+        name,
+    )
+    job = {
+        "apiVersion": API_VERSION,
+        "kind": "TrainJob",
+        "metadata": {"name": name},
+        "spec": {
+            "runtimeRef": {
+                "name": runtime,
+                "apiGroup": "trainer.kubeflow.org",
+                "kind": "ClusterTrainingRuntime",
+            },
+            "trainer": trainer,
+            "runtimePatches": [
+                {"manager": PATCH_MANAGER, "trainingRuntimeSpec": {"template": _pod_patch(claim)}}
+            ],
+        },
+    }
+    return yaml.safe_dump_all([volume_claim(claim, shared_storage, storage_class), job], sort_keys=False)
+
+
+def _trainer(
+    worker: str,
+    worker_args: Sequence[object],
+    image: str,
+    nnodes: int,
+    nproc_per_node: int,
+    gpus: int,
+    cpus_per_rank: int,
+    max_restarts: int,
+    checkpoint_dir: str | None,
+    name: str,
+) -> dict[str, Any]:
+    """spec.trainer: what the job sets (the image, torchrun's command, its environment, the shape)."""
     script = worker if worker.startswith("/") else f"{IMAGE_REPO_DIR}/{worker}"
-    trainer: dict[str, Any] = {
+    return {
         "image": image,
         "command": [
             "torchrun",
@@ -105,23 +149,6 @@ def trainjob_manifest(
         "numProcPerNode": nproc_per_node,
         "resourcesPerNode": _resources(nproc_per_node, cpus_per_rank, gpus),
     }
-    job = {
-        "apiVersion": API_VERSION,
-        "kind": "TrainJob",
-        "metadata": {"name": name},
-        "spec": {
-            "runtimeRef": {
-                "name": runtime,
-                "apiGroup": "trainer.kubeflow.org",
-                "kind": "ClusterTrainingRuntime",
-            },
-            "trainer": trainer,
-            "runtimePatches": [
-                {"manager": PATCH_MANAGER, "trainingRuntimeSpec": {"template": _pod_patch(claim)}}
-            ],
-        },
-    }
-    return yaml.safe_dump_all([volume_claim(claim, shared_storage, storage_class), job], sort_keys=False)
 
 
 def _resources(nproc_per_node: int, cpus_per_rank: int, gpus: int) -> dict[str, Any]:

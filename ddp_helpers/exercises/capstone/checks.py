@@ -206,13 +206,7 @@ def check_training(
     expected = [{"steps taken": taken, "loss scale": scales, "weights off by": 0.0} for _ in range(w.world)]
     scalers = [(r or {}).get("scalers", []) for r in run.records]
     if w.amp != "fp16":
-        # a GradScaler under bf16 (or none) scales and unscales by a power of two and never sees an overflow
-        # (bf16 has float32's range): the weights are the same, and only fp16 is held to the loss scale
-        for row in (*seen, *expected):
-            row.pop("loss scale")
-        if any(s["enabled"] for rank in scalers for s in rank):
-            w.notes.append(f"a GradScaler ran under --amp {w.amp}: harmless (with float32's range nothing "
-                           "overflows), but only fp16 needs one")  # fmt: skip
+        _no_loss_scale(w, seen, expected, scalers)
 
     def matches(variant: list[dict[str, Any]]) -> Callable[[], bool]:
         scales = [variant[s]["scale"] for s in range(first, last + 1)] if w.amp == "fp16" else []
@@ -239,6 +233,18 @@ def check_training(
         "steps, loss scale and weights after each step" if w.amp == "fp16" else "the weights after each step"
     )
     w.judge(f"{what} as a right script's (steps {first}-{last})", run, seen, expected, signs, tolerance=tol)
+
+
+def _no_loss_scale(w: World, seen: Seen, expected: Seen, scalers: list[list[dict[str, Any]]]) -> None:
+    """Only fp16 is held to the loss scale. A GradScaler under bf16 (or none) scales and unscales by a power of
+    two and never sees an overflow (bf16 has float32's range): the weights are the same, and it gets a note."""
+    for row in (*seen, *expected):
+        row.pop("loss scale")
+    if any(s["enabled"] for rank in scalers for s in rank):
+        w.notes.append(
+            f"a GradScaler ran under --amp {w.amp}: harmless (with float32's range nothing overflows), "
+            "but only fp16 needs one"
+        )
 
 
 def check_resume_start(w: World, resumed: Run, batches: list[list[list[int]]]) -> None:

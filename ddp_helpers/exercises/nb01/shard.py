@@ -1,0 +1,124 @@
+"""Notebook 01: 01-shard (see the package's docstring)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..spec import Context, Exercise, Mistake, Seen, field_of
+from .shared import _epochs_repeat, _every_rank_drew_all, sampler_order
+
+# ------------------------------------------------------------------ 01-shard
+SHARD_SIZE = 11  # 2, 3, 4 and 8 ranks do not divide it: the sampler pads, repeating its first indices
+SHARD_EPOCHS = 2
+SHARD_FIRST_EPOCH = 3  # the run resumes here: epochs 3 and 4 must draw epoch 3's and epoch 4's orders
+SHARD_SEED = 7  # the run's seed: every rank must shuffle with it
+
+
+def _shard_setup(ctx: Context) -> dict[str, Any]:
+    import torch
+
+    from ..observers import RecordingDataset
+
+    x = torch.arange(SHARD_SIZE, dtype=torch.float64).unsqueeze(1)
+    return {
+        "dataset": RecordingDataset(x, torch.arange(SHARD_SIZE)),
+        "epochs": SHARD_EPOCHS,
+        "first_epoch": SHARD_FIRST_EPOCH,
+        "seed": SHARD_SEED,
+        "train_step": lambda xb, yb: None,  # the probe needs only the indices drawn
+    }
+
+
+def _shard_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    passes = [p for p in ns["dataset"].passes if p]
+    return {"drawn": passes}
+
+
+def _shard_orders(world: int, rank: int, first: int, seed: int) -> list[list[int]]:
+    return [sampler_order(SHARD_SIZE, world, rank, first + e, seed) for e in range(SHARD_EPOCHS)]
+
+
+def _shard_expected(world: int) -> Seen:
+    return [{"drawn": _shard_orders(world, r, SHARD_FIRST_EPOCH, SHARD_SEED)} for r in range(world)]
+
+
+def _same_shard_everywhere(seen: Seen, expected: Seen) -> bool:
+    drawn = field_of(seen, "drawn")
+    return len(seen) > 1 and bool(drawn[0]) and all(d == drawn[0] for d in drawn)
+
+
+def _drew_as(first: int, seed: int) -> Any:
+    def matches(seen: Seen, expected: Seen) -> bool:
+        world = len(seen)
+        return all(s.get("drawn") == _shard_orders(world, r, first, seed) for r, s in enumerate(seen))
+
+    return matches
+
+
+SHARD = Exercise(
+    id="01-shard",
+    notebook="01",
+    title="Deal the shards of a resumed run",
+    task=(
+        "A run resumes at epoch `first_epoch` (3) for `epochs` (2) more epochs, and shuffles with its own "
+        "`seed` (7). Build `sampler` over `dataset` and write the epoch loop so that every rank draws its "
+        "shard of exactly the order that epoch 3, then epoch 4, of this run deals."
+    ),
+    given="`dataset` (11 samples), `first_epoch` (3), `epochs` (2), `seed` (7), `train_step(x, y)`",
+    starter=(
+        "sampler = ...  # TODO: a DistributedSampler over `dataset`, with the run's seed\n"
+        "loader = DataLoader(dataset, batch_size=2, sampler=sampler)\n"
+        "for epoch in range(epochs):  # TODO: the resumed run's own epoch numbers\n"
+        "    ...  # TODO: one line, before the batches\n"
+        "    for x, y in loader:\n"
+        "        train_step(x, y)\n"
+    ),
+    reference=(
+        "sampler = DistributedSampler(dataset, seed=seed)  # asks the process group for rank and world size\n"
+        "loader = DataLoader(dataset, batch_size=2, sampler=sampler)  # the sampler shuffles, not the loader\n"
+        "for epoch in range(first_epoch, first_epoch + epochs):  # the resumed epochs' own numbers\n"
+        "    sampler.set_epoch(epoch)  # shuffles with seed + epoch: a new order each epoch\n"
+        "    for x, y in loader:\n"
+        "        train_step(x, y)\n"
+    ),
+    hint=(
+        "The sampler asks the process group for its rank and the world size; pass neither. It shuffles "
+        "with seed + epoch: the seed is a constructor argument, and the epoch comes from one call only."
+    ),
+    setup=_shard_setup,
+    observe=_shard_observe,
+    expected=_shard_expected,
+    mistakes=(
+        Mistake(
+            "01-shard-whole-dataset",
+            "every rank drew every sample: the loader has no DistributedSampler, so each rank trains on "
+            "the whole dataset and an epoch does world-size times the work",
+            _every_rank_drew_all(SHARD_SIZE),
+        ),
+        Mistake(
+            "01-shard-same-shard",
+            "every rank drew the same indices: the sampler was given one rank (rank=0?) for all, so the "
+            "ranks train on one shard and the rest of the data is never seen",
+            _same_shard_everywhere,
+        ),
+        Mistake(
+            "01-shard-no-set-epoch",
+            "the second epoch drew exactly the first one's order on every rank: without "
+            "sampler.set_epoch(epoch) the sampler shuffles with the same seed + epoch every time",
+            _epochs_repeat,
+        ),
+        Mistake(
+            "01-shard-from-epoch-0",
+            "the ranks drew the orders of epochs 0 and 1, not 3 and 4: the loop counted from 0, so the "
+            "resumed run repeats the orders it trained on before it stopped",
+            _drew_as(0, SHARD_SEED),
+        ),
+        Mistake(
+            "01-shard-default-seed",
+            "the ranks drew the orders of the default seed (0), not the run's seed 7: pass seed=seed to "
+            "the sampler (the same value on every rank)",
+            _drew_as(SHARD_FIRST_EPOCH, 0),
+        ),
+    ),
+    covers=("sampler", "loader-sampler", "set-epoch", "rank-world"),
+)

@@ -1,0 +1,167 @@
+"""Notebook 01: 01-wrap (see the package's docstring)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..spec import Context, Exercise, Mistake, Seen
+from .shared import _module_keys, _not_saved
+
+# ------------------------------------------------------------------ 01-wrap
+WIDTH = 8  # one-hot inputs: one coordinate per rank, up to 8 ranks
+WRAP_STEPS = 2
+
+
+def _wrap_setup(ctx: Context) -> dict[str, Any]:
+    import torch
+
+    model = torch.nn.Linear(max(WIDTH, ctx.world_size), 1, bias=False, dtype=torch.float64).to(ctx.device)
+    torch.nn.init.constant_(model.weight, float(ctx.rank))  # every rank starts somewhere else
+    x = torch.zeros(1, model.in_features, dtype=torch.float64, device=ctx.device)
+    x[0, ctx.rank] = 1.0  # this rank's sample: its gradient is the one-hot of its rank
+    return {"model": model, "x": x, "steps": WRAP_STEPS, "save_path": f"{ctx.workdir}/model.pt"}
+
+
+def _wrap_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    import os
+
+    import torch
+
+    wrapped: Any = ns.get("ddp_model")
+    plain: Any = getattr(wrapped, "module", wrapped)
+    out: dict[str, Any] = {
+        "is_ddp": isinstance(wrapped, torch.nn.parallel.DistributedDataParallel),
+        "weight": [round(v, 12) for v in plain.weight.detach().cpu().flatten().tolist()],
+    }  # "saved", the count of torch.save calls, comes from the observers
+    if ctx.rank == 0:
+        path = ns["save_path"]
+        out["file_keys"] = sorted(torch.load(path, map_location="cpu")) if os.path.exists(path) else None
+    return out
+
+
+def _one_hot_steps(
+    world: int, width: int, start: float, moved: float, ranks: range | None = None
+) -> list[float]:
+    return [
+        start + (moved if i in (ranks if ranks is not None else range(world)) else 0.0) for i in range(width)
+    ]
+
+
+def _wrap_expected(world: int) -> Seen:
+    width = max(WIDTH, world)
+    weight = _one_hot_steps(world, width, 0.0, -WRAP_STEPS / world)  # rank 0's start, the averages taken
+    rows: Seen = [{"is_ddp": True, "weight": weight, "saved": 1 if r == 0 else 0} for r in range(world)]
+    rows[0]["file_keys"] = ["weight"]
+    return rows
+
+
+def _own_steps(start_of_rank: Any) -> Any:
+    """Each rank moved by its own gradient only, from `start_of_rank(r)`."""
+
+    def matches(seen: Seen, expected: Seen) -> bool:
+        world = len(seen)
+        return world > 1 and all(
+            s["weight"]
+            == _one_hot_steps(world, len(s["weight"]), start_of_rank(r), -WRAP_STEPS, range(r, r + 1))
+            for r, s in enumerate(seen)
+        )
+
+    return matches
+
+
+def _every_coordinate_moved(by: Callable[[int], float]) -> Any:
+    def matches(seen: Seen, expected: Seen) -> bool:
+        world = len(seen)
+        return world > 1 and all(
+            s["weight"] == _one_hot_steps(world, len(s["weight"]), 0.0, by(world)) for s in seen
+        )
+
+    return matches
+
+
+WRAP = Exercise(
+    id="01-wrap",
+    notebook="01",
+    title="Make ranks that start apart agree, train, and save from rank 0",
+    task=(
+        "Every rank's `model` starts from different weights (rank r's are all r). Wrap it in DDP as "
+        "`ddp_model`, make an SGD optimizer (lr 1.0), and train `steps` (2) steps on this rank's `x`, "
+        "with the loss `ddp_model(x).sum()`. Then rank 0 alone saves the plain model's `state_dict()` "
+        "to `save_path`."
+    ),
+    given="`model` (a Linear), `x` (this rank's sample), `steps` (2), `save_path`, `rank`, `local_rank`, `device`",
+    starter=(
+        "ddp_model = ...  # TODO: wrap `model` in DDP\n"
+        "# TODO: an SGD optimizer with lr=1.0, then `steps` steps, then rank 0's save\n"
+    ),
+    reference=(
+        'ddp_model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)  # rank 0\'s start\n'
+        "optimizer = torch.optim.SGD(ddp_model.parameters(), lr=1.0)\n"
+        "for _ in range(steps):\n"
+        "    optimizer.zero_grad()  # or each step adds to the last one's gradient\n"
+        "    ddp_model(x).sum().backward()  # through the wrapper: DDP averages the gradients here\n"
+        "    optimizer.step()  # the same averaged step on every rank\n"
+        "if rank == 0:  # one writer of the file\n"
+        "    torch.save(ddp_model.module.state_dict(), save_path)  # .module: keys without 'module.'\n"
+    ),
+    hint=(
+        "The wrap copies rank 0's weights to every rank; DDP averages gradients only for a forward that "
+        "went through the wrapper. Clear the gradients each step. Save the model inside the wrapper, from "
+        "one rank."
+    ),
+    setup=_wrap_setup,
+    observe=_wrap_observe,
+    expected=_wrap_expected,
+    mistakes=(
+        Mistake(
+            "01-wrap-never-wrapped",
+            "each rank kept its own start (rank r's weights still hold r) and moved by its own gradient: "
+            "without DDP(...) nothing copied rank 0's weights and nothing averaged the gradients",
+            _own_steps(float),
+        ),
+        Mistake(
+            "01-wrap-not-averaged",
+            "the ranks started from rank 0's weights (the wrap happened), but each moved by its own gradient "
+            "only: the forward went around the wrapper (model(x), not ddp_model(x)), so DDP averaged nothing",
+            _own_steps(lambda r: 0.0),
+        ),
+        Mistake(
+            "01-wrap-summed",
+            "each step used the SUM of the ranks' gradients, world-size times the average: DDP already "
+            "averages, so a gradient all-reduced again steps too far",
+            _every_coordinate_moved(lambda world: -float(WRAP_STEPS)),
+        ),
+        Mistake(
+            "01-wrap-grads-pile-up",
+            "the weights moved by 1 + 2 = 3 averaged gradients in 2 steps: without optimizer.zero_grad() "
+            "each backward() adds to the gradient the last step left",
+            _every_coordinate_moved(lambda world: -WRAP_STEPS * (WRAP_STEPS + 1) / 2 / world),
+        ),
+        Mistake(
+            "01-wrap-every-rank-saves",
+            "every rank called torch.save: N writers of one file race, and on a shared filesystem the "
+            "file can end up torn; save from rank 0 only",
+            lambda seen, expected: len(seen) > 1 and all(s.get("saved") for s in seen),
+        ),
+        Mistake(
+            "01-wrap-module-keys",
+            "the saved keys start with 'module.': that is the DDP wrapper's state_dict; a model without DDP "
+            "refuses it. Save ddp_model.module.state_dict()",
+            _module_keys,
+        ),
+        Mistake(
+            "01-wrap-not-saved",
+            "rank 0 wrote no file at save_path",
+            _not_saved,
+        ),
+    ),
+    covers=(
+        "ddp-wrap",
+        "optimizer-params",
+        "zero-grad",
+        "rank0-writes",
+        "save-module",
+        "device-from-local-rank",
+    ),
+)
