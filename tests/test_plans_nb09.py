@@ -27,3 +27,9 @@ def test_each_run_gets_an_empty_inductor_cache_that_torch_uses(tmp_path, monkeyp
     assert first != second and not os.listdir(first["TORCHINDUCTOR_CACHE_DIR"])
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", first["TORCHINDUCTOR_CACHE_DIR"])
     assert cache_dir() == first["TORCHINDUCTOR_CACHE_DIR"]  # inductor writes its caches there
+
+
+def test_smoke_mode_shortens_the_runs_but_keeps_the_model():
+    full, smoke = plan_for("09", 0, 2).sizes, plan_for("09", 0, 2, smoke=True).sizes
+    assert (full["width"], full["depth"]) == (smoke["width"], smoke["depth"]) == (512, 4)
+    assert smoke["steps"] < full["steps"] and len(smoke["bucket_caps"].split(",")) >= 2
