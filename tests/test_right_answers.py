@@ -66,6 +66,29 @@ for step in range(len(losses)):
         break
 """,
     ),
+    "04-save, the random states gathered to rank 0 alone (only rank 0 needs them)": (
+        "04-save",
+        """
+import os
+
+mine = {"torch": torch.get_rng_state(), "loader": generator_at_epoch_start}
+states = [None] * world_size if rank == 0 else None
+dist.gather_object(mine, states, dst=0)
+if rank == 0:
+    ckpt = {
+        "model": ddp_model.module.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scaler": scaler.state_dict(),
+        "epoch": epoch,
+        "batch_in_epoch": batch_in_epoch,
+        "rng": states,
+    }
+    tmp = path + ".tmp"
+    torch.save(ckpt, tmp)
+    os.replace(tmp, path)
+dist.barrier()
+""",
+    ),
     "09-last-batch, the short batch padded and only its real rows in the loss": (
         "09-last-batch",
         """

@@ -49,11 +49,12 @@ class RecordingDataset(Dataset):
 
 
 class Observers:
-    """Patch the collectives, ``torch.save`` and ``DataLoader.__iter__`` for the length of a ``with``."""
+    """Patch the collectives, ``torch.save``, ``torch.load`` and ``DataLoader.__iter__`` for a ``with``."""
 
     def __init__(self) -> None:
         self.collectives: list[str] = []
         self.saves: list[str] = []
+        self.loads: list[bool] = []  # per torch.load of a file: was a map_location given?
         self._undo: list[tuple[Any, str, Any]] = []
 
     def _patch(self, owner: Any, name: str, wrapper: Any) -> None:
@@ -73,6 +74,17 @@ class Observers:
             return real_save(obj, f, *args, **kwargs)
 
         self._patch(torch, "save", save)
+        real_load = torch.load
+
+        @functools.wraps(real_load)
+        def load(f: Any, *args: Any, **kwargs: Any) -> Any:
+            if not isinstance(f, io.BytesIO):  # map_location is torch.load's second parameter
+                self.loads.append(
+                    bool(args) and args[0] is not None or kwargs.get("map_location") is not None
+                )
+            return real_load(f, *args, **kwargs)
+
+        self._patch(torch, "load", load)
         real_iter = DataLoader.__iter__
 
         def loader_iter(loader: DataLoader) -> Any:

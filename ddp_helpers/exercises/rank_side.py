@@ -76,6 +76,8 @@ def run(exercise_id: str, code: str, workdir: str) -> dict[str, Any]:
             result["error"], raised = _answer_error(error), error
     result["collectives"] = seen.collectives
     result["saved"] = len(seen.saves)
+    namespace["_collectives"] = list(seen.collectives)  # for an observe that judges them by their effect
+    namespace["_loads_mapped"] = list(seen.loads)
     try:  # also after an exception: what the answer did before it raised can name the mistake
         result.update(exercise.observe(namespace, ctx))
     except Exception as error:  # e.g. a name the task asked for was never bound

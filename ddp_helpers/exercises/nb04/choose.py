@@ -41,7 +41,9 @@ def _choose_setup(ctx: Context) -> dict[str, Any]:
 def _choose_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
     import torch
 
-    out: dict[str, Any] = {}
+    # on the CPU every tensor lands on the CPU anyway: only the call's arguments show a missing map_location
+    loads = ns.get("_loads_mapped") or []
+    out: dict[str, Any] = {"torch.load given a map_location": bool(loads) and all(loads)}
     ckpt = ns.get("ckpt")
     if isinstance(ckpt, dict):
         out["step"] = ckpt.get("step")
@@ -58,7 +60,13 @@ def _choose_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
 def _choose_expected(world: int) -> Seen:
     newest = CHOOSE_STEPS[-1]
     return [
-        {"step": newest, "on_own_device": True, "is_ddp": True, "weight": [float(newest)] * CHOOSE_WIDTH}
+        {
+            "step": newest,
+            "on_own_device": True,
+            "torch.load given a map_location": True,
+            "is_ddp": True,
+            "weight": [float(newest)] * CHOOSE_WIDTH,
+        }
         for _ in range(world)
     ]
 
@@ -66,6 +74,12 @@ def _choose_expected(world: int) -> Seen:
 def _each_rank_chose(seen: Seen, expected: Seen) -> bool:
     steps = field_of(seen, "step")
     return len(seen) > 1 and steps[0] == CHOOSE_STEPS[-1] and any(s == CHOOSE_STEPS[0] for s in steps[1:])
+
+
+def _broadcast_unused(seen: Seen, expected: Seen) -> bool:
+    """The choice was broadcast, yet the ranks loaded different steps: each loaded its own listing's."""
+    told = all(any("broadcast" in c for c in s.get("collectives") or []) for s in seen)
+    return told and _each_rank_chose(seen, expected)
 
 
 def _loaded_into_wrapper(seen: Seen, expected: Seen) -> bool:
@@ -108,11 +122,29 @@ CHOOSE = Exercise(
     expected=_choose_expected,
     mistakes=(
         Mistake(
+            "04-choose-broadcast-unused",
+            "rank 0's choice reached every rank (a broadcast ran), yet the ranks resumed from different "
+            "steps: each then loaded the newest of its own listing. Load the broadcast value, the one "
+            "rank 0 put in the list",
+            _broadcast_unused,
+        ),
+        Mistake(
             "04-choose-each-rank",
             "the ranks resumed from different checkpoints (step, below): each chose from its own listing. "
             "DDP's wrap gives every rank rank 0's weights, but the optimizer, the position and the random "
             "states come from different steps. Let rank 0 choose and broadcast its choice",
             _each_rank_chose,
+        ),
+        Mistake(
+            "04-choose-no-map-location",
+            "every rank loaded the right checkpoint, but torch.load had no map_location: it then puts each "
+            "tensor back on the device it was saved from, so on GPUs every rank loads rank 0's cuda:0 tensors "
+            "onto GPU 0 (memory there, and a copy later). On the CPU nothing shows but the call itself: give "
+            "map_location=device",
+            lambda seen, expected: all(
+                s.get("step") == e["step"] and s.get("torch.load given a map_location") is False
+                for s, e in zip(seen, expected, strict=True)
+            ),
         ),
         Mistake(
             "04-choose-into-wrapper",

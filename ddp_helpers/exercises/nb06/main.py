@@ -140,6 +140,11 @@ def _skipped_on_failure(seen: Seen, expected: Seen) -> bool:
     )
 
 
+def _barrier_in_finally(seen: Seen, expected: Seen) -> bool:
+    failed = [got["teardown"] for f, got in _all_calls(seen) if f]
+    return bool(failed) and all(t == ["barrier", "destroy_process_group"] for t in failed)
+
+
 def _no_barrier(seen: Seen, expected: Seen) -> bool:
     calls = _all_calls(seen)
     return bool(calls) and all(got["teardown"] == ["destroy_process_group"] for _, got in calls)
@@ -217,6 +222,13 @@ def main(env):
             "when train raised, destroy_process_group was never called: it is not in a finally, so a failing "
             "rank leaves without tearing down its process group",
             _skipped_on_failure,
+        ),
+        Mistake(
+            "06-main-barrier-in-finally",
+            "a rank whose train raised still went to the barrier: it stands in the finally, so the failing "
+            "rank waits there while the others wait for it in their training collectives, and the job hangs "
+            "instead of failing (torchrun never hears of the error). The barrier belongs after train returns",
+            _barrier_in_finally,
         ),
         Mistake(
             "06-main-no-barrier",
