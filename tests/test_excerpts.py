@@ -32,7 +32,7 @@ EXCERPTS: dict[tuple[str, str | None], str] = {
     ("train_checkpoint", "save"): "barrier",
     ("train_checkpoint", "resume"): "load_latest_on_every_rank(",
     ("train", "main"): "setup(",
-    # notebook 02
+    # notebook 02: its companion, deeper/02, shows the phase timer (companions are not scanned here yet)
     ("train_report", "PhaseTimer"): "torch.cuda.synchronize(",
     # notebook 04
     ("checkpoint", "save_checkpoint"): "os.replace(",
