@@ -32,17 +32,18 @@ def samples_counted(text: str) -> list[int]:
 
 
 def first_drawn(text: str) -> list[list[int]]:
-    """The first samples rank 0 drew each epoch, as ddp.py printed them ("rank 0 drew samples [3, 1] first")."""
+    """The first samples a rank drew each epoch, as ddp.py printed them in its log ("rank 1 drew samples [3, 1]
+    first")."""
     return [[int(i) for i in m.split(",")] for m in re.findall(r"drew samples \[([0-9, ]+)\] first", text)]
 
 
-def sampler_firsts(size: int, world: int, epochs: int, count: int = 4) -> list[list[int]]:
-    """The first `count` indices DistributedSampler deals rank 0 in each epoch (seed 0), computed here."""
+def sampler_firsts(size: int, world: int, epochs: int, count: int = 4, rank: int = 0) -> list[list[int]]:
+    """The first `count` indices DistributedSampler deals `rank` in each epoch (seed 0), computed here."""
     from torch.utils.data.distributed import DistributedSampler
 
     firsts = []
     for epoch in range(epochs):
-        sampler: DistributedSampler[int] = DistributedSampler(range(size), num_replicas=world, rank=0)  # type: ignore[arg-type]
+        sampler: DistributedSampler[int] = DistributedSampler(range(size), num_replicas=world, rank=rank)  # type: ignore[arg-type]
         sampler.set_epoch(epoch)
         firsts.append(list(sampler)[:count])
     return firsts

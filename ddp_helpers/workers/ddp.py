@@ -50,12 +50,10 @@ def train(args: argparse.Namespace, device: torch.device) -> None:
             totals += torch.stack([loss.detach() * len(y), torch.tensor(len(y), device=device)])
         # each rank saw its own shard: sum every rank's totals, or rank 0 reports its shard alone
         dist.all_reduce(totals)  # SUM, then divide: gloo on torch 2.7 has no ReduceOp.AVG
-        if rank == 0:  # one process prints: N copies of each line help nobody
-            first = list(sampler)[:4]  # the order this epoch's shuffle dealt rank 0
-            print(
-                f"epoch {epoch}: loss {totals[0] / totals[1]:.4f} (mean over {int(totals[1])} samples); "
-                f"rank 0 drew samples {first} first"
-            )
+        # every rank: where its own shard of this epoch's shuffle starts (no two ranks' shards overlap)
+        print(f"rank {rank} drew samples {list(sampler)[:4]} first")
+        if rank == 0:  # one process prints the loss: N copies of one line help nobody
+            print(f"epoch {epoch}: loss {totals[0] / totals[1]:.4f} (mean over {int(totals[1])} samples)")
 
     if rank == 0:  # one writer: N processes writing one file would corrupt it
         torch.save(model.module.state_dict(), args.save)  # .module: the plain model, no "module." prefix
