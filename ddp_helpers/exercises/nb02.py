@@ -1,5 +1,6 @@
-"""Notebook 02's exercises: the loss you log is the big batch's (all ranks' samples), logged once; and the
-learning rate that goes with the global batch (the linear rule).
+"""Notebook 02's exercises: the loss you log is the big batch's (all ranks' samples), logged once; the
+learning rate that goes with the global batch (the linear rule); and the job's throughput from each rank's
+own clock (a synchronous step lasts the slowest rank's).
 
 Probe inputs make each mistake leave its own mark. In 02-loss-mean rank r holds r + 2 per-sample losses,
 each worth r + 1: the ranks' counts differ, so the mean of all samples, the mean of the ranks' means, the
@@ -261,4 +262,135 @@ LR_SCALE = Exercise(
     covers=("lr-scaled",),
 )
 
-EXERCISES = (LOSS_MEAN, LR_SCALE)
+# ------------------------------------------------------------------ 02-throughput
+THROUGHPUT_BATCH = 32  # per rank
+SINGLE_SAMPLES_PER_S = 200.0  # the one-process baseline at one device's batch
+
+
+def _step_s_of(rank: int) -> float:
+    """Rank r's own clock for one step: 0.1 s x (r + 1), so the slowest rank, the mean and each own differ."""
+    return 0.1 * (rank + 1)
+
+
+def _throughput_setup(ctx: Context) -> dict[str, Any]:
+    return {
+        "step_s": _step_s_of(ctx.rank),
+        "batch_size": THROUGHPUT_BATCH,
+        "single_samples_per_s": SINGLE_SAMPLES_PER_S,
+    }
+
+
+def _throughput_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    def number(value: Any) -> float | None:
+        if hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:
+            value = value.item()
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+    return {"samples_per_s": number(ns.get("samples_per_s")), "efficiency": number(ns.get("efficiency"))}
+
+
+def _job_samples_per_s(world: int, step_s: float) -> float:
+    return THROUGHPUT_BATCH * world / step_s
+
+
+def _throughput_expected(world: int) -> Seen:
+    samples_per_s = _job_samples_per_s(world, max(_step_s_of(r) for r in range(world)))
+    efficiency = samples_per_s / (world * SINGLE_SAMPLES_PER_S)
+    return [{"samples_per_s": samples_per_s, "efficiency": efficiency} for _ in range(world)]
+
+
+def _samples_per_s_is(seen: Seen, values: list[float]) -> bool:
+    got = field_of(seen, "samples_per_s")
+    return all(g is not None and close(g, v) for g, v in zip(got, values, strict=True))
+
+
+def _own_step(seen: Seen, expected: Seen) -> bool:
+    world = len(seen)
+    return world > 1 and _samples_per_s_is(
+        seen, [_job_samples_per_s(world, _step_s_of(r)) for r in range(world)]
+    )
+
+
+def _mean_step(seen: Seen, expected: Seen) -> bool:
+    world = len(seen)
+    mean = sum(_step_s_of(r) for r in range(world)) / world
+    return world > 1 and _samples_per_s_is(seen, [_job_samples_per_s(world, mean)] * world)
+
+
+def _one_rank_batch(seen: Seen, expected: Seen) -> bool:
+    world = len(seen)
+    slowest = max(_step_s_of(r) for r in range(world))
+    return world > 1 and _samples_per_s_is(seen, [THROUGHPUT_BATCH / slowest] * world)
+
+
+def _efficiency_not_per_device(seen: Seen, expected: Seen) -> bool:
+    world = len(seen)
+    right = expected[0]["samples_per_s"]
+    return (
+        world > 1
+        and _samples_per_s_is(seen, [right] * world)
+        and all(
+            e is not None and close(e, right / SINGLE_SAMPLES_PER_S) for e in field_of(seen, "efficiency")
+        )
+    )
+
+
+THROUGHPUT = Exercise(
+    id="02-throughput",
+    notebook="02",
+    title="The job's samples per second, from each rank's own clock",
+    task=(
+        "Each rank timed its own step, `step_s`. Set `samples_per_s`, the whole job's samples per second "
+        "(the same on every rank), and `efficiency`, that throughput against `world_size` single processes."
+    ),
+    given=(
+        "`step_s` (this rank's seconds per step: rank r took 0.1 x (r + 1)), `batch_size` (32 per rank), "
+        "`single_samples_per_s` (200, one process alone), `dist`, `rank`, `world_size`, `device`"
+    ),
+    starter=(
+        "# TODO: the job's step time, from every rank's step_s\n"
+        "samples_per_s = ...  # TODO: every rank's samples, per second of the job's step\n"
+        "efficiency = ...  # TODO: against world_size single processes\n"
+    ),
+    reference=(
+        "slowest = torch.tensor([step_s], dtype=torch.float64, device=device)\n"
+        "dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a step ends on every rank when the last one's does\n"
+        "samples_per_s = batch_size * world_size / slowest.item()\n"
+        "efficiency = samples_per_s / (world_size * single_samples_per_s)\n"
+    ),
+    hint=(
+        "DDP's steps are synchronous: every rank waits in the all-reduce for the slowest, so the job's step "
+        "lasts the longest step_s (all_reduce with ReduceOp.MAX). In that time every rank trains its batch."
+    ),
+    setup=_throughput_setup,
+    observe=_throughput_observe,
+    expected=_throughput_expected,
+    mistakes=(
+        Mistake(
+            "02-throughput-own-step",
+            "each rank used its own step_s: the ranks disagree, and a fast rank counts time it spent waiting "
+            "for the slowest as if it trained. All-reduce the step time with MAX",
+            _own_step,
+        ),
+        Mistake(
+            "02-throughput-mean-step",
+            "samples_per_s uses the mean step time: a synchronous step lasts as long as the slowest rank's. "
+            "All-reduce with MAX, not a SUM divided by the world size",
+            _mean_step,
+        ),
+        Mistake(
+            "02-throughput-one-rank",
+            "samples_per_s counts one rank's batch: in each step every rank trains batch_size samples, so "
+            "the job trains batch_size x world_size",
+            _one_rank_batch,
+        ),
+        Mistake(
+            "02-throughput-efficiency-not-per-device",
+            "efficiency compares the job with one single process: divide by world_size x "
+            "single_samples_per_s, what world_size devices would do alone",
+            _efficiency_not_per_device,
+        ),
+    ),
+)
+
+EXERCISES = (LOSS_MEAN, LR_SCALE, THROUGHPUT)
