@@ -150,3 +150,36 @@ def test_the_collectives_script_draws_every_picture_the_glossary_shows(tmp_path)
         texts = {el.text for el in ET.parse(path).iter() if el.tag.endswith("text") and el.text}
         ranks = {f"rank {r}" for r in range(draw.RANKS)}
         assert ranks | {"before", "after"} <= texts, f"{path.name} lacks rank or before/after labels: {texts}"
+
+
+# ------------------------------------------------------------------------------------------- the notebooks
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")) + sorted(
+    (ROOT / "notebooks" / "deeper").glob("[0-9][0-9]_*.ipynb")
+)
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: str(p.relative_to(ROOT / "notebooks")))
+def test_every_relative_link_in_a_notebook_leads_to_a_file(notebook, tmp_path):
+    """A lesson's link to its companion, a companion's back to its lesson, both to the glossary: as JupyterLab
+    opens them, relative to the notebook's folder (the markdown cells, read as one page there)."""
+    import json
+
+    cells = json.loads(notebook.read_text())["cells"]
+    page = notebook.with_suffix(".links.md")  # beside the notebook, so that its links resolve from there
+    text = "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    try:
+        page.write_text(text)
+        broken = [b for b in broken_links(page) if not b.startswith("#")]  # in-notebook anchors: not checked
+    finally:
+        page.unlink(missing_ok=True)
+    assert not broken, f"{notebook.relative_to(ROOT)} links to what is not there: {broken}"
+
+
+def test_every_lesson_with_a_companion_links_it():
+    lessons = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    missing = []
+    for companion in sorted((ROOT / "notebooks" / "deeper").glob("[0-9][0-9]_*.ipynb")):
+        lesson = next(p for p in lessons if p.stem[:2] == companion.stem[:2])
+        if f"deeper/{companion.name}" not in lesson.read_text():
+            missing.append(f"{lesson.name} -> deeper/{companion.name}")
+    assert not missing, f"lessons that never link their companion: {missing}"
