@@ -177,14 +177,7 @@ def load_latest_on_every_rank(
         state, path = load_latest(directory, map_location)
         choice[0] = None if path is None else str(path)
     dist.broadcast_object_list(choice, src=0)  # rank 0's choice reaches every rank
-    # On torch 2.7 with gloo, a dist.destroy_process_group() right after this broadcast can hang. py-spy
-    # showed ~ProcessGroupGloo joining a gloo thread while holding the GIL, and that thread waiting for
-    # the GIL to free the broadcast's tensors (pytorch#154976, June 2025, releases the GIL there). The
-    # barrier narrows the window without closing it: the barrier's own work still holds the broadcast's
-    # until gloo's thread frees it (9 of 25 runs of test_checkpoint's agreement script hung without it;
-    # 8 of 268 with it, 2 loops at once on 2 cores). Workers end with teardown.destroy_process_group(),
-    # which skips that destroy on gloo.
-    dist.barrier()
+    dist.barrier()  # torch 2.7, gloo: a destroy right after the broadcast can hang (docs/torch-versions.md)
     if choice[0] is None:
         return None, None
     if dist.get_rank() == 0:
