@@ -15,14 +15,19 @@ from collections.abc import Sequence
 from .core import Machine, NotebookPlan, RunPlan, by_kind, placement, placement_line
 
 # the largest all_reduce message across the nodes, full and smoke: a GPU link (NVLink, InfiniBand)
-# needs larger messages than a CPU's loopback before its bandwidth shows
+# needs larger messages than a CPU's loopback before its bandwidth shows. The waits: how long the lonely
+# node waits for its peer, the elastic job's steps (long enough for a node to join and another to leave)
+# and the most each membership change may take (agents import torch: slow on a busy machine), and the
+# SLURM job's limit (6 processes import torch on a small machine)
+WAITS = {"missing_node_timeout": 20, "elastic_steps": 40, "elastic_wait_s": 180, "slurm_job_timeout": 300}
+SMOKE_WAITS = {**WAITS, "missing_node_timeout": 5, "elastic_steps": 30}
 SIZES = {
-    "cpu": {"max_bytes": 1 << 24},
-    "cuda": {"max_bytes": 1 << 28},
+    "cpu": {"max_bytes": 1 << 24, **WAITS},
+    "cuda": {"max_bytes": 1 << 28, **WAITS},
 }
 SMOKE_SIZES = {
-    "cpu": {"max_bytes": 1 << 16},
-    "cuda": {"max_bytes": 1 << 24},
+    "cpu": {"max_bytes": 1 << 16, **SMOKE_WAITS},
+    "cuda": {"max_bytes": 1 << 24, **SMOKE_WAITS},
 }
 
 
