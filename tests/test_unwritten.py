@@ -49,6 +49,12 @@ def test_a_placeholder_left_in_a_written_answer_names_its_todo():
     )
 
 
+def test_a_numbered_todo_is_named_by_its_number_once():
+    assert open_todos("rank = ...  # TODO 1: this process's rank\n") == [
+        "line 1 (TODO 1): this process's rank"
+    ]
+
+
 def test_a_placeholder_without_a_todo_comment_shows_its_line():
     assert open_todos("x = 1\ny = f(...)\n") == ["line 2: y = f(...)"]
 

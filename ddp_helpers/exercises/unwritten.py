@@ -13,7 +13,7 @@ import re
 
 from .spec import Exercise
 
-_TODO = re.compile(r"#\s*TODO:?\s*(.*)$")
+_TODO = re.compile(r"#\s*TODO\s*(\d+)?:?\s*(.*)$")  # "# TODO: ..." or a numbered "# TODO 3: ..."
 
 
 def _placeholder_lines(code: str) -> list[int]:
@@ -50,8 +50,9 @@ def open_todos(code: str) -> list[str]:
     for number in _placeholder_lines(code):
         text = lines[number - 1]
         todo = _TODO.search(text)
+        where = f"line {number}" + (f" (TODO {todo.group(1)})" if todo and todo.group(1) else "")
         found.append(
-            f"line {number}: " + (todo.group(1).strip() if todo and todo.group(1).strip() else text.strip())
+            f"{where}: " + (todo.group(2).strip() if todo and todo.group(2).strip() else text.strip())
         )
     return found
 
