@@ -70,6 +70,14 @@ def _ranks_summed(seen: Seen, expected: Seen) -> bool:
     return world > 1 and all(t == [float(sum(range(world)))] for t in _totals(seen))
 
 
+def _averaged(seen: Seen, expected: Seen) -> bool:
+    world = len(seen)
+    mean = sum(value_of(r) for r in range(world)) / world
+    return world > 1 and all(
+        t is not None and len(t) == 1 and math.isclose(t[0], mean) for t in _totals(seen)
+    )
+
+
 def _kept_own(seen: Seen, expected: Seen) -> bool:
     return len(seen) > 1 and all(t == [value_of(r)] for r, t in enumerate(_totals(seen)))
 
@@ -99,6 +107,12 @@ SUM = Exercise(
     observe=_sum_observe,
     expected=_sum_expected,
     mistakes=(
+        Mistake(
+            "00-sum-averaged",
+            "every rank holds the mean of the values, not their sum: the answer divided by the world size. "
+            "all_reduce adds (its default op is SUM); DDP's gradient is a mean because DDP divides, after it",
+            _averaged,
+        ),
         Mistake(
             "00-sum-returned-none",
             "total is None on every rank: dist.all_reduce changes its tensor in place and returns None "
@@ -191,6 +205,10 @@ def _counted_elements(seen: Seen, expected: Seen) -> bool:
     return _ratios_are(seen, 0, _right(0), [1 / element_size(p[0]) for p in PROBES])
 
 
+def _four_bytes(seen: Seen, expected: Seen) -> bool:
+    return _ratios_are(seen, 0, _right(0), [4 / element_size(p[0]) for p in PROBES])
+
+
 def _no_factor(seen: Seen, expected: Seen) -> bool:
     factors = [2 * (p[3] - 1) / p[3] for p in PROBES]
     return _ratios_are(seen, 0, _right(0), [1.0] * 3) and _ratios_are(
@@ -234,6 +252,12 @@ BUSBW = Exercise(
     observe=_busbw_observe,
     expected=_busbw_expected,
     mistakes=(
+        Mistake(
+            "00-busbw-four-bytes",
+            "right for float32 only: the answer counts 4 bytes per element, but a bfloat16 element is 2 bytes "
+            "and a float64 one 8. tensor.element_size() says how many",
+            _four_bytes,
+        ),
         Mistake(
             "00-busbw-elements",
             "algbw is the right one divided by each message's element size (2, 4, 8): it counts elements, "
