@@ -50,9 +50,9 @@ def train(args: argparse.Namespace, device: torch.device) -> None:
             totals += torch.stack([loss.detach() * len(y), torch.tensor(len(y), device=device)])
         # each rank saw its own shard: sum every rank's totals, or rank 0 reports its shard alone
         dist.all_reduce(totals)  # SUM, then divide: gloo on torch 2.7 has no ReduceOp.AVG
-        # every rank: where its own shard of this epoch's shuffle starts (no two ranks' shards overlap);
-        # flush=True: each line leaves in one write, so the ranks' lines never cut into each other
-        print(f"rank {rank} drew samples {list(sampler)[:4]} first", flush=True)
+        # every rank: where its own shard of this epoch's shuffle starts (no two ranks' shards overlap). On one
+        # terminal the ranks' lines can run together; torchrun --tee 3 prefixes and separates them
+        print(f"rank {rank} drew samples {list(sampler)[:4]} first")
         if rank == 0:  # one process prints the loss: N copies of one line help nobody
             print(
                 f"epoch {epoch}: loss {totals[0] / totals[1]:.4f} (mean over {int(totals[1])} samples)",
@@ -61,7 +61,7 @@ def train(args: argparse.Namespace, device: torch.device) -> None:
 
     if rank == 0:  # one writer: N processes writing one file would corrupt it
         torch.save(model.module.state_dict(), args.save)  # .module: the plain model, no "module." prefix
-        print(f"saved {args.save}", flush=True)
+        print(f"saved {args.save}")
 
 
 def main() -> None:
