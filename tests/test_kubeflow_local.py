@@ -38,6 +38,7 @@ def test_the_link_wheel_answers_for_torch_with_torchs_own_entry_points(tmp_path)
     assert link.startswith("import site; site.addsitedir(") and "site-packages" in link
 
 
+@pytest.mark.heavy  # the SDK starts the job from a thread of its own
 def test_the_lessons_ddp_script_trains_as_a_local_trainjob(tmp_path):
     script = tmp_path / "ddp.py"
     shutil.copy(worker_path("ddp"), script)
@@ -53,6 +54,7 @@ def test_the_lessons_ddp_script_trains_as_a_local_trainjob(tmp_path):
     assert sorted(state) == ["0.bias", "0.weight", "2.bias", "2.weight"]  # the plain model's keys
 
 
+@pytest.mark.heavy  # the SDK starts the job from a thread of its own
 def test_a_failing_job_comes_back_failed_with_its_traceback(tmp_path):
     script = tmp_path / "fails.py"
     script.write_text("import os\nraise SystemExit(f'rank {os.environ[\"RANK\"]} gives up')\n")
