@@ -164,6 +164,26 @@ def test_a_verdict_is_one_json_object():
     assert {"exercise", "passed", "diagnosis", "message"} <= data.keys() and data["passed"] is False
 
 
+def test_a_named_mistake_gives_its_own_hint_and_no_hint_repeats_what_the_learner_did():
+    from dataclasses import replace
+
+    from ddp_helpers.exercises.checker import judge
+    from ddp_helpers.exercises.spec import Mistake
+
+    exercise = get("01-shard")
+    always = Mistake(
+        "01-test-always", "always matches", lambda seen, expected: True, hint="do the other thing"
+    )
+    verdict = judge(replace(exercise, mistakes=(always,)), [{"rank": 0, "error": None, "drawn": []}])
+    assert (verdict.diagnosis, verdict.hint) == ("01-test-always", "do the other thing"), verdict.text()
+    plain = Mistake("01-test-plain", "always matches", lambda seen, expected: True)
+    verdict = judge(replace(exercise, mistakes=(plain,)), [{"rank": 0, "error": None, "drawn": []}])
+    assert verdict.hint == exercise.hint, "a mistake with no hint of its own falls back to the exercise's"
+    for each in EXERCISES:
+        for mistake in each.mistakes:
+            assert mistake.hint != mistake.message, f"{mistake.id}: its hint only repeats its message"
+
+
 # ------------------------------------------------------------------ the command line
 def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(

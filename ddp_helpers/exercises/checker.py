@@ -97,7 +97,15 @@ def judge(exercise: Exercise, results: list[dict[str, Any]]) -> Verdict:
             matched = False
         if matched:
             return Verdict(
-                exercise.id, False, mistake.id, mistake.message, exercise.hint, world, seen, expected, diffs
+                exercise.id,
+                False,
+                mistake.id,
+                mistake.message,
+                mistake.hint or exercise.hint,
+                world,
+                seen,
+                expected,
+                diffs,
             )
     if errors:
         first = min(errors)

@@ -32,12 +32,14 @@ class Context:
 class Mistake:
     """One known wrong answer: its id (a mutant's `diagnosis`), what the learner is told, and its signature.
 
-    `matches(seen, expected)` looks only at what the ranks did, never at the answer's text.
+    `matches(seen, expected)` looks only at what the ranks did, never at the answer's text. `hint`: what
+    to do instead, for this mistake (the exercise's own hint when empty); never what the learner already did.
     """
 
     id: str
     message: str
     matches: Callable[[Seen, Seen], bool]
+    hint: str = ""
 
 
 @dataclass(frozen=True)
