@@ -16,7 +16,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from ..backends import resolve_backend
 from ..errors import LaunchTimeout, WorkerFailed
+from ..launcher.machine import visible_gpus
 from ..launcher.runner import launch
 from ..run_contract import SUMMARY_FILE
 
@@ -137,6 +139,11 @@ class PitfallRuns:
             raise AssertionError(f"the {case!r} pitfall ran to the end: it no longer shows what it should")
         raise AssertionError(f"the {case!r} pitfall never got all {self.world} ranks started")
 
+    @staticmethod
+    def runs_on_nccl(backend: str) -> bool:
+        """Whether a launch with `backend` runs on nccl: "auto" resolved as launch() resolves it."""
+        return resolve_backend(backend, visible_gpus())[0] == "nccl"
+
     def check_mismatch(self, hang_timeout: float, **options: Any) -> str:
         """Run the mismatched all_reduce; print how it went wrong, and raise unless it went wrong there.
 
@@ -144,7 +151,7 @@ class PitfallRuns:
         in that call (its traceback or its stack says so); or if a rank got a wrong sum. Returns
         "named" (an abort that names the mismatch), "hung" or "wrong sums"."""
         pg_timeout = max(hang_timeout, 10)  # it also bounds the ranks' meeting in init_process_group
-        nccl = options.get("backend", self.backend) == "nccl"
+        nccl = self.runs_on_nccl(options.get("backend", self.backend))
         extra = ("--pg-timeout", pg_timeout)
         try:
             result = self.run_case("mismatch", *extra, timeout=3 * hang_timeout, **options)
