@@ -89,7 +89,8 @@ def judge(exercise: Exercise, results: list[dict[str, Any]]) -> Verdict:
     found = differences(results, expected, exercise.tolerance)
     diffs = [{"rank": r, "field": f, "seen": s, "expected": e} for r, f, s, e in found]
     if not errors and not found:
-        return Verdict(exercise.id, True, PASSED, _passed_message(exercise, world), "", world, seen, expected)
+        message = _passed_message(exercise, world, results)
+        return Verdict(exercise.id, True, PASSED, message, "", world, seen, expected)
     for mistake in exercise.mistakes:
         try:
             matched = mistake.matches(results, expected)
@@ -121,8 +122,12 @@ def judge(exercise: Exercise, results: list[dict[str, Any]]) -> Verdict:
     return Verdict(exercise.id, False, UNKNOWN, message, exercise.hint, world, seen, expected, diffs)
 
 
-def _passed_message(exercise: Exercise, world: int) -> str:
-    return f"{exercise.title}: every rank did what a right answer does, on {world} rank(s)."
+def _passed_message(exercise: Exercise, world: int, results: list[dict[str, Any]]) -> str:
+    """Passed; with the notes a rank's `observe` left (`"notes"`: what the answer does that is right
+    but costly, or harmless but unneeded), each said once."""
+    message = f"{exercise.title}: every rank did what a right answer does, on {world} rank(s)."
+    notes = dict.fromkeys(note for r in results for note in r.get("notes") or ())
+    return message + (" Note: " + "; ".join(notes) + "." if notes else "")
 
 
 def _hung(exercise: Exercise, ranks: Any, world: int, error: str, bound: float) -> Verdict:
