@@ -29,6 +29,7 @@ class _Run:
         self.weight = torch.zeros(RESUME_SIZE, dtype=torch.float64)
         self.buffer = torch.zeros(RESUME_SIZE, dtype=torch.float64)
         self.trained: list[list[int]] = [[] for _ in range(world)]
+        self.per_epoch: list[dict[str, int]] = [{} for _ in range(world)]  # "epoch E" -> batches trained
         self.masks: list[list[str]] = [[] for _ in range(world)]
         self.orders = [
             [sampler_order(RESUME_SIZE, world, r, e) for r in range(world)] for e in range(RESUME_EPOCHS)
@@ -47,6 +48,8 @@ class _Run:
             grad[index] += mask[index] / self.world  # the gradient of w . (x * mask) for one-hot x
             if record:
                 self.trained[r].append(index)
+                key = f"epoch {epoch}"
+                self.per_epoch[r][key] = self.per_epoch[r].get(key, 0) + 1
                 self.masks[r].append("".join(str(int(m)) for m in mask.tolist()))
         self.buffer = RESUME_MOMENTUM * self.buffer + grad
         self.weight = self.weight - RESUME_LR * self.buffer
@@ -76,13 +79,16 @@ def simulate(
     loader_generator: bool = True,
     restore_loader: bool = True,
     skip_done: bool = True,
+    skip_every_epoch: bool = False,
+    from_epoch: int = RESUME_EPOCH,
 ) -> dict[str, Any]:
     """The run from the start to the checkpoint, then the resumed run, in plain torch math.
 
     Returns the checkpoint ("weight", "buffer", "rng", "loader": per-rank states) and, per rank, what the
-    resumed run did: "trained" (sample indices), "masks" (one string of 0/1 a step), "weight" (final) and
-    "next_seed" (the next number the loader's generator gives; None without one). The flags make one
-    piece of the resume wrong, as a wrong answer would."""
+    resumed run did: "trained" (sample indices), "batches_per_epoch" ("epoch E" -> batches trained), "masks"
+    (one string of 0/1 a step), "weight" (final) and "next_seed" (the next number the loader's generator
+    gives; None without one). The flags make one piece of the resume wrong, as a wrong answer would
+    (`from_epoch`: the epoch the resumed loop starts at)."""
     import torch
 
     run = _Run(world)
@@ -98,9 +104,9 @@ def simulate(
             run.loader_rng[r].set_state(ckpt["loader"][r])
     if not restore_optimizer:
         run.buffer = torch.zeros(RESUME_SIZE, dtype=torch.float64)
-    for epoch in range(RESUME_EPOCH, RESUME_EPOCHS):
+    for epoch in range(from_epoch, RESUME_EPOCHS):
         run.draw_seed(run.loader_rng if loader_generator else run.global_rng)
-        first = RESUME_BATCH if epoch == RESUME_EPOCH and skip_done else 0
+        first = RESUME_BATCH if (epoch == RESUME_EPOCH or skip_every_epoch) and skip_done else 0
         for batch in range(first, run.steps):
             run.step(epoch, batch, record=True)
     next_seed = [
@@ -110,6 +116,7 @@ def simulate(
     ranks = [
         {
             "trained": run.trained[r],
+            "batches_per_epoch": run.per_epoch[r],
             "masks": run.masks[r],
             "weight": run.weight.tolist(),
             "next_seed": next_seed[r],
@@ -148,6 +155,7 @@ def _resume_setup(ctx: Context) -> dict[str, Any]:
     dataset = TensorDataset(torch.eye(RESUME_SIZE, dtype=torch.float64), torch.arange(RESUME_SIZE))
     sampler: DistributedSampler[Any] = DistributedSampler(dataset)
     trained: list[int] = []
+    per_epoch: dict[str, int] = {}
     masks: list[str] = []
 
     def train_step(x: Any, y: Any) -> None:
@@ -157,6 +165,8 @@ def _resume_setup(ctx: Context) -> dict[str, Any]:
         ddp_model(x.to(device) * mask.to(device)).sum().backward()
         optimizer.step()
         trained.append(int(y.item()))
+        key = f"epoch {sampler.epoch}"  # the epoch set_epoch last gave the sampler
+        per_epoch[key] = per_epoch.get(key, 0) + 1
         masks.append("".join(str(int(m)) for m in mask.tolist()))
 
     torch.manual_seed(RESUME_SEED + ctx.rank)  # a fresh job seeds as the first one did
@@ -170,12 +180,17 @@ def _resume_setup(ctx: Context) -> dict[str, Any]:
         "epochs": RESUME_EPOCHS,
         "seed": RESUME_SEED,
         "_trained": trained,
+        "_per_epoch": per_epoch,
         "_masks": masks,
     }
 
 
 def _resume_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    out: dict[str, Any] = {"trained": list(ns["_trained"]), "masks": list(ns["_masks"])}
+    out: dict[str, Any] = {
+        "trained": list(ns["_trained"]),
+        "batches_per_epoch": dict(ns["_per_epoch"]),
+        "masks": list(ns["_masks"]),
+    }
     plain = getattr(ns.get("ddp_model"), "module", None)
     if plain is not None:
         out["weight"] = plain.weight.detach().cpu().flatten().tolist()
@@ -196,6 +211,18 @@ def _like(name: str, **wrong: bool) -> Any:
         return all(s.get(name) == v[name] for s, v in zip(seen, variant, strict=True))
 
     return matches
+
+
+def _from_epoch_0(seen: Seen, expected: Seen) -> bool:
+    """Every rank's resumed run began with epoch 0's batches (whole, or less the checkpoint's done ones)."""
+    world = len(seen)
+    for rank, s in enumerate(seen):
+        order = sampler_order(RESUME_SIZE, world, rank, 0)
+        trained = list(s.get("trained") or [])
+        whole, skipped = order, order[RESUME_BATCH:]
+        if trained[: len(whole)] != whole and trained[: len(skipped)] != skipped:
+            return False
+    return True
 
 
 def _same_as(name: str, **wrong: bool) -> Any:
@@ -266,18 +293,42 @@ RESUME = Exercise(
             "the resumed epoch trained its first batches again (trained, below): skip the checkpoint's "
             "batch_in_epoch batches, in the resumed epoch only",
             _like("trained", skip_done=False),
+            hint='In the checkpoint\'s epoch, `continue` while `i < ckpt["batch_in_epoch"]`: those batches were '
+            "trained before the checkpoint. Later epochs start at their first batch.",
+        ),
+        Mistake(
+            "04-resume-skip-every-epoch",
+            "every epoch after the resume skipped its first batch_in_epoch batches, not only the resumed "
+            "epoch: each later epoch trained fewer batches than the sampler deals each rank "
+            "(batches_per_epoch, below), and the samples skipped there are never trained",
+            _like("trained", skip_every_epoch=True),
+            hint="Skip only in the epoch the checkpoint was taken in: "
+            '`done = ckpt["batch_in_epoch"] if epoch == ckpt["epoch"] else 0`, and `continue` while `i < done`; '
+            "every later epoch starts at its first batch.",
+        ),
+        Mistake(
+            "04-resume-from-epoch-0",
+            "the resumed run began again with epoch 0's batches (trained, below): the loop started at epoch "
+            "0, not at the checkpoint's epoch, so the epochs before the checkpoint are trained twice",
+            _from_epoch_0,
+            hint='Start the loop at the checkpoint\'s epoch: `for epoch in range(ckpt["epoch"], epochs)`.',
         ),
         Mistake(
             "04-resume-rank0-rng",
             "every rank drew rank 0's dropout masks: each rank restored rank 0's random state. "
             'Restore ckpt["rng"][rank], each its own',
             lambda seen, expected: len(seen) > 1 and _like("masks", rng_of_rank0=True)(seen, expected),
+            hint='Index the saved states by this rank, `ckpt["rng"][rank]`: each rank drew its own masks, so '
+            "each restores its own state.",
         ),
         Mistake(
             "04-resume-rng-not-restored",
             "the dropout masks after the resume are a fresh job's, not the uninterrupted run's: this rank's "
             "random state was not restored (torch.set_rng_state)",
             _like("masks", restore_rng=False),
+            hint="Put this rank's saved state back with `torch.set_rng_state` (its "
+            '`ckpt["rng"][rank]["torch"]`, on the CPU), after any `torch.manual_seed`: a reseed after it '
+            "replaces the state it restored.",
         ),
         Mistake(
             "04-resume-no-loader-generator",
@@ -285,18 +336,25 @@ RESUME = Exercise(
             "iter(loader) took its seed from the global generator, one draw the uninterrupted run took "
             "before the checkpoint. Give the loader a generator of its own",
             _like("masks", loader_generator=False),
+            hint="Build the loader with `generator=generator` (seeded `seed + rank`), and restore that "
+            "generator's saved state before the loop.",
         ),
         Mistake(
             "04-resume-loader-not-restored",
             "the loader's generator goes on from its fresh seed, not from the checkpoint: its workers would "
             "get other seeds than in the uninterrupted run (and other random augmentations)",
             _like("next_seed", restore_loader=False),
+            hint="Restore the loader generator's state too: "
+            '`generator.set_state(ckpt["rng"][rank]["loader"].cpu())`, the state it had before the '
+            "checkpoint's epoch drew from it.",
         ),
         Mistake(
             "04-resume-no-optimizer",
             "the weights leave the uninterrupted run's from the first step after the resume: the momentum "
             "buffers were not restored (optimizer.load_state_dict)",
             _same_as("weight", restore_optimizer=False),
+            hint='Load the optimizer\'s saved state, `ckpt["optimizer"]`, with `optimizer.load_state_dict` '
+            "before the first step: it holds the momentum buffers.",
         ),
     ),
     covers=("restore-rng", "skip-done-batches", "loader-generator"),
