@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -28,7 +29,7 @@ class Verdict:
     ranks_restarted: bool = False
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), default=repr)
+        return json.dumps(_json_safe(asdict(self)), default=repr, allow_nan=False)
 
     def text(self) -> str:
         if self.passed:
@@ -101,6 +102,18 @@ class Verdict:
         return self.text()
 
     __repr__ = __str__  # what a terminal, papermill's text output and a log show
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN and the infinities as the strings "nan", "inf" and "-inf": JSON has no such numbers (json.dumps
+    would write NaN, which strict readers refuse, and some writers turn it into null)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(float(value))
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    return value
 
 
 def _short(value: Any, limit: int = 80) -> str:
