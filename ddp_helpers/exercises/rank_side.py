@@ -4,12 +4,19 @@ The checker sends each live rank ``run(ID, CODE, WORKDIR)``, then asks for `LAST
 values only (lists, numbers, strings), so that the kernel can show and compare them. Where the answer
 raised, `run` raises it again once the result is kept: the live ranks then see a failed cell, and one
 that raised while the others wait for it in a collective ends the cell in seconds, not at the timeout.
+
+The live ranks share one machine, where LOCAL_RANK equals RANK. An exercise that declares `nodes=2` runs
+its answer as ranks of two nodes instead (`node_layout`): torchrun's per-node variables in `os.environ`,
+and `local_rank` in the namespace, are those of such a job while the answer runs, then restored. The
+process group, `rank`, `world_size` and `device` stay the rank's own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -58,6 +65,53 @@ def base_namespace(ctx: Context) -> dict[str, Any]:
     }
 
 
+def node_layout(rank: int, world: int, nodes: int) -> dict[str, int] | None:
+    """Where `rank` sits on a job of `nodes` nodes: the variables torchrun sets per node, as numbers.
+
+    The ranks are dealt to the nodes in order, ceil(world / nodes) per node, the last node taking what is
+    left (3 ranks on 2 nodes: ranks 0 and 1 on node 0, rank 2 on node 1): torchrun's agents may each start
+    their own count, and give the global ranks out node after node. None where one node holds every rank.
+    """
+    per_node = -(-world // max(nodes, 1))
+    if world < 2 or per_node >= world:
+        return None
+    node = rank // per_node
+    return {
+        "LOCAL_RANK": rank - node * per_node,
+        "LOCAL_WORLD_SIZE": min(per_node, world - node * per_node),
+        "GROUP_RANK": node,  # the node's (the agent's) number
+        "GROUP_WORLD_SIZE": -(-world // per_node),  # the nodes
+        "ROLE_RANK": rank,  # one role ("default"): the role's ranks are the job's
+        "ROLE_WORLD_SIZE": world,
+    }
+
+
+@contextlib.contextmanager
+def environment(values: dict[str, Any]) -> Iterator[None]:
+    """`os.environ` holding `values` (as strings) for a `with`, then as it was."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update({name: str(value) for name, value in values.items()})
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _pretend_layout(nodes: int, ctx: Context, namespace: dict[str, Any]) -> dict[str, int] | None:
+    """The node layout this rank's answer runs in, where the exercise asks for one (`Exercise.nodes`).
+
+    Only where the answer's `device` is the CPU: on GPUs a rank's device is cuda:<its real LOCAL_RANK>,
+    and a right answer that takes its GPU from `local_rank` (DDP's device_ids) must still get its own."""
+    device = namespace.get("device")
+    if nodes < 2 or getattr(device, "type", None) != "cpu":
+        return None
+    return node_layout(ctx.rank, ctx.world_size, nodes)
+
+
 def run(exercise_id: str, code: str, workdir: str) -> dict[str, Any]:
     """Run `code` as exercise `exercise_id` on this rank; what it did, as plain values (also in `LAST`)."""
     global LAST
@@ -67,9 +121,13 @@ def run(exercise_id: str, code: str, workdir: str) -> dict[str, Any]:
     os.makedirs(workdir, exist_ok=True)
     namespace = base_namespace(ctx)
     namespace.update(exercise.setup(ctx))
-    result: dict[str, Any] = {"rank": ctx.rank, "error": None}
+    layout = _pretend_layout(exercise.nodes, ctx, namespace)
+    if layout is not None and isinstance(namespace.get("local_rank"), int):  # 06 gives None: it reads `env`
+        namespace["local_rank"] = layout["LOCAL_RANK"]
+    # the layout the answer ran in (None: the machine's own), for the signatures of LOCAL_RANK mistakes
+    result: dict[str, Any] = {"rank": ctx.rank, "error": None, "node layout": layout}
     raised: Exception | None = None
-    with Observers() as seen:
+    with Observers() as seen, environment(layout or {}):  # dist.get_node_local_rank() reads LOCAL_RANK too
         try:
             exec(compile(code, ANSWER_FILE, "exec"), namespace)
         except Exception as error:  # the learner's exception is a finding: kept, then raised again

@@ -5,7 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from ..spec import Context, Exercise, Mistake, Seen
-from .shared import _epochs_repeat, _every_rank, _every_rank_drew_all, _module_keys, _not_saved, sampler_order
+from .shared import (
+    _epochs_repeat,
+    _every_rank,
+    _every_rank_drew_all,
+    _first_of_each_node,
+    _module_keys,
+    _not_saved,
+    sampler_order,
+)
 
 # ------------------------------------------------------------------ 01-convert
 CONVERT_SIZE = 45  # 2, 3, 4 and 8 ranks do not divide it: the sampler pads
@@ -137,7 +145,8 @@ CONVERT = Exercise(
         "The cell holds `single_device.py`'s training, as every rank runs it. Make it DDP: this process's "
         "rank from the environment torchrun set, a `DistributedSampler` for the loader (and a new order "
         "each epoch), the model wrapped in DDP, and printing and saving on rank 0 only (the plain model's "
-        "weights)."
+        "weights). On the CPU the checker runs your answer as the ranks of 2 nodes (`LOCAL_RANK` and "
+        "`local_rank` as torchrun sets them there), where only one rank of the job has RANK 0."
     ),
     given=(
         "`make_dataset()` (45 samples), `make_model()`, `epochs` (2), `batch_size`, `lr`, `save_path`, "
@@ -192,42 +201,66 @@ CONVERT = Exercise(
             "every rank drew all 45 samples each epoch: the loader shuffles by itself, with no "
             "DistributedSampler, so the ranks train on the same data and the job does N times the work",
             _every_rank_drew_all(CONVERT_SIZE),
+            hint="Give the loader a DistributedSampler over the dataset (its sampler= argument), kept in a "
+            "name for set_epoch, and drop shuffle=True: the sampler deals each rank its own shard, shuffled.",
         ),
         Mistake(
             "01-convert-no-set-epoch",
             "epoch 1 drew exactly epoch 0's order on every rank: the sampler shuffles with seed + epoch, and "
             "learns the epoch only from sampler.set_epoch(epoch)",
             _epochs_repeat,
+            hint="sampler.set_epoch(epoch), first in each epoch, before the batches.",
         ),
         Mistake(
             "01-convert-not-wrapped",
             "the model is not a DDP model, and the ranks' weights now differ: each rank followed the "
             "gradients of its own shard, and nobody averaged them",
             _models_apart,
+            hint='model = DDP(make_model().to(device), device_ids=[local_rank] if device.type == "cuda" else '
+            "None): each backward() through it averages the gradients over the ranks.",
+        ),
+        Mistake(
+            "01-convert-local-rank",
+            "the first rank of every node printed and saved (the probe ran as 2 nodes: rank 0 and the first "
+            "rank of node 1, below): `rank` holds LOCAL_RANK, a process's place on its own node, so a job of "
+            "N nodes prints every line N times and has N writers of one file",
+            lambda seen, expected: any(
+                _first_of_each_node(name)(seen, expected) for name in ("printed", "saved")
+            ),
+            hint="Read `rank` from RANK in os.environ: RANK counts the processes of every node, and one "
+            "process of the job has RANK 0. LOCAL_RANK (`local_rank`) picks the node's GPU only.",
         ),
         Mistake(
             "01-convert-every-rank-prints",
             "every rank printed: N copies of each line, each about one rank's own batch; print on rank 0 only",
             _every_rank("printed"),
+            hint="Put the print under `if rank == 0:`, with `rank` read from RANK, the job's rank (LOCAL_RANK "
+            "is 0 on every node's first rank; in the probe's 2 nodes at 2 ranks, on both).",
         ),
         Mistake(
             "01-convert-every-rank-saves",
             "every rank called torch.save on the one file: N writers race, and the file can end up as none "
             "of their saves; save on rank 0 only",
             _every_rank("saved"),
+            hint="Put the save under `if rank == 0:`, with `rank` read from RANK, the job's rank (LOCAL_RANK "
+            "is 0 on every node's first rank; in the probe's 2 nodes at 2 ranks, on both).",
         ),
         Mistake(
             "01-convert-module-keys",
             "the saved keys start with 'module.': that is the DDP wrapper's state_dict, which a plain model "
             "refuses to load. Save model.module.state_dict()",
             _module_keys,
+            hint="model.module is the plain model inside the DDP wrapper: save its state_dict().",
         ),
         Mistake(
             "01-convert-not-saved",
             "rank 0 wrote no file at save_path: is `rank` this process's rank (int(os.environ['RANK']))?",
             _not_saved,
+            hint="`rank` is RANK from os.environ (0 to WORLD_SIZE - 1); under `if rank == 0:`, save the "
+            "plain model's state_dict() to save_path itself.",
         ),
     ),
+    nodes=2,
     covers=(
         "rank-world",
         "sampler",

@@ -32,6 +32,27 @@ def _not_saved(seen: Seen, expected: Seen) -> bool:
     return seen[0].get("file_keys") is None and not seen[0].get("error")
 
 
+def node_layouts(seen: Seen) -> list[dict[str, int]] | None:
+    """Each rank's place on the pretend nodes its answer ran on (rank_side.node_layout: LOCAL_RANK,
+    LOCAL_WORLD_SIZE, GROUP_RANK ...), or None where the answer ran as the machine is, on one node."""
+    layouts = field_of(seen, "node layout")
+    return layouts if len(seen) > 1 and all(layouts) else None
+
+
+def _first_of_each_node(name: str) -> Any:
+    """The ranks that did `name` (saved, printed) are the first of each node, LOCAL_RANK 0: a guard on
+    LOCAL_RANK, where RANK belongs. Named apart from "every rank" only where a node holds two ranks."""
+
+    def matches(seen: Seen, expected: Seen) -> bool:
+        layouts = node_layouts(seen)
+        if layouts is None:
+            return False
+        firsts = [layout["LOCAL_RANK"] == 0 for layout in layouts]
+        return 1 < sum(firsts) < len(seen) and [bool(s.get(name)) for s in seen] == firsts
+
+    return matches
+
+
 def sampler_order(size: int, world: int, rank: int, epoch: int, seed: int = 0) -> list[int]:
     """DistributedSampler's indices for `rank`, written out: a permutation seeded with seed + epoch, padded
     with its own start to a multiple of the world, then every world-th from position `rank`."""

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..spec import Context, Exercise, Mistake, Seen
-from .shared import _module_keys, _not_saved
+from .shared import _first_of_each_node, _module_keys, _not_saved
 
 # ------------------------------------------------------------------ 01-wrap
 WIDTH = 8  # one-hot inputs: one coordinate per rank, up to 8 ranks
@@ -88,7 +88,8 @@ WRAP = Exercise(
         "Every rank's `model` starts from different weights (rank r's are all r). Wrap it in DDP as "
         "`ddp_model`, make an SGD optimizer (lr 1.0), and train `steps` (2) steps on this rank's `x`, "
         "with the loss `ddp_model(x).sum()`. Then rank 0 alone saves the plain model's `state_dict()` "
-        "to `save_path`."
+        "to `save_path`. On the CPU the checker runs your answer as the ranks of 2 nodes (`LOCAL_RANK` and "
+        "`local_rank` as torchrun sets them there), where only one rank of the job has RANK 0."
     ),
     given="`model` (a Linear), `x` (this rank's sample), `steps` (2), `save_path`, `rank`, `local_rank`, `device`",
     starter=(
@@ -119,43 +120,65 @@ WRAP = Exercise(
             "each rank kept its own start (rank r's weights still hold r) and moved by its own gradient: "
             "without DDP(...) nothing copied rank 0's weights and nothing averaged the gradients",
             _own_steps(float),
+            hint="ddp_model = DDP(model, ...): the wrap copies rank 0's weights to every rank, and each "
+            "backward through it averages the gradients.",
         ),
         Mistake(
             "01-wrap-not-averaged",
             "the ranks started from rank 0's weights (the wrap happened), but each moved by its own gradient "
             "only: the forward went around the wrapper (model(x), not ddp_model(x)), so DDP averaged nothing",
             _own_steps(lambda r: 0.0),
+            hint="Run each step's forward through the wrapper, ddp_model(x): DDP averages the gradients only "
+            "of a forward it ran.",
         ),
         Mistake(
             "01-wrap-summed",
             "each step used the SUM of the ranks' gradients, world-size times the average: DDP already "
             "averages, so a gradient all-reduced again steps too far",
             _every_coordinate_moved(lambda world: -float(WRAP_STEPS)),
+            hint="Leave the gradients to DDP: its backward has averaged them when optimizer.step() runs, "
+            "with no all-reduce of your own.",
         ),
         Mistake(
             "01-wrap-grads-pile-up",
             "the weights moved by 1 + 2 = 3 averaged gradients in 2 steps: without optimizer.zero_grad() "
             "each backward() adds to the gradient the last step left",
             _every_coordinate_moved(lambda world: -WRAP_STEPS * (WRAP_STEPS + 1) / 2 / world),
+            hint="Call optimizer.zero_grad() at the start of each step, before the backward.",
+        ),
+        Mistake(
+            "01-wrap-local-rank-writer",
+            "two ranks saved, one per node (the probe ran as 2 nodes: rank 0 and the first rank of node 1, "
+            "`saved` below): `local_rank == 0` holds for the first rank of every node, so a job of N nodes "
+            "has N writers of one file, which race, and on a shared filesystem can leave it torn",
+            _first_of_each_node("saved"),
+            hint="Guard the save with `if rank == 0:`: RANK counts the processes of every node, so one process "
+            "of the job has RANK 0. LOCAL_RANK is 0 once per node: it picks the node's GPU.",
         ),
         Mistake(
             "01-wrap-every-rank-saves",
             "every rank called torch.save: N writers of one file race, and on a shared filesystem the "
             "file can end up torn; save from rank 0 only",
             lambda seen, expected: len(seen) > 1 and all(s.get("saved") for s in seen),
+            hint="Guard the save with `if rank == 0:`, where rank is RANK, the job's rank (LOCAL_RANK is 0 on "
+            "every node's first rank; in the probe's 2 nodes at 2 ranks, on both).",
         ),
         Mistake(
             "01-wrap-module-keys",
             "the saved keys start with 'module.': that is the DDP wrapper's state_dict; a model without DDP "
             "refuses it. Save ddp_model.module.state_dict()",
             _module_keys,
+            hint="ddp_model.module is the model inside the wrapper: its state_dict() has the plain keys.",
         ),
         Mistake(
             "01-wrap-not-saved",
             "rank 0 wrote no file at save_path",
             _not_saved,
+            hint="On rank 0 (`if rank == 0:`, rank being RANK), torch.save(ddp_model.module.state_dict(), "
+            "save_path): to save_path itself.",
         ),
     ),
+    nodes=2,
     covers=(
         "ddp-wrap",
         "optimizer-params",

@@ -127,6 +127,8 @@ CHOOSE = Exercise(
             "steps: each then loaded the newest of its own listing. Load the broadcast value, the one "
             "rank 0 put in the list",
             _broadcast_unused,
+            hint="After dist.broadcast_object_list(choice, src=0), load the list's entry, choice[0], which now "
+            "holds rank 0's path on every rank; `newest` is still this rank's own listing.",
         ),
         Mistake(
             "04-choose-each-rank",
@@ -134,6 +136,8 @@ CHOOSE = Exercise(
             "DDP's wrap gives every rank rank 0's weights, but the optimizer, the position and the random "
             "states come from different steps. Let rank 0 choose and broadcast its choice",
             _each_rank_chose,
+            hint="Put `newest` in a list, call dist.broadcast_object_list(that list, src=0) on every rank, and "
+            "load the path the list then holds: rank 0's.",
         ),
         Mistake(
             "04-choose-no-map-location",
@@ -145,12 +149,16 @@ CHOOSE = Exercise(
                 s.get("step") == e["step"] and s.get("torch.load given a map_location") is False
                 for s, e in zip(seen, expected, strict=True)
             ),
+            hint="Give torch.load map_location=device: each rank's tensors then land on its own device, "
+            "whatever device they were saved from.",
         ),
         Mistake(
             "04-choose-into-wrapper",
             "the checkpoint's plain keys went into the DDP wrapper, whose keys start with 'module.': load "
             "into the raw model, before DDP(...) wraps it",
             _loaded_into_wrapper,
+            hint='Load ckpt["model"] into the raw `model` first (its load_state_dict); only then wrap it, '
+            "ddp_model = DDP(model, ...), which copies rank 0's weights to every rank.",
         ),
     ),
     covers=("rank0-chooses", "load-map-location", "load-before-wrap"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..nb01.shared import _first_of_each_node
 from ..spec import Context, Exercise, Mistake, Seen
 
 # ------------------------------------------------------------------ 04-save
@@ -191,7 +192,8 @@ SAVE = Exercise(
         "Then rank 0 alone writes one checkpoint dict to `path`, with the keys `model` (the plain model's "
         "`state_dict()`), `optimizer`, `scaler`, `epoch`, `batch_in_epoch` and `rng` (the gathered list), "
         "atomically: `torch.save` to a temporary file in the same folder, then `os.replace` it over `path`. "
-        "Every rank then waits at a barrier."
+        "Every rank then waits at a barrier. On the CPU the checker runs your answer as the ranks of 2 nodes "
+        "(`LOCAL_RANK` and `local_rank` as torchrun sets them there), where only one rank of the job has RANK 0."
     ),
     given=(
         "`ddp_model`, `optimizer` (SGD with momentum, one step taken), `scaler` (a `GradScaler`), `loader`, "
@@ -241,10 +243,21 @@ SAVE = Exercise(
     expected=_save_expected,
     mistakes=(
         Mistake(
+            "04-save-local-rank-writer",
+            "two ranks wrote the checkpoint, one per node (the probe ran as 2 nodes: rank 0 and the first rank "
+            "of node 1, `saved` below): `local_rank == 0` holds for the first rank of every node, so a job of "
+            "N nodes has N writers of one checkpoint, which race",
+            _first_of_each_node("saved"),
+            hint="Write under `if rank == 0:`: RANK counts the processes of every node, so one process of the "
+            "job has RANK 0; LOCAL_RANK is 0 once per node. Every rank still joins the gather and the barrier.",
+        ),
+        Mistake(
             "04-save-every-rank-writes",
             "a rank other than 0 called torch.save: N writers of one checkpoint race, and the file can end up "
             "torn or one rank's; only rank 0 writes",
             lambda seen, expected: len(seen) > 1 and any(s.get("saved") for s in seen[1:]),
+            hint="Put the torch.save and the os.replace under `if rank == 0:`, rank being RANK (LOCAL_RANK is 0 "
+            "on every node's first rank); every rank still joins the gather and the barrier.",
         ),
         Mistake(
             "04-save-not-replaced",
@@ -253,18 +266,24 @@ SAVE = Exercise(
             lambda seen, expected: (
                 seen[0].get("files", ["last.pt"]) != ["last.pt"] and not _new_content(seen)
             ),
+            hint="After torch.save has written the temporary file, os.replace(tmp, path): the rename puts the "
+            "new checkpoint at `path`, over the old one, and leaves no temporary file behind.",
         ),
         Mistake(
             "04-save-in-place",
             "the new checkpoint was written into the old file (its inode is the old one): a job killed during "
             "that write leaves neither the old checkpoint nor the new. Write a temporary file, then os.replace",
             lambda seen, expected: seen[0].get("replaced") is False and _new_content(seen),
+            hint="torch.save to a temporary file in the same folder (a name of your own beside `path`), then "
+            "os.replace(tmp, path): a reader then sees the old file or the new, never half of one.",
         ),
         Mistake(
             "04-save-incomplete",
             "the checkpoint lacks a part an exact resume needs (missing_keys, below): without the optimizer "
             "the momentum restarts, without the scaler the loss scale, without the position the epoch",
             lambda seen, expected: bool(seen[0].get("missing_keys")) and _written(seen),
+            hint="Put each missing key in the dict: optimizer.state_dict(), scaler.state_dict(), epoch, "
+            "batch_in_epoch, and under rng the gathered list.",
         ),
         Mistake(
             "04-save-rank0-rng-only",
@@ -275,6 +294,8 @@ SAVE = Exercise(
                 and bool(seen[0].get("rng_draws"))
                 and all(d == expected[0]["rng_draws"][0] for d in seen[0]["rng_draws"])
             ),
+            hint="Every rank calls dist.all_gather_object(states, mine) (or gather_object to rank 0), outside "
+            "the `if rank == 0:`; then rng holds `states`, one entry per rank, each rank's own.",
         ),
         Mistake(
             "04-save-generator-after-iter",
@@ -283,6 +304,8 @@ SAVE = Exercise(
             lambda seen, expected: (
                 seen[0].get("loader_draws") == [_seeds(SAVE_LOADER_SEED + r, 2)[1] for r in range(len(seen))]
             ),
+            hint="Under loader, store generator_at_epoch_start, the state the loop kept before this epoch's "
+            "iter(loader), not the generator's state now.",
         ),
         Mistake(
             "04-save-no-barrier",
@@ -291,8 +314,11 @@ SAVE = Exercise(
             lambda seen, expected: (
                 len(seen) > 1 and _written(seen) and all(not s.get("ends at a barrier") for s in seen)
             ),
+            hint="End with dist.barrier() on every rank, after the `if rank == 0:` block (not in it: the "
+            "other ranks would never reach it).",
         ),
     ),
+    nodes=2,
     covers=(
         "save-module",
         "save-optimizer",
