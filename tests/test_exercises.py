@@ -164,6 +164,52 @@ def test_a_verdict_is_one_json_object():
     assert {"exercise", "passed", "diagnosis", "message"} <= data.keys() and data["passed"] is False
 
 
+def test_a_verdict_shows_nan_and_inf_as_themselves_in_its_text_and_its_json():
+    from ddp_helpers.exercises.checker import judge
+
+    weight = [float("nan"), float("inf"), -float("inf")] + [0.0] * 5
+    verdict = judge(get("05-nan-skip"), [{"rank": 0, "error": None, "steps_taken": [0], "weight": weight}])
+    assert "weight=[nan, inf, -inf, 0.0" in verdict.text(), verdict.text()
+    strict = json.loads(verdict.to_json(), parse_constant=lambda name: pytest.fail(f"bare {name} in JSON"))
+    assert strict["seen"][0]["weight"][:3] == ["nan", "inf", "-inf"], strict["seen"]
+
+
+@pytest.mark.parametrize(
+    ("exercise", "answer", "note"),
+    [
+        (  # right, but the hook waits for its all-reduce: nothing overlaps backward
+            "07-hook",
+            "def hook(state, bucket):\n"
+            "    buffer = bucket.buffer().div_(dist.get_world_size())\n"
+            "    dist.all_reduce(buffer)\n"
+            "    future = torch.futures.Future()\n"
+            "    future.set_result(buffer)\n"
+            "    return future\n"
+            "ddp_model.register_comm_hook(None, hook)\n"
+            "ddp_model(x).sum().backward()\n"
+            "optimizer.step()\n",
+            "it waited for its all-reduce",
+        ),
+        (  # right, with a GradScaler that bf16 does not need
+            "03-bf16",
+            "scaler = torch.amp.GradScaler(device.type)\n"
+            "with torch.autocast(device.type, dtype=torch.bfloat16):\n"
+            "    loss = F.cross_entropy(ddp_model(x), y)\n"
+            "scaler.scale(loss).backward()\n"
+            "scaler.step(optimizer)\n"
+            "scaler.update()\n",
+            "only fp16 needs one",
+        ),
+    ],
+    ids=["07-hook-blocking", "03-bf16-grad-scaler"],
+)
+def test_a_right_but_costly_answer_passes_with_a_note(exercise, answer, note, live, workdir):
+    verdict = check(exercise, answer, live(2), workdir=workdir)
+    assert verdict.passed and "Note: " in verdict.message and note in verdict.message, verdict.text()
+    plain = check(exercise, get(exercise).reference, live(2), workdir=workdir)
+    assert plain.passed and "Note:" not in plain.message, plain.text()
+
+
 def test_a_named_mistake_gives_its_own_hint_and_no_hint_repeats_what_the_learner_did():
     from dataclasses import replace
 

@@ -112,36 +112,55 @@ SUM = Exercise(
             "every rank holds the mean of the values, not their sum: the answer divided by the world size. "
             "all_reduce adds (its default op is SUM); DDP's gradient is a mean because DDP divides, after it",
             _averaged,
+            hint=(
+                "Leave the all-reduced tensor as it is: SUM, all_reduce's default op, already leaves the "
+                "total on every rank."
+            ),
         ),
         Mistake(
             "00-sum-returned-none",
             "total is None on every rank: dist.all_reduce changes its tensor in place and returns None "
             "(a work handle only with async_op=True); call it, then keep the tensor you passed",
             _returned_none,
+            hint=(
+                "Build `total` as a tensor first, then call dist.all_reduce(total) on a line of its own: it "
+                "fills `total` in place."
+            ),
         ),
         Mistake(
             "00-sum-reduce-to-rank-0",
             "only rank 0 holds the sum: dist.reduce delivers the result to one rank (dst); all_reduce "
             "delivers it to every rank",
             _only_rank_0,
+            hint=(
+                "Call dist.all_reduce(total), which leaves the sum on every rank, in place of dist.reduce."
+            ),
         ),
         Mistake(
             "00-sum-max",
             "every rank holds the largest value, not the sum: op=ReduceOp.MAX keeps the biggest; the "
             "default op, SUM, adds",
             _largest,
+            hint="Call dist.all_reduce(total) with its default op, SUM, in place of ReduceOp.MAX.",
         ),
         Mistake(
             "00-sum-ranks-not-values",
             "every rank holds 0 + 1 + ... + (n-1), the sum of the rank numbers: each rank handed in its "
             "rank instead of its value, so rank 0 added nothing",
             _ranks_summed,
+            hint=(
+                "Put this rank's `value` into the tensor that every rank all-reduces, in place of its rank number."
+            ),
         ),
         Mistake(
             "00-sum-result-discarded",
             "each rank still holds only its own value: the all-reduce ran on another tensor (a copy?), "
             "and total never received the sum",
             _kept_own,
+            hint=(
+                "All-reduce the very tensor you bind to `total`: dist.all_reduce changes the tensor it is "
+                "given, in place."
+            ),
         ),
     ),
 )
@@ -257,24 +276,34 @@ BUSBW = Exercise(
             "right for float32 only: the answer counts 4 bytes per element, but a bfloat16 element is 2 bytes "
             "and a float64 one 8. tensor.element_size() says how many",
             _four_bytes,
+            hint=(
+                "Multiply numel() by tensor.element_size(), the bytes of one element of the tensor's own "
+                "dtype."
+            ),
         ),
         Mistake(
             "00-busbw-elements",
             "algbw is the right one divided by each message's element size (2, 4, 8): it counts elements, "
             "not bytes; numel() * element_size() is the message in bytes",
             _counted_elements,
+            hint="Turn elements into bytes: nbytes = tensor.numel() * tensor.element_size().",
         ),
         Mistake(
             "00-busbw-no-factor",
             "busbw equals algbw at every world: it lacks the ring's factor 2(n-1)/n (1 at 2 ranks only, "
             "which is why the checker asks at 3, 4 and 8)",
             _no_factor,
+            hint=(
+                "Multiply algbw by 2 * (world - 1) / world: the ring's reduce-scatter and its all-gather each "
+                "send (world - 1) / world of the message."
+            ),
         ),
         Mistake(
             "00-busbw-half-ring",
             "busbw is half the right one: (n-1)/n counts the reduce-scatter alone; the all-gather sends "
             "(n-1)/n again, 2(n-1)/n in all",
             _half_ring,
+            hint="Count both halves of the ring: busbw = algbw * 2 * (world - 1) / world.",
         ),
     ),
 )

@@ -132,33 +132,51 @@ LOSS_MEAN = Exercise(
             "each rank's mean_loss is the mean of its own samples only: nothing was all-reduced, so rank 0 "
             "logs a loss of 1/N of the data",
             _own_mean,
+            hint=(
+                "All-reduce (SUM) a tensor of two numbers per rank, its losses' sum and its sample count, "
+                "then divide the first total by the second."
+            ),
         ),
         Mistake(
             "02-loss-mean-mean-of-means",
             "mean_loss is the mean of the ranks' means: with batches of different sizes that weighs each "
             "rank alike, not each sample. All-reduce the sum and the count, then divide",
             _mean_of_means,
+            hint=(
+                "All-reduce each rank's sum of losses and its count of samples, in place of its mean; then "
+                "divide the two totals."
+            ),
         ),
         Mistake(
             "02-loss-mean-divided-by-world",
             "mean_loss is the all-reduced sum divided by the world size: that is a mean per rank, not per "
             "sample. Divide by the all-reduced count of samples",
             _sum_over_world,
+            hint=(
+                "Divide the all-reduced sum of losses by the all-reduced count of samples (losses.numel(), "
+                "summed over the ranks), in place of world_size."
+            ),
         ),
         Mistake(
             "02-loss-mean-not-divided",
             "mean_loss is the sum of the losses, not their mean: divide the summed losses by the summed count",
             _sum_not_divided,
+            hint=(
+                "Divide the summed losses by the summed count of samples: all-reduce the count beside the "
+                "sum."
+            ),
         ),
         Mistake(
             "02-loss-mean-every-rank-prints",
             "every rank printed: the log holds N copies of one line. Print from rank 0 only",
             _every_rank_prints,
+            hint="Keep the all-reduce on every rank, and put the print alone under `if rank == 0:`.",
         ),
         Mistake(
             "02-loss-mean-not-printed",
             "rank 0 printed nothing: the log line is missing",
             _rank0_silent,
+            hint="After the all-reduce that every rank runs, let rank 0 print: `if rank == 0: print(...)`.",
         ),
     ),
     covers=("loss-mean", "rank0-logs"),
@@ -235,6 +253,10 @@ LR_SCALE = Exercise(
             "the optimizer runs at base_lr: the global batch is not the one base_lr was tuned at, so the "
             "lr must change with it",
             lambda seen, expected: _optimizer_lr_is(seen, BASE_LR),
+            hint=(
+                "Scale the lr with the batch: lr = base_lr * global_batch / base_batch, with global_batch = "
+                "batch_size * world_size."
+            ),
         ),
         Mistake(
             "02-lr-scale-per-rank-batch",
@@ -242,6 +264,10 @@ LR_SCALE = Exercise(
             "every rank's samples",
             lambda seen, expected: (
                 len(seen) > 1 and _optimizer_lr_is(seen, BASE_LR * BATCH_PER_RANK / BASE_BATCH)
+            ),
+            hint=(
+                "Use the global batch in the rule, batch_size * world_size: lr = base_lr * global_batch / "
+                "base_batch."
             ),
         ),
         Mistake(
@@ -251,12 +277,14 @@ LR_SCALE = Exercise(
             lambda seen, expected: _optimizer_lr_is(
                 seen, BASE_LR * BASE_BATCH / (BATCH_PER_RANK * len(seen))
             ),
+            hint="Put the global batch on top: lr = base_lr * global_batch / base_batch.",
         ),
         Mistake(
             "02-lr-scale-times-world",
             "the lr is base_lr x world_size: that is the rule only when each rank's batch equals the batch "
             "base_lr was tuned at; here it does not. Scale by global_batch / base_batch",
             lambda seen, expected: len(seen) > 1 and _optimizer_lr_is(seen, BASE_LR * len(seen)),
+            hint="Scale by global_batch / base_batch: lr = base_lr * batch_size * world_size / base_batch.",
         ),
     ),
     covers=("lr-scaled",),
@@ -371,24 +399,31 @@ THROUGHPUT = Exercise(
             "each rank used its own step_s: the ranks disagree, and a fast rank counts time it spent waiting "
             "for the slowest as if it trained. All-reduce the step time with MAX",
             _own_step,
+            hint="All-reduce step_s with op=dist.ReduceOp.MAX, and use that slowest step on every rank.",
         ),
         Mistake(
             "02-throughput-mean-step",
             "samples_per_s uses the mean step time: a synchronous step lasts as long as the slowest rank's. "
             "All-reduce with MAX, not a SUM divided by the world size",
             _mean_step,
+            hint="Reduce step_s with op=dist.ReduceOp.MAX: the slowest rank's step is the job's.",
         ),
         Mistake(
             "02-throughput-one-rank",
             "samples_per_s counts one rank's batch: in each step every rank trains batch_size samples, so "
             "the job trains batch_size x world_size",
             _one_rank_batch,
+            hint="Count every rank's batch: the job trains batch_size * world_size samples per step.",
         ),
         Mistake(
             "02-throughput-efficiency-not-per-device",
             "efficiency compares the job with one single process: divide by world_size x "
             "single_samples_per_s, what world_size devices would do alone",
             _efficiency_not_per_device,
+            hint=(
+                "Divide by what world_size lone processes would do: efficiency = samples_per_s / (world_size "
+                "* single_samples_per_s)."
+            ),
         ),
     ),
 )

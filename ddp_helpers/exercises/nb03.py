@@ -12,7 +12,9 @@ last rank's first sample is 4096: times the scale (32) that gradient passes fp16
 (65504) and becomes inf, which DDP's average carries to every rank. The second step is clean, and its
 gradient norm is above `max_norm`, so the clip bites: the norm the clip saw tells a clip of scaled
 gradients (the scale times too big) from one of true gradients. The batches record each rank's weights
-and scale after every step, and a hook records the dtype of every forward's output.
+and scale after every step, and a hook records the dtype of every forward's output. In 03-bf16 a hook on
+the weight records whether autocast was on when backward reached it (and how large the rank's own
+gradient was: a GradScaler's scale shows there), and an optimizer pre-hook whether it was on at the step.
 """
 
 from __future__ import annotations
@@ -214,30 +216,51 @@ FP16_STEP = Exercise(
             "the forward's output was not float16: without torch.autocast(device.type, dtype=torch.float16) "
             "the step is not the fp16 step (the overflow, and what the scaler does about it, never happen)",
             _not_fp16,
+            hint=(
+                "Run the forward inside `with torch.autocast(device.type, dtype=torch.float16):` (the "
+                "tensors' own device type), and the backward, unscale_, clip, step and update after it."
+            ),
         ),
         Mistake(
             "03-fp16-step-optimizer-step",
             "the weights became inf/NaN on the overflowing step: optimizer.step() applies any gradient; "
             "scaler.step(optimizer) skips the step when a gradient is not finite",
             _overflow_applied,
+            hint=(
+                "Step through the scaler: scaler.step(optimizer) in place of optimizer.step(). It finds the "
+                "inf that DDP's average carried to every rank and skips the step on all of them alike."
+            ),
         ),
         Mistake(
             "03-fp16-step-no-update",
             "the step was skipped, yet the scale stayed the same: without scaler.update() the scale never "
             "shrinks after an overflow (and the next unscale_ refuses to run)",
             _scale_kept,
+            hint=(
+                "Call scaler.update() once per iteration, after scaler.step(optimizer): it halves the scale "
+                "after a skipped step (and grows it after 2000 clean ones)."
+            ),
         ),
         Mistake(
             "03-fp16-step-no-zero-grad",
             "the clean second step was skipped too, and the scale halved twice: the first step's inf/NaN "
             "gradients stayed and the second backward added to them. Clear the gradients every step",
             _skipped_again,
+            hint=(
+                "Begin each iteration with optimizer.zero_grad(set_to_none=True), so that the skipped "
+                "step's inf gradients are gone before the next backward adds to .grad."
+            ),
         ),
         Mistake(
             "03-fp16-step-clip-before-unscale",
             "the clip measured a norm the scale times too big: it saw the gradients still multiplied by the "
             "scale, and cut the step by that factor. Call scaler.unscale_(optimizer) before clipping",
             _clipped_scaled,
+            hint=(
+                "Call scaler.unscale_(optimizer) right after scaler.scale(loss).backward() and before "
+                "clip_grad_norm_: the clip then measures true gradients, and scaler.step knows not to unscale "
+                "them again."
+            ),
         ),
     ),
     covers=(
@@ -254,6 +277,7 @@ FP16_STEP = Exercise(
 
 # ------------------------------------------------------------------ 03-bf16
 CLASSES = 4
+SCALED = 1.0  # a local gradient of 03-bf16's probe is at most 1 - 1/CLASSES; a scaled loss's is far above
 
 
 def _bf16_setup(ctx: Context) -> dict[str, Any]:
@@ -262,13 +286,28 @@ def _bf16_setup(ctx: Context) -> dict[str, Any]:
     model, ddp_model, dtypes = _model(ctx, CLASSES)
     x = torch.zeros(1, _width(ctx.world_size), device=ctx.device)
     x[0, ctx.rank] = 1.0
+    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=1.0)
+    # was autocast on for this device when backward reached the weight, and when the optimizer stepped?
+    # (autocast is thread-local; the autograd engine runs a backward's hooks with its caller's state)
+    during: dict[str, list[Any]] = {"backward": [], "step": [], "gradient": []}
+
+    def at_backward(grad: Any) -> None:
+        during["backward"].append(torch.is_autocast_enabled(ctx.device.type))
+        during["gradient"].append(float(grad.detach().abs().max()))  # this rank's own, before DDP's mean
+
+    def at_step(opt: Any, args: Any, kwargs: Any) -> None:
+        during["step"].append(torch.is_autocast_enabled(ctx.device.type))
+
+    model.weight.register_hook(at_backward)
+    optimizer.register_step_pre_hook(at_step)
     return {
         "ddp_model": ddp_model,
-        "optimizer": torch.optim.SGD(ddp_model.parameters(), lr=1.0),
+        "optimizer": optimizer,
         "x": x,
         "y": torch.tensor([ctx.rank % CLASSES], device=ctx.device),
         "_model": model,
         "_dtypes": dtypes,
+        "_during": during,
     }
 
 
@@ -278,12 +317,22 @@ def _bf16_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
     loss: Any = ns.get("loss")
     model = ns["_model"]
     is_tensor = isinstance(loss, torch.Tensor) and loss.numel() == 1
+    during = ns["_during"]
+    notes = []
+    if any(g > SCALED for g in during["gradient"]):  # no gradient of this probe exceeds 1 unscaled
+        notes.append(
+            "a GradScaler scaled the loss: harmless under bf16 (its power-of-two scale is exact, and with "
+            "float32's range nothing overflows), but only fp16 needs one"
+        )
     return {
         "output_dtypes": list(ns.get("_dtypes", [])),
         "loss_dtype": str(loss.dtype) if is_tensor else None,
         "loss": float(loss.item()) if is_tensor else None,
         "param_dtype": str(model.weight.dtype),
         "weights": _weights(model),
+        "autocast_at_backward": list(during["backward"]),
+        "autocast_at_step": list(during["step"]),
+        "notes": notes,
     }
 
 
@@ -299,8 +348,20 @@ def _bf16_expected(world: int) -> Seen:
         "loss": math.log(CLASSES),  # zero logits: a uniform guess, computed in fp32
         "param_dtype": "torch.float32",
         "weights": [v for line in weights for v in line],
+        "autocast_at_backward": [False],  # one backward, one step, both after the autocast block
+        "autocast_at_step": [False],
     }
     return [dict(row) for _ in range(world)]
+
+
+def _autocast_after_forward(seen: Seen, expected: Seen) -> bool:
+    """The forward (and the loss) ran as a right answer's, but autocast was still on at backward or step."""
+    return all(
+        s.get("output_dtypes") == e["output_dtypes"]
+        and s.get("loss_dtype") == e["loss_dtype"]
+        and (any(s.get("autocast_at_backward") or []) or any(s.get("autocast_at_step") or []))
+        for s, e in zip(seen, expected, strict=True)
+    )
 
 
 def _outputs_all(seen: Seen, dtype: str) -> bool:
@@ -345,11 +406,33 @@ BF16 = Exercise(
     expected=_bf16_expected,
     mistakes=(
         Mistake(
+            "03-bf16-model-cast",
+            "the model's weights are not float32 after the step (see param_dtype): the model itself was cast "
+            "to 16 bits, so the optimizer updated 16-bit weights, whose 8 significant bits (in bf16) round a "
+            "small update away. Cast after the DDP wrap, the weights also left DDP's reach (a parameter whose "
+            "dtype changes gets a new gradient accumulator, without DDP's hook): nothing averaged the "
+            "gradients, and each rank stepped with its own. Mixed precision keeps the weights in float32; "
+            "autocast casts each operation's inputs, for the forward only (torch's autocast docs: do not call "
+            "half() or bfloat16() on the model or the inputs when autocasting)",
+            lambda seen, expected: all(
+                s.get("param_dtype") in ("torch.bfloat16", "torch.float16") for s in seen
+            ),
+            hint=(
+                "Leave the model and x as they are (float32) and put the forward and the loss inside "
+                "`with torch.autocast(device.type, dtype=torch.bfloat16):`, which runs the forward's operations "
+                "in bf16 while the weights, their gradients and the step stay float32."
+            ),
+        ),
+        Mistake(
             "03-bf16-fp16",
             "the forward ran in float16, not bfloat16: fp16's narrow range needs a GradScaler; bf16 "
             "(dtype=torch.bfloat16) has fp32's range and needs none",
             lambda seen, expected: any(
                 d == "torch.float16" for s in seen for d in (s.get("output_dtypes") or [])
+            ),
+            hint=(
+                "Give torch.autocast dtype=torch.bfloat16: bf16 keeps float32's 8-bit exponent, so nothing "
+                "overflows and the step needs no scaler."
             ),
         ),
         Mistake(
@@ -357,6 +440,11 @@ BF16 = Exercise(
             "the forward ran in float32: no autocast was active for this device. torch.autocast takes the "
             "tensors' device type, device.type here (torch.autocast('cuda') leaves CPU tensors in fp32)",
             lambda seen, expected: _outputs_all(seen, "torch.float32"),
+            hint=(
+                "Open the block with torch.autocast(device.type, dtype=torch.bfloat16): device.type is the "
+                "type of the device this rank's tensors are on ('cpu' or 'cuda'), and autocast acts on that "
+                "type's tensors only."
+            ),
         ),
         Mistake(
             "03-bf16-loss-outside",
@@ -365,6 +453,23 @@ BF16 = Exercise(
             lambda seen, expected: (
                 _outputs_all(seen, "torch.bfloat16")
                 and all(s.get("loss_dtype") == "torch.bfloat16" for s in seen)
+            ),
+            hint=(
+                "Move the F.cross_entropy line into the with block, right under the forward: autocast "
+                "itself picks float32 for the loss, from the bf16 logits."
+            ),
+        ),
+        Mistake(
+            "03-bf16-backward-in-autocast",
+            "the forward and the loss are right, but autocast was still on when backward() reached the "
+            "weights, or when the optimizer stepped (autocast_at_backward, autocast_at_step below): they ran "
+            "inside the autocast block. torch's autocast docs: autocast should wrap only the forward pass, "
+            "loss included; backward passes under autocast are not recommended (each backward op already "
+            "runs in the dtype autocast chose for its forward op)",
+            _autocast_after_forward,
+            hint=(
+                "End the with block after the loss: loss.backward() and optimizer.step() go after it, "
+                "unindented, where autocast is off."
             ),
         ),
     ),

@@ -18,6 +18,7 @@ never coincide).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .spec import Context, Exercise, Mistake, Seen, field_of
@@ -71,12 +72,10 @@ def _skip_setup(ctx: Context) -> dict[str, Any]:
 
 
 def _skip_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    import math
-
     weight = ns["_model"].weight.detach().cpu().flatten().tolist()
     return {
         "steps_taken": list(ns["_probe"]["steps_taken"]),
-        "weight": [None if not math.isfinite(v) else round(v, 12) for v in weight],  # None: NaN or inf
+        "weight": [round(v, 12) for v in weight],  # NaN and inf stay themselves: the verdict shows them
     }
 
 
@@ -119,7 +118,7 @@ def _never_skipped(seen: Seen, expected: Seen) -> bool:
 
 def _stale_gradients(seen: Seen, expected: Seen) -> bool:
     return all(
-        s.get("steps_taken") == e["steps_taken"] and None in (s.get("weight") or [])
+        s.get("steps_taken") == e["steps_taken"] and not all(math.isfinite(v) for v in s.get("weight") or [])
         for s, e in zip(seen, expected, strict=True)
     )
 
@@ -172,6 +171,10 @@ NAN_SKIP = Exercise(
             "the bad rank's NaN gradient into every rank's, so the ranks that stepped now hold NaN weights "
             "and the one that skipped does not: the replicas have parted",
             _ranks_disagree,
+            hint=(
+                "Make the flag a tensor, all-reduce it (SUM or MAX) so that every rank holds the same count of "
+                "bad losses, and let every rank decide from that reduced value."
+            ),
         ),
         Mistake(
             "05-nan-skip-rank0-only",
@@ -179,6 +182,10 @@ NAN_SKIP = Exercise(
             "was: the ranks agreed, but on rank 0's flag alone (a broadcast from rank 0?). Reduce every "
             "rank's flag",
             _followed_rank0,
+            hint=(
+                "Let every rank's flag count: dist.all_reduce(bad) (SUM, or op=dist.ReduceOp.MAX) in place of "
+                "taking rank 0's; the bad loss may be on any rank."
+            ),
         ),
         Mistake(
             "05-nan-skip-nan-only",
@@ -186,6 +193,9 @@ NAN_SKIP = Exercise(
             "was -inf: the flag tested for NaN only (torch.isnan, or loss != loss), which an infinite loss "
             "passes, and its infinite gradient reached every rank's weights. Test with torch.isfinite",
             _nan_only,
+            hint=(
+                "Flag a loss for which torch.isfinite(loss) is False: that covers NaN, inf and -inf at once."
+            ),
         ),
         Mistake(
             "05-nan-skip-never-skipped",
@@ -193,6 +203,10 @@ NAN_SKIP = Exercise(
             "the flag was reduced with MIN or PRODUCT, where one bad rank does not win), and the NaN "
             "gradient that DDP averaged into every rank made every rank's weights NaN",
             _never_skipped,
+            hint=(
+                "All-reduce the flag with SUM or MAX, so that one rank's 1 wins, and call optimizer.step() "
+                "only when the reduced flag is 0."
+            ),
         ),
         Mistake(
             "05-nan-skip-stale-grad",
@@ -200,6 +214,10 @@ NAN_SKIP = Exercise(
             "in .grad and were added into the next step's. Zero the gradients at the top of every step, "
             "skipped ones too",
             _stale_gradients,
+            hint=(
+                "Call optimizer.zero_grad() first in every iteration, before the forward, so that a skipped "
+                "step's NaN gradients are gone before the next backward adds to .grad."
+            ),
         ),
     ),
     covers=("nan-skip-all",),
@@ -290,18 +308,26 @@ FIRST_BAD = Exercise(
             "the ranks disagree, each naming itself (or nothing): each looked at its own losses only. "
             "Gather every rank's list before looking",
             _own_view,
+            hint=(
+                "Gather every rank's list onto every rank with dist.all_gather_object(histories, losses) "
+                "(histories = [None] * world_size), then search all the lists."
+            ),
         ),
         Mistake(
             "05-first-bad-rank0-only",
             "rank 0 found it, and the other ranks have nothing: the lists were gathered to rank 0 alone. "
             "Every rank must know, to stop (or skip) together: all_gather_object",
             _rank0_alone,
+            hint=(
+                "Use dist.all_gather_object, which gives every rank every list, in place of a gather to rank 0."
+            ),
         ),
         Mistake(
             "05-first-bad-nan-only",
             f"every rank names rank 0 at step {FIRST_BAD_STEP + 2}, its NaN: an infinite loss went unnoticed (math.isnan, or "
             "loss != loss, is blind to inf). Test with math.isfinite",
             lambda seen, expected: all(f == [FIRST_BAD_STEP + 2, 0] for f in field_of(seen, "first_bad")),
+            hint="Test each loss with math.isfinite(loss): it is False for NaN, inf and -inf alike.",
         ),
         Mistake(
             "05-first-bad-rank-order",
@@ -309,6 +335,10 @@ FIRST_BAD = Exercise(
             "rank's loss went bad a step earlier: take the earliest step first",
             lambda seen, expected: (
                 len(seen) > 1 and all(f == [FIRST_BAD_STEP + 1, 0] for f in field_of(seen, "first_bad"))
+            ),
+            hint=(
+                "Collect every bad loss as a (step, rank) pair from every rank's list, and take the smallest "
+                "pair: the earliest step first, the lowest rank only to break a tie."
             ),
         ),
         Mistake(
@@ -319,6 +349,7 @@ FIRST_BAD = Exercise(
                 f == list(reversed(e["first_bad"]))
                 for f, e in zip(field_of(seen, "first_bad"), expected, strict=True)
             ),
+            hint="Bind the pair step first: first_bad = (step, rank).",
         ),
     ),
 )

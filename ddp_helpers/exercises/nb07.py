@@ -6,7 +6,9 @@ each micro-batch of each rank is a one-hot sample of its own coordinate, so the 
 micro-batch's share; a comm hook that setup registers counts the all-reduces DDP ran, and a hook on the
 weight counts the backward passes (one per micro-batch: a single backward of the stacked losses keeps every
 micro-batch's graph alive at once, which accumulation exists to avoid). In 07-hook each
-rank's sample is the one-hot of its rank, so an average, a sum and a double division all differ.
+rank's sample is the one-hot of its rank, so an average, a sum and a double division all differ; the
+other ranks start their forward only once rank 0's hook has returned, so the future rank 0's hook
+returns is still pending unless the hook waited for its all-reduce (right, but nothing overlaps: a note).
 """
 
 from __future__ import annotations
@@ -162,12 +164,21 @@ ACCUMULATE_EXERCISE = Exercise(
             f"the step is {ACCUMULATE}x too large: the micro-batches' gradients add up in .grad, so each loss "
             "must be divided by the number of micro-batches for the step to use their mean",
             _not_divided,
+            hint=(
+                "Divide each micro-batch's loss by the number of micro-batches (`accumulate`) before its "
+                "backward(), the last one's too: the step then uses their mean."
+            ),
         ),
         Mistake(
             "07-accumulate-synced-every-micro-batch",
             f"the weights are right, but DDP all-reduced {ACCUMULATE} times in one step, once per micro-batch: "
             "without no_sync() every backward all-reduces, and accumulation saves no communication",
             _synced_every_micro_batch,
+            hint=(
+                "Put the forward and the backward of every micro-batch but the last inside "
+                "`with ddp_model.no_sync():`, the forward included: DDP decides in forward whether the next "
+                "backward all-reduces."
+            ),
         ),
         Mistake(
             "07-accumulate-one-backward",
@@ -176,18 +187,31 @@ ACCUMULATE_EXERCISE = Exercise(
             "included, were alive at once. Accumulation exists to fit a batch that memory cannot hold: call "
             "backward() on each micro-batch's loss as it comes, and its graph is freed",
             _one_backward,
+            hint=(
+                "Call backward() on each micro-batch's loss (divided by their number) right after its forward, "
+                "in the same loop iteration, and keep no list of losses: each backward frees its graph before "
+                "the next forward builds one."
+            ),
         ),
         Mistake(
             "07-accumulate-never-synced",
             "DDP never all-reduced: every micro-batch ran under no_sync(), the last one too, so each rank "
             "stepped with its own gradients and the replicas now differ",
             _never_synced,
+            hint=(
+                "Take the last micro-batch out of no_sync(): its forward and backward run after the with "
+                "block, and that backward all-reduces the sum of every micro-batch's gradient."
+            ),
         ),
         Mistake(
             "07-accumulate-only-last",
             "only the last micro-batch moved the weights: the gradients accumulated before it were zeroed "
             "(a zero_grad() inside the loop?), so the step saw 1/K of the data",
             _only_last_micro_batch,
+            hint=(
+                "Clear the gradients only after optimizer.step(): between micro-batches they must add up in "
+                ".grad."
+            ),
         ),
     ),
     covers=("no-sync-accumulation",),
@@ -195,9 +219,20 @@ ACCUMULATE_EXERCISE = Exercise(
 
 # ------------------------------------------------------------------ 07-hook
 WIDTH = 8  # one-hot inputs: one coordinate per rank, up to 8 ranks
+GATE_S = 2.0  # the longest the other ranks wait for rank 0's hook to return (a blocking hook: this long)
+WAITED = (
+    "your hook returned a future that was already complete: it waited for its all-reduce (a blocking "
+    "dist.all_reduce, or a wait()). The mean is right, but each bucket's hook then holds up the rest of "
+    "backward until the bucket is reduced, so no communication overlaps computation. Return the future of "
+    "dist.all_reduce(..., async_op=True), chained with .then(...): DDP waits for it at the end of backward"
+)
 
 
 def _hook_setup(ctx: Context) -> dict[str, Any]:
+    import functools
+    import os
+    import time
+
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -206,17 +241,51 @@ def _hook_setup(ctx: Context) -> dict[str, Any]:
     ddp_model = DDP(model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
     x = torch.zeros(1, model.in_features, dtype=torch.float64, device=ctx.device)
     x[0, ctx.rank] = 1.0  # this rank's sample: its gradient is the one-hot of its rank
+    # Did the hook wait for its all-reduce? On rank 0, was the future it returned already complete? The
+    # other ranks start their forward only once rank 0's hook has returned (a file says so; or after
+    # GATE_S), so that an asynchronous all-reduce cannot have completed by then, and a blocking one has
+    gate = os.path.join(ctx.workdir, "07-hook-rank0-returned")
+    done_on_return: list[bool | None] = []
+    register = ddp_model.register_comm_hook
+
+    def watched_register(state: Any, hook: Any) -> Any:
+        if not callable(hook):
+            return register(state, hook)  # DDP's own refusal
+
+        @functools.wraps(hook)  # DDP checks the learner's signature, through __wrapped__
+        def watched(state, bucket):
+            future = hook(state, bucket)
+            if ctx.rank == 0:
+                done = getattr(future, "done", None)
+                done_on_return.append(bool(done()) if callable(done) else None)
+                with open(gate, "w"):
+                    pass
+            return future
+
+        return register(state, watched)
+
+    def after_rank0s_hook(module: Any, args: Any) -> None:
+        deadline = time.monotonic() + GATE_S
+        while not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    ddp_model.register_comm_hook = watched_register  # type: ignore[method-assign]
+    if ctx.rank > 0:
+        model.register_forward_pre_hook(after_rank0s_hook)
     return {
         "ddp_model": ddp_model,
         "x": x,
         "optimizer": torch.optim.SGD(ddp_model.parameters(), lr=1.0),
         "_probe": model,
+        "_done_on_return": done_on_return,
     }
 
 
 def _hook_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
     weight = ns["_probe"].weight.detach().cpu().flatten().tolist()
-    return {"weight": [round(v, 12) for v in weight]}
+    done = ns["_done_on_return"]
+    waited = ctx.world_size > 1 and bool(done) and all(done)
+    return {"weight": [round(v, 12) for v in weight], "notes": [WAITED] if waited else []}
 
 
 def _hook_expected(world: int) -> Seen:
@@ -286,18 +355,39 @@ HOOK = Exercise(
             "every rank stepped with the SUM of the ranks' gradients, world-size times the mean: an all-reduce "
             "sums, and the hook must divide by the world size",
             _hook_factor(lambda world: world),
+            hint=(
+                "Divide by dist.get_world_size() once: the bucket's buffer before the all-reduce "
+                "(buffer.div_(...)), or the reduced tensor in the .then() after it."
+            ),
         ),
         Mistake(
             "07-hook-divided-twice",
             "every rank stepped with 1/world-size of the mean: the hook divided by the world size twice (before "
             "and after the all-reduce?)",
             _hook_factor(lambda world: 1.0 / world),
+            hint=(
+                "Divide in one place only: either the buffer before the all-reduce, or the reduced tensor in "
+                ".then(), not both."
+            ),
         ),
         Mistake(
             "07-hook-future-of-a-list",
             "DDP refused the hook's result: the future of an all-reduce holds a list of tensors, and DDP wants a "
             "future of the one tensor. Return future.then(lambda fut: fut.value()[0])",
             _future_of_a_list,
+            hint=(
+                "Chain .then(lambda fut: fut.value()[0]) onto the all-reduce's future and return the future "
+                "that .then() makes: its value is the one reduced tensor, which DDP copies into the gradients."
+            ),
+        ),
+        Mistake(
+            "07-hook-bucket-renamed",
+            "DDP refused the hook when it was registered (KeyError: 'bucket'): register_comm_hook reads the "
+            "hook's parameters by name, and this hook has none called `bucket`, so it never ran",
+            lambda seen, expected: all("KeyError: 'bucket'" in str(s.get("error") or "") for s in seen),
+            hint=(
+                "Name the hook's parameters `state` and `bucket`, as DDP calls them: `def hook(state, bucket):`."
+            ),
         ),
     ),
     covers=(),

@@ -148,6 +148,10 @@ ZERO1 = Exercise(
             "the parameters were dealt by index, one rank after the other; ZeroRedundancyOptimizer deals "
             "them by size, largest first, each to the emptiest rank, which evens the ranks out",
             _owned_as(lambda world: [list(range(r, len(NUMEL), world)) for r in range(world)]),
+            hint=(
+                "Deal by size: take the indices sorted by numel, largest first, and give each to the rank "
+                "with the fewest elements so far (the lowest rank on a tie)."
+            ),
         ),
         Mistake(
             "08-zero1-dealt-by-count",
@@ -155,24 +159,40 @@ ZERO1 = Exercise(
             "ZeroRedundancyOptimizer balances elements, not tensors (one 60-element weight outweighs three "
             "biases), so it adds each parameter's numel() to the rank's load",
             _owned_as(_dealt_by_count),
+            hint=(
+                "Keep each rank's load in elements: add numel[i], not 1, to the rank that receives parameter "
+                "i."
+            ),
         ),
         Mistake(
             "08-zero1-not-largest-first",
             "the parameters went to the emptiest rank in registration order; ZeroRedundancyOptimizer sorts "
             "them by size first, largest first (a large tensor dealt last unbalances the ranks)",
             _owned_as(lambda world: zero1_owned(world, order=range(len(NUMEL)))),
+            hint=(
+                "Deal in order of size: sorted(range(len(numel)), key=lambda i: numel[i], reverse=True) (a "
+                "stable sort), each to the emptiest rank."
+            ),
         ),
         Mistake(
             "08-zero1-even-split",
             "you counted exactly 1/N of Adam's state on every rank; ZeroRedundancyOptimizer cannot split a "
             "tensor, so each rank holds the moments of the whole parameters it owns, and the shares are uneven",
             _bytes_as(lambda mine, world: 8 * TOTAL + 8 * TOTAL / world),
+            hint=(
+                "Count the moments of the parameters in `owned` only: 8 * sum(numel[i] for i in owned), "
+                "beside 8 bytes per element of the whole model for weights and gradients."
+            ),
         ),
         Mistake(
             "08-zero1-sharded-grads",
             "you counted only this rank's share of the gradients (or of the weights): under ZeRO-1 every rank "
             "holds all weights and all gradients; only Adam's moments are split. Sharded gradients are ZeRO-2",
             _bytes_as(lambda mine, world: 4 * TOTAL + 12 * mine),
+            hint=(
+                "Count every weight and every gradient in full, 4 + 4 bytes per element of the whole model, "
+                "and add Adam's 8 bytes per element only for the parameters in `owned`."
+            ),
         ),
         Mistake(
             "08-zero1-step-counted",
@@ -186,12 +206,20 @@ ZERO1 = Exercise(
                 )
                 for s, e in zip(seen, expected, strict=True)
             ),
+            hint=(
+                "Count Adam's two moments alone, 8 bytes per element of the owned parameters, and nothing per "
+                "tensor."
+            ),
         ),
         Mistake(
             "08-zero1-all-sharded",
             "you split weights, gradients and Adam's state alike: that is ZeRO-3 (FSDP); ZeRO-1 splits only "
             "Adam's moments",
             _bytes_as(lambda mine, world: 16 * mine),
+            hint=(
+                "Count weights and gradients whole on every rank (8 bytes per element of the model), then 8 "
+                "bytes per element of the owned parameters."
+            ),
         ),
     ),
     covers=(),
@@ -343,12 +371,14 @@ FSDP2 = Exercise(
             "every rank counted the whole model: a DTensor's numel() (and shape) are the full parameter's; "
             "to_local() is this rank's shard",
             _held_is(lambda rank, world: 16 * TOTAL),
+            hint="Count this rank's shard: p.to_local().numel(), 16 bytes per element.",
         ),
         Mistake(
             "08-fsdp2-even-split",
             "you counted exactly 1/N of the model on every rank; FSDP2 shards whole rows of dim 0, "
             "ceil(rows / N) per rank until they run out, so the shards are uneven: read them with to_local()",
             _held_is(lambda rank, world: 16 * TOTAL / world),
+            hint="Add up each parameter's own shard, as to_local() holds it: 16 bytes per element of each.",
         ),
         Mistake(
             "08-fsdp2-step-counted",
@@ -359,6 +389,10 @@ FSDP2 = Exercise(
                 and any(math.isclose(s["held_bytes"], e["held_bytes"] + k * len(SHAPES)) for k in (4, 8))
                 for s, e in zip(seen, expected, strict=True)
             ),
+            hint=(
+                "Count 16 bytes per element of each shard (weight 4, gradient 4, Adam's two moments 8), and "
+                "nothing per tensor."
+            ),
         ),
         Mistake(
             "08-fsdp2-flat-split",
@@ -366,6 +400,7 @@ FSDP2 = Exercise(
             "equal parts. FSDP2 shards each parameter on its own, by rows of dim 0 (ceil(rows / N) per rank "
             "until they run out): read each shard with to_local()",
             _flat,
+            hint="Take each parameter on its own: its shard is p.to_local(), some whole rows of its dim 0.",
         ),
         Mistake(
             "08-fsdp2-own-shard-times-n",
@@ -373,12 +408,20 @@ FSDP2 = Exercise(
             "with a full ceil(rows / N) rows; a later rank holds fewer, yet the all-gather still moves "
             "ceil(rows / N) rows from every rank, padding included: count from the full shape",
             _own_shard_times_world,
+            hint=(
+                "Count each all-gather from the full shape: math.ceil(p.shape[0] / world_size) * world_size "
+                "rows of math.prod(p.shape[1:]) elements, 4 bytes each."
+            ),
         ),
         Mistake(
             "08-fsdp2-no-padding",
             "you counted the parameters' own bytes, but the all-gathers move more: FSDP2 pads each parameter's "
             "dim 0 up to a multiple of the world size, so that every rank sends ceil(rows / N) rows",
             _not_padded,
+            hint=(
+                "Pad dim 0 up to a multiple of the world size: math.ceil(p.shape[0] / world_size) * "
+                "world_size rows, times math.prod(p.shape[1:]) elements, 4 bytes each."
+            ),
         ),
     ),
     covers=(),

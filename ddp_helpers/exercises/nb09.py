@@ -117,17 +117,23 @@ SAVE = Exercise(
             "the saved keys start with 'module.': that is the DDP wrapper's state_dict (and under it "
             "'_orig_mod.'); a plain model refuses them. Save ddp_model.module._orig_mod.state_dict()",
             _keys_start("module."),
+            hint=(
+                "Save the plain model's state_dict: ddp_model.module._orig_mod.state_dict() (.module unwraps "
+                "DDP, ._orig_mod unwraps torch.compile)."
+            ),
         ),
         Mistake(
             "09-save-orig-mod-keys",
             "the saved keys start with '_orig_mod.': that is the compiled module's state_dict; a plain model "
             "refuses them. Go one level further in: ddp_model.module._orig_mod.state_dict()",
             _keys_start("_orig_mod."),
+            hint="Unwrap the compiled module as well: ddp_model.module._orig_mod.state_dict().",
         ),
         Mistake(
             "09-save-not-saved",
             "rank 0 wrote no file at save_path",
             lambda seen, expected: seen[0].get("file_keys") is None and not seen[0].get("error"),
+            hint="Let rank 0 call torch.save(state, save_path), to exactly that path.",
         ),
     ),
     covers=("save-module",),
@@ -264,12 +270,20 @@ LAST_BATCH = Exercise(
             f"one compile, but only {BATCH} of each rank's {PER_RANK} samples were trained on: drop_last=True "
             "throws the short last batch away every epoch",
             _samples_in(lambda world: (BATCH, BATCH * world)),
+            hint=(
+                "Keep the short batch (drop_last=False) and call torch._dynamo.mark_dynamic(x, 0) on each "
+                "batch before the model sees it: one graph then serves both sizes."
+            ),
         ),
         Mistake(
             "09-last-batch-padded-counted",
             f"one compile, but {2 * BATCH} samples counted per rank: the padding rows of the short batch were "
             "counted as samples (count, and weigh in the loss, only the real rows)",
             _samples_in(lambda world: (2 * BATCH, 2 * BATCH * world)),
+            hint=(
+                "Count each batch's real rows only (the short batch's size before any padding), and sum only "
+                "their outputs in the loss."
+            ),
         ),
         Mistake(
             "09-last-batch-padding-in-loss",
@@ -278,18 +292,27 @@ LAST_BATCH = Exercise(
             "still outputs the bias, which learns from it as from a sample. Weigh only the real rows: slice "
             "the output to them (or multiply by a mask) before the sum",
             _padding_in_loss,
+            hint=(
+                "Sum only the real rows' outputs: ddp_model(x)[:real].sum(), or the output times a 0/1 mask "
+                "of the real rows."
+            ),
         ),
         Mistake(
             "09-last-batch-recompiled",
             "Dynamo compiled twice: the short last batch is a new shape, and the graph compiled for the full "
             "batch is guarded on its size. Mark the batch dimension dynamic before the first call",
             lambda seen, expected: all(s.get("compiles") == 2 for s in seen),
+            hint=(
+                "Call torch._dynamo.mark_dynamic(x, 0) on each batch after x.to(device) and before "
+                "ddp_model(x): Dynamo then compiles the batch size as a symbol."
+            ),
         ),
         Mistake(
             "09-last-batch-not-summed",
             f"each rank reported its own {PER_RANK} samples: the count is per rank until an all_reduce adds "
             "the ranks' counts up",
             lambda seen, expected: len(seen) > 1 and all(s.get("samples") == PER_RANK for s in seen),
+            hint="After the loop, dist.all_reduce(seen) (SUM) adds up every rank's count.",
         ),
     ),
     covers=(),
