@@ -286,6 +286,15 @@ LR_SCALE = Exercise(
             lambda seen, expected: len(seen) > 1 and _optimizer_lr_is(seen, BASE_LR * len(seen)),
             hint="Scale by global_batch / base_batch: lr = base_lr * batch_size * world_size / base_batch.",
         ),
+        Mistake(
+            "02-lr-scale-square-root",
+            "the lr follows the square-root rule, base_lr x sqrt(global_batch / base_batch), which is often "
+            "used with Adam; the task asks for the linear rule that goes with SGD (Goyal et al.)",
+            lambda seen, expected: _optimizer_lr_is(
+                seen, BASE_LR * (BATCH_PER_RANK * len(seen) / BASE_BATCH) ** 0.5
+            ),
+            hint="Scale by the ratio itself, not its square root: lr = base_lr * global_batch / base_batch.",
+        ),
     ),
     covers=("lr-scaled",),
 )

@@ -135,6 +135,13 @@ SAVE = Exercise(
             lambda seen, expected: seen[0].get("file_keys") is None and not seen[0].get("error"),
             hint="Let rank 0 call torch.save(state, save_path), to exactly that path.",
         ),
+        Mistake(
+            "09-save-every-rank",
+            "every rank called torch.save (see saved): N writers where one is enough. To one path they "
+            "race, on a shared filesystem too, and the file ends as whichever write finished last, or torn",
+            lambda seen, expected: len(seen) > 1 and all((s.get("saved") or 0) >= 1 for s in seen),
+            hint="Keep the step on every rank and put the torch.save alone under `if rank == 0:`.",
+        ),
     ),
     covers=("save-module",),
 )
