@@ -1,0 +1,414 @@
+"""The hang tools a learner takes to a cluster, pointed at one planted hang: no workbench launcher.
+
+Kernel side. `planted_hang` starts a case of the pitfalls worker under plain torchrun, in a session of
+its own, through `with_tools.py`: the lines a training script can carry so that a hang can be read from
+outside (a Flight Recorder dump on a signal; torch 2.14's debug server). While the ranks hang, each tool
+reads them the way a learner would on a cluster:
+
+- `py_spy_dumps`: ``py-spy dump --pid PID`` on each rank's pid;
+- `dump_flight_recorder` and `run_fr_trace`: every rank's Flight Recorder record, read with
+  ``python -m torch.distributed.flight_recorder.fr_trace`` (torch 2.14: gloo's collectives too);
+- `debug_server_stacks`: the stacks page of ``torch.distributed.debug.start_debug_server`` (torch 2.14);
+- `workbench_stacks`: the stacks the workbench's own hang report prints (`stack_dumps.ask`).
+
+Each tool's finding is a `Wait` per rank: the innermost Python function and the worker's own line.
+The job is killed, every process of it, when the ``with`` block ends.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib.util
+import os
+import pickle
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from .. import run_contract, stack_dumps
+from ..launcher.process_tree import ProcessTree
+from .pitfall_runs import printed
+
+FR_SIGNAL_OFFSET = 7  # with_tools.py's signal: SIGRTMIN + 7 (the workbench's stack dumps use + 6)
+FR_PREFIX = "fr_rank_"  # each rank's Flight Recorder file: fr_rank_<rank>, as fr_trace's --prefix
+FR_TRACE = "torch.distributed.flight_recorder.fr_trace"
+DEBUG_SERVER = "torch.distributed.debug"
+
+# The lines a training script carries for the tools (above `runpy`); the rest runs the script.
+WITH_TOOLS = '''\
+"""Run a training script with two hang tools in every rank:
+torchrun --nproc-per-node N with_tools.py SCRIPT ARGS..."""
+import os
+import runpy
+import signal
+import sys
+import threading
+
+# 1. Flight Recorder on request: `kill -s RTMIN+7 PID` writes this rank's record to
+# $FR_DUMP_PREFIX<rank>. The signal is blocked here, before any thread exists, so that every thread
+# inherits the block and only sigwait below receives it (its default action ends a process).
+FR_SIGNAL = signal.SIGRTMIN + 7
+signal.pthread_sigmask(signal.SIG_BLOCK, {FR_SIGNAL})
+
+
+def dump_flight_recorder_on_signal() -> None:
+    from torch._C import _distributed_c10d as c10d
+
+    path = os.environ["FR_DUMP_PREFIX"] + os.environ["RANK"]
+    while True:
+        signal.sigwait({FR_SIGNAL})
+        record = c10d._dump_fr_trace()  # torch 2.14: what the collectives of gloo (and others) left
+        with open(path + ".partial", "wb") as f:
+            f.write(record)
+        os.replace(path + ".partial", path)
+
+
+from torch._C import _distributed_c10d  # noqa: E402
+
+if "FR_DUMP_PREFIX" in os.environ and hasattr(_distributed_c10d, "_dump_fr_trace"):
+    threading.Thread(target=dump_flight_recorder_on_signal, daemon=True).start()
+
+# 2. torch 2.14's debug server: every rank serves its stacks; rank 0 the pages, on DEBUG_SERVER_PORT
+if "DEBUG_SERVER_PORT" in os.environ:
+    from torch.distributed.debug import start_debug_server
+
+    start_debug_server(port=int(os.environ["DEBUG_SERVER_PORT"]))
+
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+'''
+
+_PY_SPY_FRAME = re.compile(r"^\s+(?P<func>.+?) \((?P<file>[^()]+):(?P<line>\d+)\)$")
+_FAULTHANDLER_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)$')
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Where one rank waits, as a tool saw it."""
+
+    innermost: str  # the innermost Python function: all_reduce, for a rank waiting in that collective
+    own_line: str  # the worker's own innermost source line ("" if its file is not on the stack)
+
+
+@dataclass
+class HungJob:
+    """A torchrun job of the pitfalls worker whose ranks hang, and what the tools need of it."""
+
+    worker: Path
+    world: int
+    run_dir: Path
+    proc: subprocess.Popen[bytes]
+    pids: dict[int, int] = field(default_factory=dict)  # rank -> pid
+    debug_port: int | None = None  # the debug server's page, where torch has one (2.14)
+
+    @property
+    def fr_dir(self) -> Path:
+        return self.run_dir / "flight-recorder"
+
+    @property
+    def with_tools(self) -> Path:
+        return self.run_dir / "with_tools.py"
+
+
+def debug_server_available() -> bool:
+    """torch 2.14 has `torch.distributed.debug.start_debug_server`; torch 2.7 has no such module."""
+    return importlib.util.find_spec(DEBUG_SERVER) is not None
+
+
+def missing_for_debug_server() -> list[str]:
+    """What the debug server needs that is not installed: jinja2 for its pages, tabulate for its Flight
+    Recorder tables (imported with its handlers), aiohttp or requests to ask the ranks."""
+    missing = [name for name in ("jinja2", "tabulate") if importlib.util.find_spec(name) is None]
+    if not any(importlib.util.find_spec(name) for name in ("aiohttp", "requests")):
+        missing.append("aiohttp")
+    return missing
+
+
+def flight_recorder_dumps_gloo() -> bool:
+    """torch 2.14 records gloo's collectives and dumps them with `_dump_fr_trace`; torch 2.7 neither."""
+    from torch._C import _distributed_c10d
+
+    return hasattr(_distributed_c10d, "_dump_fr_trace")
+
+
+def fr_trace_available() -> bool:
+    """The analyser ships with torch 2.14 (``python -m torch.distributed.flight_recorder.fr_trace``)."""
+    return importlib.util.find_spec("torch.distributed.flight_recorder") is not None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def rank_pids(agent_pid: int) -> dict[int, int]:
+    """Each rank's pid, by rank: the agent's descendants whose environment holds RANK (what a learner
+    reads with ``ps`` and ``/proc/PID/environ``). A rank's own children (the debug server's page) have
+    its RANK too: the oldest process with a rank is the rank."""
+    found: dict[int, psutil.Process] = {}
+    for proc in psutil.Process(agent_pid).children(recursive=True):
+        try:
+            rank = int(proc.environ()["RANK"])
+        except (KeyError, ValueError, psutil.Error):
+            continue
+        if rank not in found or proc.create_time() < found[rank].create_time():
+            found[rank] = proc
+    return {rank: proc.pid for rank, proc in sorted(found.items())}
+
+
+@contextmanager
+def planted_hang(
+    worker: str | os.PathLike[str],
+    world: int,
+    run_dir: str | os.PathLike[str],
+    *,
+    case: str = "hang",
+    env: Mapping[str, str] | None = None,
+    startup_s: float = 120.0,
+) -> Iterator[HungJob]:
+    """Run `case` of the pitfalls `worker` on `world` ranks under plain torchrun, on gloo on the CPU
+    (the tools read any backend; gloo runs on every machine), and yield once every rank has printed
+    its line and stopped. Every process of the job is killed when the block ends."""
+    run_dir = Path(run_dir)
+    if run_dir.exists():
+        shutil.rmtree(run_dir)  # an earlier run's dumps and logs would be read as this one's
+    run_dir.mkdir(parents=True)
+    script = run_dir / "with_tools.py"
+    script.write_text(WITH_TOOLS)
+    (run_dir / "flight-recorder").mkdir()
+    port = _free_port() if debug_server_available() and not missing_for_debug_server() else None
+    ranks_env = {
+        **os.environ,
+        **(env or {}),
+        "CUDA_VISIBLE_DEVICES": "",
+        run_contract.BACKEND_ENV: "gloo",
+        run_contract.DEVICE_ENV: "cpu",
+        run_contract.RUN_DIR_ENV: str(run_dir),  # the workbench's stack dumps register in its logs/
+        "FR_DUMP_PREFIX": str(run_dir / "flight-recorder" / FR_PREFIX),
+        "TORCH_FR_BUFFER_SIZE": "2000",  # torch 2.14's name (2000 is its default: on)
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",  # torch 2.7's (NCCL only there, off by default)
+    }
+    if port is not None:
+        ranks_env["DEBUG_SERVER_PORT"] = str(port)
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+        f"--log-dir={run_dir / run_contract.LOGS_DIR}", "--redirects=3",
+        str(script), str(worker), "--case", case, "--pg-timeout", "600",
+    ]  # fmt: skip
+    with open(run_dir / "torchrun.log", "wb") as log:
+        proc = subprocess.Popen(
+            command, env=ranks_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    tree = ProcessTree(proc.pid)
+    job = HungJob(Path(worker), world, run_dir, proc, debug_port=port)
+    try:
+        _wait_until_hung(job, tree, startup_s)
+        yield job
+    finally:
+        tree.refresh()
+        tree.terminate(grace_s=2.0)
+        proc.wait(timeout=10)
+
+
+def _wait_until_hung(job: HungJob, tree: ProcessTree, startup_s: float) -> None:
+    """Until every rank has printed a line (the hang case prints one before it waits), then a moment
+    for the waiting ranks to enter the collective; raises if the job ends or never gets there."""
+    deadline = time.monotonic() + startup_s
+    while not all(printed(job.run_dir, rank) for rank in range(job.world)):
+        if job.proc.poll() is not None:
+            raise RuntimeError(f"the job ended (exit {job.proc.returncode}): see {job.run_dir}/torchrun.log")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not every rank printed its first line within {startup_s:g} s")
+        time.sleep(0.1)
+    time.sleep(1.0)
+    tree.refresh()
+    job.pids = rank_pids(job.proc.pid)
+    if sorted(job.pids) != list(range(job.world)):
+        raise RuntimeError(f"found the pids of ranks {sorted(job.pids)}, not of all {job.world}")
+
+
+# ---- py-spy ---------------------------------------------------------------------------------------
+
+
+def py_spy() -> str | None:
+    """The py-spy command: in this Python's environment (the test extra installs it), or on PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
+def py_spy_dumps(job: HungJob) -> dict[int, str]:
+    """``py-spy dump --pid PID`` on each rank, by rank. It attaches with ptrace: the same user, and
+    the capability SYS_PTRACE in a container (Docker: ``--cap-add SYS_PTRACE``)."""
+    command = py_spy()
+    if command is None:
+        raise FileNotFoundError("py-spy is not installed: pip install py-spy")
+    dumps = {}
+    for rank, pid in job.pids.items():
+        done = subprocess.run(
+            [command, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60
+        )
+        dumps[rank] = done.stdout if done.returncode == 0 else f"py-spy failed: {done.stderr.strip()}"
+    return dumps
+
+
+def py_spy_waits(dumps: Mapping[int, str], worker: Path) -> dict[int, Wait]:
+    """Each rank's `Wait` from its py-spy dump: the main thread's frames, innermost first, as
+    ``function (file:line)``."""
+    waits = {}
+    for rank, dump in dumps.items():
+        main = dump.split('"MainThread"', 1)[-1].split("\nThread ", 1)[0]
+        frames = [m for m in map(_PY_SPY_FRAME.match, main.splitlines()) if m]
+        waits[rank] = _wait([(m["func"], m["file"], int(m["line"])) for m in frames], worker)
+    return waits
+
+
+def _wait(frames: list[tuple[str, str, int]], worker: Path) -> Wait:
+    """A `Wait` from (function, file, line) frames, innermost first. A tool may shorten the worker's
+    path (py-spy does): its file is matched by name, and its line read from the worker itself."""
+    if not frames:
+        return Wait("", "")
+    own = next((line for _, file, line in frames if Path(file).name == worker.name), None)
+    source = worker.read_text().splitlines()
+    own_line = source[own - 1].split("  # ")[0].strip() if own is not None and own <= len(source) else ""
+    return Wait(frames[0][0].rsplit(".", 1)[-1], own_line)
+
+
+# ---- Flight Recorder -----------------------------------------------------------------------------
+
+
+def dump_flight_recorder(job: HungJob, wait_s: float = 20.0) -> dict[int, Path]:
+    """Signal every rank to write its Flight Recorder record (with_tools.py's SIGRTMIN + 7); returns
+    each rank's file once written. torch 2.7 has no `_dump_fr_trace`: raises there."""
+    if not flight_recorder_dumps_gloo():
+        raise RuntimeError("this torch has no _dump_fr_trace: its Flight Recorder records NCCL only")
+    files = {rank: job.fr_dir / f"{FR_PREFIX}{rank}" for rank in job.pids}
+    for pid in job.pids.values():
+        os.kill(pid, signal.SIGRTMIN + FR_SIGNAL_OFFSET)
+    deadline = time.monotonic() + wait_s
+    while not all(path.exists() for path in files.values()):
+        if time.monotonic() > deadline:
+            missing = [rank for rank, path in files.items() if not path.exists()]
+            raise TimeoutError(f"ranks {missing} wrote no Flight Recorder record within {wait_s:g} s")
+        time.sleep(0.1)
+    return files
+
+
+def name_gloo_groups(fr_dir: Path, out_dir: Path) -> list[str]:
+    """Copy each rank's record into `out_dir`, with its gloo groups' ranks filed under the group's name.
+
+    torch 2.14's gloo records a group's ranks when the group is built, before its name is set
+    (`_create_gloo_process_group` in torch/distributed/distributed_c10d.py), so they are filed under
+    "": fr_trace then finds no group "0" (KeyError ('0', 0)). Returns the names given."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    named: set[str] = set()
+    for path in sorted(fr_dir.glob(f"{FR_PREFIX}*")):
+        record = pickle.loads(path.read_bytes())
+        unnamed = record["pg_config"].get("")
+        for name, desc in {tuple(entry["process_group"]) for entry in record["entries"]}:
+            if unnamed is not None and name not in record["pg_config"]:
+                record["pg_config"][name] = {**unnamed, "name": name, "desc": desc}
+                named.add(name)
+        (out_dir / path.name).write_bytes(pickle.dumps(record))
+    return sorted(named)
+
+
+def run_fr_trace(fr_dir: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m torch.distributed.flight_recorder.fr_trace DIR --prefix fr_rank_``, as a learner runs it."""
+    command = [sys.executable, "-m", FR_TRACE, str(fr_dir), "--prefix", FR_PREFIX]
+    # its report goes to its logger, on stderr: one stream, as a terminal shows it
+    return subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+
+
+@dataclass(frozen=True)
+class FrFinding:
+    """What fr_trace reported: the collective not every rank joined, and the ranks missing from it."""
+
+    collective: str
+    missing: frozenset[int]
+
+
+def fr_trace_finding(report: str) -> FrFinding | None:
+    """From fr_trace's report: "Not all ranks joining collective ... collective: gloo:all_reduce,
+    missing ranks: {1}"; None if it reports no such collective."""
+    block = report.split("Not all ranks joining collective", 1)
+    if len(block) < 2:
+        return None
+    collective = re.search(r"^collective: (\S+)$", block[1], re.MULTILINE)
+    missing = re.search(r"^missing ranks: \{([\d, ]*)\}$", block[1], re.MULTILINE)
+    if not (collective and missing):
+        return None
+    ranks = frozenset(int(r) for r in missing[1].split(",") if r.strip())
+    return FrFinding(collective[1], ranks)
+
+
+# ---- the debug server (torch 2.14) ----------------------------------------------------------------
+
+
+def debug_server_page(job: HungJob, path: str = "/stacks", wait_s: float = 30.0) -> str:
+    """A page of the debug server (rank 0 serves it on `job.debug_port`), as text; waits for it to come up."""
+    if job.debug_port is None:
+        raise RuntimeError("no debug server in this job: torch 2.14 and its dependencies needed")
+    url = f"http://localhost:{job.debug_port}{path}"
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=wait_s) as page:
+                return str(page.read().decode())
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def debug_server_stacks(page: str) -> dict[int, str]:
+    """Each rank's section of the stacks page ("Rank N: ADDRESS", then faulthandler's dump), by rank."""
+    sections = re.findall(r"<h2>\s*Rank (\d+):.*?</h2>.*?<pre>(.*?)</pre>", page, re.DOTALL)
+    return {int(rank): html.unescape(text) for rank, text in sections}
+
+
+def faulthandler_waits(stacks: Mapping[int, str], worker: Path) -> dict[int, Wait]:
+    """Each rank's `Wait` from a faulthandler dump of every thread: its main thread is the one whose
+    outermost frame is the script's (the server thread that wrote the dump has no Python frame)."""
+    waits = {}
+    for rank, dump in stacks.items():
+        threads = re.split(
+            r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$", dump, flags=re.M
+        )
+        candidates = []
+        for thread in threads:
+            frames = [m for m in map(_FAULTHANDLER_FRAME.match, thread.splitlines()) if m]
+            if frames:
+                candidates.append([(m["func"], m["file"], int(m["line"])) for m in frames])
+        main = next((f for f in candidates if any(Path(file).name == worker.name for _, file, _ in f)), [])
+        waits[rank] = _wait(main, worker)
+    return waits
+
+
+# ---- the workbench's own ------------------------------------------------------------------------
+
+
+def workbench_stacks(job: HungJob) -> dict[int, str]:
+    """The stacks the workbench's hang report prints, asked of the same ranks the same way
+    (`stack_dumps.ask`: faulthandler on the workbench's signal, registered by `setup_distributed`)."""
+    return stack_dumps.ask(job.pids, job.run_dir / run_contract.LOGS_DIR)
+
+
+def workbench_waits(stacks: Mapping[int, str], worker: Path) -> dict[int, Wait]:
+    """Each rank's `Wait` from `workbench_stacks` (innermost first, each frame followed by its source)."""
+    waits = {}
+    for rank, stack in stacks.items():
+        frames = [m for m in map(_FAULTHANDLER_FRAME.match, stack.splitlines()) if m]
+        waits[rank] = _wait([(m["func"], m["file"], int(m["line"])) for m in frames], worker)
+    return waits
