@@ -39,14 +39,10 @@ class Verdict:
         lines = [head, self.message]
         if self.differences:
             lines.append("what differs from a right answer:")
-            lines += [
-                f"  rank {d['rank']}: {d['field']} = {_short(d['seen'])}  (expected {_short(d['expected'])})"
-                for d in self.differences[:12]
-            ]
+            lines += [line for d in self.differences[:12] for line in _difference_lines(d)]
         if self.seen and not self.passed:
             lines.append("what each rank did:")
-            lines += [f"  rank {r}: " + ", ".join(f"{k}={_short(v)}" for k, v in s.items()) for r, s in
-                      enumerate(self.seen)]  # fmt: skip
+            lines += [line for r, s in enumerate(self.seen) for line in _rank_lines(r, s)]
         if not self.passed and self.hint:
             lines.append(f"hint: {self.hint}")
             lines.append(f"the solution, when you want it: %exercise solution {self.exercise}")
@@ -85,9 +81,10 @@ class Verdict:
             parts.append(f"<table><tr><th>rank</th>{header}</tr>{rows}</table>")
         if self.differences:
             items = "".join(
-                f"<li>rank {d['rank']}: {html.escape(d['field'])} = {html.escape(_short(d['seen']))}, "
-                f"expected {html.escape(_short(d['expected']))}</li>"
+                f"<li>rank {d['rank']}: {html.escape(name)} = {html.escape(seen)}, "
+                f"expected {html.escape(expected)}</li>"
                 for d in self.differences[:12]
+                for name, seen, expected in _differing_parts(d, WIDE)
             )
             parts.append(f"<p>What differs from a right answer:</p><ul>{items}</ul>")
         if not self.passed and self.hint:
@@ -116,9 +113,88 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+WIDE = 110  # a line of the text longer than this is broken: one item per line
+
+
 def _short(value: Any, limit: int = 80) -> str:
+    """A value in at most about `limit` characters. A long list keeps its first items and says how many
+    it holds; a list of lists shortens each inner list alike, so that every one of them shows."""
     text = value if isinstance(value, str) else repr(_rounded(value))
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    if len(text) <= limit:
+        return text
+    if isinstance(value, list | tuple) and value:
+        if all(isinstance(v, list | tuple) for v in value):
+            return "[" + ", ".join(_short(v, max(limit // len(value), 28)) for v in value) + "]"
+        return _window(list(value), 0, limit)
+    return text[: limit - 3] + "..."
+
+
+def _window(values: list[Any], start: int, limit: int) -> str:
+    """`values` from position `start`, as many as fit in `limit`, with "..." for what is left out on
+    either side and the count of them all."""
+    shown: list[str] = []
+    used = 0
+    for value in values[start:]:
+        text = _short(value, limit // 2)
+        if shown and used + len(text) + 2 > limit - 20:
+            break
+        shown.append(text)
+        used += len(text) + 2
+    before = "..., " if start else ""
+    after = ", ..." if start + len(shown) < len(values) else ""
+    count = f" ({len(values)} in all)" if before or after else ""
+    return f"[{before}{', '.join(shown)}{after}]{count}"
+
+
+def _differing_parts(difference: dict[str, Any], limit: int) -> list[tuple[str, str, str]]:
+    """(name, seen, expected) of the parts of a field that differ: in a list of lists, each inner list
+    that differs (drawn[1]: the second epoch); a long flat list from a little before its first difference,
+    the same positions of both, so that the difference shows."""
+    parts: list[tuple[str, Any, Any]] = []
+
+    def walk(name: str, seen: Any, expected: Any) -> None:
+        nested = isinstance(expected, list) and any(isinstance(v, list) for v in expected)
+        if nested and isinstance(seen, list) and len(seen) == len(expected) and seen != expected:
+            for i, (s, e) in enumerate(zip(seen, expected, strict=True)):
+                if s != e:
+                    walk(f"{name}[{i}]", s, e)
+        else:
+            parts.append((name, seen, expected))
+
+    walk(str(difference["field"]), difference["seen"], difference["expected"])
+    out = []
+    for name, seen, expected in parts:
+        if isinstance(seen, list) and isinstance(expected, list) and len(seen) == len(expected):
+            first = next((i for i, (s, e) in enumerate(zip(seen, expected, strict=True)) if s != e), 0)
+            start = max(first - 2, 0) if len(_short(seen, 10**6)) > limit else 0
+            out.append((name, _window(seen, start, limit), _window(expected, start, limit)))
+        else:
+            out.append((name, _short(seen, limit), _short(expected, limit)))
+    return out
+
+
+def _difference_lines(difference: dict[str, Any]) -> list[str]:
+    """One line per part that differs, or three where it is long: the field, then seen and expected."""
+    lines = []
+    for name, seen, expected in _differing_parts(difference, WIDE):
+        line = f"  rank {difference['rank']}: {name} = {seen}  (expected {expected})"
+        if len(line) <= WIDE:
+            lines.append(line)
+        else:
+            lines += [
+                f"  rank {difference['rank']}, {name}:",
+                f"      seen:     {seen}",
+                f"      expected: {expected}",
+            ]
+    return lines
+
+
+def _rank_lines(rank: int, seen: dict[str, Any]) -> list[str]:
+    """What one rank did: one line, or one line per field where that is too long to read."""
+    line = f"  rank {rank}: " + ", ".join(f"{k}={_short(v)}" for k, v in seen.items())
+    if len(line) <= WIDE:
+        return [line]
+    return [f"  rank {rank}:"] + [f"      {k} = {_short(v, WIDE)}" for k, v in seen.items()]
 
 
 def _rounded(value: Any) -> Any:

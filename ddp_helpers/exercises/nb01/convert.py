@@ -232,7 +232,9 @@ CONVERT = Exercise(
         ),
         Mistake(
             "01-convert-every-rank-prints",
-            "every rank printed: N copies of each line, each about one rank's own batch; print on rank 0 only",
+            "every rank printed: N copies of each line, each about one rank's own batch; print on rank 0 only "
+            "(RANK 0: LOCAL_RANK is 0 on the first rank of every node, so on every rank where each node holds "
+            "one, as the probe's 2 nodes do at 2 ranks)",
             _every_rank("printed"),
             hint="Put the print under `if rank == 0:`, with `rank` read from RANK, the job's rank (LOCAL_RANK "
             "is 0 on every node's first rank; in the probe's 2 nodes at 2 ranks, on both).",
@@ -240,7 +242,7 @@ CONVERT = Exercise(
         Mistake(
             "01-convert-every-rank-saves",
             "every rank called torch.save on the one file: N writers race, and the file can end up as none "
-            "of their saves; save on rank 0 only",
+            "of their saves; save on rank 0 only (RANK 0, not LOCAL_RANK 0, which is one rank per node)",
             _every_rank("saved"),
             hint="Put the save under `if rank == 0:`, with `rank` read from RANK, the job's rank (LOCAL_RANK "
             "is 0 on every node's first rank; in the probe's 2 nodes at 2 ranks, on both).",

@@ -158,7 +158,8 @@ WRAP = Exercise(
         Mistake(
             "01-wrap-every-rank-saves",
             "every rank called torch.save: N writers of one file race, and on a shared filesystem the "
-            "file can end up torn; save from rank 0 only",
+            "file can end up torn; save from rank 0 only (RANK 0: LOCAL_RANK is 0 on the first rank of every "
+            "node, so on every rank where each node holds one, as the probe's 2 nodes do at 2 ranks)",
             lambda seen, expected: len(seen) > 1 and all(s.get("saved") for s in seen),
             hint="Guard the save with `if rank == 0:`, where rank is RANK, the job's rank (LOCAL_RANK is 0 on "
             "every node's first rank; in the probe's 2 nodes at 2 ranks, on both).",

@@ -254,7 +254,8 @@ SAVE = Exercise(
         Mistake(
             "04-save-every-rank-writes",
             "a rank other than 0 called torch.save: N writers of one checkpoint race, and the file can end up "
-            "torn or one rank's; only rank 0 writes",
+            "torn or one rank's; only rank 0 writes (RANK 0: LOCAL_RANK is 0 on the first rank of every node, "
+            "so on every rank where each node holds one, as the probe's 2 nodes do at 2 ranks)",
             lambda seen, expected: len(seen) > 1 and any(s.get("saved") for s in seen[1:]),
             hint="Put the torch.save and the os.replace under `if rank == 0:`, rank being RANK (LOCAL_RANK is 0 "
             "on every node's first rank); every rank still joins the gather and the barrier.",

@@ -6,7 +6,11 @@ an environment, `env`, that observe calls with pretend ones: ranks of a job of 2
 and of 2 nodes x 2 CPU processes. Stand-ins record what the function asks of the machine: `torch.cuda`
 reports the pretend node's GPUs and records `set_device` (refusing an index the node does not have, as
 CUDA does), and `dist` records `init_process_group`, `barrier` and `destroy_process_group` instead of
-running them (the live ranks' process group stays up). Everything else reaches torch itself.
+running them (the live ranks' process group stays up). Everything else reaches torch itself. During each
+call `os.environ` holds the pretend process's variables too, as a worker's does under torchrun: an answer
+that reads them there, as a script does, is judged by what it does with them. A verdict names each call by
+the pretend process it stands for, "main(env of RANK 5 of 8: node 1, LOCAL_RANK 1)", after the live rank
+that made it.
 """
 
 from __future__ import annotations

@@ -30,9 +30,11 @@ def _probes(live_rank: int) -> list[tuple[int, int, int]]:
 
 
 def _describe(rank: int, per_node: int, gpus: int) -> str:
-    """A probe, in a few words: the field name of its outcome."""
+    """A probe, in a few words: the call, with the pretend process it stands for (the field name of its
+    outcome; the verdict puts the live rank that made the call before it)."""
     where = f"{gpus} GPUs" if gpus else "no GPU"
-    return f"as RANK {rank} of {NODES * per_node}, LOCAL_RANK {rank % per_node}, {where}"
+    node = f"node {rank // per_node}, LOCAL_RANK {rank % per_node}, {where}"
+    return f"init_distributed(env of RANK {rank} of {NODES * per_node}: {node})"
 
 
 def _outcome(row: dict[str, Any]) -> str:
@@ -48,13 +50,16 @@ def _outcome(row: dict[str, Any]) -> str:
 def _init_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
     function: Any = ns.get("init_distributed")  # None where the answer defined none: the call raises
     out: dict[str, Any] = {"_probes": []}  # "_probes": for the signatures, not compared
+    from ..rank_side import environment
+
     for rank, per_node, gpus in _probes(ctx.rank):
         recorder = _Recorder(gpus)
         recorder.env = dict(pretend_env(rank, per_node))  # what the pretend group reads at init
         ns["_record"].current = recorder
         row: dict[str, Any] = {"error": None, "device": None, "shard": None}
-        try:
-            device, shard = function(dict(pretend_env(rank, per_node)))
+        try:  # os.environ too is the pretend process's: an answer may read it, as a script does
+            with environment(pretend_env(rank, per_node)):
+                device, shard = function(dict(pretend_env(rank, per_node)))
             row["device"], row["shard"] = str(device), [int(v) for v in shard]
         except Exception as error:
             row["error"] = f"{type(error).__name__}: {error}"
@@ -168,12 +173,16 @@ INIT = Exercise(
             "a rank of node 1 asked for cuda:RANK (cuda:5 on a node of 4 GPUs): RANK counts the processes of "
             "every node. A node's GPUs are numbered from 0 on each node: the device is cuda:LOCAL_RANK",
             _device_from_rank,
+            hint='Take the GPU from LOCAL_RANK, int(env["LOCAL_RANK"]), this process\'s place on its own node '
+            "(0 to LOCAL_WORLD_SIZE - 1); RANK is for the shard.",
         ),
         Mistake(
             "06-init-shard-from-local-rank",
             "a rank of node 1 took the shard of its LOCAL_RANK: ranks 1 and 5 train on the same samples, and "
             "the shards of node 1's ranks are never seen. Deal the data by RANK over WORLD_SIZE",
             _shard_from_local,
+            hint='Return (int(env["RANK"]), int(env["WORLD_SIZE"])) as the shard: this process\'s place in the '
+            "whole job, of every node's processes. LOCAL_RANK picks the GPU only.",
         ),
         Mistake(
             "06-init-no-set-device",
@@ -181,17 +190,21 @@ INIT = Exercise(
             "index (.cuda(), device='cuda') then lands on cuda:0, and every rank "
             "of the node crowds GPU 0",
             _no_set_device,
+            hint="Call torch.cuda.set_device(device) as soon as the device is chosen, on GPUs only, before "
+            "init_process_group and any CUDA work.",
         ),
         Mistake(
             "06-init-gloo-on-gpus",
             "gloo on a node with GPUs: gloo has only a few collectives for GPU tensors, and they go "
             "through host memory; nccl is the backend for GPUs",
             _backend_where(True, "gloo"),
+            hint='Choose the backend by the device: "nccl" where it is a GPU, "gloo" where it is the CPU.',
         ),
         Mistake(
             "06-init-nccl-on-cpu",
             "nccl on a node without GPUs: nccl reduces GPU tensors only. On the CPU the backend is gloo",
             _backend_where(False, "nccl"),
+            hint='Choose the backend by the device: "gloo" where it is the CPU, "nccl" only on GPUs.',
         ),
     ),
     covers=("backend", "set-device", "device-from-local-rank"),

@@ -52,7 +52,9 @@ def _calls(live_rank: int) -> list[tuple[int, bool]]:
 
 
 def _call_name(rank: int, fail: bool) -> str:
-    return f"as RANK {rank} of {NODES * GPUS_PER_NODE}" + (", train raises" if fail else "")
+    """A call of main, with the pretend process it stands for (the verdict puts the live rank before it)."""
+    node = f"node {rank // GPUS_PER_NODE}, LOCAL_RANK {rank % GPUS_PER_NODE}"
+    return f"main(env of RANK {rank} of {NODES * GPUS_PER_NODE}: {node})" + (", train raises" if fail else "")
 
 
 def _call_outcome(call: dict[str, Any]) -> str:
@@ -66,6 +68,8 @@ def _call_outcome(call: dict[str, Any]) -> str:
 def _main_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
     import torch
 
+    from ..rank_side import environment
+
     probe = ns["_probe"]
     main: Any = ns.get("main")  # None where the answer defined none: the call raises
     out: dict[str, Any] = {"_calls": []}  # "_calls": for the signatures, not compared
@@ -75,8 +79,9 @@ def _main_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
             recorder.env = dict(pretend_env(rank, GPUS_PER_NODE))  # what the pretend group reads at init
             ns["_record"].current = recorder
             probe["fail"], probe["calls"] = fail, []
-            try:
-                main(dict(pretend_env(rank, GPUS_PER_NODE)))
+            try:  # os.environ too is the pretend process's: an answer may read it, as a script does
+                with environment(pretend_env(rank, GPUS_PER_NODE)):
+                    main(dict(pretend_env(rank, GPUS_PER_NODE)))
             except TrainFailed:
                 raised: bool | str = True
             except Exception as error:
@@ -201,12 +206,14 @@ def main(env):
             "the learning rate is base_lr on 8 ranks: the global batch is 8 times one rank's, and with the "
             "linear rule the learning rate follows it (times WORLD_SIZE)",
             lambda seen, expected: _every_lr(seen, 1),
+            hint='Multiply base_lr by the world size, int(env["WORLD_SIZE"]): the global batch grows with it.',
         ),
         Mistake(
             "06-main-lr-local-world",
             "the learning rate was scaled by LOCAL_WORLD_SIZE (4), the ranks of one node; the global batch "
             "is summed over every node's ranks: WORLD_SIZE (8)",
             lambda seen, expected: _every_lr(seen, GPUS_PER_NODE),
+            hint="Scale by WORLD_SIZE, the processes of every node, not LOCAL_WORLD_SIZE, those of one.",
         ),
         Mistake(
             "06-main-init-differs",
@@ -216,12 +223,16 @@ def main(env):
             "copies nothing (FSDP1 only with sync_module_states=True), and any check before the wrap sees "
             "different models",
             _inits_differ,
+            hint="Call torch.manual_seed(seed) with `seed` itself, the same number on every rank (nothing "
+            "added), before build_model().",
         ),
         Mistake(
             "06-main-teardown-skipped",
             "when train raised, destroy_process_group was never called: it is not in a finally, so a failing "
             "rank leaves without tearing down its process group",
             _skipped_on_failure,
+            hint="Put train and the barrier in a try:, and destroy_process_group() in its finally:, which "
+            "runs when train raises too.",
         ),
         Mistake(
             "06-main-barrier-in-finally",
@@ -229,6 +240,8 @@ def main(env):
             "rank waits there while the others wait for it in their training collectives, and the job hangs "
             "instead of failing (torchrun never hears of the error). The barrier belongs after train returns",
             _barrier_in_finally,
+            hint="Move dist.barrier() out of the finally, into the try, right after train(model, lr): it then "
+            "runs only when train returned. The finally keeps destroy_process_group() alone.",
         ),
         Mistake(
             "06-main-no-barrier",
@@ -236,6 +249,8 @@ def main(env):
             "finishes, while another may still be saving a checkpoint, or (on NCCL, whose collectives run on "
             "the GPU after the call returns) still finishing a last collective with them",
             _no_barrier,
+            hint="Call dist.barrier() in the try, right after train returns, so that every rank has finished "
+            "before any tears down.",
         ),
     ),
     covers=("lr-scaled", "same-init-seed", "teardown"),
