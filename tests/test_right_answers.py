@@ -105,6 +105,64 @@ dist.all_reduce(seen)
 samples = int(seen)
 """,
     ),
+    # at 3 ranks the checker runs 01 and 04-save as 2 nodes (ranks 0 and 1 on node 0, rank 2 on node 1): an
+    # answer that takes its rank from the process group, not from `rank`, is as right as the reference
+    "01-shard, rank and num_replicas given, from the process group": (
+        "01-shard",
+        """
+sampler = DistributedSampler(dataset, num_replicas=dist.get_world_size(), rank=dist.get_rank(), seed=seed)
+loader = DataLoader(dataset, batch_size=2, sampler=sampler)
+for epoch in range(first_epoch, first_epoch + epochs):
+    sampler.set_epoch(epoch)
+    for x, y in loader:
+        train_step(x, y)
+""",
+    ),
+    "01-wrap, the one writer chosen with dist.get_rank()": (
+        "01-wrap",
+        """
+ddp_model = DDP(model, device_ids=[int(os.environ["LOCAL_RANK"])] if device.type == "cuda" else None)
+opt = torch.optim.SGD(ddp_model.parameters(), lr=1.0)
+for _ in range(steps):
+    opt.zero_grad()
+    ddp_model(x).sum().backward()
+    opt.step()
+if dist.get_rank() == 0:
+    torch.save(ddp_model.module.state_dict(), save_path)
+""",
+    ),
+    "04-save, the writer from os.environ's RANK": (
+        "04-save",
+        """
+mine = {"torch": torch.get_rng_state(), "loader": generator_at_epoch_start}
+states = [None] * world_size
+dist.all_gather_object(states, mine)
+if int(os.environ["RANK"]) == 0:
+    ckpt = {
+        "model": ddp_model.module.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scaler": scaler.state_dict(),
+        "epoch": epoch,
+        "batch_in_epoch": batch_in_epoch,
+        "rng": states,
+    }
+    torch.save(ckpt, path + ".new")
+    os.replace(path + ".new", path)
+dist.barrier()
+""",
+    ),
+    "06-init, torchrun's variables read from os.environ, as a script reads them": (
+        "06-init",
+        """
+def init_distributed(env):
+    local_rank = int(os.environ["LOCAL_RANK"])
+    device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return device, (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+""",
+    ),
 }
 
 
