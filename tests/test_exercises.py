@@ -156,6 +156,53 @@ def test_a_hung_answer_ends_within_its_bound_with_stacks_and_fresh_ranks(live, w
     assert again.passed, again.text()
 
 
+def test_the_pretend_nodes_are_laid_out_as_torchrun_lays_them_out():
+    """Exercise.nodes=2: ranks dealt to the nodes in order, ceil(world / 2) per node; one rank has no nodes."""
+    from ddp_helpers.exercises.rank_side import node_layout
+
+    def local_ranks(world: int) -> list[int] | None:
+        layouts = [node_layout(r, world, 2) for r in range(world)]
+        return None if layouts[0] is None else [layout["LOCAL_RANK"] for layout in layouts if layout]
+
+    assert local_ranks(1) is None
+    assert local_ranks(2) == [0, 0] and local_ranks(3) == [0, 1, 0] and local_ranks(8) == [0, 1, 2, 3] * 2
+    assert node_layout(2, 3, 2) == {
+        "LOCAL_RANK": 0, "LOCAL_WORLD_SIZE": 1, "GROUP_RANK": 1, "GROUP_WORLD_SIZE": 2,
+        "ROLE_RANK": 2, "ROLE_WORLD_SIZE": 3,
+    }  # fmt: skip
+    assert {e.id for e in EXERCISES if e.nodes == 2} >= {"01-convert", "01-shard", "01-wrap", "04-save"}
+
+
+def test_a_two_node_probe_leaves_the_ranks_environment_as_it_was(live, workdir):
+    ranks = live(3)
+    names = "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"
+    ask = f"import os\n[os.environ.get(n) for n in {names!r}]"
+    before = ranks.run(ask)
+    # the answer sees node 1's rank 2 as LOCAL_RANK 0, in `local_rank`, os.environ and get_node_local_rank()
+    answer = (
+        "here = (local_rank, dist.get_node_local_rank(), int(os.environ['GROUP_RANK']))\n"
+        "assert here == [(0, 0, 0), (1, 1, 0), (0, 0, 1)][rank], here\n"
+    ) + get("01-shard").reference
+    verdict = check("01-shard", answer, ranks, workdir=workdir)
+    assert verdict.passed, verdict.text()
+    assert ranks.run(ask) == before, "the pretend layout must be undone after the answer"
+
+
+def test_a_long_difference_is_shown_where_it_differs():
+    """01-convert's drawn indices: the epoch that differs is shown whole, not cut off before it differs."""
+    from ddp_helpers.exercises.verdict import Verdict
+
+    epoch0, epoch1 = list(range(40, 17, -1)), list(range(23))
+    difference = {"rank": 0, "field": "drawn", "seen": [epoch0, epoch0], "expected": [epoch0, epoch1]}
+    text = Verdict(
+        "01-convert", False, "x", "m", differences=[difference], seen=[{"drawn": [epoch0, epoch0]}]
+    ).text()
+    assert "drawn[1]" in text and repr(epoch1) in text and "drawn[0]" not in text, text
+    long = {"rank": 1, "field": "weight", "seen": [0.5] * 30 + [1.0], "expected": [0.5] * 31}
+    text = Verdict("01-convert", False, "x", "m", differences=[long]).text()
+    assert "1.0" in text and "31 in all" in text, text
+
+
 def test_a_verdict_is_one_json_object():
     from ddp_helpers.exercises.checker import judge
 
