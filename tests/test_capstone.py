@@ -17,8 +17,15 @@ import pytest
 from fixtures import load_script
 
 from ddp_helpers.errors import InvalidLaunchArguments
-from ddp_helpers.exercises.capstone import EXERCISE, check_script
-from ddp_helpers.exercises.capstone.checks import check_rng
+from ddp_helpers.exercises.capstone import EXERCISE, amp_plan, check_script
+from ddp_helpers.exercises.capstone.checks import check_autocast, check_masks, check_resume_batches, check_rng
+from ddp_helpers.exercises.capstone.contract import (
+    HINTS,
+    STEPS_PER_EPOCH,
+    STOP_AT,
+    TOTAL_STEPS,
+    expected_batches,
+)
 from ddp_helpers.exercises.capstone.judge import Failed, World
 from ddp_helpers.exercises.capstone.runs import Run
 from ddp_helpers.workers import worker_path
@@ -186,3 +193,115 @@ def test_a_resume_that_restores_the_cpu_generator_alone_is_named_on_gpus():
     resumed_cpu = _run("resumed", [{"forwards": [{"rng": {"cpu": at_stop[r]["cpu"]}}], "loaders": [True]}
                                    for r in range(2)])  # fmt: skip
     check_rng(w, stopped_cpu_only, resumed_cpu)  # on the CPU the same resume is right: it raises nothing
+
+
+# ------------------------------------------------------------------ the checks' logic, on records (no torchrun)
+def _world(world: int = 2, amp: str = "fp16") -> World:
+    return World(world, amp, f"at {world} rank(s), --amp {amp}", lambda line: None)
+
+
+def _failed(check, *args) -> Any:
+    with pytest.raises(Failed) as failed:
+        check(*args)
+    return failed.value.verdict
+
+
+def test_a_single_world_size_runs_every_amp_mode_and_the_default_pairs_them():
+    """--nproc 3 checks the whole contract at 3 ranks: fp16 (the scaler, the overflow), then bf16."""
+    assert amp_plan((2, 3)) == [(2, "fp16"), (3, "bf16")]
+    assert amp_plan((3,)) == [(3, "fp16"), (3, "bf16")]
+    assert amp_plan((3,), "bf16") == [(3, "bf16")]
+    assert amp_plan((2, 3, 4)) == [(2, "fp16"), (3, "bf16"), (4, "fp16")]
+
+
+def _resumed_batches(skip_every_epoch: bool) -> Run:
+    batches = expected_batches(2)
+    done = STOP_AT - STEPS_PER_EPOCH
+    steps = list(range(STOP_AT, TOTAL_STEPS))
+    if skip_every_epoch:  # epoch 2 also begins at batch done + 1
+        steps = [s for s in steps if s < 2 * STEPS_PER_EPOCH or s % STEPS_PER_EPOCH >= done]
+    return _run("resumed", [{"forwards": [{"batch": batches[r][s]} for s in steps]} for r in range(2)])
+
+
+def test_a_resume_that_skips_the_done_batches_in_every_epoch_is_named_with_each_epochs_batches():
+    check_resume_batches(_world(), _resumed_batches(False), expected_batches(2))  # right: raises nothing
+    verdict = _failed(check_resume_batches, _world(), _resumed_batches(True), expected_batches(2))
+    assert verdict.diagnosis == f"{EXERCISE}-resume-skips-every-epoch", verdict.text()
+    later = "epoch 2: batches trained after the resume"
+    assert verdict.seen[1][later] == [2, 3] and verdict.expected[1][later] == [1, 2, 3], verdict.text()
+    assert "epoch 2 trained batches [2, 3] of 3" in verdict.message, verdict.message
+    assert "resumed epoch only" in verdict.hint and "epoch == start_epoch" in verdict.hint
+
+
+def _rng_runs(after: list[dict[str, str]], events: list[list[str]]) -> tuple[Run, Run]:
+    at_stop = [{"cpu": f"cpu-stop-{r}"} for r in range(2)]
+    fresh = [{"cpu": f"cpu-fresh-{r}"} for r in range(2)]
+    stopped = _run("stopped", [{"forwards": [{"rng": fresh[r]}], "rng_exit": at_stop[r]} for r in range(2)])
+    resumed = _run(
+        "resumed",
+        [{"forwards": [{"rng": after[r]}], "loaders": [True], "events": events[r]} for r in range(2)],
+    )
+    return stopped, resumed
+
+
+@pytest.mark.parametrize(
+    ("after", "events", "diagnosis", "named"),
+    [
+        ("fresh", ["manual_seed", "manual_seed", "mask"], "rng-not-restored", "of ranks 0, 1"),
+        ("fresh", ["manual_seed", "set_rng_state", "manual_seed", "mask"], "rng-reseeded", "of ranks 0, 1"),
+        ("fresh", ["manual_seed", "set_rng_state", "mask"], "rng-saved-at-start", "of ranks 0, 1"),
+        ("rank0", ["set_rng_state", "mask"], "rank0-rng", "of rank 1"),
+        ("rank0only", ["set_rng_state", "mask"], "rng-some-ranks", "of rank 1"),
+    ],
+)
+def test_a_random_state_failure_names_the_generator_the_ranks_and_the_step_in_words(
+    after, events, diagnosis, named
+):
+    states = {
+        "fresh": [{"cpu": f"cpu-fresh-{r}"} for r in range(2)],
+        "rank0": [{"cpu": "cpu-stop-0"} for r in range(2)],
+        "rank0only": [{"cpu": "cpu-stop-0"}, {"cpu": "cpu-fresh-1"}],
+    }[after]
+    stopped, resumed = _rng_runs(states, [events, events])
+    verdict = _failed(check_rng, _world(), stopped, resumed)
+    assert verdict.diagnosis == f"{EXERCISE}-{diagnosis}", verdict.text()
+    assert f"the CPU generator {named}" in verdict.message and f"step {STOP_AT + 1}" in verdict.message
+    assert "cpu-" not in verdict.text(), "a state is said in words, never as the probe's hash"
+    assert verdict.hint and verdict.hint != verdict.message
+
+
+def _scaler_run(built_for: str) -> Run:
+    return _run("stopped", [{"device": "cpu", "scalers": [{"enabled": False, "device": built_for}]}])
+
+
+def test_a_disabled_gradscaler_is_told_what_it_lacks_not_to_step_through_the_scaler():
+    """GradScaler() with no device means 'cuda', and turns itself off on the CPU: the learner already steps
+    through it, so the hint names the device; a scaler built enabled=False is told to enable it."""
+    from ddp_helpers.exercises.capstone.checks import _disabled
+
+    no_device = _disabled(_world(), _scaler_run("cuda"), [[{"enabled": False, "device": "cuda"}]])
+    assert no_device.matches() and "'cuda'" in no_device.message, no_device.message
+    assert "device.type" in no_device.hint and "step through" not in no_device.hint
+    off = _disabled(_world(), _scaler_run("cpu"), [[{"enabled": False, "device": "cpu"}]])
+    assert "enabled=False" in off.message and off.hint.startswith("enable it under fp16")
+    assert "step through" not in HINTS[f"{EXERCISE}-scaler-disabled"]
+
+
+def test_the_same_masks_are_reported_on_the_rank_that_drew_them():
+    run = _run("stopped", [{"forwards": [{"mask": "0110"}], "seeds": [5, 5]} for _ in range(3)])
+    verdict = _failed(check_masks, _world(3), run)
+    assert verdict.diagnosis == f"{EXERCISE}-same-masks", verdict.text()
+    assert [d["rank"] for d in verdict.differences] == [1, 2], verdict.text()
+    assert "torch.manual_seed calls: [5, 5]" in verdict.message
+
+
+@pytest.mark.parametrize(
+    ("dtype", "diagnosis"), [("off", "no-autocast"), ("torch.float16", "autocast-dtype")]
+)
+def test_a_forward_outside_autocast_or_in_the_wrong_dtype_is_named(dtype, diagnosis):
+    run = _run("stopped", [{"forwards": [{"batch": [0], "autocast": dtype}]} for _ in range(2)])
+    check_autocast(
+        _world(amp="fp16"), _run("stopped", [{"forwards": [{"batch": [0], "autocast": "torch.float16"}]}] * 2)
+    )
+    verdict = _failed(check_autocast, _world(amp="bf16"), run)
+    assert verdict.diagnosis == f"{EXERCISE}-{diagnosis}", verdict.text()

@@ -1,7 +1,8 @@
 """Notebook 10's capstone check: the learner's whole torchrun script, run under torchrun, watched and judged.
 
     from ddp_helpers.exercises.capstone import check_script
-    verdict = check_script("runs/capstone/my_ddp.py")   # 2 ranks with --amp fp16, then 3 with --amp bf16
+    verdict = check_script("runs/capstone/my_ddp.py")  # 2 ranks with --amp fp16, then 3 with --amp bf16
+    verdict = check_script("runs/capstone/my_ddp.py", nproc=3)  # 3 ranks with --amp fp16, then with bf16
 
 The contract (what notebook 10 states, and ddp_helpers/workers/capstone.py keeps): the flags in
 `contract.script_args`, the data file `contract.make_data` writes, the model `Net` (two bias-free Linear layers, a tanh, an
@@ -10,12 +11,13 @@ samples), and <out>/ckpt.pt, written by rank 0 alone, through a temporary file a
 least "model" (the plain module's state dict). `--stop-at-step K` saves the checkpoint after step K and
 stops, as if the job were killed there; `--resume` continues from <out>/ckpt.pt.
 
-For each world size the script runs three times: stopped at step K (in the middle of epoch 1), resumed,
+For each check (a world size and an --amp mode, `amp_plan`) the script runs three times: stopped at step K (in the middle of epoch 1), resumed,
 and uninterrupted. Every rank runs inside a small probe (`probe.PROBE`, written next to the runs), which runs
 the script as __main__ and records what the rank did: the samples of each forward pass (the rows the first
-layer saw), the dropout masks (the probe draws them, as dropout would) and the random state before each,
-the weights after each optimizer step, the loss scale after each scaler.update(), each torch.save and
-os.replace, and whether DDP wrapped the model and the loader got a generator. What a right script does
+layer saw) and the autocast dtype it ran under, the dropout masks (the probe draws them, as dropout would)
+and the random state before each, the weights after each optimizer step, the loss scale after each
+scaler.update() and the calls of scaler.step(), each torch.save and os.replace, each torch.manual_seed and
+torch.set_rng_state, and whether DDP wrapped the model and the loader got a generator. What a right script does
 comes from first principles: DistributedSampler's order written out (`nb01.sampler_order`), and the
 training replayed in one process (`replay.replay`): the same model math on each rank's batch with the masks that
 rank drew, the gradients averaged as DDP averages them, unscaled, clipped, stepped. The first check that
@@ -42,7 +44,7 @@ from .judge import Failed
 from .probe import PROBE
 from .world import check_world
 
-__all__ = ["EXERCISE", "check_script"]
+__all__ = ["EXERCISE", "amp_plan", "check_script"]
 
 _checks = itertools.count()
 
@@ -79,9 +81,21 @@ def _valid_worlds(nproc: Sequence[int] | int) -> tuple[int, ...]:
     return worlds
 
 
+def amp_plan(worlds: Sequence[int], amp: str | None = None) -> list[tuple[int, str]]:
+    """(world size, --amp) for each check, in order: every --amp mode of the contract runs at least once.
+
+    (2, 3) -> 2 ranks with fp16, then 3 with bf16; one size N -> N with fp16, then N with bf16 (the whole
+    contract at N ranks); `amp` given -> every size with that one mode."""
+    if amp is not None:
+        return [(world, amp) for world in worlds]
+    if len(worlds) < len(AMP_MODES):
+        return [(world, mode) for world in worlds for mode in AMP_MODES]
+    return [(world, AMP_MODES[i % len(AMP_MODES)]) for i, world in enumerate(worlds)]
+
+
 def check_script(
     script: str | os.PathLike[str],
-    nproc: Sequence[int] = (2, 3),
+    nproc: Sequence[int] | int = (2, 3),
     workdir: str | os.PathLike[str] | None = None,
     progress: bool = True,
     amp: str | None = None,
@@ -89,8 +103,10 @@ def check_script(
 ) -> Verdict:
     """Run `script` under torchrun at each world size in `nproc`, as the contract says, and judge it.
 
-    Three runs per world size (stopped at step 4, resumed, uninterrupted), the first world with --amp fp16,
-    the next with --amp bf16, and so on; `amp` ("fp16" or "bf16") runs every world with that one. `envs`: extra
+    Three runs per check (stopped at step 4, resumed, uninterrupted), each check a world size and an --amp
+    mode (`amp_plan`): (2, 3) runs 2 ranks with fp16, then 3 with bf16; one size runs it with fp16, then
+    with bf16; `amp` ("fp16" or "bf16") runs every world with that one. The first lines printed say
+    which. `envs`: extra
     environment for the ranks of a world size (its plan's env, such as hidden GPUs), by size. Stops at
     the first failing check. Raises InvalidLaunchArguments, before any process starts, for a missing
     script, one with a syntax error, bad world sizes or an unknown `amp`.
@@ -109,15 +125,19 @@ def check_script(
         if progress:
             print(line, flush=True)
 
+    plan = amp_plan(worlds, amp)
+    runs = " then ".join(f"{world} rank(s) with --amp {mode}" for world, mode in plan)
+    say(f"{EXERCISE}: checking {path.name} at {runs} (3 runs each: stopped, resumed, uninterrupted)")
     done: list[str] = []
     notes: list[str] = []
-    for i, world in enumerate(worlds):
-        mode = amp or AMP_MODES[i % len(AMP_MODES)]
+    for world, mode in plan:
         try:
             notes += check_world(
                 path, probe, folder / f"ranks{world}-{mode}", world, mode, say, (envs or {}).get(world)
             )
         except Failed as failed:
+            if done:
+                failed.verdict.message += f" (It passed at {' and at '.join(done)} before.)"
             return failed.verdict
         done.append(f"{world} rank(s) with --amp {mode}")
     overflow = "fp16's overflow skipped on every rank, " if any(d.endswith("fp16") for d in done) else ""

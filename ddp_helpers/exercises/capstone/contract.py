@@ -30,9 +30,13 @@ AMP_MODES = ("fp16", "bf16")  # the first world size checked runs --amp fp16, th
 # and the logged loss from the replay's. The replay runs on the CPU: there it repeats the script's own
 # operations, and only the order of the all-reduce's sums differs; a GPU rounds float16 and bfloat16 elsewhere
 TOLERANCE = {
-    ("cpu", "off"): (1e-5, 1e-5), ("cpu", "bf16"): (1e-3, 1e-4), ("cpu", "fp16"): (1e-3, 1e-4),
-    ("cuda", "off"): (1e-3, 1e-4), ("cuda", "bf16"): (5e-2, 1e-2), ("cuda", "fp16"): (5e-2, 1e-2),
-}  # fmt: skip
+    ("cpu", "off"): (1e-5, 1e-5),
+    ("cpu", "bf16"): (1e-3, 1e-4),
+    ("cpu", "fp16"): (1e-3, 1e-4),
+    ("cuda", "off"): (1e-3, 1e-4),
+    ("cuda", "bf16"): (5e-2, 1e-2),
+    ("cuda", "fp16"): (5e-2, 1e-2),
+}
 RUN_TIMEOUT_S = 30.0  # a run silent this long counts as hung (each step prints a line)
 STARTUP_TIMEOUT_S = 180.0  # importing torch on a busy machine
 PROBE_DIR_ENV, PROBE_DATA_ENV = "CAPSTONE_PROBE_DIR", "CAPSTONE_PROBE_DATA"
@@ -51,7 +55,26 @@ HINTS = {
     "10-capstone-no-unscale": "call scaler.unscale_(optimizer) before clip_grad_norm_.",
     "10-capstone-overflow-stepped": "step through the scaler: scaler.scale(loss).backward(), scaler.step(optimizer), "
     "scaler.update().",
-    "10-capstone-resume-restarts-epoch": "save how many batches of the epoch are done, and skip them when resuming.",
+    "10-capstone-resume-restarts-epoch": "save how many batches of the epoch were done at the stop (i + 1), and in "
+    "the resumed epoch `continue` while i is below that count.",
+    "10-capstone-resume-skips-every-epoch": "skip the done batches in the resumed epoch only: "
+    "`if epoch == start_epoch and i < skip: continue`; every later epoch starts at its first batch.",
+    "10-capstone-resume-restarts-run": "save the epoch in the checkpoint and start the loop at it: "
+    "`for epoch in range(start_epoch, args.epochs)`.",
+    "10-capstone-resume-not-loaded": "with --resume, load <out>/ckpt.pt on every rank (rank 0 says whether it "
+    "exists; torch.load with map_location=device) and go on from its epoch, batch and step.",
+    "10-capstone-rng-reseeded": "restore the random state after the last torch.manual_seed: seed, build the model, "
+    "reseed with seed + rank, and only then load the checkpoint and torch.set_rng_state(...).",
+    "10-capstone-rng-saved-at-start": "take the random state when you save, at the stop: "
+    "torch.get_rng_state() inside the checkpoint function, not once at the start of the run.",
+    "10-capstone-rank0-rng": 'restore this rank\'s own entry, ckpt["rng"][rank]: each rank drew its own masks, '
+    "so each saved its own state.",
+    "10-capstone-rng-some-ranks": "restore the random state on every rank, outside any `if rank == 0:`: every "
+    "rank loads the checkpoint and sets its own state.",
+    "10-capstone-no-autocast": "wrap the forward and the loss in torch.autocast(device.type, dtype=...): "
+    "autocast for another device type than the tensors' does nothing.",
+    "10-capstone-autocast-dtype": 'map the flag to its dtype: {"bf16": torch.bfloat16, "fp16": torch.float16}'
+    ".get(args.amp), and autocast only when it is not None.",
     "10-capstone-rng-not-restored": "save every rank's random state (torch.get_rng_state(), and on GPUs "
     "torch.cuda.get_rng_state(device) too) with all_gather_object, and have each rank restore its own "
     "(torch.set_rng_state, torch.cuda.set_rng_state(state, device)).",
@@ -101,10 +124,30 @@ def script_args(
 ) -> list[str]:
     """The contract's flags, each given (the script's own defaults do not matter)."""
     return [
-        "--data", str(data), "--out", str(out), "--epochs", str(EPOCHS), "--batch-size", str(BATCH),
-        "--lr", str(LR), "--momentum", str(MOMENTUM), "--clip", str(CLIP), "--hidden", str(HIDDEN),
-        "--dropout", str(DROPOUT), "--amp", amp, "--seed", str(SEED), *extra,
-    ]  # fmt: skip
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--epochs",
+        str(EPOCHS),
+        "--batch-size",
+        str(BATCH),
+        "--lr",
+        str(LR),
+        "--momentum",
+        str(MOMENTUM),
+        "--clip",
+        str(CLIP),
+        "--hidden",
+        str(HIDDEN),
+        "--dropout",
+        str(DROPOUT),
+        "--amp",
+        amp,
+        "--seed",
+        str(SEED),
+        *extra,
+    ]
 
 
 def expected_batches(world: int) -> list[list[list[int]]]:

@@ -14,11 +14,14 @@ from .runs import Run
 
 @dataclass(frozen=True)
 class Sign:
-    """A known mistake: its id, what the learner is told, and its signature in what the check saw."""
+    """A known mistake: its id, what the learner is told, and its signature in what the check saw.
+
+    `hint`: what to do instead, where it depends on what this run showed (contract.HINTS[id] when empty)."""
 
     id: str
     message: str
     matches: Callable[[], bool]
+    hint: str = ""
 
 
 class Failed(Exception):
@@ -67,25 +70,37 @@ class World:
             except Exception:  # a signature that cannot read this run does not match it
                 matched = False
             if matched:
-                self.fail(sign.id, f"{self.where}, run '{run.name}': {sign.message}", seen, expected, diffs)
+                message = f"{self.where}, run '{run.name}': {sign.message}"
+                self.fail(sign.id, message, seen, expected, diffs, hint=sign.hint)
         if run.error:
             self.raised(run)
         self.fail(
             UNKNOWN,
             f"{self.where}, run '{run.name}': {check}: wrong in a way the checker has no name for; "
             f"{len(diffs)} value(s) differ from what a right script gives (below)",
-            seen, expected, diffs,
-        )  # fmt: skip
+            seen,
+            expected,
+            diffs,
+        )
 
     def fail(
-        self, diagnosis: str, message: str, seen: Any = (), expected: Any = (), diffs: Any = ()
+        self,
+        diagnosis: str,
+        message: str,
+        seen: Any = (),
+        expected: Any = (),
+        diffs: Any = (),
+        hint: str = "",
     ) -> NoReturn:
         self.say(f"  ✗ {diagnosis}")
-        hint = HINTS.get(
+        hint = hint or HINTS.get(
             diagnosis, "compare your script with the contract above, flag by flag and line by line."
         )
-        raise Failed(Verdict(EXERCISE, False, diagnosis, message, hint, self.world, list(seen), list(expected),
-                              list(diffs)))  # fmt: skip
+        raise Failed(
+            Verdict(
+                EXERCISE, False, diagnosis, message, hint, self.world, list(seen), list(expected), list(diffs)
+            )
+        )
 
     def raised(self, run: Run) -> NoReturn:
         kind = HUNG if run.hung else RAISED
@@ -100,8 +115,11 @@ def records_or_fail(w: World, run: Run) -> None:
         return
     if run.error:
         w.raised(run)
-    w.fail(UNKNOWN, f"{w.where}, run '{run.name}': rank(s) {missing} ended without a record: did the script "
-                    "end with os._exit()?")  # fmt: skip
+    w.fail(
+        UNKNOWN,
+        f"{w.where}, run '{run.name}': rank(s) {missing} ended without a record: did the script "
+        "end with os._exit()?",
+    )
 
 
 def steps_of(run: Run, rank: int, offset: int = 0) -> list[int]:

@@ -22,7 +22,7 @@ ROWS = {tuple(row): i for i, row in enumerate(_x.tolist())}
 FEATURES = _x.shape[1]
 record = {"rank": RANK, "forwards": [], "steps": [], "scales": [], "saves": [], "replaces": [], "ddp": 0,
           "loaders": [], "loads": [], "rng_exit": None, "error": None, "device": None, "scalers": [],
-          "events": []}
+          "events": [], "seeds": [], "scaler_steps": 0}
 
 
 def digest(device=None):
@@ -42,11 +42,19 @@ def where(f):
     return os.path.abspath(name) if isinstance(name, str) else None
 
 
+def autocast(input):
+    """The dtype autocast gives this device's matmuls here ("torch.float16"), or "off"."""
+    kind = input.device.type
+    if not torch.is_autocast_enabled(kind):
+        return "off"
+    return str(torch.get_autocast_dtype(kind))
+
+
 _linear = torch.nn.Linear.forward
 def linear(self, input):
     if self.in_features == FEATURES and self.training:
         rows = input.detach().float().cpu().tolist()
-        record["forwards"].append({"batch": [ROWS.get(tuple(r), -1) for r in rows]})
+        record["forwards"].append({"batch": [ROWS.get(tuple(r), -1) for r in rows], "autocast": autocast(input)})
         record["device"] = input.device.type
     return _linear(self, input)
 torch.nn.Linear.forward = linear
@@ -59,6 +67,7 @@ def dropout(input, p=0.5, training=True, inplace=False):
         record["forwards"].append({"batch": []})
     entry = record["forwards"][-1]
     entry["rng"] = digest()
+    record["events"].append("mask")
     keep = torch.empty(input.shape, device=input.device).bernoulli_(1 - p)
     entry["shape"] = list(input.shape)
     entry["mask"] = "".join("1" if k else "0" for k in keep.flatten().bool().tolist())
@@ -76,6 +85,12 @@ def scaler_init(self, *args, **kwargs):
     _scaler_init(self, *args, **kwargs)
     record["scalers"].append({"enabled": bool(self.is_enabled()), "device": str(getattr(self, "_device", ""))})
 GradScaler.__init__ = scaler_init
+
+_scaler_step = GradScaler.step
+def scaler_step(self, optimizer, *args, **kwargs):
+    record["scaler_steps"] += 1
+    return _scaler_step(self, optimizer, *args, **kwargs)
+GradScaler.step = scaler_step
 
 _update = GradScaler.update
 def update(self, new_scale=None):
@@ -114,6 +129,19 @@ def ddp_init(self, *args, **kwargs):
     record["ddp"] += 1
     return _ddp_init(self, *args, **kwargs)
 DistributedDataParallel.__init__ = ddp_init
+
+_manual_seed = torch.manual_seed
+def manual_seed(seed):
+    record["seeds"].append(int(seed))
+    record["events"].append("manual_seed")
+    return _manual_seed(seed)
+torch.manual_seed = torch.random.manual_seed = manual_seed
+
+_set_rng_state = torch.set_rng_state
+def set_rng_state(new_state):
+    record["events"].append("set_rng_state")
+    return _set_rng_state(new_state)
+torch.set_rng_state = torch.random.set_rng_state = set_rng_state
 
 _loader_init = DataLoader.__init__
 def loader_init(self, *args, **kwargs):

@@ -61,13 +61,15 @@ def replay(
         torch.nn.utils.clip_grad_norm_(params, CLIP)
         scaler.step(optimizer)
         scaler.update()
-        out.append({
-            "losses": [loss for _, loss, _ in ranks],
-            "mean": sum(loss * n for _, loss, n in ranks) / sum(n for _, _, n in ranks),
-            "stepped": finite or not scaler.is_enabled(),
-            "scale": scaler.get_scale() if scaler.is_enabled() else None,
-            "weights": torch.cat([p.detach().flatten() for p in params]).tolist(),
-        })  # fmt: skip
+        out.append(
+            {
+                "losses": [loss for _, loss, _ in ranks],
+                "mean": sum(loss * n for _, loss, n in ranks) / sum(n for _, _, n in ranks),
+                "stepped": finite or not scaler.is_enabled(),
+                "scale": scaler.get_scale() if scaler.is_enabled() else None,
+                "weights": torch.cat([p.detach().flatten() for p in params]).tolist(),
+            }
+        )
     return out
 
 

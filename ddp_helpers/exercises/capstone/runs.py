@@ -76,9 +76,17 @@ def launch_run(
     env = {**(extra_env or {}), PROBE_DIR_ENV: str(records_dir), PROBE_DATA_ENV: str(data)}
     try:
         result = launch(
-            probe, script, *args, nproc=world, run_dir=folder / "launch", timeout=RUN_TIMEOUT_S,
-            startup_timeout=STARTUP_TIMEOUT_S, show_ranks="none", progress="off", env=env,
-        )  # fmt: skip
+            probe,
+            script,
+            *args,
+            nproc=world,
+            run_dir=folder / "launch",
+            timeout=RUN_TIMEOUT_S,
+            startup_timeout=STARTUP_TIMEOUT_S,
+            show_ranks="none",
+            progress="off",
+            env=env,
+        )
         run.logs = result.logs
     except WorkerFailed as error:
         run.error, run.logs = str(error), error.logs
@@ -110,7 +118,5 @@ def masks_of(run: Run, steps: int, world: int) -> list[list[Any]] | None:
         forwards = (record or {}).get("forwards", [])
         if len(forwards) < steps or any("mask" not in f for f in forwards[:steps]):
             return None
-        out.append([
-            torch.tensor([c == "1" for c in f["mask"]]).view(f["shape"]) for f in forwards[:steps]
-        ])  # fmt: skip
+        out.append([torch.tensor([c == "1" for c in f["mask"]]).view(f["shape"]) for f in forwards[:steps]])
     return out if len(out) == world else None

@@ -90,14 +90,18 @@ def _stopped(stage: Stage) -> tuple[Run, list[list[Any]]]:
     checks.check_ddp(w, stopped)
     checks.check_order(w, stopped, stage.batches)
     checks.check_masks(w, stopped)
+    checks.check_autocast(w, stopped)
     checks.check_saves(w, stopped)
     checks.check_teardown(w, stopped)
     if stopped.error:
         w.raised(stopped)
     masks = masks_of(stopped, STOP_AT, w.world)
     if masks is None:
-        w.fail(UNKNOWN, f"{w.where}, run '{stopped.name}': some rank drew no dropout mask in a step: train the "
-                        "contract's Net (its nn.Dropout) in train mode, one forward per step.")  # fmt: skip
+        w.fail(
+            UNKNOWN,
+            f"{w.where}, run '{stopped.name}': some rank drew no dropout mask in a step: train the "
+            "contract's Net (its nn.Dropout) in train mode, one forward per step.",
+        )
     sim = replay(stage.data, w.world, w.amp, stage.batches, masks, STOP_AT)
     variants = []
     if w.amp == "fp16":
@@ -129,10 +133,14 @@ def _resumed(stage: Stage, stopped: Run, masks: list[list[Any]]) -> tuple[Run, l
     checks.check_rng(w, stopped, resumed)
     if resumed.error:
         w.raised(resumed)
+    checks.check_resume_batches(w, resumed, stage.batches)
     later = masks_of(resumed, TOTAL_STEPS - STOP_AT, w.world)
     if later is None:
-        w.fail(UNKNOWN, f"{w.where}, run 'resumed': the resumed run did not take the {TOTAL_STEPS - STOP_AT} steps "
-                        f"left after step {STOP_AT}, one forward each.")  # fmt: skip
+        w.fail(
+            UNKNOWN,
+            f"{w.where}, run 'resumed': the resumed run did not take the {TOTAL_STEPS - STOP_AT} steps "
+            f"left after step {STOP_AT}, one forward each.",
+        )
     masks = [a + b for a, b in zip(masks, later, strict=True)]
 
     def again(**variant: Any) -> list[dict[str, Any]]:
@@ -140,12 +148,18 @@ def _resumed(stage: Stage, stopped: Run, masks: list[list[Any]]) -> tuple[Run, l
 
     sim = again()
     variants = [
-        ("10-capstone-scaler-not-restored", "the resumed run started with a fresh GradScaler: the loss scale that "
-         "the overflow before the stop had lowered came back at its initial value.",
-         again(fresh_at=STOP_AT, fresh=("scaler",))),
-        ("10-capstone-optimizer-not-restored", "the resumed run started with a fresh optimizer: the momentum "
-         "built up before the stop was lost.", again(fresh_at=STOP_AT, fresh=("optimizer",))),
-    ]  # fmt: skip
+        (
+            "10-capstone-scaler-not-restored",
+            "the resumed run started with a fresh GradScaler: the loss scale that "
+            "the overflow before the stop had lowered came back at its initial value.",
+            again(fresh_at=STOP_AT, fresh=("scaler",)),
+        ),
+        (
+            "10-capstone-optimizer-not-restored",
+            "the resumed run started with a fresh optimizer: the momentum built up before the stop was lost.",
+            again(fresh_at=STOP_AT, fresh=("optimizer",)),
+        ),
+    ]
     checks.check_training(w, resumed, STOP_AT + 1, sim, variants)
     checks.check_log(w, resumed, STOP_AT + 1, TOTAL_STEPS, sim)
     checks.check_ckpt(w, resumed, TOTAL_STEPS, sim[TOTAL_STEPS]["weights"], sim[0]["weights"])
