@@ -46,7 +46,9 @@ def assert_found_the_hang(waits: dict[int, hang_tools.Wait], tool: str) -> None:
     assert sorted(waits) == list(range(WORLD)), f"{tool}: ranks {sorted(waits)}"
     assert waits[1].own_line == SLEEPING, f"{tool}: rank 1 at {waits[1]}"
     for rank in (0, 2):
-        assert waits[rank] == hang_tools.Wait("all_reduce", COLLECTIVE), f"{tool}: rank {rank} at {waits[rank]}"
+        assert waits[rank] == hang_tools.Wait("all_reduce", COLLECTIVE), (
+            f"{tool}: rank {rank} at {waits[rank]}"
+        )
 
 
 def test_the_job_hangs_with_a_pid_for_every_rank(hung):
@@ -74,7 +76,9 @@ def test_flight_recorder_names_the_rank_missing_from_the_all_reduce(hung):
     files = hang_tools.dump_flight_recorder(hung)
     assert sorted(files) == list(range(WORLD))
     records = {rank: pickle.loads(path.read_bytes()) for rank, path in files.items()}
-    enqueued = {rank: [e["profiling_name"] for e in r["entries"] if not e["retired"]] for rank, r in records.items()}
+    enqueued = {
+        rank: [e["profiling_name"] for e in r["entries"] if not e["retired"]] for rank, r in records.items()
+    }
     assert enqueued == {0: ["gloo:all_reduce"], 1: [], 2: ["gloo:all_reduce"]}, enqueued
     named = hang_tools.name_gloo_groups(hung.fr_dir, hung.run_dir / "fr-named")
     assert named == ["0"], "the default group's ranks are filed under its name"
@@ -119,6 +123,19 @@ def test_py_spy_waits_reads_the_main_thread_innermost_first():
     assert waits == {0: hang_tools.Wait("all_reduce", COLLECTIVE)}
 
 
+def test_py_spy_waits_reads_a_dump_in_colour():
+    line = 1 + WORKER.read_text().splitlines().index(
+        "        time.sleep(3600)  # ...and never reaches the collective that the other ranks wait in"
+    )
+    coloured = (
+        PY_SPY.format(line=line)
+        .replace("hang (", "\x1b[32mhang\x1b[0m (\x1b[36m")
+        .replace("pitfalls.py:", "pitfalls.py\x1b[0m:\x1b[2m")
+    )
+    waits = hang_tools.py_spy_waits({1: coloured}, WORKER)
+    assert waits[1].own_line == SLEEPING, waits
+
+
 def test_fr_trace_finding_reads_the_collective_and_the_missing_ranks():
     report = "Not all ranks joining collective, sequence number: 1\ncollective: gloo:all_reduce\nmissing ranks: {1, 3}\n"
     assert hang_tools.fr_trace_finding(report) == hang_tools.FrFinding("gloo:all_reduce", frozenset({1, 3}))
@@ -145,7 +162,7 @@ def test_debug_server_stacks_reads_each_ranks_section():
     )
     stacks = hang_tools.debug_server_stacks(page)
     assert sorted(stacks) == [0, 1] and stacks[1] == "<no>"
-    assert 'line 3 in hang' in stacks[0]
+    assert "line 3 in hang" in stacks[0]
 
 
 def test_with_tools_is_the_script_the_job_runs(tmp_path):

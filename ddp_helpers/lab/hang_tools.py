@@ -37,6 +37,7 @@ from pathlib import Path
 import psutil
 
 from .. import run_contract, stack_dumps
+from ..launcher.config import default_run_dir
 from ..launcher.process_tree import ProcessTree
 from .pitfall_runs import printed
 
@@ -68,7 +69,7 @@ def dump_flight_recorder_on_signal() -> None:
     path = os.environ["FR_DUMP_PREFIX"] + os.environ["RANK"]
     while True:
         signal.sigwait({FR_SIGNAL})
-        record = c10d._dump_fr_trace()  # torch 2.14: what the collectives of gloo (and others) left
+        record = c10d._dump_fr_trace()  # torch 2.14: gloo's record (NCCL keeps its own)
         with open(path + ".partial", "wb") as f:
             f.write(record)
         os.replace(path + ".partial", path)
@@ -90,6 +91,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 '''
 
 _PY_SPY_FRAME = re.compile(r"^\s+(?P<func>.+?) \((?P<file>[^()]+):(?P<line>\d+)\)$")
+_ANSI_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 _FAULTHANDLER_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)$')
 
 
@@ -172,7 +174,7 @@ def rank_pids(agent_pid: int) -> dict[int, int]:
 def planted_hang(
     worker: str | os.PathLike[str],
     world: int,
-    run_dir: str | os.PathLike[str],
+    run_dir: str | os.PathLike[str] | None = None,
     *,
     case: str = "hang",
     env: Mapping[str, str] | None = None,
@@ -181,7 +183,7 @@ def planted_hang(
     """Run `case` of the pitfalls `worker` on `world` ranks under plain torchrun, on gloo on the CPU
     (the tools read any backend; gloo runs on every machine), and yield once every rank has printed
     its line and stopped. Every process of the job is killed when the block ends."""
-    run_dir = Path(run_dir)
+    run_dir = default_run_dir("hang-tools") if run_dir is None else Path(run_dir)
     if run_dir.exists():
         shutil.rmtree(run_dir)  # an earlier run's dumps and logs would be read as this one's
     run_dir.mkdir(parents=True)
@@ -197,8 +199,9 @@ def planted_hang(
         run_contract.DEVICE_ENV: "cpu",
         run_contract.RUN_DIR_ENV: str(run_dir),  # the workbench's stack dumps register in its logs/
         "FR_DUMP_PREFIX": str(run_dir / "flight-recorder" / FR_PREFIX),
-        "TORCH_FR_BUFFER_SIZE": "2000",  # torch 2.14's name (2000 is its default: on)
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",  # torch 2.7's (NCCL only there, off by default)
+        # torch 2.14: entries each rank's Flight Recorder keeps, gloo's too (2000, its default; 0: off). The
+        # old name, TORCH_NCCL_TRACE_BUFFER_SIZE (torch 2.7: NCCL only, off by default), warns there
+        "TORCH_FR_BUFFER_SIZE": "2000",
     }
     if port is not None:
         ranks_env["DEBUG_SERVER_PORT"] = str(port)
@@ -220,6 +223,18 @@ def planted_hang(
         tree.refresh()
         tree.terminate(grace_s=2.0)
         proc.wait(timeout=10)
+
+
+def still_running(pids: Mapping[int, int]) -> dict[int, int]:
+    """The ranks of `pids` (rank -> pid) whose process still runs (a zombie has ended: it runs no code)."""
+    running = {}
+    for rank, pid in pids.items():
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                running[rank] = pid
+        except psutil.NoSuchProcess:
+            continue
+    return running
 
 
 def _wait_until_hung(job: HungJob, tree: ProcessTree, startup_s: float) -> None:
@@ -248,16 +263,29 @@ def py_spy() -> str | None:
     return str(beside) if beside.exists() else shutil.which("py-spy")
 
 
+def ptrace_scope() -> str:
+    """Linux's Yama setting for ptrace (py-spy attaches with it): 0 any process of the same user, 1 only
+    descendants (unless CAP_SYS_PTRACE), 2 admins only, 3 none; "" where Yama is off (no such file)."""
+    try:
+        return Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip()
+    except OSError:
+        return ""
+
+
 def py_spy_dumps(job: HungJob) -> dict[int, str]:
     """``py-spy dump --pid PID`` on each rank, by rank. It attaches with ptrace: the same user, and
     the capability SYS_PTRACE in a container (Docker: ``--cap-add SYS_PTRACE``)."""
     command = py_spy()
     if command is None:
         raise FileNotFoundError("py-spy is not installed: pip install py-spy")
+    # plain text: a notebook's kernel may ask for colours (CLICOLOR_FORCE), and py-spy obliges
+    env = {k: v for k, v in os.environ.items() if k not in ("CLICOLOR_FORCE", "FORCE_COLOR")} | {
+        "NO_COLOR": "1"
+    }
     dumps = {}
     for rank, pid in job.pids.items():
         done = subprocess.run(
-            [command, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60
+            [command, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60, env=env
         )
         dumps[rank] = done.stdout if done.returncode == 0 else f"py-spy failed: {done.stderr.strip()}"
     return dumps
@@ -268,6 +296,7 @@ def py_spy_waits(dumps: Mapping[int, str], worker: Path) -> dict[int, Wait]:
     ``function (file:line)``."""
     waits = {}
     for rank, dump in dumps.items():
+        dump = _ANSI_COLOUR.sub("", dump)  # a terminal's colours, where py-spy printed them
         main = dump.split('"MainThread"', 1)[-1].split("\nThread ", 1)[0]
         frames = [m for m in map(_PY_SPY_FRAME.match, main.splitlines()) if m]
         waits[rank] = _wait([(m["func"], m["file"], int(m["line"])) for m in frames], worker)
