@@ -126,7 +126,7 @@ def check_script(
             print(line, flush=True)
 
     plan = amp_plan(worlds, amp)
-    runs = " then ".join(f"{world} rank(s) with --amp {mode}" for world, mode in plan)
+    runs = ", then at ".join(f"{world} rank(s) with --amp {mode}" for world, mode in plan)
     say(f"{EXERCISE}: checking {path.name} at {runs} (3 runs each: stopped, resumed, uninterrupted)")
     done: list[str] = []
     notes: list[str] = []

@@ -626,9 +626,10 @@ def check_rng(w: World, stopped: Run, resumed: Run) -> None:
             ),
             Sign(
                 "10-capstone-no-loader-generator",
-                f"the random state was restored, then iter(loader) drew from it ({which(NEITHER)}, at step "
-                f"{STOP_AT + 1}): a DataLoader without generator= takes its seed from the global generator at "
-                "every iter().",
+                f"at step {STOP_AT + 1}'s mask (the first after the resume) {which(NEITHER)} was neither as at the "
+                "stop nor as at a fresh start: the random state was restored, then the resumed epoch's "
+                "iter(loader) drew from it, since a DataLoader without generator= takes its seed from the global "
+                "generator at every iter().",
                 lambda: no_generator,
             ),
             Sign(
@@ -663,6 +664,11 @@ def check_rng(w: World, stopped: Run, resumed: Run) -> None:
                 f"resume: {'; '.join(filter(None, (which(AS_FRESH), which(AS_RANK0), which(NEITHER))))}"
                 " (below). Each rank's masks must go on from the state that rank had at the stop.",
                 lambda: True,
+                hint="restore each rank's own state last, after any torch.manual_seed, and draw nothing from the "
+                "global generator between the restore and the first step (no iter(loader) without generator=, "
+                "no random init): the first mask must draw from the state saved at the stop."
+                if all(restored for restored, _ in how)
+                else "",
             ),
         ],
     )
