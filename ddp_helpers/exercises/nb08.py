@@ -213,9 +213,12 @@ ZERO1 = Exercise(
         ),
         Mistake(
             "08-zero1-all-sharded",
-            "you split weights, gradients and Adam's state alike: that is ZeRO-3 (FSDP); ZeRO-1 splits only "
-            "Adam's moments",
-            _bytes_as(lambda mine, world: 16 * mine),
+            "you split weights, gradients and Adam's state alike (16 bytes per element, of this rank's "
+            "parameters or of 1/N of the model): that is ZeRO-3 (FSDP); ZeRO-1 splits only Adam's moments",
+            lambda seen, expected: (
+                _bytes_as(lambda mine, world: 16 * mine)(seen, expected)
+                or _bytes_as(lambda mine, world: 16 * TOTAL / world)(seen, expected)
+            ),
             hint=(
                 "Count weights and gradients whole on every rank (8 bytes per element of the model), then 8 "
                 "bytes per element of the owned parameters."
