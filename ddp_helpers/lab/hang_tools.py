@@ -17,6 +17,8 @@ The job is killed, every process of it, when the ``with`` block ends.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import html
 import importlib.util
 import os
@@ -177,20 +179,18 @@ def planted_hang(
     run_dir: str | os.PathLike[str] | None = None,
     *,
     case: str = "hang",
+    with_tools: bool = True,
     env: Mapping[str, str] | None = None,
     startup_s: float = 120.0,
 ) -> Iterator[HungJob]:
     """Run `case` of the pitfalls `worker` on `world` ranks under plain torchrun, on gloo on the CPU
-    (the tools read any backend; gloo runs on every machine), and yield once every rank has printed
-    its line and stopped. Every process of the job is killed when the block ends."""
+    (the tools read any backend; gloo runs on every machine), through `WITH_TOOLS` unless `with_tools`
+    is False, and yield once every rank has printed its line and stopped. Every process of the job is
+    killed when the block ends (and when this Python exits, should the block never end)."""
     run_dir = default_run_dir("hang-tools") if run_dir is None else Path(run_dir)
     if run_dir.exists():
         shutil.rmtree(run_dir)  # an earlier run's dumps and logs would be read as this one's
-    run_dir.mkdir(parents=True)
-    script = run_dir / "with_tools.py"
-    script.write_text(WITH_TOOLS)
-    (run_dir / "flight-recorder").mkdir()
-    port = _free_port() if debug_server_available() and not missing_for_debug_server() else None
+    (run_dir / "flight-recorder").mkdir(parents=True)
     ranks_env = {
         **os.environ,
         **(env or {}),
@@ -198,31 +198,47 @@ def planted_hang(
         run_contract.BACKEND_ENV: "gloo",
         run_contract.DEVICE_ENV: "cpu",
         run_contract.RUN_DIR_ENV: str(run_dir),  # the workbench's stack dumps register in its logs/
-        "FR_DUMP_PREFIX": str(run_dir / "flight-recorder" / FR_PREFIX),
+    }
+    port = None
+    script = [str(worker)]
+    if with_tools:
+        (run_dir / "with_tools.py").write_text(WITH_TOOLS)
+        script = [str(run_dir / "with_tools.py"), *script]
+        ranks_env["FR_DUMP_PREFIX"] = str(run_dir / "flight-recorder" / FR_PREFIX)
         # torch 2.14: entries each rank's Flight Recorder keeps, gloo's too (2000, its default; 0: off). The
         # old name, TORCH_NCCL_TRACE_BUFFER_SIZE (torch 2.7: NCCL only, off by default), warns there
-        "TORCH_FR_BUFFER_SIZE": "2000",
-    }
-    if port is not None:
-        ranks_env["DEBUG_SERVER_PORT"] = str(port)
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-        f"--log-dir={run_dir / run_contract.LOGS_DIR}", "--redirects=3",
-        str(script), str(worker), "--case", case, "--pg-timeout", "600",
-    ]  # fmt: skip
+        ranks_env["TORCH_FR_BUFFER_SIZE"] = "2000"
+        if debug_server_available() and not missing_for_debug_server():
+            port = _free_port()
+            ranks_env["DEBUG_SERVER_PORT"] = str(port)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}"]
+    logs = [f"--log-dir={run_dir / run_contract.LOGS_DIR}", "--redirects=3"]  # each rank's own files
+    command = [*torchrun, *logs, *script, "--case", case, "--pg-timeout", "600"]
     with open(run_dir / "torchrun.log", "wb") as log:
         proc = subprocess.Popen(
             command, env=ranks_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
     tree = ProcessTree(proc.pid)
-    job = HungJob(Path(worker), world, run_dir, proc, debug_port=port)
+    stop = functools.partial(_stop, tree, proc)  # this job's own: unregistered by identity
+    atexit.register(stop)
     try:
+        job = HungJob(Path(worker), world, run_dir, proc, debug_port=port)
         _wait_until_hung(job, tree, startup_s)
         yield job
     finally:
-        tree.refresh()
-        tree.terminate(grace_s=2.0)
+        stop()
+        atexit.unregister(stop)
+
+
+def _stop(tree: ProcessTree, proc: subprocess.Popen[bytes]) -> None:
+    """Every process of the job: SIGTERM, then SIGKILL after 2 s; torchrun's agent reaped."""
+    tree.refresh()
+    tree.terminate(grace_s=2.0)
+    try:
         proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def still_running(pids: Mapping[int, int]) -> dict[int, int]:
