@@ -126,11 +126,12 @@ SHARD = Exercise(
         ),
         Mistake(
             "01-shard-whole-dataset",
-            "every rank drew every sample: the loader has no DistributedSampler, so each rank trains on "
-            "the whole dataset and an epoch does world-size times the work",
+            "every rank drew every sample: no DistributedSampler dealt the data (the loader has none, or it "
+            "was told of one replica), so each rank trains on the whole dataset and an epoch does world-size "
+            "times the work",
             _every_rank_drew_all(SHARD_SIZE),
-            hint="Give the loader a DistributedSampler (its sampler= argument, with the run's seed), and no "
-            "shuffle=True: the sampler deals each rank its own shard, and shuffles it.",
+            hint="Give the loader a DistributedSampler (its sampler= argument, with the run's seed and no "
+            "num_replicas=), and no shuffle=True: the sampler deals each rank its own shard, and shuffles it.",
         ),
         Mistake(
             "01-shard-same-shard",
