@@ -113,8 +113,8 @@ def peer_failed(session: Session, cells: CellLog, pending: set[int], replies: di
             "also failed on rank(s) " + ", ".join(f"{r} ({failed[r].error.splitlines()[0]})" for r in others),
         ]
     for rank in waiting:
-        lines += ["", f"rank {rank} was still in the cell, waiting here (most recent call first):",
-                  stacks.get(rank, "  (no stack)")]  # fmt: skip
+        where = f"rank {rank} was still in the cell, waiting here (most recent call first):"
+        lines += ["", where, stacks.get(rank, "  (no stack)")]
     if interrupt(session, set(waiting), {}):
         lines += ["", check_group(session, cells, f"Rank(s) {', '.join(map(str, waiting))} were interrupted")]
     else:
