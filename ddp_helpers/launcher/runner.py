@@ -50,7 +50,7 @@ def _start(config: LaunchConfig, run: RunFollower, env: dict[str, str]) -> Any:
 
 
 def _failure(run: RunFollower, proc: RunProcess, returncode: int) -> LaunchError:
-    if proc.status_lost:  # see fork_server.ForkedAgent
+    if proc.status_lost:  # see agent_client.ForkedAgent
         return LaunchFailed(
             "torchrun's agent was killed by a signal after the agent server that started it had died, so "
             f"how the run ended is unknown. Logs are in {run.config.out_dir}",
