@@ -22,7 +22,7 @@ RANK_SIDE_TOP = ("backends", "checkpoint", "data", "distributed", "errors", "met
 RANK_SIDE = (
     [PACKAGE / f"{name}.py" for name in RANK_SIDE_TOP]
     + sorted((PACKAGE / "workers").glob("*.py"))
-    + [PACKAGE / "live" / "server.py", PACKAGE / "live" / "protocol.py", PACKAGE / "live" / "rank_debug.py"]
+    + [PACKAGE / "live" / f"{name}.py" for name in ("server", "protocol", "rank_debug", "rank_call")]
     + [PACKAGE / "worker_site" / "sitecustomize.py"]  # runs in every rank before its script
     # an exercise's answer runs on the live ranks: the catalogue, its probes and the rank's runner
     + [PACKAGE / "exercises" / f"{name}.py" for name in EXERCISES_RANK_SIDE]
@@ -38,6 +38,7 @@ LIVE_RANK_END = (
     "ddp_helpers.live.server",
     "ddp_helpers.live.protocol",
     "ddp_helpers.live.rank_debug",
+    "ddp_helpers.live.rank_call",  # LiveRanks.call's `invoke` runs in every rank
 )  # the rest of live/ is the kernel's end
 
 
