@@ -15,16 +15,15 @@ from .agent_client import (
     reap_stopped_servers_in_background,
     stop_servers,
 )
+from .cell_output import resolve_progress
 from .config import LaunchConfig, make_config
 from .keywords import LaunchKeywords
 from .options import OPTIONS, with_options
 from .process_tree import ProcessTree
 from .processes import exit_code, start_run, stop_despite_interrupts, stop_interrupted, stop_run
-from .progress import resolve_progress
 from .resources import ResourceSampler
 from .run_follower import RunFollower
-from .run_lock import holding_run_dir
-from .run_outputs import keep_previous_outputs, read_metrics, read_summary
+from .run_outputs import holding_run_dir, keep_previous_outputs, read_metrics, read_summary
 from .run_process import RunProcess
 
 __all__ = ["LaunchResult", "launch"]
