@@ -37,9 +37,9 @@ _LAZY = {
     "OnRank": ".live.rank_call",
     "RankResults": ".live.ranks",
     "start_ranks": ".live.ranks",
-    "LaunchResult": ".launcher.result",
+    "LaunchResult": ".launcher.runner",
     "launch": ".launcher.runner",
-    "processes_marked": ".launcher.process_scan",
+    "processes_marked": ".launcher.process_tree",
     "read_metrics": ".launcher.run_outputs",
     "read_summary": ".launcher.run_outputs",
     "write_worker": ".launcher.worker_files",
@@ -47,10 +47,9 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from .lab.claims import ClaimFailed, check, check_equal
-    from .launcher.process_scan import processes_marked
-    from .launcher.result import LaunchResult
+    from .launcher.process_tree import processes_marked
     from .launcher.run_outputs import read_metrics, read_summary
-    from .launcher.runner import launch
+    from .launcher.runner import LaunchResult, launch
     from .launcher.worker_files import write_worker
     from .live.rank_call import OnRank
     from .live.ranks import LiveRanks, RankResults, start_ranks

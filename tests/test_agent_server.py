@@ -17,9 +17,9 @@ from conftest import assert_gone, descendants, processes_matching
 from ddp_helpers import launch
 from ddp_helpers.lab.chapter import chapter_setup
 from ddp_helpers.launcher import agent_client, runner
+from ddp_helpers.launcher.agent_client import MAX_REQUEST_BYTES, ForkedAgent
 from ddp_helpers.launcher.agent_server import IDLE_ENV
 from ddp_helpers.launcher.config import make_config
-from ddp_helpers.launcher.fork_server import MAX_REQUEST_BYTES, ForkedAgent
 from ddp_helpers.launcher.process_tree import ProcessTree
 from ddp_helpers.launcher.processes import start_run, stop_run, wait_for_exit
 from ddp_helpers.launcher.run_follower import RunFollower

@@ -22,7 +22,7 @@ RANK_SIDE_TOP = ("backends", "checkpoint", "data", "distributed", "errors", "met
 RANK_SIDE = (
     [PACKAGE / f"{name}.py" for name in RANK_SIDE_TOP]
     + sorted((PACKAGE / "workers").glob("*.py"))
-    + [PACKAGE / "live" / "server.py", PACKAGE / "live" / "protocol.py", PACKAGE / "live" / "rank_debug.py"]
+    + [PACKAGE / "live" / f"{name}.py" for name in ("server", "protocol", "rank_debug", "rank_call")]
     + [PACKAGE / "worker_site" / "sitecustomize.py"]  # runs in every rank before its script
     # an exercise's answer runs on the live ranks: the catalogue, its probes and the rank's runner
     + [PACKAGE / "exercises" / f"{name}.py" for name in EXERCISES_RANK_SIDE]
@@ -38,6 +38,7 @@ LIVE_RANK_END = (
     "ddp_helpers.live.server",
     "ddp_helpers.live.protocol",
     "ddp_helpers.live.rank_debug",
+    "ddp_helpers.live.rank_call",  # LiveRanks.call's `invoke` runs in every rank
 )  # the rest of live/ is the kernel's end
 
 
@@ -113,7 +114,9 @@ def test_importing_the_rank_side_loads_no_kernel_module():
     assert "ddp_helpers.live.server" in loaded
 
 
-MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60  # a module a reader can hold; a function on one screen
+# a function on one screen. No cap on a module's lines: a module is cut by concern (a cap of 400 split
+# train.py in five and handmade_ddp.py in two to fit it, not the design: issue 62)
+MAX_FUNCTION_LINES = 60
 SOURCES = sorted(PACKAGE.rglob("*.py")) + sorted((PACKAGE.parent / "scripts").glob("*.py"))
 
 
@@ -123,11 +126,8 @@ def _lines(node: ast.stmt) -> int:
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE.parent)))
-def test_modules_and_functions_stay_small(path):
+def test_functions_stay_small(path):
     text = path.read_text()
-    assert len(text.splitlines()) <= MAX_MODULE_LINES, (
-        f"{path.name}: split it by job (see docs/architecture.md)"
-    )
     long = [
         f"{node.name} ({_lines(node)} lines)"
         for node in ast.walk(ast.parse(text))

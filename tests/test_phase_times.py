@@ -15,7 +15,7 @@ import pytest
 
 from ddp_helpers.lab import measures, plots
 from ddp_helpers.lab.tensorboard_view import scalar_points, servers_started_here, tensorboard_binary
-from ddp_helpers.launcher.process_scan import processes_marked
+from ddp_helpers.launcher.process_tree import processes_marked
 
 matplotlib.use("Agg")
 

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 
-def run_single(script: Path, epochs: int, batch_size: int, lr: float, save: str,
-               env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def run_single(
+    script: Path, epochs: int, batch_size: int, lr: float, save: str, env: Mapping[str, str]
+) -> subprocess.CompletedProcess[str]:
     """`python single_device.py ...` as one process, with `env` added (the plan's: GPUs hidden on gloo)."""
     args = ["--epochs", epochs, "--batch-size", batch_size, "--lr", lr, "--save", save]
     command = [sys.executable, str(script), *map(str, args)]

@@ -146,7 +146,7 @@ def run_locally(
 
 def _kill_marked(mark: str) -> None:
     """Nothing of the job outlives the call: every process still carrying its mark is killed."""
-    from ..launcher.process_scan import processes_marked
+    from ..launcher.process_tree import processes_marked
 
     for pid in processes_marked(MARK_ENV, mark):
         try:

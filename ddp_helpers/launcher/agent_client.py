@@ -28,9 +28,12 @@ import sys
 import threading
 import time
 
-from .agent_server import IDLE_ENV, NOT_FORKABLE, SERVER_FD_ENV
-from .fork_server import MAX_REQUEST_BYTES, AgentRequest, ForkedAgent, ServerGone, request_fork
+from .agent_server import IDLE_ENV, NOT_FORKABLE, SERVER_FD_ENV, AgentRequest, RunNews
+from .run_process import ProcessKind
 from .torchrun_agent import OWNER_FD_ENV
+
+MAX_REQUEST_BYTES = 100_000  # what this end sends: one datagram, well under the socket's ~200 kB
+START_TIMEOUT_S = 300.0  # the first fork waits for the server to import torch: minutes on a slow disk
 
 # Set by the launcher for each run and read only when the run uses them (by torchrun's agent at run
 # time, or by the workers), so a warm server may fork runs that differ in them.
@@ -98,12 +101,27 @@ class AgentServer:
         self, argv: list[str], env: dict[str, str], output_fd: int, lifeline_fd: int
     ) -> ForkedAgent | None:
         """The run's agent, forked; None for a request too big for one message (an environment of
-        megabytes). Raises `ServerGone` if the server is gone, or went before it answered."""
+        megabytes). Raises `ServerGone` if the server is gone, or went before it answered.
+
+        The request goes with the new agent's own socket first, then its output file and lifeline."""
         request: AgentRequest = {"argv": argv, "env": env, "cwd": os.getcwd()}
         message = json.dumps(request).encode()
         if len(message) > MAX_REQUEST_BYTES:
             return None
-        return request_fork(self.channel, self.lock, message, [output_fd, lifeline_fd], ForkedAgent)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            with self.lock:
+                socket.send_fds(self.channel, [message], [theirs.fileno(), output_fd, lifeline_fd])
+        except OSError as error:
+            ours.close()
+            raise ServerGone from error
+        finally:
+            theirs.close()  # the server holds its own copy now: if it dies, `ours` reads end-of-file
+        agent = ForkedAgent(ours)
+        if not agent.read_pid(START_TIMEOUT_S):
+            agent.close()
+            raise ServerGone
+        return agent
 
     def alive(self) -> bool:
         return self.process.returncode is None and _exit_code_if_ended(self.process) is None
@@ -131,6 +149,73 @@ def _exit_code_if_ended(process: subprocess.Popen[bytes]) -> int | None:
     if pid == process.pid:
         process.returncode = os.waitstatus_to_exitcode(status)
     return process.returncode
+
+
+# ------------------------------------------------------------------------------- one run's fork
+class ServerGone(Exception):
+    """The server died, left (idle), or did not answer in time: start the run's agent afresh."""
+
+
+class ForkedAgent:
+    """A run's agent forked by the server: what `processes` needs of a Popen (pid, returncode)."""
+
+    def __init__(self, run_socket: socket.socket) -> None:
+        self.pid = 0
+        self.kind: ProcessKind = "forked"  # see run_process.RunProcess
+        self.returncode: int | None = None
+        self.status_lost = False  # killed by a signal after its server died: the exit code is unknown
+        self.wait_s = 0.0  # how long the launch waited for the fork (a cold server: its import of torch)
+        self._socket = run_socket
+        self._buffer = b""
+
+    def read_pid(self, timeout_s: float) -> bool:
+        """Wait for the server's word that the agent runs; False if it went without saying so."""
+        self._socket.settimeout(timeout_s)
+        try:
+            while not self.pid:
+                message = self._next_message()
+                if message is None:
+                    return False
+                self._take(message)  # a fast agent's exit code may come before its pid
+        except (TimeoutError, OSError):
+            return False
+        finally:
+            self._socket.setblocking(False)
+        return True
+
+    def poll(self) -> int | None:
+        """The agent's exit code (negative: the signal that ended it), or None while it runs."""
+        while self.returncode is None:
+            try:
+                message = self._next_message()
+            except BlockingIOError:
+                return None
+            if message is None:  # the server and the agent are gone, and neither said how it ended:
+                self.returncode, self.status_lost = 1, True  # killed by a signal after the server died
+            else:
+                self._take(message)
+        self.close()
+        return self.returncode
+
+    def _take(self, message: RunNews) -> None:
+        if "pid" in message:
+            self.pid = int(message["pid"])
+        if "exit" in message and self.returncode is None:  # the agent's own word, or the server's
+            self.returncode = int(message["exit"])
+
+    def _next_message(self) -> RunNews | None:
+        """The next message, or None at end-of-file (the server is gone)."""
+        while b"\n" not in self._buffer:
+            data = self._socket.recv(4096)
+            if not data:
+                return None
+            self._buffer += data
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        message: RunNews = json.loads(line)  # written by `_send`, or by the agent as it leaves
+        return message
+
+    def close(self) -> None:
+        self._socket.close()
 
 
 def supported() -> bool:

@@ -73,3 +73,18 @@ class ProcessTree:
                 pass
         psutil.wait_procs(survivors, timeout=grace_s)
         return [proc.pid for proc in survivors]
+
+
+def processes_marked(name: str, value: str) -> list[int]:
+    """Pids of the live processes whose environment has `name` set to `value` (this user's only:
+    other users' environments cannot be read, and are skipped). A launcher under test exports a unique
+    marker; every process it starts inherits it, so a process still carrying it after the launcher
+    returned is one it left running."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(name) == value:
+                found.append(proc.pid)
+        except psutil.Error:  # gone, a zombie, or not ours to read
+            continue
+    return found

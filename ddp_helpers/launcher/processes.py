@@ -8,8 +8,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 import weakref
+from collections.abc import Callable
 from typing import BinaryIO
 
 from ..errors import LaunchInterrupted
@@ -21,12 +23,33 @@ from .agent_client import (
     wait_for_stopped_servers,
 )
 from .config import LaunchConfig
-from .lifeline import die_with_owner
 from .process_tree import ProcessTree
 from .run_process import FreshProcess, RunProcess, reap
 from .torchrun_agent import OWNER_FD_ENV
 
 _LIFELINES: weakref.WeakKeyDictionary[RunProcess, BinaryIO] = weakref.WeakKeyDictionary()
+
+
+def die_with_owner(owner_pid: int) -> Callable[[], None] | None:
+    """For a one-process run, which has no agent to watch the lifeline: the kernel sends the process
+    SIGKILL when the thread that started it dies (Linux's PR_SET_PDEATHSIG; launch() blocks in that
+    thread for the whole run). Elsewhere it does nothing. (A run under torchrun has the agent's lifeline
+    pipe instead.)"""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    # looked up here, in the parent: between fork and exec the child must not import (a thread of the
+    # kernel may hold the import lock at fork time)
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    pr_set_pdeathsig = 1
+
+    def arm() -> None:  # runs in the child, between fork and exec
+        prctl(pr_set_pdeathsig, signal.SIGKILL)
+        if os.getppid() != owner_pid:  # the owner died before the line above took effect
+            os._exit(1)
+
+    return arm
 
 
 def hold_lifeline(proc: RunProcess, lifeline: BinaryIO) -> None:

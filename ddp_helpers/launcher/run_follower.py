@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import LaunchError, LaunchFailed, LaunchTimeout, WorkerFailed
-from .cell_output import CellEcho
+from .cell_output import CellEcho, StepProgress
 from .config import LaunchConfig
 from .diagnosis import destroy_deadlock_note, diagnose, strip_rank_prefix
 from .log_follow import FileFollower, LogChunk, RankLogTail
-from .progress import StepProgress
 from .resources import full_disk_note
 from .run_outputs import MetricsFollower
 

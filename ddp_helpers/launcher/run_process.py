@@ -1,7 +1,7 @@
 """The kinds of process a launch starts, behind one small interface (`RunProcess`).
 
 - ``"forked"``: torchrun's agent forked from a warm agent server that has imported torch already
-  (`fork_server.ForkedAgent`; its exit code comes over the server's socket: it is not our child);
+  (`agent_client.ForkedAgent`; its exit code comes over the server's socket: it is not our child);
 - ``"fresh"``: torchrun's agent started as a new python, where no server could fork one (`FreshProcess`);
 - ``"none"``: the script itself, one process and no agent (``launcher="python"``; `FreshProcess`).
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import inspect
 import os
 import time
-from typing import Any, Unpack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Unpack
 
 from .. import stack_dumps
 from ..errors import LaunchError, LaunchFailed, LaunchInterrupted
@@ -13,20 +15,21 @@ from .agent_client import (
     reap_stopped_servers_in_background,
     stop_servers,
 )
+from .cell_output import resolve_progress
 from .config import LaunchConfig, make_config
 from .keywords import LaunchKeywords
 from .options import OPTIONS, with_options
 from .process_tree import ProcessTree
 from .processes import exit_code, start_run, stop_despite_interrupts, stop_interrupted, stop_run
-from .progress import resolve_progress
 from .resources import ResourceSampler
-from .result import LaunchResult
 from .run_follower import RunFollower
-from .run_lock import holding_run_dir
-from .run_outputs import keep_previous_outputs, read_metrics, read_summary
+from .run_outputs import holding_run_dir, keep_previous_outputs, read_metrics, read_summary
 from .run_process import RunProcess
 
 __all__ = ["LaunchResult", "launch"]
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 POLL_S = 0.1
 REFRESH_S = 0.5  # how often the process tree and the resources are sampled
@@ -50,7 +53,7 @@ def _start(config: LaunchConfig, run: RunFollower, env: dict[str, str]) -> Any:
 
 
 def _failure(run: RunFollower, proc: RunProcess, returncode: int) -> LaunchError:
-    if proc.status_lost:  # see fork_server.ForkedAgent
+    if proc.status_lost:  # see agent_client.ForkedAgent
         return LaunchFailed(
             "torchrun's agent was killed by a signal after the agent server that started it had died, so "
             f"how the run ended is unknown. Logs are in {run.config.out_dir}",
@@ -58,6 +61,46 @@ def _failure(run: RunFollower, proc: RunProcess, returncode: int) -> LaunchError
             output="\n".join(run.agent_lines),
         )
     return run.failure(returncode)
+
+
+def _empty_frame() -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.DataFrame()
+
+
+@dataclass
+class LaunchResult:
+    """What a finished run left: exit code, timing, logs, metrics and the rank-0 summary."""
+
+    returncode: int
+    wall_s: float
+    run_dir: Path
+    logs: dict[int, list[str]]
+    metrics: pd.DataFrame
+    summary: dict[str, Any]
+    command: list[str]
+    # what the run's processes got on top of this process's environment (OMP_NUM_THREADS, PYTHONPATH, ...)
+    environment: dict[str, str] = field(default_factory=dict)
+    launcher_output: list[str] = field(default_factory=list)
+    attempts: int = 1
+    resources: pd.DataFrame = field(default_factory=_empty_frame)  # per-rank CPU/RSS, per-GPU use, over time
+    gpu_sampling: str = "not requested"  # "sampled", or why not ("not sampled: ...")
+    lines_held_back: int = 0  # lines not echoed into the cell (all are in `logs` and on disk)
+    # how torchrun's agent started: "forked" from the agent server (it imported no torch of its own),
+    # "fresh" (a new interpreter: no server here, or it was turned off), or "none" (launcher="python")
+    agent: str = "none"
+    agent_wait_s: float = 0.0  # launch()'s wait for the fork (a cold server: the rest of its import)
+
+    def log(self, rank: int) -> str:
+        """Every line rank `rank` printed, stdout and stderr, in the order they were read."""
+        return "\n".join(self.logs.get(rank, []))
+
+    def __repr__(self) -> str:
+        return (
+            f"LaunchResult(returncode={self.returncode}, wall_s={self.wall_s:.2f}, ranks={sorted(self.logs)}, "
+            f"metrics_rows={len(self.metrics)}, run_dir='{self.run_dir}')"
+        )
 
 
 @with_options(

@@ -5,7 +5,7 @@ side's `ddp_helpers.distributed`, nothing of the kernel side). In the notebook k
 (`LiveRanks`, `start_ranks`), built from `session` (start, the one receive loop, stop: with the
 launcher's `start_run`, `stop_run` and `RunFollower`), `calls` (one request, from send to every
 reply), `cells` (each request's id and code), `results` (values and errors), `recovery`
-(interrupts, hangs, deaths), `stacks` (where a stuck rank waits), and `magics` (``%ranks``,
+(interrupts, hangs, deaths, and where a stuck rank waits), and `magics` (``%ranks``,
 ``%%ranks``). `protocol` holds the typed messages both ends exchange; both sides load it, so it
 imports nothing of either.
 """

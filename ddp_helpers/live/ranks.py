@@ -13,8 +13,8 @@ kernel leaves nothing behind.
 
 `LiveRanks` is the notebook's handle; the work is done by the modules beside it: `session` (start,
 connections, the one receive loop, stop), `calls` (one request, from send to every reply), `cells`
-(each request's id and code), `results` (values and errors), `recovery` (interrupts, hangs, deaths)
-and `stacks` (where a stuck rank waits).
+(each request's id and code), `results` (values and errors), `recovery` (interrupts, hangs,
+deaths, and where a stuck rank waits).
 """
 
 from __future__ import annotations

@@ -264,8 +264,8 @@ def eager_against_compiled(width: int, depth: int, steps: int, backend: str) -> 
         )
         moved = max(float((e - start).abs().max()) for start, e, _ in trained)  # how far eager training went
         diff = max(float((e - c).abs().max()) for _, e, c in trained)
-    return {"backend": backend, "eager_s": eager_times, "compiled_s": compiled_times,
-            "max_weight_diff": diff, "max_weight_change": moved}  # fmt: skip
+    times = {"eager_s": eager_times, "compiled_s": compiled_times}
+    return {"backend": backend, **times, "max_weight_diff": diff, "max_weight_change": moved}
 
 
 # ---------------------------------------------------------------------------- recompiles
@@ -277,9 +277,8 @@ def epochs_of_batches(
     counter = GraphCounter()
     model = DDP(torch.compile(build(width, 1), backend=counter))
     data = TensorDataset(torch.randn(samples, width))
-    sampler: DistributedSampler[Any] = DistributedSampler(
-        data, shuffle=False
-    )  # pads so that every rank gets the same count
+    # pads so that every rank gets the same count
+    sampler: DistributedSampler[Any] = DistributedSampler(data, shuffle=False)
     loader = DataLoader(data, batch_size=batch_size, sampler=sampler, drop_last=drop_last)
     sizes, compiled_after = [], []
     for epoch in range(epochs):
@@ -288,8 +287,8 @@ def epochs_of_batches(
             model(x.to(device)).sum().backward()
             sizes.append(len(x))
             compiled_after.append(len(counter.graphs))
-    return {"drop_last": drop_last, "batch_sizes": sizes, "graphs_after_each_step": compiled_after,
-            "shard": len(sampler)}  # fmt: skip
+    steps = {"batch_sizes": sizes, "graphs_after_each_step": compiled_after}
+    return {"drop_last": drop_last, **steps, "shard": len(sampler)}
 
 
 # ---------------------------------------------------------------------------- Python that differs by rank
