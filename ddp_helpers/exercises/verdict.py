@@ -42,7 +42,7 @@ class Verdict:
             lines += [line for d in self.differences[:12] for line in _difference_lines(d)]
         if self.seen and not self.passed:
             lines.append("what each rank did:")
-            lines += [line for r, s in enumerate(self.seen) for line in _rank_lines(r, s)]
+            lines += _rank_lines(self.seen)
         if not self.passed and self.hint:
             lines.append(f"hint: {self.hint}")
             lines.append(f"the solution, when you want it: %exercise solution {self.exercise}")
@@ -189,12 +189,19 @@ def _difference_lines(difference: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _rank_lines(rank: int, seen: dict[str, Any]) -> list[str]:
-    """What one rank did: one line, or one line per field where that is too long to read."""
-    line = f"  rank {rank}: " + ", ".join(f"{k}={_short(v)}" for k, v in seen.items())
-    if len(line) <= WIDE:
-        return [line]
-    return [f"  rank {rank}:"] + [f"      {k} = {_short(v, WIDE)}" for k, v in seen.items()]
+def _rank_lines(seen: list[dict[str, Any]]) -> list[str]:
+    """What each rank did: a line per rank, or, where one of those lines is too long to read, a line per
+    field of every rank (alike for all, so that the ranks read side by side)."""
+    lines = [
+        f"  rank {r}: " + ", ".join(f"{k}={_short(v)}" for k, v in s.items()) for r, s in enumerate(seen)
+    ]
+    if all(len(line) <= WIDE for line in lines):
+        return lines
+    return [
+        line
+        for r, s in enumerate(seen)
+        for line in [f"  rank {r}:"] + [f"      {k} = {_short(v, WIDE)}" for k, v in s.items()]
+    ]
 
 
 def _rounded(value: Any) -> Any:
