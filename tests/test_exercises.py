@@ -151,6 +151,10 @@ def test_a_hung_answer_ends_within_its_bound_with_stacks_and_fresh_ranks(live, w
     verdict = check("01-shard", "if rank == 0:\n    dist.barrier()\n", ranks, workdir=workdir, timeout=5.0)
     assert verdict.diagnosis == HUNG, verdict.text()
     assert "<your answer>" in verdict.message and "barrier" in verdict.message, verdict.message
+    assert verdict.message.startswith(
+        "a collective only some ranks call: rank 0 waits in `barrier` (line 2 of your answer), "
+        "which rank(s) 1 never called"
+    ), verdict.message
     assert ranks.alive, "the ranks must be ready for the next try"
     again = check("01-shard", exercise.reference, ranks, workdir=workdir)
     assert again.passed, again.text()
@@ -201,6 +205,27 @@ def test_a_long_difference_is_shown_where_it_differs():
     long = {"rank": 1, "field": "weight", "seen": [0.5] * 30 + [1.0], "expected": [0.5] * 31}
     text = Verdict("01-convert", False, "x", "m", differences=[long]).text()
     assert "1.0" in text and "31 in all" in text, text
+
+
+def test_a_hang_is_named_only_when_some_ranks_finished_and_the_rest_wait_in_the_answer():
+    from ddp_helpers.errors import LaunchTimeout
+    from ddp_helpers.exercises.checker import one_sided_collective
+
+    def stack(*frames: tuple[str, int, str]) -> str:
+        return "\n".join(f'  File "{f}", line {n} in {name}' for f, n, name in frames)
+
+    in_barrier = stack(
+        ("/t/torch/distributed/distributed_c10d.py", 9, "barrier"), ("<your answer>", 4, "<module>")
+    )
+    elsewhere = stack(("/t/torch/serialization.py", 9, "save"), ("/t/site.py", 4, "<module>"))
+    one = LaunchTimeout("hung", silent_ranks=[0], stacks={0: in_barrier})
+    assert "rank 0 waits in `barrier` (line 4 of your answer), which rank(s) 1, 2 never" in (
+        one_sided_collective(one, 3) or ""
+    )
+    every = LaunchTimeout("hung", silent_ranks=[0, 1], stacks={0: in_barrier, 1: in_barrier})
+    assert one_sided_collective(every, 2) is None, "no rank finished: nothing says the call was one-sided"
+    unknown = LaunchTimeout("hung", silent_ranks=[0], stacks={0: elsewhere})
+    assert one_sided_collective(unknown, 2) is None, "a rank stuck outside the answer is not named"
 
 
 def test_a_verdict_is_one_json_object():

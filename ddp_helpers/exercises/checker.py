@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,7 @@ def check(
     try:
         ranks.run(call, timeout=bound)
     except LaunchTimeout as error:
-        return _hung(exercise, ranks, world, str(error), bound)
+        return _hung(exercise, ranks, world, error, bound)
     except WorkerFailed as error:
         restarted = _restart(ranks)
         return Verdict(exercise.id, False, RAISED, f"a rank died while running your answer: {error}",
@@ -125,20 +126,63 @@ def judge(exercise: Exercise, results: list[dict[str, Any]]) -> Verdict:
 def _passed_message(exercise: Exercise, world: int, results: list[dict[str, Any]]) -> str:
     """Passed; with the notes a rank's `observe` left (`"notes"`: what the answer does that is right
     but costly, or harmless but unneeded), each said once."""
-    message = f"{exercise.title}: every rank did what a right answer does, on {world} rank(s)."
+    message = f"{exercise.title}: every rank did what a right answer does, on {world} rank(s)"
+    nodes = {(r.get("node layout") or {}).get("GROUP_RANK") for r in results}
+    if len(nodes) > 1 and None not in nodes:  # the answer ran as ranks of pretend nodes (Exercise.nodes)
+        message += f", run as {len(nodes)} nodes (where LOCAL_RANK is not RANK)"
+    message += "."
     notes = dict.fromkeys(note for r in results for note in r.get("notes") or ())
     return message + (" Note: " + "; ".join(notes) + "." if notes else "")
 
 
-def _hung(exercise: Exercise, ranks: Any, world: int, error: str, bound: float) -> Verdict:
-    restarted = _restart(ranks)
-    message = (
-        f"your answer did not finish within {bound:g}s on every rank: most often one rank "
-        "calls a collective that another never reaches.\n" + error
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<name>\S+)')
+ONE_SIDED_HINT = (
+    "Every rank must make each collective call, in the same order: take the call out of the block that "
+    "only some ranks enter (an `if rank == 0:` block holds what one rank does alone), so all reach it."
+)
+
+
+def waits_in_answer(stack: str) -> tuple[str, int] | None:
+    """(the collective, the answer's line) where a stuck rank waits, from its stack (innermost first)."""
+    collective = None
+    for frame in _FRAME.finditer(stack):
+        if collective is None and frame["file"].endswith("distributed_c10d.py"):
+            collective = frame["name"]
+        if frame["file"] == "<your answer>":
+            return (collective or "a call", int(frame["line"]))
+    return None
+
+
+def one_sided_collective(error: LaunchTimeout, world: int) -> str | None:
+    """The hang named, when some ranks finished the answer and every stuck one waits in a collective of
+    it: "rank 0 waits in `barrier` (line 17 of your answer), which rank 1 never called"."""
+    stuck = sorted(set(error.silent_ranks))
+    finished = [r for r in range(world) if r not in stuck]
+    found = {r: waits_in_answer(error.stacks.get(r, "")) for r in stuck}
+    waits = {r: w for r, w in found.items() if w is not None}
+    if not stuck or not finished or len(waits) < len(stuck):
+        return None
+    where = "; ".join(f"rank {r} waits in `{c}` (line {n} of your answer)" for r, (c, n) in waits.items())
+    others = ", ".join(map(str, finished))
+    return (
+        f"a collective only some ranks call: {where}, which rank(s) {others} never called: they "
+        "finished the cell. A collective inside a block that only some ranks enter waits for the others "
+        "forever."
     )
+
+
+def _hung(exercise: Exercise, ranks: Any, world: int, error: LaunchTimeout, bound: float) -> Verdict:
+    restarted = _restart(ranks)
+    named = one_sided_collective(error, world)
+    head = named or (
+        f"your answer did not finish within {bound:g}s on every rank: most often one rank "
+        "calls a collective that another never reaches."
+    )
+    message = f"{head}\n{error}"
     if restarted:
         message += "\nThe ranks were restarted for your next try."
-    return Verdict(exercise.id, False, HUNG, message, exercise.hint, world, ranks_restarted=restarted)
+    hint = ONE_SIDED_HINT if named else exercise.hint
+    return Verdict(exercise.id, False, HUNG, message, hint, world, ranks_restarted=restarted)
 
 
 def _raised_while_others_waited(exercise: Exercise, ranks: Any, world: int, error: str) -> Verdict:

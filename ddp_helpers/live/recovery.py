@@ -161,7 +161,9 @@ def hung(
             f"The stuck ranks did not answer an interrupt within {INTERRUPT_WAIT_S:g}s (they are blocked "
             f"inside a collective), so every rank was stopped. {RESTART_HINT}",
         ]
-    return LaunchTimeout("\n".join(lines), silent_ranks=stuck, run_dir=str(session.config.out_dir))
+    return LaunchTimeout(
+        "\n".join(lines), silent_ranks=stuck, run_dir=str(session.config.out_dir), stacks=stacks
+    )
 
 
 # ------------------------------------------------------------------ deaths
