@@ -152,7 +152,7 @@ def test_a_hung_answer_ends_within_its_bound_with_stacks_and_fresh_ranks(live, w
     assert verdict.diagnosis == HUNG, verdict.text()
     assert "<your answer>" in verdict.message and "barrier" in verdict.message, verdict.message
     assert verdict.message.startswith(
-        "a collective only some ranks call: rank 0 waits in `barrier` (line 2 of your answer), "
+        "a collective only some ranks call: rank 0 waits in `barrier` at line 2 of your answer, "
         "which rank(s) 1 never called"
     ), verdict.message
     assert ranks.alive, "the ranks must be ready for the next try"
@@ -219,11 +219,16 @@ def test_a_hang_is_named_only_when_some_ranks_finished_and_the_rest_wait_in_the_
     )
     elsewhere = stack(("/t/torch/serialization.py", 9, "save"), ("/t/site.py", 4, "<module>"))
     one = LaunchTimeout("hung", silent_ranks=[0], stacks={0: in_barrier})
-    assert "rank 0 waits in `barrier` (line 4 of your answer), which rank(s) 1, 2 never" in (
+    assert "rank 0 waits in `barrier` at line 4 of your answer, which rank(s) 1, 2 never" in (
         one_sided_collective(one, 3) or ""
     )
     every = LaunchTimeout("hung", silent_ranks=[0, 1], stacks={0: in_barrier, 1: in_barrier})
     assert one_sided_collective(every, 2) is None, "no rank finished: nothing says the call was one-sided"
+    in_backward = stack(("/t/torch/autograd/__init__.py", 9, "backward"), ("<your answer>", 6, "<module>"))
+    skipped = LaunchTimeout("hung", silent_ranks=[0], stacks={0: in_backward})
+    assert "rank 0 waits in `backward()` (DDP's all-reduce of the gradients) at line 6" in (
+        one_sided_collective(skipped, 2) or ""
+    )
     unknown = LaunchTimeout("hung", silent_ranks=[0], stacks={0: elsewhere})
     assert one_sided_collective(unknown, 2) is None, "a rank stuck outside the answer is not named"
 

@@ -143,26 +143,30 @@ ONE_SIDED_HINT = (
 
 
 def waits_in_answer(stack: str) -> tuple[str, int] | None:
-    """(the collective, the answer's line) where a stuck rank waits, from its stack (innermost first)."""
-    collective = None
-    for frame in _FRAME.finditer(stack):
-        if collective is None and frame["file"].endswith("distributed_c10d.py"):
-            collective = frame["name"]
+    """(the collective, the answer's line) where a stuck rank waits, from its stack (innermost first).
+
+    The collective is torch.distributed's function where one is on the stack; a `backward()` waits in
+    DDP's all-reduce of the gradients, inside autograd's engine, where no such frame shows."""
+    frames = list(_FRAME.finditer(stack))
+    names = [f"`{f['name']}`" for f in frames if f["file"].endswith("distributed_c10d.py")]
+    if not names and any(f["name"] == "backward" for f in frames):
+        names = ["`backward()` (DDP's all-reduce of the gradients)"]
+    for frame in frames:
         if frame["file"] == "<your answer>":
-            return (collective or "a call", int(frame["line"]))
+            return (names[0] if names else "a call", int(frame["line"]))
     return None
 
 
 def one_sided_collective(error: LaunchTimeout, world: int) -> str | None:
     """The hang named, when some ranks finished the answer and every stuck one waits in a collective of
-    it: "rank 0 waits in `barrier` (line 17 of your answer), which rank 1 never called"."""
+    it: "rank 0 waits in `barrier` at line 17 of your answer, which rank 1 never called"."""
     stuck = sorted(set(error.silent_ranks))
     finished = [r for r in range(world) if r not in stuck]
     found = {r: waits_in_answer(error.stacks.get(r, "")) for r in stuck}
     waits = {r: w for r, w in found.items() if w is not None}
     if not stuck or not finished or len(waits) < len(stuck):
         return None
-    where = "; ".join(f"rank {r} waits in `{c}` (line {n} of your answer)" for r, (c, n) in waits.items())
+    where = "; ".join(f"rank {r} waits in {c} at line {n} of your answer" for r, (c, n) in waits.items())
     others = ", ".join(map(str, finished))
     return (
         f"a collective only some ranks call: {where}, which rank(s) {others} never called: they "
