@@ -163,6 +163,23 @@ def init_distributed(env):
     return device, (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
 """,
     ),
+    "06-main, the world size from dist.get_world_size() (main runs after start-up), try/except/else": (
+        "06-main",
+        """
+def main(env):
+    lr = base_lr * dist.get_world_size()
+    torch.random.manual_seed(seed)
+    model = build_model()
+    try:
+        train(model, lr)
+    except BaseException:
+        raise
+    else:
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+""",
+    ),
 }
 
 

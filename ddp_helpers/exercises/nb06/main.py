@@ -76,7 +76,8 @@ def _main_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
     try:
         for rank, fail in _calls(ctx.rank):
             recorder = _Recorder(GPUS_PER_NODE)
-            recorder.env = dict(pretend_env(rank, GPUS_PER_NODE))  # what the pretend group reads at init
+            recorder.env = dict(pretend_env(rank, GPUS_PER_NODE))  # what the pretend group answers
+            recorder.initialized = True  # main runs after start-up: dist.get_world_size() answers, as in a job
             ns["_record"].current = recorder
             probe["fail"], probe["calls"] = fail, []
             try:  # os.environ too is the pretend process's: an answer may read it, as a script does
@@ -170,8 +171,9 @@ MAIN = Exercise(
     ),
     given=(
         "`env` (torchrun's variables, as in `os.environ`), `seed`, `base_lr`, `build_model()`, "
-        "`train(model, lr)`, `torch`, `dist` (its `barrier` and `destroy_process_group` are recorded, not "
-        "run); `rank`, `world_size` and `local_rank` are None here: read `env`"
+        "`train(model, lr)`, `torch`, `dist` (its process group is up: `get_rank()` and `get_world_size()` "
+        "answer as the pretend job's; its `barrier` and `destroy_process_group` are recorded, not run); "
+        "`rank`, `world_size` and `local_rank` are None here: read `env` or ask `dist`"
     ),
     starter=(
         "def main(env):\n"
