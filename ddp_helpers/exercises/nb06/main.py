@@ -77,7 +77,7 @@ def _main_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
         for rank, fail in _calls(ctx.rank):
             recorder = _Recorder(GPUS_PER_NODE)
             recorder.env = dict(pretend_env(rank, GPUS_PER_NODE))  # what the pretend group answers
-            recorder.initialized = True  # main runs after start-up: dist.get_world_size() answers, as in a job
+            recorder.initialized = True  # main runs after start-up: dist.get_world_size() answers
             ns["_record"].current = recorder
             probe["fail"], probe["calls"] = fail, []
             try:  # os.environ too is the pretend process's: an answer may read it, as a script does
