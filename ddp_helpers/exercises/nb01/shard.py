@@ -70,6 +70,25 @@ def _dealt_by_local_rank(seen: Seen, expected: Seen) -> bool:
     return (any(local) and dealt_over([world] * world)) or dealt_over(per_node)
 
 
+def _unshuffled_order(world: int, rank: int) -> list[int]:
+    """DistributedSampler(shuffle=False)'s indices for `rank`: 0, 1, ... padded with its own start."""
+    total = -(-SHARD_SIZE // world) * world
+    order = list(range(SHARD_SIZE))
+    return (order + order[: total - SHARD_SIZE])[rank:total:world]
+
+
+def _not_shuffled(seen: Seen, expected: Seen) -> bool:
+    world = len(seen)
+    return all(
+        d and all(p == _unshuffled_order(world, r) for p in d) for r, d in enumerate(field_of(seen, "drawn"))
+    )
+
+
+def _same_order_again(seen: Seen, expected: Seen) -> bool:
+    """Each epoch repeated the first one's shuffled order (an order never shuffled is 01-shard-no-shuffle)."""
+    return _epochs_repeat(seen, expected) and not _not_shuffled(seen, expected)
+
+
 def _drew_as(first: int, seed: int) -> Any:
     def matches(seen: Seen, expected: Seen) -> bool:
         world = len(seen)
@@ -143,10 +162,19 @@ SHARD = Exercise(
             "every node. LOCAL_RANK numbers the processes of one node only.",
         ),
         Mistake(
+            "01-shard-no-shuffle",
+            "every rank drew its shard in the dataset's own order (0, 1, 2, ... dealt one each in turn), the "
+            "same in both epochs: the sampler was built with shuffle=False, so set_epoch changes nothing and "
+            "every epoch trains on the same batches in the same order",
+            _not_shuffled,
+            hint="Leave out shuffle=False: DistributedSampler shuffles by default, with seed + the epoch "
+            "that set_epoch gives it. A resumed run stays reproducible through the seed and the epoch.",
+        ),
+        Mistake(
             "01-shard-no-set-epoch",
             "the second epoch drew exactly the first one's order on every rank: without "
             "sampler.set_epoch(epoch) the sampler shuffles with the same seed + epoch every time",
-            _epochs_repeat,
+            _same_order_again,
             hint="Call sampler.set_epoch(epoch) first in each epoch, before the batches, with the resumed "
             "run's own epoch number.",
         ),
