@@ -51,25 +51,33 @@ def check_ddp(w: World, run: Run) -> None:
     )
 
 
+def _by_epoch(batches: list[list[int]]) -> dict[str, list[int]]:
+    """The samples of the batches up to the stop, as 'epoch 0' and 'epoch 1 (until the stop)'."""
+    return {
+        "epoch 0": [i for b in batches[:STEPS_PER_EPOCH] for i in b],
+        "epoch 1 (until the stop)": [i for b in batches[STEPS_PER_EPOCH:STOP_AT] for i in b],
+    }
+
+
 def check_order(w: World, run: Run, batches: list[list[list[int]]]) -> None:
     """The samples each rank's first layer saw, epoch by epoch, against DistributedSampler's deal."""
-    steps = STOP_AT
     seen: Seen = []
     expected: Seen = []
     for rank, record in enumerate(run.records):
-        drawn = [f.get("batch", []) for f in (record or {}).get("forwards", [])][:steps]
-        seen.append(
-            {
-                "epoch 0": [i for b in drawn[:STEPS_PER_EPOCH] for i in b],
-                "epoch 1 (until the stop)": [i for b in drawn[STEPS_PER_EPOCH:steps] for i in b],
-            }
-        )
-        expected.append(
-            {
-                "epoch 0": [i for b in batches[rank][:STEPS_PER_EPOCH] for i in b],
-                "epoch 1 (until the stop)": [i for b in batches[rank][STEPS_PER_EPOCH:steps] for i in b],
-            }
-        )
+        drawn = [f.get("batch", []) for f in (record or {}).get("forwards", [])][:STOP_AT]
+        seen.append(_by_epoch(drawn))
+        expected.append(_by_epoch(batches[rank]))
+    w.judge(
+        "each rank trains on its own shard, in a new order each epoch",
+        run,
+        seen,
+        expected,
+        _order_signs(w, seen),
+    )
+
+
+def _order_signs(w: World, seen: Seen) -> list[Sign]:
+    """A missing sampler (the ranks' samples overlap), its default seed, and a sampler never told the epoch."""
     pad = SHARD * w.world - (SHARD * w.world - 1)
 
     def overlap() -> bool:  # the ranks' epoch-0 samples overlap beyond the sampler's padding
@@ -90,33 +98,27 @@ def check_order(w: World, run: Run, batches: list[list[list[int]]]) -> None:
             for s in seen
         )
 
-    w.judge(
-        "each rank trains on its own shard, in a new order each epoch",
-        run,
-        seen,
-        expected,
-        [
-            Sign(
-                "10-capstone-no-sampler",
-                "the ranks trained on the same samples: without a DistributedSampler each "
-                "rank goes through the whole dataset.",
-                overlap,
-            ),
-            Sign(
-                "10-capstone-sampler-seed",
-                f"each rank drew the shard DistributedSampler deals with its default "
-                f"seed, 0, not with --seed {SEED}: the sampler was built without seed=args.seed (a seed that only "
-                "seed 0 would never show).",
-                default_seed,
-            ),
-            Sign(
-                "10-capstone-no-set-epoch",
-                "epoch 1 dealt each rank the same samples in the same order as epoch 0: "
-                "the sampler never learned the epoch.",
-                repeats,
-            ),
-        ],
-    )
+    return [
+        Sign(
+            "10-capstone-no-sampler",
+            "the ranks trained on the same samples: without a DistributedSampler each "
+            "rank goes through the whole dataset.",
+            overlap,
+        ),
+        Sign(
+            "10-capstone-sampler-seed",
+            f"each rank drew the shard DistributedSampler deals with its default "
+            f"seed, 0, not with --seed {SEED}: the sampler was built without seed=args.seed (a seed that only "
+            "seed 0 would never show).",
+            default_seed,
+        ),
+        Sign(
+            "10-capstone-no-set-epoch",
+            "epoch 1 dealt each rank the same samples in the same order as epoch 0: "
+            "the sampler never learned the epoch.",
+            repeats,
+        ),
+    ]
 
 
 def check_masks(w: World, run: Run) -> None:
@@ -347,26 +349,30 @@ def check_training(
         )
 
     signs = [_disabled(w, run, scalers), *(Sign(d, m, matches(v)) for d, m, v in variants)]
-    through_scaler = all((r or {}).get("scaler_steps", 0) for r in run.records)
-    overflow = f"with --amp fp16 the step with an inf gradient (step {POISON_STEP}) was taken"
-    signs.append(
-        Sign(
-            "10-capstone-overflow-stepped",
-            f"{overflow}, although scaler.step(optimizer) ran on every rank: the optimizer was stepped outside "
-            "the scaler too."
-            if through_scaler
-            else f"{overflow}: no rank called scaler.step(optimizer), so the optimizer stepped on an overflow.",
-            lambda: w.amp == "fp16" and any(POISON_STEP in s["steps taken"] for s in seen),
-            hint="step the optimizer only through scaler.step(optimizer), which skips the step when a "
-            "gradient is inf: no optimizer.step() of its own."
-            if through_scaler
-            else "",
-        )
-    )
+    signs.append(_overflow_stepped(w, run, seen))
     what = (
         "steps, loss scale and weights after each step" if w.amp == "fp16" else "the weights after each step"
     )
     w.judge(f"{what} as a right script's (steps {first}-{last})", run, seen, expected, signs, tolerance=tol)
+
+
+def _overflow_stepped(w: World, run: Run, seen: Seen) -> Sign:
+    """Under fp16 the step with an inf gradient was taken: by an optimizer.step() beside scaler.step, or with
+    no scaler.step at all."""
+    through_scaler = all((r or {}).get("scaler_steps", 0) for r in run.records)
+    overflow = f"with --amp fp16 the step with an inf gradient (step {POISON_STEP}) was taken"
+    return Sign(
+        "10-capstone-overflow-stepped",
+        f"{overflow}, although scaler.step(optimizer) ran on every rank: the optimizer was stepped outside "
+        "the scaler too."
+        if through_scaler
+        else f"{overflow}: no rank called scaler.step(optimizer), so the optimizer stepped on an overflow.",
+        lambda: w.amp == "fp16" and any(POISON_STEP in s["steps taken"] for s in seen),
+        hint="step the optimizer only through scaler.step(optimizer), which skips the step when a "
+        "gradient is inf: no optimizer.step() of its own."
+        if through_scaler
+        else "",
+    )
 
 
 def _disabled(w: World, run: Run, scalers: list[list[dict[str, Any]]]) -> Sign:
@@ -554,10 +560,9 @@ def _restored_then_reseeded(record: dict[str, Any] | None) -> tuple[bool, bool]:
     return True, "manual_seed" in before[last:]
 
 
-def check_rng(w: World, stopped: Run, resumed: Run) -> None:
-    """Each generator's state at the resumed run's first mask, per rank, in words: as it was at the stop, as
-    a fresh start has it, as rank 0's at the stop, or none of these. On GPUs dropout draws from the GPU's
-    generator, so it counts too. A failure names the generator, the ranks and the step."""
+def _rng_rows(w: World, stopped: Run, resumed: Run) -> tuple[Seen, Seen]:
+    """Per rank, each generator's state at the resumed run's first mask in words, and what a right resume
+    leaves (as at the stop)."""
     after = [(((r or {}).get("forwards") or [{}])[0]).get("rng") or {} for r in resumed.records]
     fresh = [(((r or {}).get("forwards") or [{}])[0]).get("rng") or {} for r in stopped.records]
     at_stop = [r or {} for r in stopped.each("rng_exit")]
@@ -579,99 +584,124 @@ def check_rng(w: World, stopped: Run, resumed: Run) -> None:
                     row[f"{name} {step}"] = NEITHER
         seen.append(row)
         expected.append(dict.fromkeys(row, AS_AT_STOP))
+    return seen, expected
 
-    def generators(key: str) -> list[str]:
-        return [v for row in seen for k, v in row.items() if k.startswith(GENERATORS[key])]
 
-    def which(state: str) -> str:
-        """'rank 0 and 1: the CPU generator' for the rows with that state, in words."""
-        found: dict[str, list[int]] = {}
-        for rank, row in enumerate(seen):
-            for k, v in row.items():
-                if v == state:
-                    found.setdefault(k.split(" at the first mask")[0], []).append(rank)
-        return "; ".join(
-            f"{name} of rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
-            for name, ranks in found.items()
-        )
+def _generator_states(seen: Seen, key: str) -> list[str]:
+    """Every rank's state of one generator ("cpu" or "cuda"), in words."""
+    return [v for row in seen for k, v in row.items() if k.startswith(GENERATORS[key])]
 
+
+def _which(seen: Seen, state: str) -> str:
+    """'the CPU generator of ranks 0, 1' for the rows with that state, in words."""
+    found: dict[str, list[int]] = {}
+    for rank, row in enumerate(seen):
+        for k, v in row.items():
+            if v == state:
+                found.setdefault(k.split(" at the first mask")[0], []).append(rank)
+    return "; ".join(
+        f"{name} of rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+        for name, ranks in found.items()
+    )
+
+
+def check_rng(w: World, stopped: Run, resumed: Run) -> None:
+    """Each generator's state at the resumed run's first mask, per rank, in words: as it was at the stop, as
+    a fresh start has it, as rank 0's at the stop, or none of these. On GPUs dropout draws from the GPU's
+    generator, so it counts too. A failure names the generator, the ranks and the step."""
+    seen, expected = _rng_rows(w, stopped, resumed)
     how = [_restored_then_reseeded(r) for r in resumed.records]
-    all_fresh = bool(seen) and all(v == AS_FRESH for row in seen for v in row.values())
     no_generator = any(not all((r or {}).get("loaders") or [True]) for r in resumed.records)
     w.judge(
         "each rank draws on from its own random state as it was at the stop",
         resumed,
         seen,
         expected,
-        [
-            Sign(
-                "10-capstone-rng-reseeded",
-                f"{which(AS_FRESH)} drew the dropout mask at step {STOP_AT + 1} (the first after the resume) as "
-                "a fresh start does: each rank restored its state with torch.set_rng_state, then called "
-                "torch.manual_seed again before its first step, which replaced the state it had restored.",
-                lambda: all_fresh and all(restored and reseeded for restored, reseeded in how),
-            ),
-            Sign(
-                "10-capstone-rng-saved-at-start",
-                f"{which(AS_FRESH)} drew the dropout mask at step {STOP_AT + 1} (the first after the resume) as "
-                "a fresh start does, although each rank restored a state with torch.set_rng_state: the state "
-                "saved was the one the run started with, not the one it had at the stop.",
-                lambda: all_fresh and all(restored for restored, _ in how),
-            ),
-            Sign(
-                "10-capstone-rng-not-restored",
-                f"{which(AS_FRESH)} drew the dropout mask at step {STOP_AT + 1} (the first after the resume) "
-                "from a freshly seeded state, not from the state each rank had at the stop: nothing restored it.",
-                lambda: all_fresh,
-            ),
-            Sign(
-                "10-capstone-no-loader-generator",
-                f"at step {STOP_AT + 1}'s mask (the first after the resume) {which(NEITHER)} was neither as at the "
-                "stop nor as at a fresh start: the random state was restored, then the resumed epoch's "
-                "iter(loader) drew from it, since a DataLoader without generator= takes its seed from the global "
-                "generator at every iter().",
-                lambda: no_generator,
-            ),
-            Sign(
-                "10-capstone-rng-some-ranks",
-                f"{which(AS_AT_STOP)} got its random state back, but {which(AS_FRESH)} went on at step "
-                f"{STOP_AT + 1} as freshly seeded: the state was restored on some ranks only.",
-                lambda: (
-                    any(v == AS_AT_STOP for row in seen for v in row.values())
-                    and all(v in (AS_AT_STOP, AS_FRESH) for row in seen for v in row.values())
-                    and all(len(set(row.values())) == 1 for row in seen)
-                ),
-            ),
-            Sign(
-                "10-capstone-rank0-rng",
-                f"{which(AS_RANK0)} went on at step {STOP_AT + 1} from rank 0's state at the stop, not from its "
-                "own: every rank restored rank 0's saved random state, so the ranks draw the same masks.",
-                lambda: w.world > 1 and all(all(v == AS_RANK0 for v in row.values()) for row in seen[1:]),
-            ),
-            Sign(
-                "10-capstone-cuda-rng-not-restored",
-                f"every rank got the CPU generator's state back, but not the GPU's ({which(AS_FRESH) or which(NEITHER)}"
-                f", at step {STOP_AT + 1}): on a GPU, dropout draws its masks from the GPU's generator "
-                "(torch.cuda.get_rng_state(device)), which the checkpoint must hold and the resume restore too.",
-                lambda: (
-                    all(v == AS_AT_STOP for v in generators("cpu"))
-                    and any(v != AS_AT_STOP for v in generators("cuda"))
-                ),
-            ),
-            Sign(
-                "10-capstone-rng-not-restored",
-                f"some rank did not get its own random state back at step {STOP_AT + 1}, the first after the "
-                f"resume: {'; '.join(filter(None, (which(AS_FRESH), which(AS_RANK0), which(NEITHER))))}"
-                " (below). Each rank's masks must go on from the state that rank had at the stop.",
-                lambda: True,
-                hint="restore each rank's own state last, after any torch.manual_seed, and draw nothing from the "
-                "global generator between the restore and the first step (no iter(loader) without generator=, "
-                "no random init): the first mask must draw from the state saved at the stop."
-                if all(restored for restored, _ in how)
-                else "",
-            ),
-        ],
+        [*_rng_fresh_signs(seen, how), *_rng_other_signs(w, seen, how, no_generator)],
     )
+
+
+def _rng_fresh_signs(seen: Seen, how: list[tuple[bool, bool]]) -> list[Sign]:
+    """Every rank drew as a fresh start does: restored then reseeded, restored the start's state, or
+    restored nothing. `how`: per rank, (set_rng_state called, manual_seed after it)."""
+    fresh = _which(seen, AS_FRESH)
+    all_fresh = bool(seen) and all(v == AS_FRESH for row in seen for v in row.values())
+    return [
+        Sign(
+            "10-capstone-rng-reseeded",
+            f"{fresh} drew the dropout mask at step {STOP_AT + 1} (the first after the resume) as "
+            "a fresh start does: each rank restored its state with torch.set_rng_state, then called "
+            "torch.manual_seed again before its first step, which replaced the state it had restored.",
+            lambda: all_fresh and all(restored and reseeded for restored, reseeded in how),
+        ),
+        Sign(
+            "10-capstone-rng-saved-at-start",
+            f"{fresh} drew the dropout mask at step {STOP_AT + 1} (the first after the resume) as "
+            "a fresh start does, although each rank restored a state with torch.set_rng_state: the state "
+            "saved was the one the run started with, not the one it had at the stop.",
+            lambda: all_fresh and all(restored for restored, _ in how),
+        ),
+        Sign(
+            "10-capstone-rng-not-restored",
+            f"{fresh} drew the dropout mask at step {STOP_AT + 1} (the first after the resume) "
+            "from a freshly seeded state, not from the state each rank had at the stop: nothing restored it.",
+            lambda: all_fresh,
+        ),
+    ]
+
+
+def _rng_other_signs(w: World, seen: Seen, how: list[tuple[bool, bool]], no_generator: bool) -> list[Sign]:
+    """A loader without generator=, a state restored on some ranks only, rank 0's state on every rank, the
+    GPU's generator not restored, and, failing these, which rank's generator was not its own."""
+    at_stop, fresh, rank0, neither = (_which(seen, s) for s in (AS_AT_STOP, AS_FRESH, AS_RANK0, NEITHER))
+    return [
+        Sign(
+            "10-capstone-no-loader-generator",
+            f"at step {STOP_AT + 1}'s mask (the first after the resume) {neither} was neither as at the "
+            "stop nor as at a fresh start: the random state was restored, then the resumed epoch's "
+            "iter(loader) drew from it, since a DataLoader without generator= takes its seed from the global "
+            "generator at every iter().",
+            lambda: no_generator,
+        ),
+        Sign(
+            "10-capstone-rng-some-ranks",
+            f"{at_stop} got its random state back, but {fresh} went on at step "
+            f"{STOP_AT + 1} as freshly seeded: the state was restored on some ranks only.",
+            lambda: (
+                any(v == AS_AT_STOP for row in seen for v in row.values())
+                and all(v in (AS_AT_STOP, AS_FRESH) for row in seen for v in row.values())
+                and all(len(set(row.values())) == 1 for row in seen)
+            ),
+        ),
+        Sign(
+            "10-capstone-rank0-rng",
+            f"{rank0} went on at step {STOP_AT + 1} from rank 0's state at the stop, not from its "
+            "own: every rank restored rank 0's saved random state, so the ranks draw the same masks.",
+            lambda: w.world > 1 and all(all(v == AS_RANK0 for v in row.values()) for row in seen[1:]),
+        ),
+        Sign(
+            "10-capstone-cuda-rng-not-restored",
+            f"every rank got the CPU generator's state back, but not the GPU's ({fresh or neither}"
+            f", at step {STOP_AT + 1}): on a GPU, dropout draws its masks from the GPU's generator "
+            "(torch.cuda.get_rng_state(device)), which the checkpoint must hold and the resume restore too.",
+            lambda: (
+                all(v == AS_AT_STOP for v in _generator_states(seen, "cpu"))
+                and any(v != AS_AT_STOP for v in _generator_states(seen, "cuda"))
+            ),
+        ),
+        Sign(
+            "10-capstone-rng-not-restored",
+            f"some rank did not get its own random state back at step {STOP_AT + 1}, the first after the "
+            f"resume: {'; '.join(filter(None, (fresh, rank0, neither)))}"
+            " (below). Each rank's masks must go on from the state that rank had at the stop.",
+            lambda: True,
+            hint="restore each rank's own state last, after any torch.manual_seed, and draw nothing from the "
+            "global generator between the restore and the first step (no iter(loader) without generator=, "
+            "no random init): the first mask must draw from the state saved at the stop."
+            if all(restored for restored, _ in how)
+            else "",
+        ),
+    ]
 
 
 def check_exact(w: World, stopped: Run, resumed: Run, whole: Run, start: list[float]) -> None:

@@ -29,11 +29,7 @@ def replay(
     """
     import torch
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(SEED)  # the contract: the model is built right after torch.manual_seed(seed)
-        w1 = torch.nn.Linear(FEATURES, HIDDEN, bias=False).weight.detach().clone()
-        w2 = torch.nn.Linear(HIDDEN, CLASSES, bias=False).weight.detach().clone()
-    params = [w1.requires_grad_(), w2.requires_grad_()]
+    params = _initial_params()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
 
     def new_optimizer() -> Any:
@@ -51,10 +47,7 @@ def replay(
         ranks = [
             _backward(data, params, batches[rank][t], masks[rank][t], dtype, scaler) for rank in range(world)
         ]
-        for i, p in enumerate(params):  # DDP: each rank's gradient divided by the world size, then summed
-            p.grad = torch.zeros_like(p)
-            for grads, _, _ in ranks:
-                p.grad += grads[i] / world
+        _all_reduce(params, [grads for grads, _, _ in ranks])
         finite = all(bool(torch.isfinite(p.grad).all()) for p in params if p.grad is not None)
         if unscale_first:
             scaler.unscale_(optimizer)
@@ -71,6 +64,27 @@ def replay(
             }
         )
     return out
+
+
+def _initial_params() -> list[Any]:
+    """The model's two weights as the contract builds them, right after torch.manual_seed(seed)."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        w1 = torch.nn.Linear(FEATURES, HIDDEN, bias=False).weight.detach().clone()
+        w2 = torch.nn.Linear(HIDDEN, CLASSES, bias=False).weight.detach().clone()
+    return [w1.requires_grad_(), w2.requires_grad_()]
+
+
+def _all_reduce(params: list[Any], grads: list[list[Any]]) -> None:
+    """DDP's average: each rank's gradient divided by the world size, then summed, into each param's .grad."""
+    import torch
+
+    for i, p in enumerate(params):
+        p.grad = torch.zeros_like(p)
+        for rank in grads:
+            p.grad += rank[i] / len(grads)
 
 
 def _backward(
