@@ -140,6 +140,16 @@ WRAP = Exercise(
             "with no all-reduce of your own.",
         ),
         Mistake(
+            "01-wrap-divided-by-world",
+            "each step moved the weights by the average gradient divided by the world size once more "
+            "(1/world of a right step, below): the loss was divided by the world size, but DDP's backward "
+            "already averages the gradients over the ranks (their sum, divided by the world size), so the "
+            "average is taken twice",
+            _every_coordinate_moved(lambda world: -WRAP_STEPS / world / world),
+            hint="Backward the loss as it is, ddp_model(x).sum(), with no division by the world size: DDP "
+            "all-reduces the gradients and divides them by the world size itself.",
+        ),
+        Mistake(
             "01-wrap-grads-pile-up",
             "the weights moved by 1 + 2 = 3 averaged gradients in 2 steps: without optimizer.zero_grad() "
             "each backward() adds to the gradient the last step left",
