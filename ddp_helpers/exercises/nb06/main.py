@@ -146,6 +146,11 @@ def _skipped_on_failure(seen: Seen, expected: Seen) -> bool:
     )
 
 
+def _error_swallowed(seen: Seen, expected: Seen) -> bool:
+    failed = [got["raised"] for f, got in _all_calls(seen) if f]
+    return bool(failed) and all(raised is False for raised in failed)
+
+
 def _barrier_in_finally(seen: Seen, expected: Seen) -> bool:
     failed = [got["teardown"] for f, got in _all_calls(seen) if f]
     return bool(failed) and all(t == ["barrier", "destroy_process_group"] for t in failed)
@@ -253,6 +258,16 @@ def main(env):
             _no_barrier,
             hint="Call dist.barrier() in the try, right after train returns, so that every rank has finished "
             "before any tears down.",
+        ),
+        Mistake(
+            "06-main-error-swallowed",
+            'where train raised, main returned ("returned" below, where a right answer raised): an '
+            "`except` caught train's error and did not raise it again, so the failing process exits 0: "
+            "torchrun never hears of the failure and does not stop or restart the job, and the other ranks "
+            "can wait for it in their next collective until it times out",
+            _error_swallowed,
+            hint="Let train's error out: no `except` around train (try/finally alone does the teardown), or "
+            "end the except with a bare `raise` after logging, so that the process fails and torchrun sees it.",
         ),
     ),
     covers=("lr-scaled", "same-init-seed", "teardown"),
