@@ -239,6 +239,12 @@ def _half_ring(seen: Seen, expected: Seen) -> bool:
     return _ratios_are(seen, 0, _right(0), [1.0] * 3) and _ratios_are(seen, 1, _right(1), [0.5] * 3)
 
 
+def _gibibytes(seen: Seen, expected: Seen) -> bool:
+    """Both bandwidths in GiB/s (2**30 bytes), where GB/s (10**9) was asked: each 10**9 / 2**30 of the right."""
+    ratio = 1e9 / 2**30
+    return _ratios_are(seen, 0, _right(0), [ratio] * 3) and _ratios_are(seen, 1, _right(1), [ratio] * 3)
+
+
 BUSBW = Exercise(
     id="00-busbw",
     notebook="00",
@@ -304,6 +310,14 @@ BUSBW = Exercise(
             "(n-1)/n again, 2(n-1)/n in all",
             _half_ring,
             hint="Count both halves of the ring: busbw = algbw * 2 * (world - 1) / world.",
+        ),
+        Mistake(
+            "00-busbw-gibibytes",
+            "both bandwidths are 0.931 of the right ones (10**9 / 2**30): they are in GiB/s, 2**30 bytes a "
+            "second, where the task asks GB/s, 10**9 bytes a second, the unit nccl-tests reports in",
+            _gibibytes,
+            hint="Divide bytes per second by 1e9 (GB, as link speeds are counted), not by 2**30 (GiB, as "
+            "memory sizes are).",
         ),
     ),
 )
