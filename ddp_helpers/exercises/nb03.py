@@ -164,6 +164,16 @@ def _clipped_scaled(seen: Seen, expected: Seen) -> bool:
     return all(n and len(n) > 1 and n[1] is not None and close(n[1], want, 1e-5) for n in norms)
 
 
+def _updated_before_step(seen: Seen, expected: Seen) -> bool:
+    """The first step skipped and the scale halved, then torch's own error at the next unscale_: the step
+    that came after update() left the scaler marked as stepped, and no update() came to ready it again."""
+    first, scales = _weights_after(seen, 0), _scales_after(seen, 0)
+    skipped = all(w is not None and not any(w) for w in first)
+    halved = all(s is not None and close(s, INIT_SCALE / 2) for s in scales)
+    errors = [s.get("error") or "" for s in seen]
+    return skipped and halved and all("unscale_() is being called after step()" in e for e in errors)
+
+
 FP16_STEP = Exercise(
     id="03-fp16-step",
     notebook="03",
@@ -260,6 +270,20 @@ FP16_STEP = Exercise(
                 "Call scaler.unscale_(optimizer) right after scaler.scale(loss).backward() and before "
                 "clip_grad_norm_: the clip then measures true gradients, and scaler.step knows not to unscale "
                 "them again."
+            ),
+        ),
+        Mistake(
+            "03-fp16-step-update-before-step",
+            "the first step was skipped and the scale halved, then the second iteration's unscale_ raised "
+            'torch\'s "unscale_() is being called after step()" (a line after the mistake): scaler.update() '
+            "ran before scaler.step(optimizer). update() reads what unscale_ found and resets the scaler's "
+            "record of the iteration, so the step after it unscales the gradients again (by the new scale) "
+            "and leaves the scaler marked as stepped, with no update() after it to ready the next iteration",
+            _updated_before_step,
+            hint=(
+                "Call scaler.step(optimizer) first and scaler.update() after it, last in the iteration: step "
+                "skips or applies the unscaled gradients, and update then sets the scale for the next "
+                "iteration and readies the scaler for its unscale_."
             ),
         ),
     ),
