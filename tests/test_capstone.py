@@ -5,6 +5,7 @@ and bad input is refused before any process starts. (conftest checks that no pro
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -18,7 +19,13 @@ from fixtures import load_script
 
 from ddp_helpers.errors import InvalidLaunchArguments
 from ddp_helpers.exercises.capstone import EXERCISE, amp_plan, check_script
-from ddp_helpers.exercises.capstone.checks import check_autocast, check_masks, check_resume_batches, check_rng
+from ddp_helpers.exercises.capstone.checks import (
+    check_autocast,
+    check_masks,
+    check_resume_batches,
+    check_rng,
+    check_saves,
+)
 from ddp_helpers.exercises.capstone.contract import (
     HINTS,
     STEPS_PER_EPOCH,
@@ -27,6 +34,7 @@ from ddp_helpers.exercises.capstone.contract import (
     expected_batches,
 )
 from ddp_helpers.exercises.capstone.judge import Failed, World
+from ddp_helpers.exercises.capstone.probe import PROBE
 from ddp_helpers.exercises.capstone.runs import Run
 from ddp_helpers.workers import worker_path
 
@@ -305,3 +313,72 @@ def test_a_forward_outside_autocast_or_in_the_wrong_dtype_is_named(dtype, diagno
     )
     verdict = _failed(check_autocast, _world(amp="bf16"), run)
     assert verdict.diagnosis == f"{EXERCISE}-{diagnosis}", verdict.text()
+
+
+# the saves notebook 04 teaches: torch.save into a file object, by its path or by a descriptor from mkstemp
+SAVES = {
+    "a temporary file object, then os.replace": """
+fd, tmp = tempfile.mkstemp(dir=out, prefix=".ckpt-", suffix=".tmp")
+with os.fdopen(fd, "wb") as f:
+    torch.save(state, f)
+    f.flush()
+    os.fsync(f.fileno())
+os.replace(tmp, path)
+""",
+    "a file opened at a temporary path, then os.replace": """
+with open(path + ".tmp", "wb") as f:
+    torch.save(state, f)
+    f.flush()
+    os.fsync(f.fileno())
+os.replace(path + ".tmp", path)
+""",
+    "a file opened at ckpt.pt": """
+with open(path, "wb") as f:
+    torch.save(state, f)
+""",
+    "a path: ckpt.pt": "torch.save(state, path)\n",
+}
+
+
+def _probed_save(tmp_path: Path, save: str) -> Run:
+    """The probe's record of one process (no torchrun: the saves need no process group) that runs `save`."""
+    import torch
+
+    from ddp_helpers.exercises.capstone.contract import PROBE_DATA_ENV, PROBE_DIR_ENV, make_data
+
+    (tmp_path / "real").mkdir()
+    out = tmp_path / "out"  # a link, as /tmp is on macOS: /proc's name of a descriptor would not match
+    out.symlink_to(tmp_path / "real")
+    torch.save(make_data(1), tmp_path / "data.pt")
+    (tmp_path / "probe.py").write_text(PROBE)
+    script = tmp_path / "save.py"
+    script.write_text(
+        "import os, sys, tempfile\nimport torch\n"
+        f"out = {str(out)!r}\npath = os.path.join(out, 'ckpt.pt')\nstate = {{'model': {{}}}}\n{save}"
+    )
+    env = {**os.environ, "RANK": "0", PROBE_DIR_ENV: str(tmp_path), PROBE_DATA_ENV: str(tmp_path / "data.pt")}
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "probe.py"), str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    record = json.loads((tmp_path / "rank0.json").read_text())
+    return Run(name="stopped", out=out, records=[record], logs={})
+
+
+@pytest.mark.parametrize("save", SAVES, ids=list(SAVES))
+def test_a_save_into_a_file_object_is_named_by_the_file_it_writes(save, tmp_path):
+    """torch.save into an open file counts as a save of the file it writes: by the path it was opened at, or,
+    for os.fdopen's file (its name is the descriptor), the path tempfile.mkstemp opened the descriptor at. A
+    write straight into ckpt.pt, by a path or a file object, is still named as not atomic."""
+    run = _probed_save(tmp_path, SAVES[save])
+    assert len(run.each("saves")[0]) == 1, run.records
+    if save.endswith("os.replace"):
+        check_saves(_world(1), run)  # atomic: raises nothing
+    else:
+        verdict = _failed(check_saves, _world(1), run)
+        assert verdict.diagnosis == f"{EXERCISE}-not-atomic", verdict.text()
+        assert verdict.seen[0] == {"torch.save calls": 1, "ckpt.pt written": "in place"}, verdict.text()

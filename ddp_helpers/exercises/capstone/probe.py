@@ -35,11 +35,43 @@ def digest(device=None):
 
 
 def where(f):
-    """The file a path or an open file names; None for a buffer in memory (collectives pickle into one)."""
+    """The file a path or an open file names; None for a buffer in memory (collectives pickle into one).
+    A file opened on a descriptor (os.fdopen(fd), as after tempfile.mkstemp) is named by its descriptor."""
     if isinstance(f, (str, bytes, os.PathLike)):
         return os.path.abspath(os.fsdecode(f))
     name = getattr(f, "name", None)
-    return os.path.abspath(name) if isinstance(name, str) else None
+    if isinstance(name, int) and not isinstance(name, bool):
+        return opened_at(name)
+    return os.path.abspath(os.fsdecode(name)) if isinstance(name, (str, bytes)) else None
+
+
+_opened = {}  # descriptor -> (the path os.open opened it at, its device, its inode)
+_os_open = os.open
+def os_open(path, flags, mode=0o777, *, dir_fd=None):
+    """os.open, which tempfile.mkstemp calls too, remembering where each descriptor was opened."""
+    fd = _os_open(path, flags, mode, dir_fd=dir_fd)
+    if dir_fd is None:
+        stat = os.fstat(fd)
+        _opened[fd] = (os.path.abspath(os.fsdecode(path)), stat.st_dev, stat.st_ino)
+    return fd
+os.open = os_open
+
+
+def opened_at(fd):
+    """The path an open descriptor's file was opened at (while the descriptor is still that file), or
+    where /proc links it; None for a pipe, a socket or a closed descriptor."""
+    try:
+        stat = os.fstat(fd)
+    except OSError:
+        return None
+    path, device, inode = _opened.get(fd, (None, None, None))
+    if path is not None and (device, inode) == (stat.st_dev, stat.st_ino):
+        return path
+    try:
+        link = os.readlink("/proc/self/fd/%d" % fd)
+    except OSError:
+        return None
+    return link if os.path.isabs(link) else None
 
 
 def autocast(input):
