@@ -40,7 +40,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     check.add_argument("--json", action="store_true")
     script = actions.add_parser("check-script", help="check a whole capstone script under torchrun")
     script.add_argument("script")
-    script.add_argument("--nproc", type=int, default=None, help="one world size (default: 2, then 3)")
+    script.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        metavar="N",
+        help="check at N ranks, with --amp fp16 then --amp bf16 (default: 2 ranks with fp16, then 3 with bf16)",
+    )
     script.add_argument("--json", action="store_true")
     parser.set_defaults(func=run)
 
