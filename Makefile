@@ -18,7 +18,7 @@ COMPAT_TORCH := constraints/torch-2.7.txt
 # often set, every process would compile torch again (4 CPU-seconds each).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: venv lab test test-fast test-shapes test-deeper reruns test-compat test-browser test-slurm browser-deps slurm-deps mutants notebooks notebook-times process-costs bench lint gpu-check clean
+.PHONY: venv lab test test-fast test-shapes test-deeper test-verdicts reruns test-compat test-browser test-slurm browser-deps slurm-deps mutants notebooks notebook-times process-costs bench lint gpu-check clean
 
 # Rebuilt when pyproject.toml changes, so `make test` always runs against the declared dependencies.
 # $(1): the venv's folder; $(2): extra pip arguments (a constraints file)
@@ -86,6 +86,12 @@ test-shapes: venv
 test-deeper: export DDP_TEST_DEEPER = 1
 test-deeper: venv
 	$(call run_pytest,$(PY),make test-deeper,-n $(TEST_WORKERS) --dist loadgroup tests/test_notebooks.py -k companion)
+
+# Every wrong version of the capstone through its checker (each is three torchrun launches or more): make
+# test runs the ones in CI's mutant subset. A stage of its own, so that make test stays under 10 minutes.
+test-verdicts: export DDP_TEST_VERDICTS = 1
+test-verdicts: venv
+	$(call run_pytest,$(PY),make test-verdicts,-n $(TEST_WORKERS) tests/test_capstone.py -k wrong_version)
 
 # Every test against the oldest supported torch (the container's); the notebooks there run at nproc=3.
 test-compat: export DDP_TEST_NPROC = 3
