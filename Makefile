@@ -91,7 +91,7 @@ test-deeper: venv
 # test runs the ones in CI's mutant subset. A stage of its own, so that make test stays under 10 minutes.
 test-verdicts: export DDP_TEST_VERDICTS = 1
 test-verdicts: venv
-	$(call run_pytest,$(PY),make test-verdicts,-n $(TEST_WORKERS) tests/test_capstone.py -k wrong_version)
+	$(call run_pytest,$(PY),make test-verdicts,-n $(TEST_WORKERS) tests/test_capstone.py -k "wrong_version or gradscaler")
 
 # Every test against the oldest supported torch (the container's); the notebooks there run at nproc=3.
 test-compat: export DDP_TEST_NPROC = 3

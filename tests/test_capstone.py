@@ -169,6 +169,7 @@ def test_a_script_without_any_barrier_is_named(tmp_path):
     assert verdict.diagnosis == f"{EXERCISE}-no-barrier", verdict.text()
 
 
+@ONLY_IN_TEST_VERDICTS
 def test_a_gradscaler_under_bf16_passes_with_a_note_on_its_cost(tmp_path):
     """Harmless: bf16 has float32's range, so the scaler never skips a step, and scaling by a power of two and
     back leaves the weights as they were. It passes, and the verdict says the scaler was not needed."""

@@ -137,7 +137,16 @@ def test_every_reference_passes(nproc, live, workdir):
     assert not failed, "\n\n".join(failed.values())
 
 
-@pytest.mark.parametrize("mutant", WRONG_ANSWERS, ids=lambda m: m.name)
+# The wrong answers, over 130, are shared between two more xdist groups: each worker that takes one
+# starts live ranks of its own, so that make test's three workers check them side by side.
+@pytest.mark.parametrize(
+    "mutant",
+    [
+        pytest.param(m, marks=pytest.mark.xdist_group(f"test_exercises_{i % 2}"))
+        for i, m in enumerate(WRONG_ANSWERS)
+    ],
+    ids=lambda m: m.name,
+)
 def test_a_catalogued_wrong_answer_gets_its_own_diagnosis(mutant, live, workdir):
     nproc = max(mutant.nproc) if mutant.nproc and max(mutant.nproc) > 1 else WRONG_NPROC
     verdict = check(mutant.exercise, wrong_answer(mutant), live(min(nproc, 3)), workdir=workdir)
