@@ -242,6 +242,14 @@ def test_a_hang_is_named_only_when_some_ranks_finished_and_the_rest_wait_in_the_
     assert one_sided_collective(unknown, 2) is None, "a rank stuck outside the answer is not named"
 
 
+def test_a_rank_gloo_stopped_for_a_collective_mismatch_is_named():
+    from ddp_helpers.exercises.checker import collective_mismatch
+
+    gloo = "op.preamble.length <= op.nbytes. 16 vs 4. Received data size doesn't match expected size."
+    assert "one rank skipped a collective the others made" in (collective_mismatch(gloo) or "")
+    assert collective_mismatch("RuntimeError: CUDA out of memory") is None
+
+
 def test_a_verdict_is_one_json_object():
     from ddp_helpers.exercises.checker import judge
 

@@ -68,8 +68,12 @@ def check(
         return _hung(exercise, ranks, world, error, bound)
     except WorkerFailed as error:
         restarted = _restart(ranks)
-        return Verdict(exercise.id, False, RAISED, f"a rank died while running your answer: {error}",
-                       exercise.hint, world, ranks_restarted=restarted)  # fmt: skip
+        mismatched = collective_mismatch(str(error))
+        message = (
+            mismatched + "\n" if mismatched else ""
+        ) + f"a rank died while running your answer: {error}"
+        hint = ONE_SIDED_HINT if mismatched else exercise.hint
+        return Verdict(exercise.id, False, RAISED, message, hint, world, ranks_restarted=restarted)
     except RankError as error:  # the answer raised on some rank: what each rank kept says more
         if not ranks.alive or error.args[0].count("was still in the cell"):
             return _raised_while_others_waited(exercise, ranks, world, str(error))
@@ -172,6 +176,17 @@ def one_sided_collective(error: LaunchTimeout, world: int) -> str | None:
         f"a collective only some ranks call: {where}, which rank(s) {others} never called: they "
         "finished the cell. A collective inside a block that only some ranks enter waits for the others "
         "forever."
+    )
+
+
+def collective_mismatch(error: str) -> str | None:
+    """The death named, where gloo aborted a rank because the ranks' collectives did not match."""
+    if "collective mismatch" not in error and "doesn't match expected size" not in error:
+        return None
+    return (
+        "the ranks' collectives did not match: gloo stopped a rank that received another size than it "
+        "expected, because one rank skipped a collective the others made (a `backward()`, whose gradients "
+        "DDP all-reduces, counts as one) and its next call met theirs."
     )
 
 
