@@ -8,7 +8,7 @@ The public API:
     check(claim, holds, evidence): a notebook's claim, checked, with its evidence ("✓ ..." or ClaimFailed)
     %load_ext ddp_helpers, then %%torchrun --nproc 2, or %ranks start and %%ranks
 
-Names load on first use (PEP 562): a worker that imports ``ddp_helpers.teardown`` or the metrics
+Names load on first use (PEP 562): a worker that imports ``ddp_helpers.rank.teardown`` or the metrics
 writer must not pay for the launcher, psutil, tqdm or pandas.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .errors import (
+from ddp_helpers.errors import (
     InvalidLaunchArguments,
     LaunchError,
     LaunchFailed,
@@ -30,34 +30,34 @@ from .errors import (
 )
 
 _LAZY = {
-    "ClaimFailed": ".lab.claims",
-    "check": ".lab.claims",
-    "check_equal": ".lab.claims",
-    "LiveRanks": ".live.ranks",
-    "OnRank": ".live.rank_call",
-    "RankResults": ".live.ranks",
-    "start_ranks": ".live.ranks",
-    "LaunchResult": ".launcher.runner",
-    "launch": ".launcher.runner",
-    "processes_marked": ".launcher.process_tree",
-    "read_metrics": ".launcher.run_outputs",
-    "read_summary": ".launcher.run_outputs",
-    "write_worker": ".launcher.worker_files",
+    "ClaimFailed": "ddp_helpers.kernel.lab.claims",
+    "check": "ddp_helpers.kernel.lab.claims",
+    "check_equal": "ddp_helpers.kernel.lab.claims",
+    "LiveRanks": "ddp_helpers.kernel.live.ranks",
+    "OnRank": "ddp_helpers.rank.rank_call",
+    "RankResults": "ddp_helpers.kernel.live.ranks",
+    "start_ranks": "ddp_helpers.kernel.live.ranks",
+    "LaunchResult": "ddp_helpers.kernel.launcher.runner",
+    "launch": "ddp_helpers.kernel.launcher.runner",
+    "processes_marked": "ddp_helpers.kernel.launcher.process_tree",
+    "read_metrics": "ddp_helpers.kernel.launcher.run_outputs",
+    "read_summary": "ddp_helpers.kernel.launcher.run_outputs",
+    "write_worker": "ddp_helpers.kernel.launcher.worker_files",
 }
 
 if TYPE_CHECKING:
-    from .lab.claims import ClaimFailed, check, check_equal
-    from .launcher.process_tree import processes_marked
-    from .launcher.run_outputs import read_metrics, read_summary
-    from .launcher.runner import LaunchResult, launch
-    from .launcher.worker_files import write_worker
-    from .live.rank_call import OnRank
-    from .live.ranks import LiveRanks, RankResults, start_ranks
+    from ddp_helpers.kernel.lab.claims import ClaimFailed, check, check_equal
+    from ddp_helpers.kernel.launcher.process_tree import processes_marked
+    from ddp_helpers.kernel.launcher.run_outputs import read_metrics, read_summary
+    from ddp_helpers.kernel.launcher.runner import LaunchResult, launch
+    from ddp_helpers.kernel.launcher.worker_files import write_worker
+    from ddp_helpers.kernel.live.ranks import LiveRanks, RankResults, start_ranks
+    from ddp_helpers.rank.rank_call import OnRank
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value  # once loaded, a plain attribute
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -68,9 +68,9 @@ def __dir__() -> list[str]:
 
 
 def load_ipython_extension(ipython: Any) -> None:  # %load_ext ddp_helpers
-    from .exercises.magics import load_ipython_extension as load_exercises
-    from .launcher.torchrun_magic import load_ipython_extension as load
-    from .live.magics import load_ipython_extension as load_ranks
+    from ddp_helpers.kernel.exercises.exercise_magics import load_ipython_extension as load_exercises
+    from ddp_helpers.kernel.launcher.torchrun_magic import load_ipython_extension as load
+    from ddp_helpers.kernel.live.live_magics import load_ipython_extension as load_ranks
 
     load(ipython)
     load_ranks(ipython)

@@ -9,12 +9,12 @@ import signal
 import sys
 from typing import Any
 
-from .launcher.options import add_flags
+from ddp_helpers.kernel.launcher.options import add_flags
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from .lab.allreduce_check import live_allreduce
-    from .lab.doctor import collect_facts, exit_code, format_checks, run_checks
+    from ddp_helpers.chapters.ch00_environment.ch00_allreduce_check import live_allreduce
+    from ddp_helpers.kernel.lab.doctor import collect_facts, exit_code, format_checks, run_checks
 
     facts = collect_facts()
     checks = run_checks(facts)
@@ -37,9 +37,9 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from .errors import LaunchError, LaunchInterrupted
-    from .launcher.options import command_line_options, given_options
-    from .launcher.runner import launch
+    from ddp_helpers.errors import LaunchError, LaunchInterrupted
+    from ddp_helpers.kernel.launcher.options import command_line_options, given_options
+    from ddp_helpers.kernel.launcher.runner import launch
 
     options = given_options(args)
     ours = sorted({a.split("=")[0] for a in args.script_args} & {o.flag for o in command_line_options()})
@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     script_args = run.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
     script_args.required = False  # a script may take none: the usage error must not ask for them
     run.set_defaults(func=_launch)
-    from .exercises.cli import add_parser as add_exercises
+    from ddp_helpers.kernel.exercises.exercise_cli import add_parser as add_exercises
 
     add_exercises(sub)
     return parser

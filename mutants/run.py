@@ -1,8 +1,8 @@
 """make mutants: put each catalogued DDP bug into a throwaway copy of the project, run the notebook that teaches
 the lesson it breaks (smoke mode), and report whether the notebook failed (killed) or passed (survived).
 
-A mutant that survives is a lesson nobody checks. The catalogue is `mutants/catalogue/*.toml`, one file per
-notebook; each entry is an exact edit (`old` must occur exactly once in `file`: in a notebook, in exactly one
+A mutant that survives is a lesson nobody checks. The catalogue is each chapter's `chNN_mutants.toml`, in its folder
+(`ddp_helpers/chapters/chNN_*/`); each entry is an exact edit (`old` must occur exactly once in `file`: in a notebook, in exactly one
 cell's source). Entries marked `cpu_unkillable` are listed with their reason, not run here; `--gpu` runs only
 them (scripts/gpu_check.py does, on a GPU machine).
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CATALOGUE = ROOT / "mutants" / "catalogue"
+CATALOGUE = ROOT / "ddp_helpers" / "chapters"  # each chapter's chNN_mutants.toml
 REPORT_DIR = ROOT / "runs" / "mutants"
 DEFAULT_NPROC = (2,)
 MUTANT_TIMEOUT_S = (
@@ -98,7 +98,7 @@ def short_name(notebook: str) -> str:
 def load_catalogue(directory: Path = CATALOGUE, root: Path = ROOT) -> list[Mutant]:
     stems = notebook_stems(root)
     mutants: list[Mutant] = []
-    for path in sorted(directory.glob("*.toml")):
+    for path in sorted(directory.rglob("*.toml")):
         for entry in tomllib.loads(path.read_text()).get("mutant", []):
             mutants.append(_mutant(entry, path.name, stems))
     names = [m.name for m in mutants]
@@ -341,7 +341,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--keep", type=Path, help="keep each executed notebook in this folder")
     parser.add_argument(
-        "--catalogue", type=Path, default=CATALOGUE, help="a folder of *.toml catalogue files"
+        "--catalogue",
+        type=Path,
+        default=CATALOGUE,
+        help="a folder holding *.toml catalogue files, at any depth",
     )
     parser.add_argument(
         "--report", type=Path, default=REPORT_DIR, help="where mutants.md and mutants.json go"

@@ -4,7 +4,7 @@ and ResNet-50 training, on cuda/nccl.
     python scripts/gpu_check.py [--out DIR] [--deadline-s 420] [--notebooks '0*'] [--cpu-smoke]
 
 One run, in this order, each part only while time is left before the deadline:
-1. the static checks, each notebook's plan for this box (ddp_helpers/lab/plans: the backend, device
+1. the static checks, each notebook's plan for this box (ddp_helpers/kernel/lab/plans: the backend, device
    and sizes its runs take here, and whether any run it compares leaves the GPUs), and a live
    all_reduce sweep;
    then notebook 08's memory calculator against each rank's true peak over one step
@@ -54,7 +54,7 @@ def _train(
     out: Path, world_size: int, amp: str, steps: int, batch: int, model: str, image: int
 ) -> dict[str, Any]:
     from ddp_helpers.errors import LaunchError
-    from ddp_helpers.launcher.runner import launch
+    from ddp_helpers.kernel.launcher.runner import launch
     from ddp_helpers.workers import worker_path
 
     name = f"{model}-ws{world_size}-{amp}"
@@ -96,8 +96,8 @@ def _train(
 def memory_plan(gpus: int) -> dict[str, Any]:
     """The memory part's run: notebook 08's training job as its plan puts it on this box (ranks, backend,
     sizes, global batch), and the calculator's bytes for the fullest rank at the end of forward."""
-    from ddp_helpers.lab.memory_calculator import Setup, predict
-    from ddp_helpers.lab.plans import plan_for
+    from ddp_helpers.chapters.ch08_beyond_ddp.memory_calculator import Setup, predict
+    from ddp_helpers.kernel.lab.plans import plan_for
 
     plan = plan_for("08", gpus, gpus or 2)
     run = plan.runs["train"]
@@ -218,7 +218,7 @@ class GpuCheck:
         self.save()
 
     def checks(self) -> None:
-        from ddp_helpers.lab.doctor import collect_facts, run_checks
+        from ddp_helpers.kernel.lab.doctor import collect_facts, run_checks
 
         self.report["facts"] = collect_facts()
         self.report["checks"] = [asdict(c) for c in run_checks(self.report["facts"])]
@@ -226,7 +226,7 @@ class GpuCheck:
     def plans(self) -> None:
         """Each notebook's plan for this box, as its notebook will compute it; a compared run off the GPUs
         on a box with a GPU for every rank is a planning error the notebooks' own runs would hide."""
-        from ddp_helpers.lab.plans import plan_for, planners
+        from ddp_helpers.kernel.lab.plans import plan_for, planners
 
         rows = []
         for notebook in planners():
@@ -253,7 +253,7 @@ class GpuCheck:
         self.report["plans"] = rows
 
     def allreduce(self) -> None:
-        from ddp_helpers.lab.allreduce_check import live_allreduce
+        from ddp_helpers.chapters.ch00_environment.ch00_allreduce_check import live_allreduce
 
         found, self.report["allreduce"] = live_allreduce(
             nproc=self.plan["nproc"],
@@ -267,7 +267,7 @@ class GpuCheck:
     def memory(self) -> None:
         """08's calculator against torch.cuda.max_memory_allocated() over one step, per strategy."""
         from ddp_helpers.errors import LaunchError
-        from ddp_helpers.launcher.runner import launch
+        from ddp_helpers.kernel.launcher.runner import launch
         from ddp_helpers.workers import worker_path
 
         run = memory_plan(self.gpus)

@@ -52,7 +52,7 @@ def _merge(a: Any, b: Any) -> Any:
 
 
 def main(crd_path: str, out_path: str) -> int:
-    from ddp_helpers.lab.trainjob import trainjob_manifest
+    from ddp_helpers.chapters.ch06_scaling_out.ch06_trainjob import trainjob_manifest
 
     crd = yaml.safe_load(Path(crd_path).read_text())
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]

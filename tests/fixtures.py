@@ -16,7 +16,7 @@ import pytest
 from conftest import assert_no_processes_left
 
 import ddp_helpers
-from ddp_helpers.live.ranks import LiveRanks
+from ddp_helpers.kernel.live.ranks import LiveRanks
 
 
 def module_live_ranks(nproc: int):  # -> pytest's fixture definition (its type is private to pytest)

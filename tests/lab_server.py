@@ -92,7 +92,7 @@ def serving_cells(root: Path, name: str, cells: list[str], token: str) -> Iterat
     Yields the lab's base URL and the served folder; the lab is stopped after."""
     import nbformat
 
-    from ddp_helpers.launcher.machine import free_port
+    from ddp_helpers.kernel.launcher.machine import free_port
 
     served = root / "notebooks"
     served.mkdir()

@@ -15,14 +15,14 @@ import pytest
 from conftest import assert_gone, descendants, processes_matching
 
 from ddp_helpers import launch
-from ddp_helpers.lab.chapter import chapter_setup
-from ddp_helpers.launcher import agent_client, runner
-from ddp_helpers.launcher.agent_client import MAX_REQUEST_BYTES, ForkedAgent
-from ddp_helpers.launcher.agent_server import IDLE_ENV
-from ddp_helpers.launcher.config import make_config
-from ddp_helpers.launcher.process_tree import ProcessTree
-from ddp_helpers.launcher.processes import start_run, stop_run, wait_for_exit
-from ddp_helpers.launcher.run_follower import RunFollower
+from ddp_helpers.kernel.lab.chapter import chapter_setup
+from ddp_helpers.kernel.launcher import agent_client, runner
+from ddp_helpers.kernel.launcher.agent_client import MAX_REQUEST_BYTES, ForkedAgent
+from ddp_helpers.kernel.launcher.agent_server import IDLE_ENV
+from ddp_helpers.kernel.launcher.config import make_config
+from ddp_helpers.kernel.launcher.process_tree import ProcessTree
+from ddp_helpers.kernel.launcher.processes import start_run, stop_run, wait_for_exit
+from ddp_helpers.kernel.launcher.run_follower import RunFollower
 
 
 @pytest.fixture(autouse=True)
@@ -117,8 +117,8 @@ def test_an_interrupt_while_the_server_imports_torch_leaves_nothing(script, tmp_
     code = textwrap.dedent(f"""
         import signal, time
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        from ddp_helpers.launcher.config import make_config
-        from ddp_helpers.launcher.runner import run_config
+        from ddp_helpers.kernel.launcher.config import make_config
+        from ddp_helpers.kernel.launcher.runner import run_config
         config = make_config({str(script("tick.py"))!r}, nproc=1, run_dir={str(tmp_path / "run")!r}, progress="off")
         print("starting", flush=True)
         try:

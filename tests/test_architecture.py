@@ -7,6 +7,7 @@ the code that starts, watches or plots runs; the launcher never depends on the l
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,36 +16,25 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "ddp_helpers"
 
-# Modules that run inside a rank (under torchrun): the top-level modules, the bundled workers, and
-# live ranks' server end with the protocol both ends share.
-EXERCISES_RANK_SIDE = ("__init__", "spec", "registry", "lines", "observers", "rank_side")
-RANK_SIDE_TOP = ("backends", "checkpoint", "data", "distributed", "errors", "metrics", "teardown")
-RANK_SIDE = (
-    [PACKAGE / f"{name}.py" for name in RANK_SIDE_TOP]
-    + sorted((PACKAGE / "workers").glob("*.py"))
-    + [PACKAGE / "live" / f"{name}.py" for name in ("server", "protocol", "rank_debug", "rank_call")]
-    + [PACKAGE / "worker_site" / "sitecustomize.py"]  # runs in every rank before its script
-    # an exercise's answer runs on the live ranks: the catalogue, its probes and the rank's runner
-    + [PACKAGE / "exercises" / f"{name}.py" for name in EXERCISES_RANK_SIDE]
-    + sorted((PACKAGE / "exercises").glob("nb[0-9][0-9].py"))
-    + sorted((PACKAGE / "exercises").glob("nb[0-9][0-9]/*.py"))  # a notebook's exercises, one file each
-)
-KERNEL_SIDE = (
-    "ddp_helpers.launcher",
-    "ddp_helpers.lab",
-    *(f"ddp_helpers.exercises.{name}" for name in ("checker", "verdict", "magics", "cli", "capstone")),
-)
-LIVE_RANK_END = (
-    "ddp_helpers.live.server",
-    "ddp_helpers.live.protocol",
-    "ddp_helpers.live.rank_debug",
-    "ddp_helpers.live.rank_call",  # LiveRanks.call's `invoke` runs in every rank
-)  # the rest of live/ is the kernel's end
+# The sides are folders. ddp_helpers/kernel/ runs only in the Jupyter kernel (and the command line);
+# ddp_helpers/rank/ and ddp_helpers/workers/ run inside a rank (the kernel may import them too). A chapter's
+# folder holds both: its chNN_* modules are what the workbench imports (the plan and the views in the
+# kernel; the exercises, which run on the live ranks, are reached from rank/registry.py), and every
+# other module of it is a script torchrun runs, or a part such a script imports.
+KERNEL = "ddp_helpers.kernel"
+CHAPTERS = PACKAGE / "chapters"
+CHAPTER_OWN = re.compile(r"ch\d\d_|__init__")  # a chapter's plan, views and exercises, its package
 
 
 def module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def rank_entry_points() -> list[Path]:
+    """The modules a rank starts from: the rank side's folders and every chapter script."""
+    scripts = [p for p in sorted(CHAPTERS.glob("ch*/*.py")) if not CHAPTER_OWN.match(p.name)]
+    return sorted((PACKAGE / "rank").rglob("*.py")) + sorted((PACKAGE / "workers").glob("*.py")) + scripts
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -66,52 +56,113 @@ def imports_in(source: str, module: str, is_package: bool = False) -> set[str]:
     return found
 
 
-def is_kernel_side(module: str) -> bool:
-    if module.startswith("ddp_helpers.live."):
-        return not any(module == end or module.startswith(end + ".") for end in LIVE_RANK_END)
-    return any(module == side or module.startswith(side + ".") for side in KERNEL_SIDE)
+def package_file(module: str) -> Path | None:
+    """The file of a ddp_helpers module (a package's __init__.py), or None: a name in a module, or not ours."""
+    path = PACKAGE.parent.joinpath(*module.split("."))
+    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
 
 
-@pytest.mark.parametrize("path", RANK_SIDE, ids=lambda p: module_name(p))
-def test_a_rank_side_module_imports_nothing_of_the_kernel_side(path):
-    assert path.is_file(), path
-    kernel = sorted(m for m in imported_modules(path) if is_kernel_side(m))
-    assert not kernel, f"{module_name(path)} runs in a rank but imports {kernel}"
+def kernel_reached_from(start: Path) -> list[str]:
+    """The import chains from `start` that end in the kernel side, following ddp_helpers' own imports."""
+    chains, seen, todo = [], {start}, [(start, [module_name(start)])]
+    while todo:
+        path, chain = todo.pop()
+        for module in sorted(m for m in imported_modules(path) if m.startswith("ddp_helpers")):
+            if module == KERNEL or module.startswith(KERNEL + "."):
+                chains.append(" -> ".join([*chain, module]))
+                continue
+            found = package_file(module)
+            # ddp_helpers/__init__.py loads its names on first use (PEP 562), in the kernel: a rank
+            # importing ddp_helpers.rank.x loads none of them (test_importing_the_rank_side_loads_...)
+            if found is not None and found not in seen and module != "ddp_helpers":
+                seen.add(found)
+                todo.append((found, [*chain, module]))
+    return chains
 
 
-def test_the_launcher_does_not_depend_on_the_lab():
-    for path in sorted((PACKAGE / "launcher").glob("*.py")):
-        lab = sorted(m for m in imported_modules(path) if m.startswith("ddp_helpers.lab"))
-        assert not lab, f"{module_name(path)} imports {lab}"
+@pytest.mark.parametrize("path", rank_entry_points(), ids=lambda p: module_name(p))
+def test_nothing_a_rank_runs_reaches_the_kernel_side(path):
+    chains = kernel_reached_from(path)
+    assert not chains, f"{module_name(path)} runs in a rank but reaches the kernel side: {chains}"
+
+
+def test_the_rank_side_reaches_every_exercise_and_the_sides_are_found():
+    # the check above sees what it must: the exercises (through rank/registry.py), the chapters' scripts
+    entries = {module_name(p) for p in rank_entry_points()}
+    assert {
+        "ddp_helpers.rank.live_server",
+        "ddp_helpers.rank.rank_call",
+        "ddp_helpers.workers.train",
+    } <= entries
+    assert "ddp_helpers.chapters.ch01_first_program.ddp" in entries
+    chapter_modules = [name.rsplit(".", 1)[1] for name in entries if name.startswith("ddp_helpers.chapters.")]
+    assert len(chapter_modules) > 20 and not [
+        m for m in chapter_modules if m[:2] == "ch" and m[2:4].isdigit()
+    ]
+    registry = imported_modules(PACKAGE / "rank" / "registry.py")
+    assert "ddp_helpers.chapters.ch04_checkpointing.ch04_exercises" in registry
 
 
 def test_the_check_sees_kernel_imports_however_they_are_written():
     # the checks above must be able to fail: relative, nested and absolute imports are all resolved
     source = (
-        "from .launcher.runner import launch\n"
-        "def f():\n    from . import lab\n"
-        "import ddp_helpers.live.ranks\n"
-        "from ..live import magics\n"
+        "from ..kernel.launcher.runner import launch\n"
+        "def f():\n    from .. import kernel\n"
+        "import ddp_helpers.kernel.live.ranks\n"
+        "from ..kernel.live import live_magics\n"
     )
-    found = {m for m in imports_in(source, "ddp_helpers.live.server") if is_kernel_side(m)}
-    assert {"ddp_helpers.live.ranks", "ddp_helpers.live.magics"} <= found  # absolute, and ..live
-    found = {m for m in imports_in(source, "ddp_helpers.teardown") if is_kernel_side(m)}
-    assert {"ddp_helpers.launcher.runner", "ddp_helpers.lab", "ddp_helpers.live.ranks"} <= found
+    kernel = {m for m in imports_in(source, "ddp_helpers.rank.live_server") if m.startswith(KERNEL)}
+    assert {
+        "ddp_helpers.kernel.launcher.runner",
+        "ddp_helpers.kernel.live.ranks",
+        "ddp_helpers.kernel",
+    } <= kernel
+    assert "ddp_helpers.kernel.live.live_magics" in kernel
+
+
+def test_a_chain_through_a_chapters_kernel_view_is_followed_to_the_kernel(tmp_path):
+    # a rank script that imports a chapter's view (which imports the kernel) is caught two steps away
+    planted = PACKAGE / "rank" / f"planted_{tmp_path.name}.py"
+    planted.write_text(
+        "from ddp_helpers.rank import teardown\nfrom ddp_helpers.chapters.ch05_debugging import ch05_hang_job\n"
+    )
+    try:
+        chains = kernel_reached_from(planted)
+    finally:
+        planted.unlink()
+    assert any("ch05_hang_job -> ddp_helpers.kernel." in chain for chain in chains), chains
+    assert not kernel_reached_from(CHAPTERS / "ch04_checkpointing" / "sum_order.py")
 
 
 def test_importing_the_rank_side_loads_no_kernel_module():
-    # what a worker really loads: torch aside, nothing of the launcher, the lab or the live kernel end
-    names = ", ".join(f"ddp_helpers.{name}" for name in RANK_SIDE_TOP)
+    # what a rank really loads: torch aside, nothing of the kernel side
+    names = [module_name(p) for p in sorted((PACKAGE / "rank").glob("*.py")) if p.name != "__init__.py"]
     code = (
-        f"import sys, {names}, ddp_helpers.live.server\n"
+        f"import sys, {', '.join(names)}\n"
+        "from ddp_helpers.rank.registry import all_exercises\n"
+        "all_exercises()\n"
         "print('\\n'.join(sorted(m for m in sys.modules if m.startswith('ddp_helpers'))))\n"
     )
     loaded = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.split()
-    kernel = [m for m in loaded if is_kernel_side(m)]
-    assert not kernel, kernel
-    assert "ddp_helpers.live.server" in loaded
+    assert not [m for m in loaded if m.startswith(KERNEL)], loaded
+    assert "ddp_helpers.rank.live_server" in loaded and "ddp_helpers.rank.answer_runner" in loaded
+
+
+def test_the_launcher_does_not_depend_on_the_lab():
+    for path in sorted((PACKAGE / "kernel" / "launcher").glob("*.py")):
+        lab = sorted(m for m in imported_modules(path) if m.startswith("ddp_helpers.kernel.lab"))
+        assert not lab, f"{module_name(path)} imports {lab}"
+
+
+def test_no_two_modules_share_a_file_name():
+    names = [p.name for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"]
+    assert len(names) > 100  # the scan sees the package
+    assert sorted({n for n in names if names.count(n) > 1}) == []
 
 
 # a function on one screen. No cap on a module's lines: a module is cut by concern (a cap of 400 split

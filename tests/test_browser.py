@@ -17,7 +17,7 @@ import pytest
 from conftest import assert_no_processes_left
 from lab_server import REPO, start, stop, wait_for_contents
 
-from ddp_helpers.launcher.machine import free_port
+from ddp_helpers.kernel.launcher.machine import free_port
 
 pytestmark = pytest.mark.browser
 

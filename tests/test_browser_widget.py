@@ -35,7 +35,7 @@ IMAGE_JS = """() => { const img = document.querySelector('.jp-NotebookPanel:not(
 def widget_lab(tmp_path_factory):
     """JupyterLab (scripts/lab.sh) serving one notebook that shows the calculator."""
     cell = (
-        "from ddp_helpers.lab.memory_widget import calculator\n\n"
+        "from ddp_helpers.chapters.ch08_beyond_ddp.ch08_memory_widget import calculator\n\n"
         "calculator(width=1024, depth=8, world=4, strategy='fsdp2')"
     )
     with serving_cells(tmp_path_factory.mktemp("browser-widget"), NOTEBOOK, [cell], TOKEN) as (base, _served):

@@ -17,25 +17,25 @@ import nbformat
 import pytest
 from fixtures import load_script
 
-from ddp_helpers.errors import InvalidLaunchArguments
-from ddp_helpers.exercises.capstone import EXERCISE, amp_plan, check_script
-from ddp_helpers.exercises.capstone.checks import (
+from ddp_helpers.chapters.ch10_capstone import EXERCISE, amp_plan, check_script
+from ddp_helpers.chapters.ch10_capstone.ch10_checks import (
     check_autocast,
     check_masks,
     check_resume_batches,
     check_rng,
     check_saves,
 )
-from ddp_helpers.exercises.capstone.contract import (
+from ddp_helpers.chapters.ch10_capstone.ch10_contract import (
     HINTS,
     STEPS_PER_EPOCH,
     STOP_AT,
     TOTAL_STEPS,
     expected_batches,
 )
-from ddp_helpers.exercises.capstone.judge import Failed, World
-from ddp_helpers.exercises.capstone.probe import PROBE
-from ddp_helpers.exercises.capstone.runs import Run
+from ddp_helpers.chapters.ch10_capstone.ch10_judge import Failed, World
+from ddp_helpers.chapters.ch10_capstone.ch10_probe import PROBE
+from ddp_helpers.chapters.ch10_capstone.ch10_runs import Run
+from ddp_helpers.errors import InvalidLaunchArguments
 from ddp_helpers.workers import worker_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,7 +70,8 @@ def test_the_catalogue_holds_the_wrong_versions_the_notebook_teaches():
               "rng-not-restored", "no-unscale"}  # fmt: skip
     assert {f"{EXERCISE}-{w}" for w in wanted} <= named, sorted(named)
     assert all(
-        m.file == "ddp_helpers/workers/capstone.py" and m.kills_with == m.diagnosis for m in WRONG_VERSIONS
+        m.file == "ddp_helpers/chapters/ch10_capstone/capstone.py" and m.kills_with == m.diagnosis
+        for m in WRONG_VERSIONS
     )
 
 
@@ -122,7 +123,7 @@ def test_bad_input_is_refused_within_a_second_before_torch_is_imported(tmp_path)
 import sys, time
 start = time.monotonic()
 from ddp_helpers.errors import InvalidLaunchArguments
-from ddp_helpers.exercises.capstone import check_script
+from ddp_helpers.chapters.ch10_capstone import check_script
 refused = 0
 for script, nproc in [({str(tmp_path / "missing.py")!r}, (2,)), ({str(REFERENCE)!r}, ()),
                       ({str(REFERENCE)!r}, (0,)), ({str(REFERENCE)!r}, (True,)), ({str(REFERENCE)!r}, "2")]:
@@ -298,7 +299,7 @@ def _scaler_run(built_for: str) -> Run:
 def test_a_disabled_gradscaler_is_told_what_it_lacks_not_to_step_through_the_scaler():
     """GradScaler() with no device means 'cuda', and turns itself off on the CPU: the learner already steps
     through it, so the hint names the device; a scaler built enabled=False is told to enable it."""
-    from ddp_helpers.exercises.capstone.checks import _disabled
+    from ddp_helpers.chapters.ch10_capstone.ch10_checks import _disabled
 
     no_device = _disabled(_world(), _scaler_run("cuda"), [[{"enabled": False, "device": "cuda"}]])
     assert no_device.matches() and "'cuda'" in no_device.message, no_device.message
@@ -357,7 +358,7 @@ def _probed_save(tmp_path: Path, save: str) -> Run:
     """The probe's record of one process (no torchrun: the saves need no process group) that runs `save`."""
     import torch
 
-    from ddp_helpers.exercises.capstone.contract import PROBE_DATA_ENV, PROBE_DIR_ENV, make_data
+    from ddp_helpers.chapters.ch10_capstone.ch10_contract import PROBE_DATA_ENV, PROBE_DIR_ENV, make_data
 
     (tmp_path / "real").mkdir()
     out = tmp_path / "out"  # a link, as /tmp is on macOS: /proc's name of a descriptor would not match

@@ -59,7 +59,7 @@ def test_torchrun_magic_reports_the_exception_of_a_plain_ddp_cell(ipython, tmp_p
 
 
 def test_torchrun_magic_refuses_a_syntax_error_before_starting_a_rank(ipython, tmp_path):
-    from ddp_helpers.launcher.cell_source import CellSyntaxError
+    from ddp_helpers.kernel.launcher.cell_source import CellSyntaxError
 
     cell = "import os\nprint(os.getpid()\n"
     with pytest.raises(CellSyntaxError) as info:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ddp_helpers.lab.chapter import chapter_setup
-from ddp_helpers.lab.plans import plan_for
-from ddp_helpers.launcher.machine import visible_gpus
+from ddp_helpers.kernel.lab.chapter import chapter_setup
+from ddp_helpers.kernel.lab.plans import plan_for
+from ddp_helpers.kernel.launcher.machine import visible_gpus
 
 
 def test_the_parameter_wins_else_one_rank_per_gpu_else_two(tmp_path, monkeypatch):

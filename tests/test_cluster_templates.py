@@ -22,20 +22,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddp_helpers.lab.cluster_templates import (
+from ddp_helpers.chapters.ch06_scaling_out.ch06_cluster_templates import (
     slurm_script,
     srun_script,
     this_environment,
     write_cluster_templates,
 )
-from ddp_helpers.lab.pytorchjob import (
+from ddp_helpers.chapters.ch06_scaling_out.ch06_pytorchjob import (
     DEFAULT_IMAGE,
     IMAGE_REPO_DIR,
     IMAGE_WORKSPACE,
     SHARED_MOUNT,
     pytorchjob_manifest,
 )
-from ddp_helpers.launcher.machine import free_port
+from ddp_helpers.kernel.launcher.machine import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = "ddp_helpers/workers/train.py"
@@ -45,7 +45,7 @@ WORKER = """\
 import json, os, sys
 import torch
 import torch.distributed as dist
-from ddp_helpers import teardown
+from ddp_helpers.rank import teardown
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddp_helpers.workers import compile_tools
+from ddp_helpers.chapters.ch09_compile import compile_tools
 
 
 def test_explain_fullgraph_and_the_recompiles_log_see_the_print_and_the_new_shape():

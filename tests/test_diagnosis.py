@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ddp_helpers.errors import WorkerFailed
-from ddp_helpers.launcher.diagnosis import (
+from ddp_helpers.kernel.launcher.diagnosis import (
     _fault_stack,
     _last_traceback,
     _when_no_python_ran,
@@ -16,7 +16,7 @@ from ddp_helpers.launcher.diagnosis import (
     diagnose,
     strip_rank_prefix,
 )
-from ddp_helpers.launcher.log_follow import RankLogTail
+from ddp_helpers.kernel.launcher.log_follow import RankLogTail
 
 # torchrun's report, as torch 2.14 prints it: rank 1 raised, rank 0 was stopped with SIGTERM.
 REPORT_CURRENT = """\
@@ -239,9 +239,9 @@ def test_nothing_to_blame_returns_none(tmp_path):
 
 
 # A rank stuck in the destroy, as the hang report shows it (the capstone's rank 1 on torch 2.7.1, in CI)
-IN_DESTROY = """File "/repo/ddp_helpers/workers/capstone.py", line 212 in main
+IN_DESTROY = """File "/repo/ddp_helpers/chapters/ch10_capstone/capstone.py", line 212 in main
   dist.destroy_process_group()
-File "/repo/ddp_helpers/workers/capstone.py", line 216 in <module>
+File "/repo/ddp_helpers/chapters/ch10_capstone/capstone.py", line 216 in <module>
   main()"""
 IN_ALL_REDUCE = """File "/tmp/script.py", line 40 in train
   dist.all_reduce(t)

@@ -1,4 +1,4 @@
-"""ddp_helpers.lab.doctor and `python -m ddp_helpers doctor`."""
+"""ddp_helpers.kernel.lab.doctor and `python -m ddp_helpers doctor`."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 import pytest
 
 from ddp_helpers.__main__ import main
-from ddp_helpers.lab import doctor as env
-from ddp_helpers.lab.measures import scaling_efficiency
-from ddp_helpers.workers.allreduce_bench import bus_bandwidth
+from ddp_helpers.chapters.ch00_environment.allreduce_bench import bus_bandwidth
+from ddp_helpers.kernel.lab import doctor as env
+from ddp_helpers.kernel.lab.measures import scaling_efficiency
 
 
 def test_shm_below_one_gib_warns_with_the_docker_fix():

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from ddp_helpers.lab import doctor as environment
+from ddp_helpers.kernel.lab import doctor as environment
 
 
 def test_the_child_process_script_reports_gpus_cudnn_and_nccl():

@@ -14,7 +14,7 @@ import nbformat
 import pytest
 from IPython.core.inputtransformer2 import TransformerManager
 
-from ddp_helpers.lab.source_view import source_of
+from ddp_helpers.kernel.lab.source_view import source_of
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 

@@ -13,12 +13,12 @@ import pytest
 from fixtures import load_script
 
 from ddp_helpers import start_ranks
-from ddp_helpers.exercises import all_exercises, get
-from ddp_helpers.exercises.checker import check
-from ddp_helpers.exercises.lines import LINES
-from ddp_helpers.exercises.spec import Exercise
-from ddp_helpers.exercises.verdict import HUNG
-from ddp_helpers.live.ranks import LiveRanks
+from ddp_helpers.kernel.exercises import all_exercises, get
+from ddp_helpers.kernel.exercises.checker import check
+from ddp_helpers.kernel.exercises.verdict import HUNG
+from ddp_helpers.kernel.live.ranks import LiveRanks
+from ddp_helpers.rank.lines import LINES
+from ddp_helpers.rank.spec import Exercise
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = load_script("mutant_runner_for_exercises", ROOT / "mutants" / "run.py")
@@ -78,7 +78,7 @@ def wrong_answer(mutant) -> str:
 def test_the_catalogue_loads_without_torch():
     """The command line refuses bad input within a second: the catalogue must not import torch."""
     code = (
-        "import sys, ddp_helpers.exercises as e; e.all_exercises(); "
+        "import sys, ddp_helpers.kernel.exercises as e; e.all_exercises(); "
         "print(sorted(m for m in ('torch', 'pandas') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -171,7 +171,7 @@ def test_a_hung_answer_ends_within_its_bound_with_stacks_and_fresh_ranks(live, w
 
 def test_the_pretend_nodes_are_laid_out_as_torchrun_lays_them_out():
     """Exercise.nodes=2: ranks dealt to the nodes in order, ceil(world / 2) per node; one rank has no nodes."""
-    from ddp_helpers.exercises.rank_side import node_layout
+    from ddp_helpers.rank.answer_runner import node_layout
 
     def local_ranks(world: int) -> list[int] | None:
         layouts = [node_layout(r, world, 2) for r in range(world)]
@@ -203,7 +203,7 @@ def test_a_two_node_probe_leaves_the_ranks_environment_as_it_was(live, workdir):
 
 def test_a_long_difference_is_shown_where_it_differs():
     """01-convert's drawn indices: the epoch that differs is shown whole, not cut off before it differs."""
-    from ddp_helpers.exercises.verdict import Verdict
+    from ddp_helpers.kernel.exercises.verdict import Verdict
 
     epoch0, epoch1 = list(range(40, 17, -1)), list(range(23))
     difference = {"rank": 0, "field": "drawn", "seen": [epoch0, epoch0], "expected": [epoch0, epoch1]}
@@ -218,7 +218,7 @@ def test_a_long_difference_is_shown_where_it_differs():
 
 def test_a_hang_is_named_only_when_some_ranks_finished_and_the_rest_wait_in_the_answer():
     from ddp_helpers.errors import LaunchTimeout
-    from ddp_helpers.exercises.checker import one_sided_collective
+    from ddp_helpers.kernel.exercises.checker import one_sided_collective
 
     def stack(*frames: tuple[str, int, str]) -> str:
         return "\n".join(f'  File "{f}", line {n} in {name}' for f, n, name in frames)
@@ -243,7 +243,7 @@ def test_a_hang_is_named_only_when_some_ranks_finished_and_the_rest_wait_in_the_
 
 
 def test_a_rank_gloo_stopped_for_a_collective_mismatch_is_named():
-    from ddp_helpers.exercises.checker import collective_mismatch
+    from ddp_helpers.kernel.exercises.checker import collective_mismatch
 
     gloo = "op.preamble.length <= op.nbytes. 16 vs 4. Received data size doesn't match expected size."
     assert "one rank skipped a collective the others made" in (collective_mismatch(gloo) or "")
@@ -251,7 +251,7 @@ def test_a_rank_gloo_stopped_for_a_collective_mismatch_is_named():
 
 
 def test_a_verdict_is_one_json_object():
-    from ddp_helpers.exercises.checker import judge
+    from ddp_helpers.kernel.exercises.checker import judge
 
     verdict = judge(get("01-shard"), [{"rank": 0, "error": None, "drawn": []}])
     data = json.loads(verdict.to_json())
@@ -259,7 +259,7 @@ def test_a_verdict_is_one_json_object():
 
 
 def test_a_verdict_shows_nan_and_inf_as_themselves_in_its_text_and_its_json():
-    from ddp_helpers.exercises.checker import judge
+    from ddp_helpers.kernel.exercises.checker import judge
 
     weight = [float("nan"), float("inf"), -float("inf")] + [0.0] * 5
     verdict = judge(get("05-nan-skip"), [{"rank": 0, "error": None, "steps_taken": [0], "weight": weight}])
@@ -307,8 +307,8 @@ def test_a_right_but_costly_answer_passes_with_a_note(exercise, answer, note, li
 def test_a_named_mistake_gives_its_own_hint_and_no_hint_repeats_what_the_learner_did():
     from dataclasses import replace
 
-    from ddp_helpers.exercises.checker import judge
-    from ddp_helpers.exercises.spec import Mistake
+    from ddp_helpers.kernel.exercises.checker import judge
+    from ddp_helpers.rank.spec import Mistake
 
     exercise = get("01-shard")
     always = Mistake(

@@ -1,12 +1,12 @@
-"""Notebook 01's helpers (ddp_helpers/lab/first_program.py): what they read from the scripts' output, and the
+"""Notebook 01's helpers (ddp_helpers/chapters/ch01_first_program/ch01_first_program.py): what they read from the scripts' output, and the
 sampler's order they compute, agree with the scripts and with DistributedSampler."""
 
 from __future__ import annotations
 
 import torch
 
-from ddp_helpers.exercises.nb01 import sampler_order
-from ddp_helpers.lab import first_program as lab
+from ddp_helpers.chapters.ch01_first_program import ch01_first_program as lab
+from ddp_helpers.chapters.ch01_first_program.ch01_exercises import sampler_order
 
 DDP_OUTPUT = (
     "rank 0 drew samples [684, 1939, 327, 913] first\n"

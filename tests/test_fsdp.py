@@ -127,7 +127,7 @@ ONE_RANK = """
 import torch, torch.distributed as dist, torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from types import SimpleNamespace
-from ddp_helpers.workers.fsdp_model import FSDPModule, build_model, shard
+from ddp_helpers.chapters.ch08_beyond_ddp.fsdp_model import FSDPModule, build_model, shard
 dist.init_process_group("gloo")
 args = SimpleNamespace(features=8, width=16, depth=2, classes=3, seed=0)
 model = shard(build_model(args, torch.device("cpu")), init_device_mesh("cpu", (1,)))
@@ -143,7 +143,7 @@ def op(group):
 ops = sorted({op(g) for g in groups})
 diff = max((p.grad.full_tensor() - r.grad).abs().max().item() for p, r in zip(model.parameters(), reference.parameters()))
 print("OPS", ops, "DIFF", diff, flush=True)
-from ddp_helpers import teardown
+from ddp_helpers.rank import teardown
 teardown.destroy_process_group()  # as the bundled workers end: no gloo abort at exit
 """
 

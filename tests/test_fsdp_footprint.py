@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from ddp_helpers import launch
-from ddp_helpers.lab.memory_calculator import Setup, block_mlp_shapes, disagreements, predict, shard_numel
+from ddp_helpers.chapters.ch08_beyond_ddp.memory_calculator import (
+    Setup,
+    block_mlp_shapes,
+    disagreements,
+    predict,
+    shard_numel,
+)
 
 pytestmark = pytest.mark.xdist_group("test_fsdp_footprint")
 SCRIPT = Path(__file__).parent / "scripts" / "footprints.py"

@@ -13,8 +13,10 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ddp_helpers import launch
-from ddp_helpers.lab import cost_model, timeline
-from ddp_helpers.workers import handmade_ddp, inside_ddp, worker_path
+from ddp_helpers.chapters.ch07_inside_ddp import ch07_cost_model as cost_model
+from ddp_helpers.chapters.ch07_inside_ddp import ch07_timeline as timeline
+from ddp_helpers.chapters.ch07_inside_ddp import handmade_ddp, inside_ddp
+from ddp_helpers.workers import worker_path
 
 # 4 hidden layers of 64x64 (+ bias) and a 64x10 head: 10 parameter tensors, 4 of 16,640 bytes
 TINY = ["--model", "mlp", "--width", "64", "--depth", "4", "--batch-size", "8"]
@@ -298,7 +300,7 @@ def test_notebook_07_live_check_holds_however_often_its_cells_rerun():
     import nbformat
 
     from ddp_helpers import check as check_claim
-    from ddp_helpers.live.ranks import start_ranks
+    from ddp_helpers.kernel.live.ranks import start_ranks
 
     notebook = nbformat.read(Path(__file__).resolve().parent.parent / "notebooks" / "07_inside_ddp.ipynb", 4)
     setup, synced = [c.source.split("\n", 1)[1] for c in notebook.cells if c.source.startswith("%%ranks")]

@@ -1,4 +1,4 @@
-"""The hang tools a learner takes to a cluster (ddp_helpers/lab/hang_tools.py), on one planted hang.
+"""The hang tools a learner takes to a cluster (ddp_helpers/chapters/ch05_debugging/ch05_hang_tools.py), on one planted hang.
 
 One real torchrun job of the pitfalls worker's hang case on 3 gloo ranks (rank 1 sleeps; ranks 0 and 2
 wait in an all_reduce), started with plain torchrun as on a cluster. Each tool must find the same thing:
@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ddp_helpers.lab import hang_tools
+from ddp_helpers.chapters.ch05_debugging import ch05_hang_tools as hang_tools
 from ddp_helpers.workers import worker_path
 
 pytestmark = pytest.mark.xdist_group("test_hang_tools")
@@ -123,8 +123,8 @@ Python v3.11.7 (/usr/bin/python3.11)
 Thread 11 (idle): "MainThread"
     all_reduce (torch/distributed/distributed_c10d.py:3913)
     _exception_logger.<locals>.wrapper (torch/distributed/c10d_logger.py:83)
-    hang (ddp_helpers/workers/pitfalls.py:{line})
-    main (ddp_helpers/workers/pitfalls.py:366)
+    hang (ddp_helpers/chapters/ch05_debugging/pitfalls.py:{line})
+    main (ddp_helpers/chapters/ch05_debugging/pitfalls.py:366)
 Thread 12 (idle): "Thread-1 (dump_flight_recorder_on_signal)"
     sigwait (signal.py:82)
 """

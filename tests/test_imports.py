@@ -2,7 +2,7 @@
 
 A cycle works by luck of order (or under `TYPE_CHECKING` only), and it hides a worse fault: a worker
 file run as ``python fsdp.py`` is the module ``__main__``; a helper that imports
-``ddp_helpers.workers.fsdp`` back loads the same file a second time, with a second copy of each of its
+``ddp_helpers.chapters.ch08_beyond_ddp.fsdp`` back loads the same file a second time, with a second copy of each of its
 globals. Shared types live in a module of their own (``train_state``, ``fsdp_model``, ``live/cells``).
 """
 
@@ -14,6 +14,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+from ddp_helpers.workers import _scripts as worker_scripts
 
 PACKAGE = Path(__file__).resolve().parent.parent / "ddp_helpers"
 MODULES = {
@@ -143,7 +145,7 @@ for pid, read_end in children:
 def test_a_worker_run_as_a_script_is_not_imported_again_by_its_helpers(tmp_path):
     scripts = [
         str(path)
-        for path in sorted((PACKAGE / "workers").glob("*.py"))
+        for path in sorted(worker_scripts().values())
         if 'if __name__ == "__main__":' in path.read_text()
     ]
     assert len(scripts) >= 5, scripts

@@ -19,7 +19,7 @@ kubeflow = pytest.importorskip(
     "its local backend cannot be tried here",
 )
 
-from ddp_helpers.lab.kubeflow_local import environment_link_wheel, run_locally  # noqa: E402
+from ddp_helpers.chapters.ch06_scaling_out.ch06_kubeflow_local import environment_link_wheel, run_locally  # noqa: E402
 
 
 def test_the_link_wheel_answers_for_torch_with_torchs_own_entry_points(tmp_path):

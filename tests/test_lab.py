@@ -8,7 +8,7 @@ import socket
 
 from lab_server import REPO, get, start, stop, wait_for_contents
 
-from ddp_helpers.launcher.machine import free_port
+from ddp_helpers.kernel.launcher.machine import free_port
 
 
 def test_lab_script_serves_the_notebooks_with_a_token(tmp_path):

@@ -18,15 +18,9 @@ import pytest
 from conftest import assert_gone, assert_no_processes_left, descendants, processes_matching
 
 import ddp_helpers
-from ddp_helpers import (
-    InvalidLaunchArguments,
-    LaunchError,
-    LaunchTimeout,
-    WorkerFailed,
-    launch,
-)
-from ddp_helpers.launcher import machine
-from ddp_helpers.stack_dumps import WORKER_SITE
+from ddp_helpers import InvalidLaunchArguments, LaunchError, LaunchTimeout, WorkerFailed, launch
+from ddp_helpers.kernel.launcher import machine
+from ddp_helpers.rank.stack_dumps import WORKER_SITE
 from ddp_helpers.workers import worker_path
 
 LINE = re.compile(r"^rank (\d) line (\d+) x{300}$")

@@ -8,13 +8,13 @@ import pytest
 
 from ddp_helpers import InvalidLaunchArguments, LaunchError, LaunchInterrupted
 from ddp_helpers.__main__ import main
-from ddp_helpers.launcher import config as config_module
-from ddp_helpers.launcher import machine
-from ddp_helpers.launcher.cell_output import CellEcho
-from ddp_helpers.launcher.config import LaunchConfig, make_config
-from ddp_helpers.launcher.log_follow import FileFollower, RankLogTail
-from ddp_helpers.launcher.machine import threads_per_rank
-from ddp_helpers.launcher.torchrun_magic import parse_magic_line
+from ddp_helpers.kernel.launcher import config as config_module
+from ddp_helpers.kernel.launcher import machine
+from ddp_helpers.kernel.launcher.cell_output import CellEcho
+from ddp_helpers.kernel.launcher.config import LaunchConfig, make_config
+from ddp_helpers.kernel.launcher.log_follow import FileFollower, RankLogTail
+from ddp_helpers.kernel.launcher.machine import threads_per_rank
+from ddp_helpers.kernel.launcher.torchrun_magic import parse_magic_line
 
 
 @pytest.fixture
@@ -85,7 +85,7 @@ def test_every_option_has_one_default():
     # launch(), the magic and the CLI take their defaults from LaunchConfig, never restate them
     import inspect
 
-    from ddp_helpers.launcher.runner import launch
+    from ddp_helpers.kernel.launcher.runner import launch
 
     code = launch.__code__  # the function itself restates no option; its shown signature is built
     assert code.co_flags & inspect.CO_VARKEYWORDS and code.co_varnames[:3] == (
@@ -211,7 +211,7 @@ def test_a_held_back_source_reports_its_real_last_line_even_after_the_bucket_ref
 
 @pytest.mark.skipif(machine.visible_gpus() > 0, reason="checks the machine without a GPU")
 def test_gpu_sampling_says_not_sampled_without_nvml_or_a_driver():
-    from ddp_helpers.launcher.resources import nvml_handles
+    from ddp_helpers.kernel.launcher.resources import nvml_handles
 
     handles, state = nvml_handles()
     assert handles == [] and state.startswith("not sampled: ")
@@ -222,9 +222,9 @@ def test_launch_shows_every_option_with_the_configs_default():
     import dataclasses
     import inspect
 
-    from ddp_helpers.launcher.config import LaunchConfig
-    from ddp_helpers.launcher.options import DEFAULT_HANG_TIMEOUT_S, OPTION_NAMES
-    from ddp_helpers.launcher.runner import launch
+    from ddp_helpers.kernel.launcher.config import LaunchConfig
+    from ddp_helpers.kernel.launcher.options import DEFAULT_HANG_TIMEOUT_S, OPTION_NAMES
+    from ddp_helpers.kernel.launcher.runner import launch
 
     params = inspect.signature(launch).parameters
     assert list(params)[:2] == ["script", "script_args"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ddp_helpers import WorkerFailed, launch
-from ddp_helpers.launcher.diagnosis import NO_STDIN_HINT
+from ddp_helpers.kernel.launcher.diagnosis import NO_STDIN_HINT
 
 STOPS = "x = 1\nbreakpoint()\nprint('after the breakpoint', x)\n"
 

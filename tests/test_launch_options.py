@@ -13,10 +13,10 @@ from IPython.core.magic_arguments import MagicArgumentParser
 import ddp_helpers
 from ddp_helpers import InvalidLaunchArguments
 from ddp_helpers.__main__ import build_parser, main
-from ddp_helpers.launcher.checks import check_seconds, int_at_least, rank_list
-from ddp_helpers.launcher.config import LaunchConfig
-from ddp_helpers.launcher.keywords import LaunchKeywords, LiveKeywords
-from ddp_helpers.launcher.options import (
+from ddp_helpers.kernel.launcher.config import LaunchConfig
+from ddp_helpers.kernel.launcher.keywords import LaunchKeywords, LiveKeywords
+from ddp_helpers.kernel.launcher.launch_checks import check_seconds, int_at_least, rank_list
+from ddp_helpers.kernel.launcher.options import (
     LIVE_OPTIONS,
     OPTIONS,
     LaunchOptions,
@@ -29,10 +29,10 @@ from ddp_helpers.launcher.options import (
     options_signature,
     with_options,
 )
-from ddp_helpers.launcher.runner import launch
-from ddp_helpers.launcher.torchrun_magic import TorchrunMagics, magic_parser, parse_magic_line
-from ddp_helpers.live.magics import RanksMagics
-from ddp_helpers.live.ranks import start_ranks
+from ddp_helpers.kernel.launcher.runner import launch
+from ddp_helpers.kernel.launcher.torchrun_magic import TorchrunMagics, magic_parser, parse_magic_line
+from ddp_helpers.kernel.live.live_magics import RanksMagics
+from ddp_helpers.kernel.live.ranks import start_ranks
 
 NAMES = {option.name for option in OPTIONS}
 FLAGS = {option.flag for option in command_line_options()}

@@ -22,7 +22,7 @@ def test_runs_a_script_with_the_environment_torchrun_would_give_a_world_of_one(t
         import os, sys
         import torch
         import torch.distributed as dist
-        from ddp_helpers.metrics import MetricsWriter
+        from ddp_helpers.rank.metrics import MetricsWriter
 
         dist.init_process_group("gloo")  # reads MASTER_ADDR/PORT, RANK and WORLD_SIZE like under torchrun
         t = torch.ones(1)

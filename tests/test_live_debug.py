@@ -18,11 +18,11 @@ import torch.distributed as dist
 from conftest import assert_no_processes_left
 from jupyter_client.manager import start_new_kernel
 
-from ddp_helpers.live import rank_debug
-from ddp_helpers.live.console import Console, split_commands
-from ddp_helpers.live.protocol import Prompt
-from ddp_helpers.live.rank_debug import process_groups, timeout_setter
-from ddp_helpers.live.ranks import may_pause
+from ddp_helpers.kernel.live.console import Console, split_commands
+from ddp_helpers.kernel.live.ranks import may_pause
+from ddp_helpers.rank import rank_debug
+from ddp_helpers.rank.live_protocol import Prompt
+from ddp_helpers.rank.rank_debug import process_groups, timeout_setter
 
 pytestmark = pytest.mark.xdist_group("test_live_debug")
 

@@ -8,8 +8,8 @@ import pytest
 from fixtures import module_live_ranks
 from IPython.testing import globalipapp
 
-from ddp_helpers.launcher.cell_source import CellSyntaxError
-from ddp_helpers.live import magics as live_magics
+from ddp_helpers.kernel.launcher.cell_source import CellSyntaxError
+from ddp_helpers.kernel.live import live_magics as live_magics
 
 # Its module-scoped fixture starts a job: with `--dist loadgroup` one xdist worker runs the whole
 # module, so the job starts once, not once per worker.

@@ -18,16 +18,26 @@ import pytest
 import torch
 from conftest import REPO
 
-from ddp_helpers.distributed import DistInfo
-from ddp_helpers.live import protocol
-from ddp_helpers.live.protocol import Error, Exited, Gather, Hello, Interrupted, Push, Run, Shutdown, Value
-from ddp_helpers.live.session import receive
+from ddp_helpers.kernel.live.session import receive
+from ddp_helpers.rank import live_protocol as protocol
+from ddp_helpers.rank.distributed import DistInfo
+from ddp_helpers.rank.live_protocol import (
+    Error,
+    Exited,
+    Gather,
+    Hello,
+    Interrupted,
+    Push,
+    Run,
+    Shutdown,
+    Value,
+)
 
 KERNEL_SIDE = (
-    "ddp_helpers.launcher",
-    "ddp_helpers.lab",
-    "ddp_helpers.live.ranks",
-    "ddp_helpers.live.session",
+    "ddp_helpers.kernel.launcher",
+    "ddp_helpers.kernel.lab",
+    "ddp_helpers.kernel.live.ranks",
+    "ddp_helpers.kernel.live.session",
 )
 
 
@@ -38,23 +48,28 @@ def _modules_after_import(module: str) -> list[str]:
 
 
 def test_the_protocol_imports_nothing_of_either_side():
-    ours = [m for m in _modules_after_import("ddp_helpers.live.protocol") if m.startswith("ddp_helpers")]
-    assert ours == ["ddp_helpers", "ddp_helpers.errors", "ddp_helpers.live", "ddp_helpers.live.protocol"]
+    ours = [m for m in _modules_after_import("ddp_helpers.rank.live_protocol") if m.startswith("ddp_helpers")]
+    assert ours == [
+        "ddp_helpers",
+        "ddp_helpers.errors",
+        "ddp_helpers.rank",
+        "ddp_helpers.rank.live_protocol",
+    ]
 
 
 def test_the_rank_server_imports_nothing_of_the_kernel_side():
-    source = (REPO / "ddp_helpers" / "live" / "server.py").read_text()
+    source = (REPO / "ddp_helpers" / "rank" / "live_server.py").read_text()
     imported = {
         node.module
         for node in ast.walk(ast.parse(source))
         if isinstance(node, ast.ImportFrom) and node.module
     }
     assert {m for m in imported if m.startswith("ddp_helpers")} == {
-        "ddp_helpers.distributed",
-        "ddp_helpers.live.protocol",
-        "ddp_helpers.live.rank_debug",  # pdb over the socket: rank side too (test_architecture checks it)
+        "ddp_helpers.rank.distributed",
+        "ddp_helpers.rank.live_protocol",
+        "ddp_helpers.rank.rank_debug",  # pdb over the socket: rank side too (test_architecture checks it)
     }
-    loaded = _modules_after_import("ddp_helpers.live.server")
+    loaded = _modules_after_import("ddp_helpers.rank.live_server")
     assert not [m for m in loaded if m.startswith(KERNEL_SIDE)]
     assert "psutil" not in loaded  # the kernel side's dependency
 
@@ -84,7 +99,7 @@ def test_messages_are_frozen_and_travel_whole():
 
 @pytest.fixture
 def cells(monkeypatch):
-    from ddp_helpers.live import server
+    from ddp_helpers.rank import live_server as server
 
     monkeypatch.setitem(sys.modules, "__main__", sys.modules["__main__"])  # Cells makes its own __main__
     info = DistInfo(
@@ -94,7 +109,7 @@ def cells(monkeypatch):
 
 
 def test_the_server_answers_each_request_with_its_typed_reply(cells):
-    from ddp_helpers.live.server import handle
+    from ddp_helpers.rank.live_server import handle
 
     assert handle(cells, Run(1, "x = 2\nx * 21")) == Value(1, pickle.dumps(42), "42")
     failed = handle(cells, Run(2, "y = 1\n1 / 0"))
@@ -150,8 +165,8 @@ def test_a_check_between_waits_may_end_the_loop():
 def test_a_cells_values_come_in_rank_order_whichever_rank_replied_first():
     import pickle
 
-    from ddp_helpers.live.protocol import Reply, Value
-    from ddp_helpers.live.results import cell_results
+    from ddp_helpers.kernel.live.results import cell_results
+    from ddp_helpers.rank.live_protocol import Reply, Value
 
     replies: dict[int, Reply] = {
         rank: Value(7, pickle.dumps(rank * 10), repr(rank * 10)) for rank in (2, 0, 1)

@@ -31,7 +31,7 @@ from ddp_helpers import (
     RanksNotRunning,
     WorkerFailed,
 )
-from ddp_helpers.live import magics as live_magics
+from ddp_helpers.kernel.live import live_magics as live_magics
 
 # Its module-scoped fixture starts a job: with `--dist loadgroup` one xdist worker runs the whole
 # module, so the job starts once, not once per worker.

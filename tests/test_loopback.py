@@ -7,12 +7,7 @@ import subprocess
 
 import pytest
 
-from ddp_helpers.launcher.loopback import (
-    ElasticNode,
-    loopback_plan,
-    visible_gpu_ids,
-    wait_for_line,
-)
+from ddp_helpers.kernel.launcher.loopback import ElasticNode, loopback_plan, visible_gpu_ids, wait_for_line
 
 
 def test_without_gpus_every_node_runs_gloo_with_its_share_of_the_cores():

@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from ddp_helpers import LaunchFailed, launch
-from ddp_helpers.lab.cluster_templates import slurm_script, write_cluster_templates
-from ddp_helpers.lab.pytorchjob import pytorchjob_manifest
-from ddp_helpers.launcher.machine import free_port
+from ddp_helpers.chapters.ch06_scaling_out.ch06_cluster_templates import slurm_script, write_cluster_templates
+from ddp_helpers.chapters.ch06_scaling_out.ch06_pytorchjob import pytorchjob_manifest
+from ddp_helpers.kernel.launcher.machine import free_port
 
 
 @pytest.mark.heavy  # its two agents start in threads, where the fast tier cannot skip them

@@ -1,4 +1,4 @@
-"""Every notebook's plan (ddp_helpers/lab/plans/nbNN.py) over every machine shape the notebooks must meet:
+"""Every notebook's plan (ddp_helpers/kernel/lab/nbNN.py) over every machine shape the notebooks must meet:
 GPUs per node in {0, 1, 2, 4, 8} x ranks per node in {1, 2, 3, 8} x nodes in {1, 2}, smoke and full size.
 No GPU here: the GPU shapes are tested by their plans, against the rules in plans/core.py."""
 
@@ -10,7 +10,7 @@ from collections import defaultdict
 import pytest
 
 from ddp_helpers.backends import resolve_backend
-from ddp_helpers.lab.plans import Machine, NotebookPlan, RunPlan, placement, plan_for, planners
+from ddp_helpers.kernel.lab.plans import Machine, NotebookPlan, RunPlan, placement, plan_for, planners
 
 SHAPES = list(itertools.product((0, 1, 2, 4, 8), (1, 2, 3, 8), (1, 2)))
 NOTEBOOKS = list(planners())

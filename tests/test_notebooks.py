@@ -106,7 +106,7 @@ def test_every_companion_belongs_to_a_lesson():
 
 # ------------------------------------------------------------------------ the kernel never touches CUDA
 # torch.cuda calls that do not initialise CUDA in the calling process (get_device_name and friends
-# do: ask `ddp_helpers.lab.doctor.collect_facts()["gpus"]`, which reads them in a child process)
+# do: ask `ddp_helpers.kernel.lab.doctor.collect_facts()["gpus"]`, which reads them in a child process)
 CUDA_QUERIES = {"is_available", "device_count", "is_initialized"}
 RANK_CELL_MAGICS = ("%%ranks", "%%torchrun", "%%exercise")  # these cells run in the ranks, not in the kernel
 
@@ -299,7 +299,7 @@ def test_a_notebook_writes_its_workers_into_a_folder_of_its_own(notebook):
 
 @pytest.mark.parametrize("notebook", EVERY_NOTEBOOK, ids=notebook_id)
 def test_no_notebook_reaches_into_the_launchers_internals(notebook):
-    """A cell a learner reads uses the package's public names (ddp_helpers, ddp_helpers.lab), not the
+    """A cell a learner reads uses the package's public names (ddp_helpers, ddp_helpers.kernel.lab), not the
     modules behind them, which may change."""
     nb = nbformat.read(notebook, as_version=4)
     found = {

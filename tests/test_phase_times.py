@@ -13,9 +13,13 @@ import matplotlib
 import pandas as pd
 import pytest
 
-from ddp_helpers.lab import measures, plots
-from ddp_helpers.lab.tensorboard_view import scalar_points, servers_started_here, tensorboard_binary
-from ddp_helpers.launcher.process_tree import processes_marked
+from ddp_helpers.chapters.ch02_single_dp_ddp.ch02_tensorboard_view import (
+    scalar_points,
+    servers_started_here,
+    tensorboard_binary,
+)
+from ddp_helpers.kernel.lab import measures, plots
+from ddp_helpers.kernel.launcher.process_tree import processes_marked
 
 matplotlib.use("Agg")
 

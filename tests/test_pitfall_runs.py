@@ -1,4 +1,4 @@
-"""Notebook 05's helpers (ddp_helpers/lab/pitfall_runs.py): a pitfall that must fail is launched and its
+"""Notebook 05's helpers (ddp_helpers/chapters/ch05_debugging/ch05_pitfall_runs.py): a pitfall that must fail is launched and its
 error returned, with the worker's own frames or each rank's waiting line; one that ends well fails.
 
 Real torchrun jobs of the pitfalls worker, on gloo with 2 ranks. The notebook runs the rest (the
@@ -10,7 +10,12 @@ from __future__ import annotations
 import pytest
 
 from ddp_helpers import LaunchTimeout, WorkerFailed
-from ddp_helpers.lab.pitfall_runs import PitfallRuns, line_of_the_worker, printed, worker_frames
+from ddp_helpers.chapters.ch05_debugging.ch05_pitfall_runs import (
+    PitfallRuns,
+    line_of_the_worker,
+    printed,
+    worker_frames,
+)
 from ddp_helpers.workers import worker_path
 
 
@@ -42,7 +47,7 @@ def test_a_pitfall_that_ends_well_fails_the_check(runs):
 
 
 def test_the_mismatch_check_resolves_an_auto_backend_as_the_launch_does(monkeypatch):
-    import ddp_helpers.lab.pitfall_runs as pitfall_runs
+    import ddp_helpers.chapters.ch05_debugging.ch05_pitfall_runs as pitfall_runs
 
     monkeypatch.setattr(pitfall_runs, "visible_gpus", lambda: 2)
     assert PitfallRuns.runs_on_nccl("auto") and PitfallRuns.runs_on_nccl("nccl")

@@ -1,4 +1,4 @@
-"""Notebook 02's plan (ddp_helpers/lab/plans/throughput.py) over every machine shape the notebooks must run on:
+"""Notebook 02's plan (ddp_helpers/kernel/lab/throughput.py) over every machine shape the notebooks must run on:
 GPUs in {0, 1, 2, 4, 8} x nproc in {1, 2, 3, 8}. No GPU here: the GPU shapes are tested by their plans."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from ddp_helpers.backends import resolve_backend
-from ddp_helpers.lab.plans import sweep_points, throughput_plan
+from ddp_helpers.kernel.lab.plans import sweep_points, throughput_plan
 
 SHAPES = list(itertools.product((0, 1, 2, 4, 8), (1, 2, 3, 8)))
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddp_helpers.lab.plans import plan_for
+from ddp_helpers.kernel.lab.plans import plan_for
 
 
 def test_one_gpu_checks_two_gloo_ranks_with_the_gpu_hidden_and_says_why():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddp_helpers.lab.plans import plan_for
+from ddp_helpers.kernel.lab.plans import plan_for
 
 
 def test_the_single_script_runs_where_ddp_py_runs():

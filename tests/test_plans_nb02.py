@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddp_helpers.lab.plans import plan_for
+from ddp_helpers.kernel.lab.plans import plan_for
 
 CPU = {"model": "resnet18", "image_size": 32, "num_samples": 2048, "batch_size": 32}  # CI's sizes
 
@@ -36,7 +36,7 @@ def test_one_gpu_runs_the_throughput_on_it_and_the_live_demos_on_two_gloo_ranks_
 
 
 def test_every_throughput_run_times_the_same_steps_after_its_warmup_and_smoke_shortens_them():
-    from ddp_helpers.lab.plans import nb02
+    from ddp_helpers.chapters.ch02_single_dp_ddp import ch02_plan as nb02
 
     for smoke in (False, True):
         args = nb02.throughput_args(plan_for("02", 0, 2, smoke=smoke).sizes, smoke)
@@ -47,7 +47,7 @@ def test_every_throughput_run_times_the_same_steps_after_its_warmup_and_smoke_sh
 
 
 def test_the_equality_and_learning_rate_runs_use_the_mlp():
-    from ddp_helpers.lab.plans import nb02
+    from ddp_helpers.chapters.ch02_single_dp_ddp import ch02_plan as nb02
 
     # no BatchNorm: DDP is then exactly a bigger batch
     for args in (nb02.equality_args(), nb02.lr_args(smoke=True)):

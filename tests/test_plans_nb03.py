@@ -3,8 +3,8 @@ arguments the lesson and its companion pass, and the overflow demo's second rank
 
 from __future__ import annotations
 
-from ddp_helpers.lab.plans import plan_for
-from ddp_helpers.lab.plans.nb03 import convergence_args, overflow_args, speed_args
+from ddp_helpers.chapters.ch03_mixed_precision.ch03_plan import convergence_args, overflow_args, speed_args
+from ddp_helpers.kernel.lab.plans import plan_for
 
 CPU = {"model": "mlp", "image_size": 32, "batch_size": 64, "memory_batch": 64}  # CI's sizes
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddp_helpers.lab.plans import plan_for
+from ddp_helpers.kernel.lab.plans import plan_for
 
 
 def test_one_gpu_one_rank_keeps_the_reference_on_the_gpu_and_the_demos_on_two_gloo_ranks():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddp_helpers.lab.plans import plan_for
+from ddp_helpers.kernel.lab.plans import plan_for
 
 
 def test_one_rank_asked_still_runs_two_and_says_why():

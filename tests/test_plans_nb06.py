@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ddp_helpers.lab.plans import plan_for
-from ddp_helpers.lab.plans.nb06 import node_envs
+from ddp_helpers.chapters.ch06_scaling_out.ch06_plan import node_envs
+from ddp_helpers.kernel.lab.plans import plan_for
 
 
 def test_two_nodes_of_four_gpus_each_run_nccl_each_node_on_its_own_gpus():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddp_helpers.lab.plans import plan_for
+from ddp_helpers.kernel.lab.plans import plan_for
 
 
 def test_two_nodes_of_eight_gpus_get_a_batch_sixteen_ranks_split():
@@ -35,7 +35,7 @@ def test_one_rank_still_gets_two_live_ranks_to_shard_over():
 
 
 def test_the_worker_refuses_a_batch_its_world_cannot_split_and_takes_the_plans():
-    from ddp_helpers.workers.fsdp import refuse_uneven_batch
+    from ddp_helpers.chapters.ch08_beyond_ddp.fsdp import refuse_uneven_batch
 
     with pytest.raises(SystemExit, match="--global-batch 24 does not split evenly over 16 ranks"):
         refuse_uneven_batch(24, 16)

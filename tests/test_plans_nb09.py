@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from ddp_helpers.lab.compile_cache import fresh_cache_env
-from ddp_helpers.lab.plans import plan_for
+from ddp_helpers.chapters.ch09_compile.ch09_compile_cache import fresh_cache_env
+from ddp_helpers.kernel.lab.plans import plan_for
 
 
 def test_one_rank_asked_still_runs_two_and_the_global_batch_grows_with_the_world():

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ddp_helpers.lab.plans import Machine, nb10, plan_for
+from ddp_helpers.chapters.ch10_capstone import ch10_plan as nb10
+from ddp_helpers.kernel.lab.plans import Machine, plan_for
 
 
 def test_two_then_three_ranks_and_two_only_in_smoke():

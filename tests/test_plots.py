@@ -6,7 +6,7 @@ import matplotlib
 import pandas as pd
 import pytest
 
-from ddp_helpers.lab import plots
+from ddp_helpers.kernel.lab import plots
 
 matplotlib.use("Agg")
 

@@ -8,9 +8,9 @@ import time
 
 import psutil
 
-from ddp_helpers.launcher.process_tree import ProcessTree
-from ddp_helpers.launcher.processes import hold_lifeline, stop_run
-from ddp_helpers.launcher.run_process import FreshProcess
+from ddp_helpers.kernel.launcher.process_tree import ProcessTree
+from ddp_helpers.kernel.launcher.processes import hold_lifeline, stop_run
+from ddp_helpers.kernel.launcher.run_process import FreshProcess
 
 STUBBORN = """
 import signal, subprocess, sys, time

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ddp_helpers import start_ranks
-from ddp_helpers.exercises.checker import check
+from ddp_helpers.kernel.exercises.checker import check
 
 pytestmark = pytest.mark.xdist_group("test_right_answers")
 

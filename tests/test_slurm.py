@@ -4,7 +4,7 @@
 is started by scripts/start_slurm.sh in a temporary folder and stopped at the end, daemons and all.
 Each node offers two fake GPUs (GRES with device files): SLURM binds them to jobs and tasks and sets
 CUDA_VISIBLE_DEVICES as on a GPU cluster, but nothing can run on them, so the workers run on gloo and
-report the CUDA device they would choose (`ddp_helpers.distributed.gpu_index`), not use it.
+report the CUDA device they would choose (`ddp_helpers.rank.distributed.gpu_index`), not use it.
 Where SLURM cannot be installed (not root, no apt) the tests skip and say why; CI sets
 REQUIRE_SLURM=1, and there a missing SLURM is a failure.
 """
@@ -23,9 +23,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ddp_helpers.lab.cluster_templates import slurm_script, this_environment, write_cluster_templates
-from ddp_helpers.launcher import slurm
-from ddp_helpers.launcher.machine import free_port
+from ddp_helpers.chapters.ch06_scaling_out.ch06_cluster_templates import (
+    slurm_script,
+    this_environment,
+    write_cluster_templates,
+)
+from ddp_helpers.kernel.launcher import slurm
+from ddp_helpers.kernel.launcher.machine import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 START = REPO / "scripts" / "start_slurm.sh"
@@ -40,8 +44,8 @@ WORKER = """\
 import os
 import torch
 import torch.distributed as dist
-from ddp_helpers import teardown
-from ddp_helpers.distributed import gpu_index
+from ddp_helpers.rank import teardown
+from ddp_helpers.rank.distributed import gpu_index
 
 visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
 local_rank = int(os.environ["LOCAL_RANK"])

@@ -9,14 +9,15 @@ import time
 
 import pytest
 
-from ddp_helpers import LaunchTimeout, launch, stack_dumps
+from ddp_helpers import LaunchTimeout, launch
+from ddp_helpers.rank import stack_dumps
 
 # Waits in wait_for_line() until a line comes, then in wait_forever(); a helper thread waits elsewhere.
 WAITER = textwrap.dedent(
     """
     import sys, threading, time
     from pathlib import Path
-    from ddp_helpers import stack_dumps
+    from ddp_helpers.rank import stack_dumps
     stack_dumps.register(Path(sys.argv[1]))
     def helper_thread_waits():
         time.sleep(600)
@@ -117,7 +118,7 @@ HANG_AFTER_SETUP = textwrap.dedent(
     """
     import time
     import torch.distributed as dist
-    from ddp_helpers.distributed import setup_distributed
+    from ddp_helpers.rank.distributed import setup_distributed
     info = setup_distributed()
     print(f"rank {info.rank} started", flush=True)
     if info.rank == 1:

@@ -6,7 +6,7 @@ import os
 
 import torch.distributed as dist
 
-from ddp_helpers import teardown
+from ddp_helpers.rank import teardown
 
 
 def test_without_a_process_group_it_does_nothing(monkeypatch):

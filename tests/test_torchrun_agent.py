@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddp_helpers.launcher.torchrun_agent import tolerate_half_written_error_files
+from ddp_helpers.kernel.launcher.torchrun_agent import tolerate_half_written_error_files
 
 
 def test_a_half_written_error_file_is_read_as_none(tmp_path, monkeypatch):

@@ -80,7 +80,7 @@ def run_here_fixture(*args):
 def two_ranks(tmp_path_factory):
     """Two gloo ranks that stay up (live ranks, as notebooks 02 and 04 use them). The tests on them check
     what train.py computes, not how it starts: each runs a fresh main(argv) there, for one job's start-up."""
-    from ddp_helpers.live.ranks import start_ranks
+    from ddp_helpers.kernel.live.ranks import start_ranks
 
     ranks = start_ranks(2, backend="gloo", show_ranks="none", run_dir=tmp_path_factory.mktemp("live"))
     ranks.import_file(TRAIN, "train")

@@ -19,10 +19,14 @@ import pytest
 import yaml
 from test_cluster_templates import WORKER, _image_uid, _on_volume, _reports, _unknown_fields
 
-from ddp_helpers.lab.cluster_templates import write_cluster_templates
-from ddp_helpers.lab.pytorchjob import SHARED_MOUNT
-from ddp_helpers.lab.trainjob import IMAGE_REPO_DIR, RESERVED_ENV, trainjob_manifest
-from ddp_helpers.launcher.machine import free_port
+from ddp_helpers.chapters.ch06_scaling_out.ch06_cluster_templates import write_cluster_templates
+from ddp_helpers.chapters.ch06_scaling_out.ch06_pytorchjob import SHARED_MOUNT
+from ddp_helpers.chapters.ch06_scaling_out.ch06_trainjob import (
+    IMAGE_REPO_DIR,
+    RESERVED_ENV,
+    trainjob_manifest,
+)
+from ddp_helpers.kernel.launcher.machine import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 FIELDS = json.loads((REPO / "tests" / "data" / "kubeflow_trainjob_v2_fields.json").read_text())

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from ddp_helpers.distributed import worker_backend
+from ddp_helpers.rank.distributed import worker_backend
 
 
 @pytest.fixture

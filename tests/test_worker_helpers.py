@@ -8,7 +8,13 @@ import sys
 
 import pytest
 
-from ddp_helpers.lab.worker_helpers import closure, package_helpers, package_imports, purpose, show_helpers
+from ddp_helpers.kernel.lab.worker_helpers import (
+    closure,
+    package_helpers,
+    package_imports,
+    purpose,
+    show_helpers,
+)
 from ddp_helpers.workers import worker_path
 
 LOADED = """
@@ -33,7 +39,7 @@ def test_ddp_py_needs_nothing_and_train_py_names_its_helpers():
     assert package_helpers("ddp") == []  # notebook 01's script: torch only
     helpers = {h.module: h for h in package_helpers("train")}
     assert "parse_args" in helpers["ddp_helpers.workers.train_options"].names
-    assert helpers["ddp_helpers.teardown"].names == ()  # `from ddp_helpers import teardown`: a module
+    assert helpers["ddp_helpers.rank.teardown"].names == ()  # `from ddp_helpers.rank import teardown`
     assert all(h.purpose.endswith(".") and len(h.purpose) > 20 for h in helpers.values())
 
 
@@ -41,23 +47,23 @@ def test_only_imports_run_at_load_count(tmp_path):
     source = tmp_path / "worker.py"
     source.write_text(
         "from typing import TYPE_CHECKING\n"
-        "import ddp_helpers.metrics\n"
-        "from ddp_helpers.data import digits, build_dataset\n"
-        "try:\n    from ddp_helpers import teardown\nexcept ImportError:\n    teardown = None\n"
-        "if TYPE_CHECKING:\n    from ddp_helpers.launcher import runner\n"
-        "def main():\n    from ddp_helpers import checkpoint\n"
+        "import ddp_helpers.rank.metrics\n"
+        "from ddp_helpers.rank.data import digits, build_dataset\n"
+        "try:\n    from ddp_helpers.rank import teardown\nexcept ImportError:\n    teardown = None\n"
+        "if TYPE_CHECKING:\n    from ddp_helpers.kernel.launcher import runner\n"
+        "def main():\n    from ddp_helpers.rank import checkpoint\n"
         "from . import sibling\n"  # relative: no package to resolve it in a copied-out file
     )
     assert package_imports(source) == {
-        "ddp_helpers.data": ("digits", "build_dataset"),
-        "ddp_helpers.metrics": (),
-        "ddp_helpers.teardown": (),
+        "ddp_helpers.rank.data": ("digits", "build_dataset"),
+        "ddp_helpers.rank.metrics": (),
+        "ddp_helpers.rank.teardown": (),
     }
     # inside the package, a relative import resolves against the file's package
     relative = tmp_path / "rel.py"
-    relative.write_text("from ..checkpoint import save_checkpoint\nfrom . import train_state\n")
+    relative.write_text("from ..rank.checkpoint import save_checkpoint\nfrom . import train_state\n")
     assert package_imports(relative, "ddp_helpers.workers") == {
-        "ddp_helpers.checkpoint": ("save_checkpoint",),
+        "ddp_helpers.rank.checkpoint": ("save_checkpoint",),
         "ddp_helpers.workers.train_state": (),
     }
 

@@ -1,14 +1,31 @@
-"""Standalone worker scripts. Each file runs under plain `python` and under `torchrun`."""
+"""Worker scripts: each file runs under plain `python` and under `torchrun`.
 
+This folder holds the training worker several chapters share (train.py and its parts); a chapter's own
+scripts live in its folder, ddp_helpers/chapters/chNN_*/. `worker_path` finds either by name.
+"""
+
+import re
 from pathlib import Path
 
 WORKERS_DIR = Path(__file__).parent
+CHAPTERS_DIR = WORKERS_DIR.parent / "chapters"
+CHAPTER_OWN = re.compile(r"ch\d\d_|__init__")  # a chapter's plan, views and exercises; not scripts
+
+
+def _scripts() -> dict[str, Path]:
+    """Every file a chapter's script may be, by name: not a package's __init__, nor a chapter's own
+    chNN_* modules (its plan, exercises and their checks). File names are unique in the package."""
+    found = {}
+    for path in [*WORKERS_DIR.glob("*.py"), *CHAPTERS_DIR.glob("ch*/*.py")]:
+        if not CHAPTER_OWN.match(path.name):
+            found[path.stem] = path
+    return found
 
 
 def worker_path(name: str) -> Path:
     """The path of a bundled worker, by name ("train") or file name ("train.py")."""
-    path = WORKERS_DIR / (name if name.endswith(".py") else f"{name}.py")
-    if not path.is_file() or path.name == "__init__.py":
-        available = sorted(p.stem for p in WORKERS_DIR.glob("*.py") if p.name != "__init__.py")
-        raise FileNotFoundError(f"no bundled worker {name!r}; available: {', '.join(available)}")
-    return path
+    scripts = _scripts()
+    stem = name.removesuffix(".py")
+    if stem not in scripts:
+        raise FileNotFoundError(f"no bundled worker {name!r}; available: {', '.join(sorted(scripts))}")
+    return scripts[stem]

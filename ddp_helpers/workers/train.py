@@ -28,11 +28,11 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Subset
 
-from ddp_helpers import teardown
-from ddp_helpers.data import ResumableDistributedSampler, SizedDataset, build_dataset
-from ddp_helpers.distributed import DistInfo, setup_distributed
+from ddp_helpers.chapters.ch04_checkpointing.train_checkpoint import Preemption, resume, save
+from ddp_helpers.rank import teardown
+from ddp_helpers.rank.data import ResumableDistributedSampler, SizedDataset, build_dataset
+from ddp_helpers.rank.distributed import DistInfo, setup_distributed
 from ddp_helpers.run_contract import DEVICE_ENV
-from ddp_helpers.workers.train_checkpoint import Preemption, resume, save
 from ddp_helpers.workers.train_options import RESUME_PARTS, parse_args
 from ddp_helpers.workers.train_report import Reporter, inject_overflow, mean_over_ranks, summarize
 from ddp_helpers.workers.train_state import Data, Position, Run, Training

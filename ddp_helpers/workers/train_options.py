@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from ddp_helpers.data import DATASETS
+from ddp_helpers.rank.data import DATASETS
 from ddp_helpers.run_contract import run_dir_from_env
 
 # what --resume-ignore can leave out of a resume: each name drops that state and nothing else

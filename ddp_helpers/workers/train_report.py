@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ddp_helpers.distributed import DistInfo
-from ddp_helpers.metrics import MetricsWriter
+from ddp_helpers.rank.distributed import DistInfo
+from ddp_helpers.rank.metrics import MetricsWriter
 from ddp_helpers.workers.train_state import Position, Run, Training
 
 

@@ -14,8 +14,8 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader
 
-from ddp_helpers.data import ResumableDistributedSampler, SizedDataset
-from ddp_helpers.distributed import DistInfo
+from ddp_helpers.rank.data import ResumableDistributedSampler, SizedDataset
+from ddp_helpers.rank.distributed import DistInfo
 
 
 @dataclass

@@ -2,7 +2,7 @@
 import os
 import sys
 
-from ddp_helpers.metrics import MetricsWriter
+from ddp_helpers.rank.metrics import MetricsWriter
 
 rank = int(os.environ["RANK"])
 lines = int(sys.argv[1]) if len(sys.argv) > 1 else 200

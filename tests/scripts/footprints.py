@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from ddp_helpers import teardown
-from ddp_helpers.workers import fsdp_footprint, fsdp_meta
+from ddp_helpers.chapters.ch08_beyond_ddp import fsdp_footprint, fsdp_meta
+from ddp_helpers.rank import teardown
 
 
 class Configuration(TypedDict):

@@ -1,0 +1,90 @@
+"""Notebook 04: why a resumed run can differ from an uninterrupted one in the last bit, from 3 ranks on.
+
+    torchrun --nproc-per-node 3 sum_order.py
+
+After its first step DDP rebuilds its buckets with the parameters in the order their gradients became
+ready, so the all-reduce sums the same numbers in another layout, and gloo's ring adds each chunk's
+numbers in an order that depends on where the chunk falls. Rank 0 writes what every rank saw to
+<run-dir>/summary.json.
+"""
+
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddp_helpers.chapters.ch05_debugging.pitfalls import report
+from ddp_helpers.chapters.ch05_debugging.pitfalls_measures import grad_of
+from ddp_helpers.rank import teardown
+from ddp_helpers.rank.distributed import setup_distributed
+from ddp_helpers.run_contract import RUN_DIR_ENV
+
+
+def sum_order(rank: int, world: int, device: torch.device) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)).to(
+        device
+    )
+    ddp = DDP(model)
+    params = list(model.parameters())
+    torch.manual_seed(1 + rank)
+    x, y = torch.randn(32, 64, device=device), torch.randint(0, 10, (32,), device=device)
+    with ddp.no_sync():  # this rank's own gradients, not all-reduced
+        nn.functional.cross_entropy(ddp(x), y).backward()
+    local = [grad_of(p).clone() for p in params]
+    steps = []
+    for _ in range(3):  # three steps on the same batch and the same weights (no optimizer step)
+        ddp.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(ddp(x), y).backward()
+        steps.append(torch.cat([grad_of(p).flatten() for p in params]))
+    rebuilt = ddp._get_ddp_logging_data().get("rebuilt_per_bucket_param_indices", "")
+
+    def all_reduced(
+        order: list[int], group: dist.ProcessGroup | None = None, size: int = world
+    ) -> torch.Tensor:
+        """DDP's sum by hand: every gradient times 1/size (as the Reducer scales it), laid out in
+        one flat buffer in `order`, all-reduced."""
+        flat = torch.cat([local[i].flatten() * (1.0 / size) for i in order])
+        dist.all_reduce(flat, group=group)
+        parts = dict(zip(order, flat.split([local[i].numel() for i in order]), strict=True))
+        return torch.cat([parts[i] for i in range(len(params))])
+
+    param_order, ready_order = list(range(len(params))), list(reversed(range(len(params))))
+    in_param_order, in_ready_order = all_reduced(param_order), all_reduced(ready_order)
+    pair = dist.new_group([0, 1]) if world > 2 else None  # every rank must create the group
+    two_ranks_agree = None
+    if pair is not None and rank < 2:
+        assert isinstance(pair, dist.ProcessGroup)  # a member's; new_group gives the others a marker
+        two_ranks_agree = torch.equal(all_reduced(param_order, pair, 2), all_reduced(ready_order, pair, 2))
+    report(
+        rank,
+        world,
+        first_equals_second=torch.equal(steps[0], steps[1]),
+        second_equals_third=torch.equal(steps[1], steps[2]),
+        first_gap=(steps[0] - steps[1]).abs().max().item(),
+        first_is_param_order=torch.equal(steps[0], in_param_order),
+        later_is_ready_order=torch.equal(steps[1], in_ready_order),
+        rebuilt_order=rebuilt,
+        two_ranks_agree=two_ranks_agree,
+    )
+
+
+@record
+def main() -> None:
+    os.environ.setdefault(RUN_DIR_ENV, "runs/sum_order")  # where report() writes summary.json
+    info = setup_distributed()
+    if info.world_size < 2:
+        raise SystemExit(
+            "sum_order needs two ranks or more (three to see the order matter): run it under torchrun"
+        )
+    sum_order(info.rank, info.world_size, info.device)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        teardown.destroy_process_group()  # after @record has written any error (see teardown.py)

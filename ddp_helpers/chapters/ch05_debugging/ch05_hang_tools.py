@@ -1,0 +1,290 @@
+"""The hang tools a learner takes to a cluster, pointed at one planted hang: no workbench launcher.
+
+Kernel side. `planted_hang` (hang_job.py) starts a case of the pitfalls worker under plain torchrun,
+through `with_tools.py`: the lines a training script can carry so that a hang can be read from outside
+(a Flight Recorder dump on a signal; torch 2.14's debug server). While the ranks hang, each tool reads
+them the way a learner would on a cluster:
+
+- `py_spy_dumps`: ``py-spy dump --pid PID`` on each rank's pid;
+- `dump_flight_recorder` and `run_fr_trace`: every rank's Flight Recorder record, read with
+  ``python -m torch.distributed.flight_recorder.fr_trace`` (torch 2.14: gloo's collectives too);
+- `debug_server_stacks`: the stacks page of ``torch.distributed.debug.start_debug_server`` (torch 2.14);
+- `workbench_stacks`: the stacks the workbench's own hang report prints (`stack_dumps.ask`).
+
+Each tool's finding is a `Wait` per rank: the innermost Python function and the worker's own line.
+The job is killed, every process of it, when the ``with`` block ends.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib.util
+import os
+import pickle
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddp_helpers import run_contract
+from ddp_helpers.chapters.ch05_debugging.ch05_hang_job import (
+    FR_PREFIX,
+    FR_SIGNAL_OFFSET,
+    WITH_TOOLS,
+    HungJob,
+    debug_server_available,
+    missing_for_debug_server,
+    planted_hang,
+    rank_pids,
+    still_running,
+)
+from ddp_helpers.rank import stack_dumps
+
+__all__ = [  # the job's names too: a notebook imports the tools from here alone
+    "WITH_TOOLS",
+    "FrFinding",
+    "HungJob",
+    "Wait",
+    "debug_server_available",
+    "debug_server_page",
+    "debug_server_stacks",
+    "dump_flight_recorder",
+    "faulthandler_waits",
+    "flight_recorder_dumps_gloo",
+    "fr_trace_available",
+    "fr_trace_finding",
+    "missing_for_debug_server",
+    "name_gloo_groups",
+    "planted_hang",
+    "ptrace_scope",
+    "py_spy",
+    "py_spy_dumps",
+    "py_spy_waits",
+    "rank_pids",
+    "run_fr_trace",
+    "still_running",
+    "workbench_stacks",
+    "workbench_waits",
+]
+
+FR_TRACE = "torch.distributed.flight_recorder.fr_trace"
+
+
+_PY_SPY_FRAME = re.compile(r"^\s+(?P<func>.+?) \((?P<file>[^()]+):(?P<line>\d+)\)$")
+_ANSI_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+_FAULTHANDLER_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)$')
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Where one rank waits, as a tool saw it."""
+
+    innermost: str  # the innermost Python function: all_reduce, for a rank waiting in that collective
+    own_line: str  # the worker's own innermost source line ("" if its file is not on the stack)
+
+
+def flight_recorder_dumps_gloo() -> bool:
+    """torch 2.14 records gloo's collectives and dumps them with `_dump_fr_trace`; torch 2.7 neither."""
+    from torch._C import _distributed_c10d
+
+    return hasattr(_distributed_c10d, "_dump_fr_trace")
+
+
+def fr_trace_available() -> bool:
+    """The analyser ships with torch 2.14 (``python -m torch.distributed.flight_recorder.fr_trace``)."""
+    return importlib.util.find_spec("torch.distributed.flight_recorder") is not None
+
+
+# ---- py-spy ---------------------------------------------------------------------------------------
+
+
+def py_spy() -> str | None:
+    """The py-spy command: in this Python's environment (the test extra installs it), or on PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
+def ptrace_scope() -> str:
+    """Linux's Yama setting for ptrace (py-spy attaches with it): 0 any process of the same user, 1 only
+    descendants (unless CAP_SYS_PTRACE), 2 admins only, 3 none; "" where Yama is off (no such file)."""
+    try:
+        return Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip()
+    except OSError:
+        return ""
+
+
+def py_spy_dumps(job: HungJob) -> dict[int, str]:
+    """``py-spy dump --pid PID`` on each rank, by rank. It attaches with ptrace: the same user, and
+    the capability SYS_PTRACE in a container (Docker: ``--cap-add SYS_PTRACE``)."""
+    command = py_spy()
+    if command is None:
+        raise FileNotFoundError("py-spy is not installed: pip install py-spy")
+    # plain text: a notebook's kernel may ask for colours (CLICOLOR_FORCE), and py-spy obliges
+    env = {k: v for k, v in os.environ.items() if k not in ("CLICOLOR_FORCE", "FORCE_COLOR")} | {
+        "NO_COLOR": "1"
+    }
+    dumps = {}
+    for rank, pid in job.pids.items():
+        done = subprocess.run(
+            [command, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60, env=env
+        )
+        dumps[rank] = done.stdout if done.returncode == 0 else f"py-spy failed: {done.stderr.strip()}"
+    return dumps
+
+
+def py_spy_waits(dumps: Mapping[int, str], worker: Path) -> dict[int, Wait]:
+    """Each rank's `Wait` from its py-spy dump: the main thread's frames, innermost first, as
+    ``function (file:line)``."""
+    waits = {}
+    for rank, dump in dumps.items():
+        dump = _ANSI_COLOUR.sub("", dump)  # a terminal's colours, where py-spy printed them
+        main = dump.split('"MainThread"', 1)[-1].split("\nThread ", 1)[0]
+        frames = [m for m in map(_PY_SPY_FRAME.match, main.splitlines()) if m]
+        waits[rank] = _wait([(m["func"], m["file"], int(m["line"])) for m in frames], worker)
+    return waits
+
+
+def _wait(frames: list[tuple[str, str, int]], worker: Path) -> Wait:
+    """A `Wait` from (function, file, line) frames, innermost first. A tool may shorten the worker's
+    path (py-spy does): its file is matched by name, and its line read from the worker itself."""
+    if not frames:
+        return Wait("", "")
+    own = next((line for _, file, line in frames if Path(file).name == worker.name), None)
+    source = worker.read_text().splitlines()
+    own_line = source[own - 1].split("  # ")[0].strip() if own is not None and own <= len(source) else ""
+    return Wait(frames[0][0].rsplit(".", 1)[-1], own_line)
+
+
+# ---- Flight Recorder -----------------------------------------------------------------------------
+
+
+def dump_flight_recorder(job: HungJob, wait_s: float = 20.0) -> dict[int, Path]:
+    """Signal every rank to write its Flight Recorder record (with_tools.py's SIGRTMIN + 7); returns
+    each rank's file once written. torch 2.7 has no `_dump_fr_trace`: raises there."""
+    if not flight_recorder_dumps_gloo():
+        raise RuntimeError("this torch has no _dump_fr_trace: its Flight Recorder records NCCL only")
+    files = {rank: job.fr_dir / f"{FR_PREFIX}{rank}" for rank in job.pids}
+    for pid in job.pids.values():
+        os.kill(pid, signal.SIGRTMIN + FR_SIGNAL_OFFSET)
+    deadline = time.monotonic() + wait_s
+    while not all(path.exists() for path in files.values()):
+        if time.monotonic() > deadline:
+            missing = [rank for rank, path in files.items() if not path.exists()]
+            raise TimeoutError(f"ranks {missing} wrote no Flight Recorder record within {wait_s:g} s")
+        time.sleep(0.1)
+    return files
+
+
+def name_gloo_groups(fr_dir: Path, out_dir: Path) -> list[str]:
+    """Copy each rank's record into `out_dir`, with its gloo groups' ranks filed under the group's name.
+
+    torch 2.14's gloo records a group's ranks when the group is built, before its name is set
+    (`_create_gloo_process_group` in torch/distributed/distributed_c10d.py), so they are filed under
+    "": fr_trace then finds no group "0" (KeyError ('0', 0)). Returns the names given."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    named: set[str] = set()
+    for path in sorted(fr_dir.glob(f"{FR_PREFIX}*")):
+        record = pickle.loads(path.read_bytes())
+        unnamed = record["pg_config"].get("")
+        for name, desc in {tuple(entry["process_group"]) for entry in record["entries"]}:
+            if unnamed is not None and name not in record["pg_config"]:
+                record["pg_config"][name] = {**unnamed, "name": name, "desc": desc}
+                named.add(name)
+        (out_dir / path.name).write_bytes(pickle.dumps(record))
+    return sorted(named)
+
+
+def run_fr_trace(fr_dir: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m torch.distributed.flight_recorder.fr_trace DIR --prefix fr_rank_``, as a learner runs it."""
+    command = [sys.executable, "-m", FR_TRACE, str(fr_dir), "--prefix", FR_PREFIX]
+    # its report goes to its logger, on stderr: one stream, as a terminal shows it
+    return subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+
+
+@dataclass(frozen=True)
+class FrFinding:
+    """What fr_trace reported: the collective not every rank joined, and the ranks missing from it."""
+
+    collective: str
+    missing: frozenset[int]
+
+
+def fr_trace_finding(report: str) -> FrFinding | None:
+    """From fr_trace's report: "Not all ranks joining collective ... collective: gloo:all_reduce,
+    missing ranks: {1}"; None if it reports no such collective."""
+    block = report.split("Not all ranks joining collective", 1)
+    if len(block) < 2:
+        return None
+    collective = re.search(r"^collective: (\S+)$", block[1], re.MULTILINE)
+    missing = re.search(r"^missing ranks: \{([\d, ]*)\}$", block[1], re.MULTILINE)
+    if not (collective and missing):
+        return None
+    ranks = frozenset(int(r) for r in missing[1].split(",") if r.strip())
+    return FrFinding(collective[1], ranks)
+
+
+# ---- the debug server (torch 2.14) ----------------------------------------------------------------
+
+
+def debug_server_page(job: HungJob, path: str = "/stacks", wait_s: float = 30.0) -> str:
+    """A page of the debug server (rank 0 serves it on `job.debug_port`), as text; waits for it to come up."""
+    if job.debug_port is None:
+        raise RuntimeError("no debug server in this job: torch 2.14 and its dependencies needed")
+    url = f"http://localhost:{job.debug_port}{path}"
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=wait_s) as page:
+                return str(page.read().decode())
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def debug_server_stacks(page: str) -> dict[int, str]:
+    """Each rank's section of the stacks page ("Rank N: ADDRESS", then faulthandler's dump), by rank."""
+    sections = re.findall(r"<h2>\s*Rank (\d+):.*?</h2>.*?<pre>(.*?)</pre>", page, re.DOTALL)
+    return {int(rank): html.unescape(text) for rank, text in sections}
+
+
+def faulthandler_waits(stacks: Mapping[int, str], worker: Path) -> dict[int, Wait]:
+    """Each rank's `Wait` from a faulthandler dump of every thread: its main thread is the one whose
+    outermost frame is the script's (the server thread that wrote the dump has no Python frame)."""
+    waits = {}
+    for rank, dump in stacks.items():
+        threads = re.split(
+            r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$", dump, flags=re.M
+        )
+        candidates = []
+        for thread in threads:
+            frames = [m for m in map(_FAULTHANDLER_FRAME.match, thread.splitlines()) if m]
+            if frames:
+                candidates.append([(m["func"], m["file"], int(m["line"])) for m in frames])
+        main = next((f for f in candidates if any(Path(file).name == worker.name for _, file, _ in f)), [])
+        waits[rank] = _wait(main, worker)
+    return waits
+
+
+# ---- the workbench's own ------------------------------------------------------------------------
+
+
+def workbench_stacks(job: HungJob) -> dict[int, str]:
+    """The stacks the workbench's hang report prints, asked of the same ranks the same way
+    (`stack_dumps.ask`: faulthandler on the workbench's signal, registered by `setup_distributed`)."""
+    return stack_dumps.ask(job.pids, job.run_dir / run_contract.LOGS_DIR)
+
+
+def workbench_waits(stacks: Mapping[int, str], worker: Path) -> dict[int, Wait]:
+    """Each rank's `Wait` from `workbench_stacks` (innermost first, each frame followed by its source)."""
+    waits = {}
+    for rank, stack in stacks.items():
+        frames = [m for m in map(_FAULTHANDLER_FRAME.match, stack.splitlines()) if m]
+        waits[rank] = _wait([(m["func"], m["file"], int(m["line"])) for m in frames], worker)
+    return waits

@@ -1,0 +1,216 @@
+"""Notebook 05's plumbing: launch a case of the pitfalls worker, and check that it went wrong the way
+the lesson says, so that a pitfall that stops showing fails the cell instead of carrying on.
+
+Kernel side. The lessons are the worker's cases (ddp_helpers/chapters/ch05_debugging/pitfalls.py) and the notebook's
+own asserts; this module launches the cases, reads what the ranks printed (their log files), their
+tracebacks and their stacks, and refuses a run that shows nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from ddp_helpers.backends import resolve_backend
+from ddp_helpers.errors import LaunchTimeout, WorkerFailed
+from ddp_helpers.kernel.launcher.machine import visible_gpus
+from ddp_helpers.kernel.launcher.runner import launch
+from ddp_helpers.run_contract import SUMMARY_FILE
+
+IN_THE_WORKER = 'pitfalls.py", line'  # a traceback's or a stack's frame in the worker's own file
+MISMATCH_CALL = "dist.all_reduce(x)"
+# on NCCL, all_reduce may return at once: the rank then waits in the .tolist() of the print after it
+MISMATCH_NCCL_WAIT = 'print(f"rank {rank}: all_reduce of {size} elements gave {x.tolist()}")'
+MISMATCH_REPORT = "report(rank, world, values=x.tolist())"  # the line after the all_reduce's print
+
+
+def run_folder(err: WorkerFailed | LaunchTimeout) -> str:
+    """The folder of the launch that failed: the launcher names it in every error it raises."""
+    assert err.run_dir is not None, f"no run folder in {type(err).__name__}"
+    return err.run_dir
+
+
+def printed(run_dir: str | Path, rank: int) -> list[str]:
+    """What `rank` printed, from its log file (on one node the local rank is the rank)."""
+    logs = sorted(Path(run_dir).glob(f"logs/*/attempt_0/{rank}/stdout.log"))
+    return [line for log in logs for line in log.read_text().splitlines()]
+
+
+def worker_frames(traceback: str) -> list[tuple[str, str]]:
+    """(function, source line) of each frame of the pitfalls worker in a traceback, outermost first."""
+    lines = traceback.splitlines()
+    return [
+        (line.rsplit(" in ", 1)[1], lines[i + 1].strip())
+        for i, line in enumerate(lines[:-1])
+        if IN_THE_WORKER in line
+    ]
+
+
+def line_of_the_worker(stack: str) -> str:
+    """The worker's own innermost line in a rank's stack (innermost call first): where its code waits."""
+    lines = stack.splitlines()
+    return next(lines[i + 1].strip() for i, line in enumerate(lines) if IN_THE_WORKER in line)
+
+
+def live_cases(live: Any) -> Callable[..., SimpleNamespace]:
+    """`run_live(case, fix=False, **extra)`: run a case that ends well on live ranks that have imported
+    the worker as `cases`. It returns the case's `.logs` (each rank's printed lines) and `.summary`
+    (what the case reported, or None), as a launch's result holds them."""
+
+    def run_live(case: str, fix: bool = False, **extra: Any) -> SimpleNamespace:
+        summary = live.run_dir / SUMMARY_FILE  # the case's report() writes it there, as in a launch
+        summary.unlink(missing_ok=True)
+        args = "".join(f", {name}={value!r}" for name, value in extra.items())
+        logs = live.run(
+            "import contextlib, io\n"
+            "out = io.StringIO()\n"
+            f"with contextlib.redirect_stdout(out):\n    cases.{case}(rank, world_size, device, {fix}{args})\n"
+            "out.getvalue().splitlines()"
+        )
+        found = json.loads(summary.read_text()) if summary.exists() else None
+        return SimpleNamespace(logs=logs, summary=found)
+
+    return run_live
+
+
+@dataclass
+class PitfallRuns:
+    """Fresh torchrun jobs of the pitfalls worker on `world` ranks: one per case that fails."""
+
+    worker: Path
+    world: int
+    backend: str
+    failure_timeout: float  # only a safety net: the demos fail by themselves, long before it
+    env: dict[str, str] = field(default_factory=dict)  # every case's (the plan's: GPUs hidden on gloo)
+
+    def run_case(self, case: str, *extra: Any, timeout: float | None = None, **options: Any) -> Any:
+        """Launch one case; returns the launch's result (raises if it fails)."""
+        options = {
+            "backend": self.backend,
+            "show_ranks": "none",
+            "startup_timeout": self.failure_timeout,
+            **options,
+            "env": {**self.env, **(options.get("env") or {})},
+        }
+        timeout = self.failure_timeout if timeout is None else timeout
+        return launch(
+            self.worker, "--case", case, *extra, nproc=self.world, progress="off", timeout=timeout, **options
+        )
+
+    def started(self, run_dir: str | Path) -> bool:
+        """Whether every rank printed a line: each case that can hang prints one first."""
+        return all(printed(run_dir, rank) for rank in range(self.world))
+
+    def expect_failure(
+        self,
+        case: str,
+        *extra: Any,
+        expected: type[Exception] | tuple[type[Exception], ...] = WorkerFailed,
+        lines: int = 8,
+        timeout: float | None = None,
+        **options: Any,
+    ) -> Any:
+        """Launch a case that must fail with `expected`; print the head of the error and return it.
+
+        A run that ends well, or fails another way, raises: the demo would show nothing. A "hang"
+        before every rank has printed its first line is only a slow start-up (importing torch on a
+        very busy machine): then the case runs again with twice the time, and says so."""
+        timeout = self.failure_timeout if timeout is None else timeout
+        # None means no allowance of its own: `timeout` from the launch on, as the launcher reads it
+        startup = options.pop("startup_timeout", self.failure_timeout) or timeout
+        for _ in range(3):
+            try:
+                self.run_case(case, *extra, timeout=timeout, startup_timeout=startup, **options)
+            except expected as err:
+                if isinstance(err, LaunchTimeout) and not self.started(run_folder(err)):
+                    timeout, startup = 2 * timeout, 2 * startup
+                    again = f"timeout={timeout:g}s, startup_timeout={startup:g}s"
+                    print(f"(not every rank had started in time: again, with {again})")
+                    continue
+                text = str(err).splitlines()
+                more = "\n..." if len(text) > lines else ""
+                print(f"{type(err).__name__}: " + "\n".join(text[:lines]) + more)
+                return err
+            raise AssertionError(f"the {case!r} pitfall ran to the end: it no longer shows what it should")
+        raise AssertionError(f"the {case!r} pitfall never got all {self.world} ranks started")
+
+    @staticmethod
+    def runs_on_nccl(backend: str) -> bool:
+        """Whether a launch with `backend` runs on nccl: "auto" resolved as launch() resolves it."""
+        return resolve_backend(backend, visible_gpus())[0] == "nccl"
+
+    def check_mismatch(self, hang_timeout: float, **options: Any) -> str:
+        """Run the mismatched all_reduce; print how it went wrong, and raise unless it went wrong there.
+
+        It went wrong at the all_reduce if every rank reached it and a rank that failed or hung did so
+        in that call (its traceback or its stack says so); or if a rank got a wrong sum. Returns
+        "named" (an abort that names the mismatch), "hung" or "wrong sums"."""
+        pg_timeout = max(hang_timeout, 10)  # it also bounds the ranks' meeting in init_process_group
+        nccl = self.runs_on_nccl(options.get("backend", self.backend))
+        extra = ("--pg-timeout", pg_timeout)
+        try:
+            result = self.run_case("mismatch", *extra, timeout=3 * hang_timeout, **options)
+        except (WorkerFailed, LaunchTimeout) as err:
+            logs = {rank: printed(run_folder(err), rank) for rank in range(self.world)}
+            assert all(any("all-reducing" in line for line in logs[r]) for r in logs), (
+                "a rank never reached it"
+            )
+            if isinstance(err, WorkerFailed):
+                outcome = mismatch_failure(err, logs)
+            else:
+                outcome = mismatch_stopped(err, logs, nccl)
+            if outcome == "named" and isinstance(err, WorkerFailed):  # only an abort names it
+                print(f"It aborted and named the mismatch: {err.error}")
+            else:
+                print(f"It hung in the all_reduce until a timeout stopped it: {str(err).splitlines()[0]}")
+        else:
+            logs, outcome = result.logs, ""
+            print("It finished without a word.")
+        sums = [line for rank in range(self.world) for line in logs[rank] if " gave " in line]
+        wrong = [
+            line for line in sums if set(ast.literal_eval(line.split(" gave ")[1])) != {float(self.world)}
+        ]
+        for line in wrong:
+            print(f"  a wrong sum (each element should be {self.world}): {line}")
+        assert outcome or wrong, f"every rank got the right sum: the bug did not show ({sums})"
+        return outcome or "wrong sums"
+
+
+def mismatch_failure(err: WorkerFailed, logs: dict[int, list[str]]) -> str:
+    """A failed mismatch run: "named" (an abort that names the mismatch) or "hung" (a timed-out wait in
+    the all_reduce); raises if the rank failed another way.
+
+    An abort (gloo's size check, NCCL's watchdog) leaves no Python traceback; a timed-out collective
+    does. The rank blamed may be one stuck in the all_reduce, or (3 ranks or more: torchrun's failure
+    times are whole seconds, so a tie goes to the lowest rank) one that got a wrong sum and then timed
+    out in report()'s gather, waiting for a rank still stuck."""
+    frames = worker_frames(err.traceback)
+    named = "mismatch" in err.error or "nbytes" in err.error
+    timed_out = "timed out" in err.error.lower() or "watchdog" in str(err).lower()
+    if any(" gave " in line for line in logs[err.rank]):
+        stuck = [r for r in logs if not any(" gave " in line for line in logs[r])]
+        # its innermost frame in pitfalls.py is the call of report() (which lives in pitfalls_measures.py)
+        hung = timed_out and bool(stuck) and bool(frames) and frames[-1] == ("mismatch", MISMATCH_REPORT)
+    else:
+        hung = timed_out and (not frames or frames[-1] == ("mismatch", MISMATCH_CALL))
+    assert named or hung, f"rank {err.rank} failed another way: {err.error} {frames}"
+    return "named" if named else "hung"
+
+
+def mismatch_stopped(err: LaunchTimeout, logs: dict[int, list[str]], nccl: bool) -> str:
+    """A mismatch run the launcher stopped: "hung", if every rank without a sum waits in the collective."""
+    in_the_collective = {MISMATCH_CALL, MISMATCH_NCCL_WAIT} if nccl else {MISMATCH_CALL}
+    waiting = {
+        r: line_of_the_worker(stack)
+        for r, stack in err.stacks.items()
+        if not any(" gave " in line for line in logs[r])
+    }
+    assert waiting and set(waiting.values()) <= in_the_collective, (
+        f"the ranks without a sum wait elsewhere: {waiting}"
+    )
+    return "hung"

@@ -1,0 +1,394 @@
+"""Job files for real clusters, generated from the same worker and arguments a notebook ran.
+
+- `slurm_script`: an sbatch script; `srun` starts one torchrun agent per node, and the agents
+  meet at a c10d rendezvous on the allocation's first node (read from ``SLURM_JOB_NODELIST``), at a
+  port derived from the job id (`JOB_PORT`). A relative worker path (and the environment it
+  activates, ``.venv``) is relative to the folder the job is submitted from (the repository).
+  No ``MASTER_ADDR``: with c10d, torchrun reads ``--rdzv-endpoint`` and sets ``MASTER_ADDR`` and
+  ``MASTER_PORT`` for its workers itself (torch/distributed/elastic/agent/server/api.py,
+  ``_rendezvous``; local_elastic_agent.py, the workers' env). With a checkpoint folder it also
+  saves on preemption and requeues itself (`_preemption_lines`).
+- `srun_script`: the same job without torchrun: `srun` starts every rank itself, one task per
+  rank. Every task sees all its node's GPUs (``--gpus-per-node``, no per-task binding) and takes
+  ``cuda:LOCAL_RANK``. Not ``--gpus-per-task=1``: where SLURM confines each task's GPU in a cgroup of
+  its own, NCCL loses P2P/NVLink between the ranks of a node, silently (NVIDIA/nccl#1066).
+- `trainjob_manifest` (trainjob.py): a Kubeflow Trainer v2 ``TrainJob`` (trainer.kubeflow.org/v1alpha1)
+  on the ``torch-distributed`` ClusterTrainingRuntime: the job sets the image, torchrun's command (a c10d
+  rendezvous at the runtime's master address, ``--max-restarts``), ``numNodes``, ``numProcPerNode`` and
+  each node's resources; the runtime sets the ``PET_*`` variables torchrun reads. v2 has no elastic range.
+- `pytorchjob_manifest` (pytorchjob.py): the legacy v1 operator's ``PyTorchJob`` (kubeflow.org/v1) with an
+  ``elasticPolicy`` (c10d rendezvous, ``--nnodes MIN:MAX``, ``--max-restarts``), for clusters that still
+  run the v1 training operator, which Kubeflow now files under "Legacy".
+  The pods run this project's image (docker/Dockerfile), which holds ``ddp_helpers``, and start in
+  the repository's copy inside it, so a relative worker path means the same file as on SLURM.
+  Everything they write lies on a mounted volume: runs and checkpoints on a ReadWriteMany
+  PersistentVolumeClaim that the file declares (`SHARED_MOUNT`), writable by the image's user
+  (``fsGroup``), ``/tmp`` and ``/dev/shm`` on emptyDirs.
+
+Every file that runs torchrun passes ``--max-restarts``, and with `checkpoint_dir` the worker's ``--checkpoint-dir`` and
+``--resume`` (notebook 04's self-healing job): after a restart every rank resumes from the last
+checkpoint. That folder must be on a filesystem every node sees (NFS, Lustre, a shared volume):
+rank 0 writes it, and after a restart rank 0 may live on another node.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ddp_helpers.chapters.ch06_scaling_out.ch06_job_files import (
+    CPUS_PER_RANK,
+    FRESH_STORE_LINES,
+    LOG_LINE_PREFIX,
+    MAX_RESTARTS,
+    check_job_shape,
+    worker_args_for,
+)
+from ddp_helpers.chapters.ch06_scaling_out.ch06_pytorchjob import pytorchjob_manifest
+from ddp_helpers.chapters.ch06_scaling_out.ch06_trainjob import trainjob_manifest
+
+# A port of the job's own for the rendezvous (MASTER_PORT without torchrun): a fixed one such as 29500
+# collides when two jobs share a node. 20000-29999 lies below Linux's ephemeral ports (32768-60999), so
+# no outgoing connection holds it; two jobs on one node collide only if their ids differ by a multiple of 10000.
+JOB_PORT = "$((20000 + SLURM_JOB_ID % 10000))"
+# the first node of the allocation, and the address SLURM itself reaches it at (its NodeAddr: the
+# node's name unless the cluster configures another; the name, where scontrol does not show it),
+# for the store every node connects to.
+# awk, not head -n1: head exits after one line, and under pipefail a scontrol that still writes
+# the rest of a long list dies of SIGPIPE, and the script with it
+HEAD_NODE_LINES = [
+    "head_node=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | awk 'NR == 1')  # the first node",
+    'head_addr=$(scontrol show node "$head_node" | grep -o \'NodeAddr=[^ ]*\' | cut -d= -f2 || echo "$head_node")',
+]
+# Flight Recorder's dumps (each rank's last collectives, written when NCCL's watchdog times out) in one
+# folder every node sees, for one analyser run over all ranks: by default each rank writes on its own
+# node, on torch 2.14 into its cache folder ($XDG_CACHE_HOME/torch or ~/.cache/torch), on torch 2.7 to
+# /tmp/nccl_trace_rank_<rank> (DebugInfoWriter::getWriter in torch/csrc/distributed/c10d/FlightRecorder.cpp).
+# torch 2.14 reads TORCH_FR_DUMP_TEMP_FILE, 2.7 only the old name; the writer makes no folder.
+FLIGHT_RECORDER_LINES = [
+    "# Flight Recorder dumps (NCCL watchdog timeouts) from every node in one folder, for torchfrtrace:",
+    "# the default is each node's own ~/.cache/torch (torch 2.14) or /tmp/nccl_trace_rank_<rank> (torch 2.7)",
+    'fr_dir="${SLURM_SUBMIT_DIR:-$PWD}/flight-recorder/$SLURM_JOB_ID"',
+    'mkdir -p "$fr_dir"',
+    'export TORCH_FR_DUMP_TEMP_FILE="$fr_dir/nccl_trace_rank_"  # torch 2.14',
+    'export TORCH_NCCL_DEBUG_INFO_TEMP_FILE="$fr_dir/nccl_trace_rank_"  # torch 2.7 (2.14 reads it too)',
+]
+PREEMPT_NOTICE_S = 120  # USR1 this long before the time limit: enough for a save at the next logged step
+
+
+def this_environment() -> str | None:
+    """The virtual environment this Python runs in (for a job submitted from here), or None for a
+    system Python (the container's image, where torch and ddp_helpers are installed system-wide)."""
+    return sys.prefix if sys.prefix != sys.base_prefix else None
+
+
+def _torchrun_command(
+    worker: str, args: list[str], nnodes: str, nproc_per_node: int, max_restarts: int
+) -> str:
+    """One torchrun agent's command line, at the job's c10d rendezvous on the first node."""
+    options = {
+        "--nnodes": nnodes,
+        "--nproc-per-node": nproc_per_node,
+        "--max-restarts": max_restarts,
+        "--tee": 3,
+        "--rdzv-backend": "c10d",
+        "--rdzv-id": "RDZV_ID",  # shell variables, quoted below: shlex would quote their $ away
+        "--rdzv-endpoint": "ENDPOINT",
+    }
+    flags = [str(item) for pair in options.items() for item in pair]
+    command = shlex.join(["torchrun", *flags, worker, *args])
+    return command.replace("RDZV_ID", '"$SLURM_JOB_ID"').replace("ENDPOINT", '"$head_addr:$rdzv_port"')
+
+
+def _nnodes(nnodes: int, min_nodes: int | None) -> str:
+    """torchrun's --nnodes: N for a fixed world, MIN:MAX for an elastic one."""
+    return str(nnodes) if min_nodes is None or min_nodes == nnodes else f"{min_nodes}:{nnodes}"
+
+
+def _activate_lines(venv: str | None) -> list[str]:
+    if venv is None:
+        return ["# (no environment to activate: torch and ddp_helpers are installed for the system's python)"]
+    return [
+        "# the job's python: the environment with torch and ddp_helpers, in a folder every node sees",
+        f"source {shlex.quote(os.path.join(venv, 'bin', 'activate'))}",
+    ]
+
+
+def slurm_script(
+    worker: str,
+    worker_args: Sequence[object] = (),
+    *,
+    nnodes: int = 2,
+    nproc_per_node: int = 8,
+    gpus_per_node: int | None = None,
+    cpus_per_rank: int = CPUS_PER_RANK,
+    min_nodes: int | None = None,
+    max_restarts: int = MAX_RESTARTS,
+    checkpoint_dir: str | None = None,
+    job_name: str = "ddp",
+    time_limit: str = "01:00:00",
+    partition: str | None = None,
+    rdzv_port: int | None = None,
+    venv: str | None = ".venv",
+) -> str:
+    """An sbatch script that runs `worker` with torchrun on `nnodes` nodes.
+
+    Each node gets one task (the torchrun agent) with ``nproc_per_node * cpus_per_rank`` CPUs,
+    since the agent's ranks all live inside that one task's allocation. `min_nodes` makes the
+    job elastic (``--nnodes min_nodes:nnodes``). The rendezvous runs on the allocation's first
+    node, at `rdzv_port`, or by default at a port derived from the job id (`JOB_PORT`). `venv` is
+    activated first (relative to the folder the job is submitted from; None: none). `checkpoint_dir`
+    (on a filesystem every node sees) adds the worker's ``--checkpoint-dir``, ``--resume`` and
+    ``--save-on-sigterm``, and the job saves on preemption and requeues itself (`_preemption_lines`).
+    Every rank's lines reach the job's log prefixed ``[rankN]:`` (``--tee 3``), so a follower can
+    echo them as launch() does.
+    """
+    check_job_shape(nnodes, nproc_per_node, cpus_per_rank, min_nodes)
+    gpus = nproc_per_node if gpus_per_node is None else gpus_per_node
+    cpus = nproc_per_node * cpus_per_rank
+    preemptible = checkpoint_dir is not None
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={job_name}",
+        f"#SBATCH --nodes={nnodes}",
+        "#SBATCH --ntasks-per-node=1          # one torchrun agent per node; it starts the processes",
+        f"#SBATCH --cpus-per-task={cpus}           # {nproc_per_node} ranks x {cpus_per_rank} cores, all in the agent's task",
+        f"#SBATCH --gpus-per-node={gpus}" if gpus else "# (no GPUs requested: gloo on CPUs)",
+        f"#SBATCH --time={time_limit}",
+        *([f"#SBATCH --partition={partition}"] if partition else []),
+        *(PREEMPTIBLE_DIRECTIVES if preemptible else []),
+        *_slurm_environment(rdzv_port, cpus_per_rank, max_restarts, venv),
+        *_checkpoint_lines(checkpoint_dir),
+    ]
+    args = worker_args_for(worker_args, checkpoint_dir, save_on_sigterm=preemptible)
+    command = _torchrun_command(worker, args, _nnodes(nnodes, min_nodes), nproc_per_node, max_restarts)
+    srun = [
+        "# srun does not inherit --cpus-per-task from sbatch (SLURM >= 22.05): pass it on",
+        f'srun --cpus-per-task="$SLURM_CPUS_PER_TASK" {command}',
+    ]
+    lines += ["", *(_preemption_lines(srun) if preemptible else srun), ""]
+    return "\n".join(lines)
+
+
+# the job may go back to the queue; USR1 tells this script (B:) that its end is near
+PREEMPTIBLE_DIRECTIVES = [
+    f"#SBATCH --signal=B:USR1@{PREEMPT_NOTICE_S}      # USR1 to this script {PREEMPT_NOTICE_S} s before the time limit",
+    "#SBATCH --requeue                    # a preempted or requeued job starts again, and resumes",
+    "#SBATCH --open-mode=append           # each start appends to the log, not over the last one's",
+]
+
+
+def _preemption_lines(srun: list[str]) -> list[str]:
+    """srun in the background, and a trap that saves and requeues on USR1.
+
+    USR1 reaches the batch script only (``--signal=B:USR1``; at preemption too where the cluster sets
+    ``SlurmctldParameters=preempt_send_user_signal``). The trap passes SIGTERM to the job's steps
+    (``scancel --signal`` without ``--batch`` signals every step, not this shell): torchrun and its
+    workers, which save a checkpoint at their next logged step and stop (``--save-on-sigterm``;
+    torchrun gives them 30 s). Then the job requeues itself and, started again, resumes (``--resume``).
+    """
+    return [
+        "# a preemption notice (USR1): every rank saves a checkpoint and stops, then the job goes back",
+        "# to the queue and resumes from that checkpoint when it starts again",
+        "preempted=0",
+        "on_notice() {",
+        "    preempted=1",
+        '    echo "preemption notice: job $SLURM_JOB_ID saves a checkpoint and requeues"',
+        '    scancel --signal=TERM "$SLURM_JOB_ID"  # every step (torchrun and its workers), not this script',
+        "}",
+        "trap on_notice USR1",
+        'echo "job $SLURM_JOB_ID starts (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST"',
+        *srun[:-1],
+        "# in the background: bash runs a trap only between commands, and `wait` returns at a signal",
+        f"{srun[-1]} &",
+        "srun_pid=$!",
+        'status=0; wait "$srun_pid" || status=$?',
+        'if [ "$preempted" = 1 ]; then',
+        '    wait "$srun_pid" || true  # until every rank has saved and stopped',
+        '    scontrol requeue "$SLURM_JOB_ID"',
+        "    exit 0",
+        "fi",
+        'exit "$status"',
+    ]
+
+
+def srun_script(
+    worker: str,
+    worker_args: Sequence[object] = (),
+    *,
+    nnodes: int = 2,
+    nproc_per_node: int = 8,
+    gpus_per_node: int | None = None,
+    cpus_per_rank: int = CPUS_PER_RANK,
+    job_name: str = "ddp",
+    time_limit: str = "01:00:00",
+    partition: str | None = None,
+    venv: str | None = ".venv",
+) -> str:
+    """An sbatch script that starts every rank with `srun`, without torchrun: one task per rank.
+
+    Every task of a node sees all the node's `gpus_per_node` GPUs (default: one per rank): with
+    ``--gpus-per-node`` and no ``--gpus-per-task`` or ``--gpu-bind``, SLURM sets every task's
+    ``CUDA_VISIBLE_DEVICES`` to all of them (tests/test_slurm.py checks it on a real SLURM), and
+    each rank takes ``cuda:LOCAL_RANK`` (``SLURM_LOCALID``; `ddp_helpers.rank.distributed.gpu_index`).
+    Not ``--gpus-per-task=1``. Hiding a peer's GPU (``CUDA_VISIBLE_DEVICES``) does not by itself stop
+    P2P: NCCL reaches a GPU its process cannot see over NVLink (CUDA 10.1 and later, NCCL's
+    ``src/transport/p2p.cc``). What broke it in NVIDIA/nccl#1066 is SLURM's per-task cgroup
+    confinement: each task's GPU in a cgroup of its own, and NCCL fell back from NVLink without an
+    error (687 against 792 img/s per GPU in its DDP benchmark, and no NVLink traffic).
+    `gpus_per_node=0` runs on CPUs (gloo).
+    No agent: the script sets ``MASTER_ADDR`` and ``MASTER_PORT``, each task its ``RANK``,
+    ``LOCAL_RANK`` and ``WORLD_SIZE``; no restarts, no elastic membership.
+    """
+    check_job_shape(nnodes, nproc_per_node, cpus_per_rank)
+    gpus = _srun_gpus(nproc_per_node, gpus_per_node)
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={job_name}",
+        f"#SBATCH --nodes={nnodes}",
+        f"#SBATCH --ntasks-per-node={nproc_per_node}          # one task per rank: srun starts the ranks, no torchrun",
+        f"#SBATCH --gpus-per-node={gpus}             # all the node's GPUs, seen by every task of the node"
+        if gpus
+        else "# (no GPUs requested: gloo on CPUs)",
+        f"#SBATCH --cpus-per-task={cpus_per_rank}",
+        f"#SBATCH --time={time_limit}",
+        *([f"#SBATCH --partition={partition}"] if partition else []),
+        "set -euo pipefail",
+        "",
+        *_activate_lines(venv),
+        "# no agent sets these here: the first node hosts the store, at a port of this job's own",
+        *HEAD_NODE_LINES,
+        'export MASTER_ADDR="$head_addr"',
+        f"export MASTER_PORT={JOB_PORT}",
+        f'export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{cpus_per_rank}}}"',
+        *FLIGHT_RECORDER_LINES,
+        "",
+        "# each task is one rank: SLURM numbers the tasks, init_process_group reads torchrun's names (env://)",
+        *(SRUN_GPU_LINES if gpus else []),
+        'srun --cpus-per-task="$SLURM_CPUS_PER_TASK" bash -c \\',
+        "    'export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS; exec python -u \"$@\"' \\",
+        f"    rank {shlex.join([worker, *map(str, worker_args)])}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+SRUN_GPU_LINES = [
+    "# every task sees all the node's GPUs and takes cuda:LOCAL_RANK; not --gpus-per-task=1: where SLURM",
+    "# confines each task's GPU in a cgroup of its own, NCCL loses NVLink within a node (nccl#1066)",
+]
+
+
+def _srun_gpus(nproc_per_node: int, gpus_per_node: int | None) -> int:
+    """The GPUs per node srun.sh asks for: one per rank by default; fewer than the ranks are refused."""
+    gpus = nproc_per_node if gpus_per_node is None else gpus_per_node
+    if 0 < gpus < nproc_per_node:
+        raise ValueError(
+            f"{nproc_per_node} ranks per node need {nproc_per_node} GPUs per node (one each, cuda:LOCAL_RANK); "
+            f"got gpus_per_node={gpus}"
+        )
+    return gpus
+
+
+def _checkpoint_lines(checkpoint_dir: str | None) -> list[str]:
+    if checkpoint_dir is None:
+        return []
+    return [
+        "# the checkpoints must be on a filesystem every node sees: after a restart, rank 0 may be elsewhere",
+        f"mkdir -p {shlex.quote(checkpoint_dir)}",
+    ]
+
+
+def _slurm_environment(
+    rdzv_port: int | None, cpus_per_rank: int, max_restarts: int, venv: str | None
+) -> list[str]:
+    """The batch script's shell lines before srun: the environment, the rendezvous, threads, log prefixes."""
+    return [
+        "set -euo pipefail",
+        "",
+        *_activate_lines(venv),
+        "# the rendezvous store runs on the allocation's first node, at a port of this job's own: a fixed",
+        "# one (29500) collides when two jobs share a node. (no MASTER_ADDR: with c10d, torchrun reads",
+        "# --rdzv-endpoint and sets MASTER_ADDR for its workers)",
+        *HEAD_NODE_LINES,
+        f"rdzv_port={JOB_PORT if rdzv_port is None else rdzv_port}",
+        "# torchrun would give each rank 1 thread; give it its share of the task's cores",
+        f'export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{cpus_per_rank}}}"',
+        "# --tee 3 copies every rank's stdout and stderr here, each line prefixed with its global rank",
+        f"export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='{LOG_LINE_PREFIX}'",
+        *(FRESH_STORE_LINES if max_restarts > 0 else []),
+        *FLIGHT_RECORDER_LINES,
+        "# export NCCL_SOCKET_IFNAME=ib0   # the interface NCCL should use, if the default is wrong",
+        "# export NCCL_DEBUG=INFO          # print the transport NCCL picked (IB, sockets) at start",
+    ]
+
+
+SHARED_OPTIONS = {
+    "nnodes",
+    "nproc_per_node",
+    "gpus_per_node",
+    "cpus_per_rank",
+    "min_nodes",
+    "max_restarts",
+    "checkpoint_dir",
+}
+SLURM_OPTIONS = SHARED_OPTIONS | {"job_name", "time_limit", "partition", "rdzv_port", "venv"}
+SRUN_OPTIONS = {
+    "nnodes",
+    "nproc_per_node",
+    "gpus_per_node",
+    "cpus_per_rank",
+    "job_name",
+    "time_limit",
+    "partition",
+    "venv",
+}
+K8S_OPTIONS = SHARED_OPTIONS | {"image", "name", "shared_storage", "storage_class"}
+
+
+def write_cluster_templates(
+    directory: str | os.PathLike[str], worker: str, worker_args: Sequence[object] = (), **options: Any
+) -> dict[str, Path]:
+    """Write ``sbatch.sh``, ``srun.sh``, ``trainjob.yaml`` and ``pytorchjob-legacy-v1.yaml`` into `directory`;
+    returns their paths (keys ``slurm``, ``srun``, ``kubernetes`` and ``kubernetes_legacy``).
+
+    ``trainjob.yaml`` is a Kubeflow Trainer v2 ``TrainJob`` (trainjob.py); ``pytorchjob-legacy-v1.yaml`` the
+    v1 operator's ``PyTorchJob``, for clusters that still run it. v2 has no elastic node range, so a
+    `min_nodes` reaches the legacy file only, and the TrainJob says so in a comment.
+
+    `worker` is a path relative to the repository (e.g. ``ddp_helpers/workers/train.py``): the
+    SLURM job is submitted from the repository, and the image holds a copy of it. ``srun.sh`` is the
+    same job without torchrun (`srun_script`: one task per rank, each seeing the node's GPUs; no restarts, so no
+    checkpoint options). A `checkpoint_dir` must lie under `SHARED_MOUNT`, where the pods mount the
+    shared volume; call `slurm_script` alone for a folder elsewhere.
+    """
+    unknown = set(options) - SLURM_OPTIONS - K8S_OPTIONS
+    if unknown:
+        raise TypeError(f"unknown options: {', '.join(sorted(unknown))}")
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    slurm_options = {k: v for k, v in options.items() if k in SLURM_OPTIONS}
+    k8s_options = {k: v for k, v in options.items() if k in K8S_OPTIONS}
+    srun_options = {k: v for k, v in slurm_options.items() if k in SRUN_OPTIONS}
+    paths = {
+        "slurm": folder / "sbatch.sh",
+        "srun": folder / "srun.sh",
+        "kubernetes": folder / "trainjob.yaml",
+        "kubernetes_legacy": folder / "pytorchjob-legacy-v1.yaml",
+    }
+    paths["slurm"].write_text(slurm_script(worker, worker_args, **slurm_options))
+    paths["srun"].write_text(srun_script(worker, worker_args, **srun_options))
+    trainjob_options = {k: v for k, v in k8s_options.items() if k != "min_nodes"}
+    note = (
+        f"# min_nodes={k8s_options['min_nodes']} is not here: Kubeflow Trainer v2 runs a fixed numNodes (no elastic\n"
+        "# range); pytorchjob-legacy-v1.yaml has it, for a cluster that runs the v1 training operator.\n"
+        if k8s_options.get("min_nodes") is not None
+        else ""
+    )
+    paths["kubernetes"].write_text(note + trainjob_manifest(worker, worker_args, **trainjob_options))
+    paths["kubernetes_legacy"].write_text(pytorchjob_manifest(worker, worker_args, **k8s_options))
+    return paths

@@ -1,0 +1,202 @@
+"""The Kubeflow Trainer v2 ``TrainJob`` for a notebook's worker (see `trainjob_manifest`).
+
+Kubeflow Trainer v2 (``trainer.kubeflow.org/v1alpha1``, v2.2.0 and later) replaces the v1 training
+operator's framework CRDs (the ``PyTorchJob`` that pytorchjob.py still writes, for clusters that run the
+legacy v1 operator). A ``TrainJob`` names a runtime, here the ``torch-distributed`` ClusterTrainingRuntime
+that the Trainer installs, and sets only what differs for this job. Who owns what, as the Trainer's
+source has it (kubeflow/trainer v2.2.0):
+
+- the runtime owns the JobSet: one replicated job and one container, both named ``node``
+  (``constants.Node``); the torch ML policy; the ``PET_*`` variables torchrun reads (``PET_NNODES``,
+  ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR``, ``PET_MASTER_PORT``), which the torch
+  plugin sets and the admission webhook refuses in the job (``TorchRunReservedEnvNames``); and the
+  JobSet's failure policy (how often the pods are recreated), which a job's ``runtimePatches`` cannot reach;
+- the job sets ``spec.trainer``: the image, the command, its environment, ``numNodes``,
+  ``numProcPerNode`` and ``resourcesPerNode``; and, through ``spec.runtimePatches``, the pods' volumes,
+  the ``node`` container's mounts and the pods' security context.
+
+What v1 did and v2 does not: an elastic node range. The v1 ``elasticPolicy`` (``minReplicas`` to
+``maxReplicas``) has no counterpart: ``numNodes`` is one number, and the torch plugin says so itself
+(``// TODO (andreyvelich): Add support for PyTorch elastic when JobSet supports Elastic Jobs.``,
+pkg/runtime/framework/plugins/torch/torch.go). Restarts stay torchrun's, as with v1's ``maxRestarts``:
+the command runs torchrun with ``--max-restarts`` over a c10d rendezvous at the runtime's master address,
+so every node's agent restarts its workers together, and ``train.py --resume`` goes on from the newest
+checkpoint on the shared volume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+from ddp_helpers.chapters.ch06_scaling_out.ch06_job_files import (
+    CPUS_PER_RANK,
+    FRESH_STORE,
+    MAX_RESTARTS,
+    check_job_shape,
+    worker_args_for,
+)
+from ddp_helpers.chapters.ch06_scaling_out.ch06_pytorchjob import (
+    DEFAULT_IMAGE,
+    IMAGE_GID,
+    IMAGE_REPO_DIR,
+    IMAGE_UID,
+    SHARED_MOUNT,
+    SHARED_STORAGE,
+    check_shared,
+    volume_claim,
+)
+from ddp_helpers.run_contract import RUN_DIR_ENV
+
+API_VERSION = "trainer.kubeflow.org/v1alpha1"
+RUNTIME = "torch-distributed"  # the ClusterTrainingRuntime the Trainer installs (manifests/base/runtimes)
+NODE = "node"  # the runtime's replicated job and its trainer container (constants.Node)
+PATCH_MANAGER = "ddp-workbench"  # who owns the job's runtime patch (RuntimePatch.manager)
+# set by the torch plugin; the admission webhook refuses them in spec.trainer.env
+RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+
+
+def trainjob_manifest(
+    worker: str,
+    worker_args: Sequence[object] = (),
+    *,
+    image: str = DEFAULT_IMAGE,
+    nnodes: int = 2,
+    nproc_per_node: int = 8,
+    gpus_per_node: int | None = None,
+    cpus_per_rank: int = CPUS_PER_RANK,
+    max_restarts: int = MAX_RESTARTS,
+    checkpoint_dir: str | None = None,
+    name: str = "ddp",
+    shared_storage: str = SHARED_STORAGE,
+    storage_class: str | None = None,
+    runtime: str = RUNTIME,
+) -> str:
+    """A shared volume's claim and a Kubeflow Trainer v2 ``TrainJob`` on the `runtime` ClusterTrainingRuntime:
+    `nnodes` pods of `nproc_per_node` ranks each, running `worker` under torchrun. Two YAML documents:
+    ``kubectl apply -f`` creates both.
+
+    `image` must hold this package (docker/Dockerfile builds one; the runtime's stock image has no
+    ddp_helpers). A relative `worker` is taken from the image's copy of the repository. What the job writes
+    goes to the ReadWriteMany claim ``<name>-shared``, mounted at `SHARED_MOUNT` in every pod: the runs
+    (``DDP_RUN_DIR``) and `checkpoint_dir`, which must lie there (after a restart, rank 0 may be another pod).
+    """
+    check_job_shape(nnodes, nproc_per_node, cpus_per_rank)
+    check_shared(checkpoint_dir)
+    if max_restarts < 0:
+        raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
+    gpus = nproc_per_node if gpus_per_node is None else gpus_per_node
+    claim = f"{name}-shared"
+    trainer = _trainer(
+        worker,
+        worker_args,
+        image,
+        nnodes,
+        nproc_per_node,
+        gpus,
+        cpus_per_rank,
+        max_restarts,
+        checkpoint_dir,
+        name,
+    )
+    job = {
+        "apiVersion": API_VERSION,
+        "kind": "TrainJob",
+        "metadata": {"name": name},
+        "spec": {
+            "runtimeRef": {
+                "name": runtime,
+                "apiGroup": "trainer.kubeflow.org",
+                "kind": "ClusterTrainingRuntime",
+            },
+            "trainer": trainer,
+            "runtimePatches": [
+                {"manager": PATCH_MANAGER, "trainingRuntimeSpec": {"template": _pod_patch(claim)}}
+            ],
+        },
+    }
+    return yaml.safe_dump_all([volume_claim(claim, shared_storage, storage_class), job], sort_keys=False)
+
+
+def _trainer(
+    worker: str,
+    worker_args: Sequence[object],
+    image: str,
+    nnodes: int,
+    nproc_per_node: int,
+    gpus: int,
+    cpus_per_rank: int,
+    max_restarts: int,
+    checkpoint_dir: str | None,
+    name: str,
+) -> dict[str, Any]:
+    """spec.trainer: what the job sets (the image, torchrun's command, its environment, the shape)."""
+    script = worker if worker.startswith("/") else f"{IMAGE_REPO_DIR}/{worker}"
+    return {
+        "image": image,
+        "command": [
+            "torchrun",
+            # the runtime's master address hosts a c10d rendezvous: restarted agents meet again there
+            # (Kubernetes expands $(VAR) from the container's environment, where the torch plugin put them)
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint=$(PET_MASTER_ADDR):$(PET_MASTER_PORT)",
+            f"--max-restarts={max_restarts}",
+            script,
+            *worker_args_for(worker_args, checkpoint_dir),
+        ],
+        "env": [
+            {"name": RUN_DIR_ENV, "value": f"{SHARED_MOUNT}/runs/{name}"},  # the workers' --run-dir
+            {"name": "OMP_NUM_THREADS", "value": str(cpus_per_rank)},  # torchrun would set 1
+            *([{"name": k, "value": v} for k, v in FRESH_STORE.items()] if max_restarts > 0 else []),
+        ],
+        "numNodes": nnodes,
+        "numProcPerNode": nproc_per_node,
+        "resourcesPerNode": _resources(nproc_per_node, cpus_per_rank, gpus),
+    }
+
+
+def _resources(nproc_per_node: int, cpus_per_rank: int, gpus: int) -> dict[str, Any]:
+    """Each node's pod: a CPU budget for its ranks and their loaders, and its GPUs (the torch plugin reads
+    this too: with GPUs and numProcPerNode "auto", one rank per GPU)."""
+    limits: dict[str, Any] = {"cpu": nproc_per_node * cpus_per_rank}
+    if gpus:
+        limits["nvidia.com/gpu"] = gpus
+    return {"requests": {"cpu": nproc_per_node * cpus_per_rank}, "limits": limits}
+
+
+def _pod_patch(claim: str) -> dict[str, Any]:
+    """The runtime patch: the pods run as the image's user with the shared claim and two emptyDirs, which the
+    ``node`` container mounts. (A ContainerPatch cannot set ``env`` on ``node``: that goes in spec.trainer.)"""
+    pod_spec = {
+        # the image's user (docker/Dockerfile), and its group owns the mounted volumes
+        "securityContext": {
+            "runAsUser": IMAGE_UID,
+            "runAsGroup": IMAGE_GID,
+            "runAsNonRoot": True,
+            "fsGroup": IMAGE_GID,
+            "fsGroupChangePolicy": "OnRootMismatch",  # no recursive chown of a full volume at each start
+        },
+        "volumes": [
+            {"name": "shared", "persistentVolumeClaim": {"claimName": claim}},  # runs and checkpoints
+            {"name": "tmp", "emptyDir": {}},  # torchrun's log folder and other temporary files
+            {
+                "name": "dshm",
+                "emptyDir": {"medium": "Memory"},
+            },  # DataLoader workers and NCCL need shared memory
+        ],
+        "containers": [
+            {
+                "name": NODE,
+                "volumeMounts": [
+                    {"name": "shared", "mountPath": SHARED_MOUNT},
+                    {"name": "tmp", "mountPath": "/tmp"},
+                    {"name": "dshm", "mountPath": "/dev/shm"},
+                ],
+            }
+        ],
+    }
+    return {
+        "spec": {"replicatedJobs": [{"name": NODE, "template": {"spec": {"template": {"spec": pod_spec}}}}]}
+    }

@@ -1,0 +1,83 @@
+"""Notebook 07: the hand-made DDPs against torch's, and the experiments inside DDP, on one set of ranks.
+
+Every section compares configurations on the same ranks (an all-reduce over one rank has nothing to
+average, so at least two): NCCL where each has a GPU of its own, else gloo on the CPU, with the GPUs
+hidden. The model's sizes go by device kind: on GPUs a ResNet-50 at ImageNet's size, whose backward is
+long enough to hide the all-reduces; on the CPU a deep MLP whose layers fill DDP's buckets.
+The lesson (notebooks/07_inside_ddp.ipynb) and its companion (notebooks/deeper/07_*.ipynb) read every
+size and run length from here: `plan.sizes`, `handmade_args` and `inside_args`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ddp_helpers.kernel.lab.plan_core import Machine, NotebookPlan, by_kind, placement, placement_line
+
+# width x depth: the MLP's square layers; 1024 gives 4 MiB of gradients per layer, so DDP's default
+# 25 MiB buckets hold a few layers each; 256 (smoke) gives 0.25 MiB. batch_size is per rank: enough
+# rows for BatchNorm's statistics and for backward to take longer than a message.
+SIZES = {
+    "cpu": {"model": "mlp", "width": 1024, "depth": 8, "image_size": 64, "batch_size": 64},
+    "cuda": {"model": "resnet50", "width": 1024, "depth": 8, "image_size": 224, "batch_size": 32},
+}
+SMOKE = {"model": "mlp", "width": 256, "depth": 6, "batch_size": 16}  # fast on 2 CPU cores, for CI
+SMOKE_SIZES = {kind: {**sizes, **SMOKE} for kind, sizes in SIZES.items()}
+# How long each run is; smoke mode (CI) shortens the runs. steps: per measured configuration (the first
+# warmup_steps are not timed); bucket_caps: the bucket_cap_mb values of the sweep; accumulate:
+# micro-batches per optimizer step (no_sync); profile_steps: the steps torch.profiler records.
+LENGTHS: dict[bool, dict[str, Any]] = {
+    False: {"steps": 20, "warmup_steps": 2, "bucket_caps": "1,5,25,100", "accumulate": 4, "profile_steps": 3},
+    True: {"steps": 5, "warmup_steps": 1, "bucket_caps": "0.25,1,25", "accumulate": 3, "profile_steps": 2},
+}
+# A small model needs small buckets to have more than one: 0.25 MiB is one smoke layer. Outside smoke
+# mode the runs keep DDP's default bucket_cap_mb.
+SMOKE_BUCKET_CAP_MB = 0.25
+# The checks' margins. HIDDEN_FACTOR: DDP's buckets must hide at least this many times the all-reduce
+# time one bucket hides (one bucket is sent after backward's last gradient, so all it can overlap is
+# timing residue). MIN_R2: the alpha-beta line must explain this share of the all-reduce times'
+# variance (4 KiB to 16 MiB: the bandwidth term dominates, a ms of load noise stays below it).
+# CLOSE_TO_DDP: "comes close to torch's DDP" means a step time below this multiple of DDP's.
+HIDDEN_FACTOR = 2
+MIN_R2 = 0.9
+CLOSE_TO_DDP = 1.5
+
+
+def _size_args(sizes: dict[str, Any], smoke: bool) -> list[Any]:
+    lengths = LENGTHS[smoke]
+    args: list[Any] = ["--model", sizes["model"], "--width", sizes["width"], "--depth", sizes["depth"]]
+    args += ["--image-size", sizes["image_size"], "--batch-size", sizes["batch_size"]]
+    args += ["--steps", lengths["steps"], "--warmup-steps", lengths["warmup_steps"]]
+    return args + (["--bucket-cap-mb", SMOKE_BUCKET_CAP_MB] if smoke else [])
+
+
+def handmade_args(sizes: dict[str, Any], smoke: bool, run_dir: Path | str) -> list[str]:
+    """handmade_ddp.py's arguments: BatchNorm (so there are buffers to compare) and a rewrap (a rerun cell)."""
+    args = [*_size_args(sizes, smoke), "--batch-norm", "--rewrap", "--run-dir", run_dir]
+    return [str(a) for a in args]
+
+
+def inside_args(sizes: dict[str, Any], smoke: bool, experiments: str) -> list[str]:
+    """inside_ddp.py's arguments for the comma-separated `experiments`."""
+    lengths = LENGTHS[smoke]
+    args = [*_size_args(sizes, smoke), "--experiments", experiments, "--bucket-caps", lengths["bucket_caps"]]
+    args += ["--accumulate", lengths["accumulate"], "--profile-steps", lengths["profile_steps"]]
+    return [str(a) for a in args]
+
+
+def plan(machine: Machine, smoke: bool) -> NotebookPlan:
+    world = max(machine.nproc, 2)  # an all-reduce over one rank has nothing to average
+    demo = placement(machine, world)
+    line = placement_line(machine, demo)
+    if world != machine.nproc:
+        line = f"nproc = {machine.nproc}, but every demo here needs two ranks: they run {world}. {line}"
+    return NotebookPlan(
+        notebook="07",
+        machine=machine,
+        device=demo.device,
+        line=line,
+        runs={"demo": demo, "exercise": demo},
+        compared=(("demo",),),
+        sizes=by_kind(demo.device, SMOKE_SIZES if smoke else SIZES),
+    )

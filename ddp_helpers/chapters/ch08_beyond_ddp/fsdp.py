@@ -1,0 +1,314 @@
+"""Beyond DDP: where the memory goes, ZeRO-1, FSDP2 (`fully_shard`) and distributed checkpoints.
+
+    torchrun --nproc-per-node 2 fsdp.py --part train            # memory, FSDP2 vs one process, ZeRO-1, bytes
+    torchrun --nproc-per-node 2 fsdp.py --part save --checkpoint-dir ckpt
+    torchrun --nproc-per-node 3 fsdp.py --part resume --checkpoint-dir ckpt   # 2 ranks saved, 3 load
+    torchrun --nproc-per-node 2 fsdp.py --part train save --checkpoint-dir ckpt  # both, one job's start-up
+    torchrun --nproc-per-node 8 fsdp.py --part peak    # each rank's step peak on a GPU (make gpu-check)
+
+Every rank sees the same global batch of --global-batch samples per step and trains on its own slice,
+so a run on N ranks must follow a single process trained on the whole batch: that is the check.
+Rank 0 writes what it measured to <run-dir>/summary.json: the first part's results, and those of each
+further part under the part's name (summary["save"]).
+
+The model, its sharding and the pytorch#162338 probe are fsdp_model.py's; the measuring (bytes held,
+bytes sent, step times) is fsdp_measures.py's; --part save and resume are fsdp_checkpoint.py's, --part
+peak fsdp_peak.py's.
+"""
+
+import argparse
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddp_helpers.chapters.ch08_beyond_ddp import fsdp_checkpoint, fsdp_peak
+from ddp_helpers.chapters.ch08_beyond_ddp.fsdp_measures import (
+    CollectiveCounter,
+    flattened,
+    gathered,
+    memory_row,
+    padded_numel,
+    timed_steps,
+)
+from ddp_helpers.chapters.ch08_beyond_ddp.fsdp_model import (
+    BlockMLP,
+    build_model,
+    checked_fsdp,
+    divide_gradients,
+    factors_by_reduce,
+    global_batch,
+    gradient_factor,
+    my_slice,
+    shard,
+)
+from ddp_helpers.rank import teardown
+from ddp_helpers.rank.distributed import worker_backend
+from ddp_helpers.run_contract import SUMMARY_FILE, run_dir_from_env, write_json_atomic
+
+__all__ = [
+    "BlockMLP",
+    "CollectiveCounter",
+    "build_model",
+    "memory_row",
+    "shard",
+]  # what notebook 08's live ranks call
+
+RTOL, ATOL = 1e-4, 1e-6  # float rounding differs between a sharded and a whole-batch sum
+
+
+# ---------------------------------------------------------------------------- --part train
+
+
+def train_reference(args: argparse.Namespace, device: torch.device) -> BlockMLP:
+    """A single process on the whole global batch: what every sharded run must equal."""
+    model = build_model(args, device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    for step in range(args.steps):
+        x, y = global_batch(args, step, device)
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    return model
+
+
+def fsdp_versus_one_process(
+    args: argparse.Namespace, mesh: DeviceMesh, device: torch.device, result: dict[str, Any]
+) -> None:
+    """FSDP2 gradients and weights against a single process at the global batch."""
+    world_size, rank = dist.get_world_size(), dist.get_rank()
+    model = shard(build_model(args, device), mesh)
+    reference = build_model(args, device)
+    x, y = global_batch(args, 0, device)
+    F.cross_entropy(reference(x), y).backward()
+    true_grad = flattened(p.grad for p in reference.parameters())
+
+    def fsdp_grad() -> torch.Tensor:
+        model.zero_grad()
+        F.cross_entropy(model(my_slice(x)), my_slice(y)).backward()  # local mean; FSDP2 averages ranks
+        return flattened(p.grad for p in model.parameters())  # FSDP2's gradients are DTensors
+
+    def ratio(grad: torch.Tensor) -> float:  # least-squares factor: grad ~= ratio * true_grad
+        return (grad @ true_grad / (true_grad @ true_grad)).item()
+
+    before = fsdp_grad()
+    probe = gradient_factor(mesh, device)
+    fixed = None
+    if world_size > 1 and math.isclose(probe, world_size, rel_tol=1e-6):
+        print(
+            f"[rank {rank}] pytorch#162338: FSDP2 summed the gradients ({probe:g}x the mean); dividing",
+            flush=True,
+        )
+        divide_gradients(model, probe)
+        fixed = fsdp_grad()
+    grad = before if fixed is None else fixed
+    grad_diff = (grad - true_grad).abs().max().item()
+    assert torch.allclose(grad, true_grad, rtol=RTOL, atol=ATOL), f"FSDP2 gradients off by {grad_diff}"
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    for step in range(args.steps):
+        xs, ys = global_batch(args, step, device)
+        optimizer.zero_grad()
+        F.cross_entropy(model(my_slice(xs)), my_slice(ys)).backward()
+        optimizer.step()
+    trained = flattened(model.parameters())
+    expected = torch.cat([p.detach().flatten() for p in train_reference(args, device).parameters()])
+    weight_diff = (trained - expected).abs().max().item()
+    assert torch.allclose(trained, expected, rtol=RTOL, atol=ATOL), f"FSDP2 weights off by {weight_diff}"
+    result["fsdp_vs_one_process"] = {
+        "probe_factor": probe,
+        "factor_by_reduce": factors_by_reduce(mesh, device),
+        "ratio_before_fix": ratio(before),
+        "ratio_after_fix": None if fixed is None else ratio(fixed),
+        "max_grad_diff": grad_diff,
+        "max_grad_diff_before_fix": (before - true_grad).abs().max().item(),
+        "max_weight_diff": weight_diff,
+        "steps": args.steps,
+        "optimizer": "SGD",
+        "rtol": RTOL,
+        "atol": ATOL,
+    }
+
+
+def adam_run(kind: str, args: argparse.Namespace, mesh: DeviceMesh, device: torch.device) -> dict[str, Any]:
+    """Train with Adam as DDP, ZeRO-1, ZeRO-2 (FSDP2, reshard_after_forward=False) or FSDP2: memory per
+    rank after a step, bytes sent and step time."""
+    world_size = dist.get_world_size()
+    sent = {"all_reduce": 0}
+    buckets = []  # DDP's flat gradient buckets, as its comm hook sees them
+    forward: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    if kind in ("zero2", "fsdp2"):  # ZeRO-2: each unit stays gathered from its forward to its backward
+        options = {"reshard_after_forward": False} if kind == "zero2" else {}
+        model, _ = checked_fsdp(args, mesh, device, **options)
+        optimizer = torch.optim.Adam(model.parameters(), lr=args.adam_lr)
+        forward = model
+    else:
+        model = build_model(args, device)
+        ddp = DDP(model, gradient_as_bucket_view=True)  # .grad is a view of the bucket: one copy
+
+        def count_allreduce(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+            buckets.append(bucket.buffer())
+            sent["all_reduce"] += bucket.buffer().numel() * bucket.buffer().element_size()
+            buffer = bucket.buffer().div_(world_size)
+            return dist.all_reduce(buffer, async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+        ddp.register_comm_hook(None, count_allreduce)
+        forward = ddp
+        if kind == "zero1":  # each rank keeps Adam's state for its own share of the parameters only
+            optimizer = ZeroRedundancyOptimizer(
+                model.parameters(), optimizer_class=torch.optim.Adam, lr=args.adam_lr
+            )
+        else:
+            optimizer = torch.optim.Adam(model.parameters(), lr=args.adam_lr)
+
+    def step(n: int) -> None:
+        x, y = global_batch(args, n, device)
+        optimizer.zero_grad(set_to_none=False)  # keep .grad for the memory count
+        F.cross_entropy(forward(my_slice(x)), my_slice(y)).backward()
+        optimizer.step()
+
+    step(0)  # Adam creates its state in the first step
+    local_state = optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+    memory = memory_row(model, local_state, buckets)
+    params = list(model.parameters())
+    # which parameters this rank keeps optimizer state for (ZeRO-1: its own share only)
+    state_params = [i for i, p in enumerate(params) if p in local_state.state]
+    sent["all_reduce"] = 0
+    with CollectiveCounter() as counter:
+        step(1)
+    one_step = {**counter.bytes, **sent}  # copied now: the timed steps below count on
+    seconds = timed_steps(lambda n: step(n + 2), args.timed_steps, device)
+    weights = flattened(p.detach() for p in model.parameters())
+    return {
+        "memory": memory,
+        "sent_bytes": one_step,
+        "calls": counter.calls,
+        "step_time_s": seconds,
+        "weights": weights,
+        "param_tensors": len(list(model.parameters())),
+        "state_tensors": len(local_state.state),
+        "state_params": state_params,
+    }
+
+
+def part_train(args: argparse.Namespace, mesh: DeviceMesh, device: torch.device) -> dict[str, Any]:
+    world_size = dist.get_world_size()
+    result: dict = {"parameters": sum(p.numel() for p in build_model(args, device).parameters())}
+    result["padded_parameters"] = padded_numel(build_model(args, device), world_size)
+    fsdp_versus_one_process(args, mesh, device, result)
+    runs = {}
+    for kind in ("ddp", "zero1", "zero2", "fsdp2"):
+        run = adam_run(kind, args, mesh, device)
+        runs[kind] = run
+        result[kind] = {
+            "memory_per_rank": gathered(run["memory"]),
+            "sent_bytes": run["sent_bytes"],
+            "calls": run["calls"],
+            "step_time_s": run["step_time_s"],
+            "param_tensors": run["param_tensors"],
+            "state_tensors_per_rank": gathered(run["state_tensors"]),
+            "state_params_per_rank": gathered(run["state_params"]),
+        }
+    for kind in ("zero1", "zero2", "fsdp2"):
+        diff = (runs[kind]["weights"] - runs["ddp"]["weights"]).abs().max().item()
+        result[kind]["max_weight_diff_vs_ddp"] = diff
+        assert torch.allclose(runs[kind]["weights"], runs["ddp"]["weights"], rtol=RTOL, atol=1e-5), (
+            f"{kind} weights off DDP's by {diff}"
+        )
+    result["adam_steps"] = 2 + args.timed_steps
+    return result
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--part",
+        nargs="+",
+        choices=("train", "save", "resume", "peak"),
+        default=["train"],
+        help="one part, or several run one after the other in this job",
+    )
+    p.add_argument("--features", type=int, default=32)
+    p.add_argument("--width", type=int, default=256, help="each block is one width x width Linear")
+    p.add_argument("--depth", type=int, default=4)
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--global-batch", type=int, default=24, help="divisible by 1, 2, 3, 4, 6 and 8 ranks")
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--timed-steps", type=int, default=5)
+    p.add_argument("--lr", type=float, default=0.05, help="SGD's, for the check against one process")
+    p.add_argument("--adam-lr", type=float, default=1e-3, help="Adam's, everywhere else")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint-dir", default="runs/fsdp-ckpt")
+    p.add_argument("--ddp-checkpoint", default=None, help="a train.py checkpoint to load into FSDP2")
+    p.add_argument(
+        "--saved-full", default=None, help="--part resume: the saving job's full_model.pt, to check the load"
+    )
+    p.add_argument("--run-dir", default=run_dir_from_env("runs/fsdp"))
+    return p.parse_args()
+
+
+def refuse_uneven_batch(global_batch: int, world_size: int) -> None:
+    """Exit, saying why, where `world_size` ranks cannot split `global_batch` evenly: each rank's slice
+    would differ, and the check against one process on the global batch would compare other batches."""
+    if global_batch % world_size:
+        raise SystemExit(
+            f"--global-batch {global_batch} does not split evenly over {world_size} ranks: pass a multiple "
+            f"of {world_size} (notebook 08's plan picks one for every world)"
+        )
+
+
+@record
+def main() -> None:
+    args = parse_args()
+    Path(args.run_dir).mkdir(parents=True, exist_ok=True)
+    backend, device_type = worker_backend()  # the launcher's choice; gloo where GPUs are too few
+    use_cuda = device_type == "cuda"
+    if use_cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend)
+    device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+    world_size = dist.get_world_size()
+    refuse_uneven_batch(args.global_batch, world_size)
+    # a 1-D mesh: every rank holds 1/world_size of each parameter
+    mesh = init_device_mesh(device_type, (world_size,))
+    parts = {
+        "train": part_train,
+        "save": fsdp_checkpoint.part_save,
+        "resume": fsdp_checkpoint.part_resume,
+        "peak": fsdp_peak.part_peak,
+    }
+    first, *others = args.part
+    result = parts[first](args, mesh, device)
+    for name in others:  # a further part in the same job: no second start-up and rendezvous to pay
+        result[name] = parts[name](args, mesh, device)
+    if dist.get_rank() == 0:
+        summary = {
+            "part": first,
+            "world_size": world_size,
+            "backend": dist.get_backend(),
+            "device": device_type,
+            "torch_version": torch.__version__,
+            **result,
+        }
+        write_json_atomic(Path(args.run_dir) / SUMMARY_FILE, summary)  # never half a file
+        print(f"{' + '.join(args.part)}: done on {world_size} rank(s)", flush=True)
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        teardown.destroy_process_group()  # after @record has written any error (see teardown.py)

@@ -1,0 +1,173 @@
+"""What one rank holds at the end of forward, and what it sends per step, for one configuration.
+
+Notebook 08's calculator (`ddp_helpers.chapters.ch08_beyond_ddp.memory_calculator`) predicts these bytes; this measures
+them on live ranks, so the two can be compared. The moment measured is the end of forward (the loss
+computed, backward not yet begun: every activation saved for backward held), in a step after the first,
+with the last step's gradients kept (`zero_grad(set_to_none=False)`) and Adam's state in place. It is
+not the step's peak: FSDP2's comes in backward (torch's FSDPMemTracker measures it, in notebook 08).
+
+    footprint(mesh, device, strategy="zero2", precision="bf16", recompute=True, width=64, depth=2, batch=8)
+
+strategy: ddp (gradient_as_bucket_view=True), ddp_default (DDP's default buckets: a 2nd gradient copy),
+zero1 (DDP + ZeroRedundancyOptimizer), zero2 (FSDP2, reshard_after_forward=False), fsdp2 (FSDP2's default).
+precision: fp32, or bf16 (FSDP2's MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)).
+"""
+
+import argparse
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddp_helpers.chapters.ch08_beyond_ddp.fsdp_measures import (
+    CollectiveCounter,
+    local_bytes,
+    local_shard,
+    optimizer_bytes,
+)
+from ddp_helpers.chapters.ch08_beyond_ddp.fsdp_model import (
+    BlockMLP,
+    MixedPrecisionPolicy,
+    build_model,
+    checked_fsdp,
+)
+
+STRATEGIES = ("ddp", "ddp_default", "zero1", "zero2", "fsdp2")
+
+
+def wrapped(
+    strategy: str, precision: str, args: argparse.Namespace, mesh: DeviceMesh, device: torch.device
+) -> tuple[nn.Module, BlockMLP, torch.optim.Optimizer, list[torch.Tensor]]:
+    """(the module to call, the plain model, the optimizer, DDP's buckets as its comm hook sees them)."""
+    buckets: list[torch.Tensor] = []
+    if strategy in ("zero2", "fsdp2"):
+        options: dict = {"reshard_after_forward": False} if strategy == "zero2" else {}
+        if precision == "bf16":
+            options["mp_policy"] = MixedPrecisionPolicy(
+                param_dtype=torch.bfloat16, reduce_dtype=torch.float32
+            )
+        model, _ = checked_fsdp(args, mesh, device, **options)  # pytorch#162338 handled there
+        return model, model, torch.optim.Adam(model.parameters(), lr=1e-3), buckets
+    if precision != "fp32":
+        raise ValueError(f"{strategy} runs in fp32 here: MixedPrecisionPolicy is FSDP2's")
+    model = build_model(args, device)
+    ddp = DDP(model, gradient_as_bucket_view=strategy != "ddp_default")
+
+    def keep_bucket(
+        state: object, bucket: dist.GradBucket
+    ) -> torch.futures.Future[torch.Tensor]:  # DDP's comm hook: each flat bucket of gradients it all-reduces
+        buckets.append(bucket.buffer())
+        average = bucket.buffer().div_(dist.get_world_size())
+        return dist.all_reduce(average, async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+    ddp.register_comm_hook(None, keep_bucket)
+    params = model.parameters()
+    optimizer: torch.optim.Optimizer = (
+        ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.Adam, lr=1e-3)
+        if strategy == "zero1"
+        else torch.optim.Adam(params, lr=1e-3)
+    )
+    return ddp, model, optimizer, buckets
+
+
+def saved_activation_bytes(
+    model: nn.Module,
+) -> tuple[dict[int, int], torch.autograd.graph.saved_tensors_hooks]:
+    """A saved_tensors_hooks pair that sums the bytes autograd saves for backward, each storage once,
+    leaving out the parameters (full or gathered: whatever the model holds when the tensor is saved)."""
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        weights = {local_shard(p).untyped_storage().data_ptr() for p in model.parameters()}
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in weights:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    return seen, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+
+
+def held_at_forward_end(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    buckets: list[torch.Tensor],
+    loss_fn: Callable[[], torch.Tensor],
+) -> tuple[dict, torch.Tensor]:
+    """Run `loss_fn` (forward and loss), count what this rank holds once it returns; return both."""
+    seen, hooks = saved_activation_bytes(model)
+    with hooks:
+        loss = loss_fn()
+    params = list(model.parameters())
+    # FSDP2: the sharded fp32 weights always; a unit whose weights are still gathered shows them as
+    # plain tensors (a resharded unit shows its DTensor shards again)
+    sharded = [f.sharded_param for f in fsdp_params(model)]  # FSDP2: gradients live on the shards
+    gathered = sum(p.nbytes for p in params if not isinstance(p, DTensor))
+    held = {
+        "parameters": local_bytes(sharded) + gathered if sharded else local_bytes(params),
+        "gradients": local_bytes(p.grad for p in sharded or params if p.grad is not None)
+        + second_copy(params, buckets),
+        "optimizer": optimizer_bytes(getattr(optimizer, "optim", optimizer)),
+        "activations": sum(seen.values()),
+    }
+    return held, loss
+
+
+def fsdp_params(model: nn.Module) -> list:
+    """FSDP2's record of each sharded parameter (`sharded_param`: this rank's DTensor shard)."""
+    found = []
+    for module in model.modules():
+        state = getattr(module, "_get_fsdp_state", None)
+        group = state()._fsdp_param_group if state else None
+        if group is not None:
+            found.extend(group.fsdp_params)
+    return found
+
+
+def second_copy(params: list[nn.Parameter], buckets: list[torch.Tensor]) -> int:
+    """DDP's buckets where `.grad` is not a view of them (gradient_as_bucket_view=False)."""
+    if not buckets:
+        return 0
+    grad_storages = {p.grad.untyped_storage().data_ptr() for p in params if p.grad is not None}
+    copies = {b.untyped_storage().data_ptr(): b.nbytes for b in buckets}
+    return sum(n for ptr, n in copies.items() if ptr not in grad_storages)
+
+
+def footprint(
+    mesh: DeviceMesh,
+    device: torch.device,
+    strategy: str,
+    precision: str = "fp32",
+    recompute: bool = False,
+    **sizes: int,
+) -> dict:
+    """This rank's bytes at the end of forward in the third step, and the bytes sent in that step."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    args = argparse.Namespace(**{"features": 32, "classes": 10, "seed": 0, **sizes})
+    module, model, optimizer, buckets = wrapped(strategy, precision, args, mesh, device)
+    model.recompute = recompute
+    gen = torch.Generator().manual_seed(dist.get_rank())
+    x = torch.randn(args.batch, args.features, generator=gen).to(device)
+    y = torch.randint(args.classes, (args.batch,), generator=gen).to(device)
+
+    def loss_fn() -> torch.Tensor:
+        return F.cross_entropy(module(x), y)
+
+    for _ in range(2):  # gradients and Adam's state come to exist; DDP rebuilds its buckets in step 2
+        buckets.clear()  # DDP keeps the last step's buckets and hands the same ones to its hook each step
+        loss_fn().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+    first_step = len(buckets)
+    with CollectiveCounter() as counter:
+        held, loss = held_at_forward_end(model, optimizer, buckets, loss_fn)
+        loss.backward()
+        optimizer.step()
+    all_reduced = sum(b.nbytes for b in buckets[first_step:])  # DDP's all-reduces: one per bucket
+    return {**held, "sent": {**counter.bytes, "all_reduce": all_reduced}}

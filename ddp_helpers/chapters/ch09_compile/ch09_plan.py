@@ -1,0 +1,44 @@
+"""Notebook 09: torch.compile with DDP, on live ranks, and its exercises' live ranks.
+
+Every section compares ranks with each other (the graphs each compiled, the weights each reached), so
+the live ranks are at least two: NCCL where each has a GPU of its own, else gloo on the CPU with the
+GPUs hidden. Each rank's experiments take batches of `per_rank_batch` samples, so a run's global
+batch is that times its world. The sizes are the same on every device kind. The lesson
+(notebooks/09_torch_compile_ddp.ipynb) and its companion (notebooks/deeper/09_compile_internals.ipynb)
+read every size from here: `plan.sizes`.
+"""
+
+from __future__ import annotations
+
+from ddp_helpers.kernel.lab.plan_core import Machine, NotebookPlan, by_kind, placement, placement_line
+
+PER_RANK_BATCH = 16  # compile_ddp.batch()'s default: each rank's batch in every experiment
+# The model whose graph DDPOptimizer splits: `depth` Linear layers of width x width floats (512: 1 MiB of
+# gradient per layer, so a 1 MiB bucket cap gives one piece per layer). steps: eager and compiled, each, in
+# the cost run (the first compiled step compiles; the median of the rest is the steady state).
+# bucket_caps: the bucket_cap_mb values of the companion's sweep (deeper/09).
+MODEL = {"width": 512, "depth": 4}
+SIZES = {
+    "cpu": {**MODEL, "steps": 20, "bucket_caps": "1,2,25"},
+    "cuda": {**MODEL, "steps": 20, "bucket_caps": "1,2,25"},
+}
+SMOKE_SIZES = {
+    "cpu": {**MODEL, "steps": 6, "bucket_caps": "1,25"},
+    "cuda": {**MODEL, "steps": 6, "bucket_caps": "1,25"},
+}
+
+
+def plan(machine: Machine, smoke: bool) -> NotebookPlan:
+    world = max(machine.nproc, 2)  # one rank has nothing to overlap and no other rank to differ from
+    live = placement(machine, world, batch=PER_RANK_BATCH * world)
+    line = placement_line(machine, live)
+    if world != machine.nproc:
+        line = f"nproc = {machine.nproc}, but these demos compare ranks: they run {world}. {line}"
+    return NotebookPlan(
+        notebook="09",
+        machine=machine,
+        device=live.device,
+        line=line,
+        runs={"live": live, "exercises": placement(machine, world)},
+        sizes=by_kind(live.device, SMOKE_SIZES if smoke else SIZES),
+    )

@@ -1,0 +1,767 @@
+"""The checks, each over one run: DDP, the samples' order, the saves, the checkpoint, the log, the training,
+the resume's position and random state, and the resumed run against the uninterrupted one."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ddp_helpers.chapters.ch10_capstone.ch10_contract import (
+    EPOCHS,
+    POISON_STEP,
+    SEED,
+    SHARD,
+    STEPS_PER_EPOCH,
+    STOP_AT,
+)
+from ddp_helpers.chapters.ch10_capstone.ch10_judge import Sign, World, steps_of
+from ddp_helpers.chapters.ch10_capstone.ch10_replay import drift
+from ddp_helpers.chapters.ch10_capstone.ch10_runs import Run
+from ddp_helpers.rank.spec import close
+
+Seen = list[dict[str, Any]]  # per rank, what the check looked at: field -> value
+
+
+def check_ddp(w: World, run: Run) -> None:
+    weights = [[s["weights"] for s in (r or {}).get("steps", [])] for r in run.records]
+    seen = [
+        {
+            "DDP(...) built": (r or {}).get("ddp", 0) > 0,
+            "weights = rank 0's after each step": weights[i] == weights[0],
+        }
+        for i, r in enumerate(run.records)
+    ]
+    expected = [{"DDP(...) built": True, "weights = rank 0's after each step": True} for _ in run.records]
+    wrapped = all(s["DDP(...) built"] for s in seen)
+    w.judge(
+        "DDP wraps the model, and every rank holds the same weights",
+        run,
+        seen,
+        expected,
+        [
+            Sign(
+                "10-capstone-no-ddp",
+                "DDP(...) wrapped the model on every rank, but the ranks' weights parted after a step: the "
+                "forward went through the raw model, not the wrapper, so backward() averaged nothing and each "
+                "rank trained alone."
+                if wrapped
+                else "the script trains without DDP: no DDP(...) wrapped the model, so each rank trained alone.",
+                lambda: True,
+                hint="call the wrapper in the forward, loss = F.cross_entropy(model(x), y) with "
+                "model = DDP(raw, ...), not raw(x): only the wrapper's backward() averages the gradients."
+                if wrapped
+                else "",
+            ),
+        ],
+    )
+
+
+def _by_epoch(batches: list[list[int]]) -> dict[str, list[int]]:
+    """The samples of the batches up to the stop, as 'epoch 0' and 'epoch 1 (until the stop)'."""
+    return {
+        "epoch 0": [i for b in batches[:STEPS_PER_EPOCH] for i in b],
+        "epoch 1 (until the stop)": [i for b in batches[STEPS_PER_EPOCH:STOP_AT] for i in b],
+    }
+
+
+def check_order(w: World, run: Run, batches: list[list[list[int]]]) -> None:
+    """The samples each rank's first layer saw, epoch by epoch, against DistributedSampler's deal."""
+    seen: Seen = []
+    expected: Seen = []
+    for rank, record in enumerate(run.records):
+        drawn = [f.get("batch", []) for f in (record or {}).get("forwards", [])][:STOP_AT]
+        seen.append(_by_epoch(drawn))
+        expected.append(_by_epoch(batches[rank]))
+    w.judge(
+        "each rank trains on its own shard, in a new order each epoch",
+        run,
+        seen,
+        expected,
+        _order_signs(w, seen),
+    )
+
+
+def _order_signs(w: World, seen: Seen) -> list[Sign]:
+    """A missing sampler (the ranks' samples overlap), its default seed, and a sampler never told the epoch."""
+    pad = SHARD * w.world - (SHARD * w.world - 1)
+
+    def overlap() -> bool:  # the ranks' epoch-0 samples overlap beyond the sampler's padding
+        sets = [set(s["epoch 0"]) for s in seen]
+        shared = sum(len(a & b) for a, b in itertools.combinations(sets, 2))
+        return w.world > 1 and shared > pad
+
+    def default_seed() -> bool:  # the order DistributedSampler deals with its default seed, 0, not --seed's
+        from ddp_helpers.chapters.ch01_first_program.ch01_exercises import sampler_order
+
+        n = SHARD * w.world - 1
+        return all(s["epoch 0"] == sampler_order(n, w.world, rank, 0, 0) for rank, s in enumerate(seen))
+
+    def repeats() -> bool:  # epoch 1 starts as epoch 0 did
+        return all(
+            s["epoch 1 (until the stop)"] == s["epoch 0"][: len(s["epoch 1 (until the stop)"])]
+            and s["epoch 1 (until the stop)"]
+            for s in seen
+        )
+
+    return [
+        Sign(
+            "10-capstone-no-sampler",
+            "the ranks trained on the same samples: without a DistributedSampler each "
+            "rank goes through the whole dataset.",
+            overlap,
+        ),
+        Sign(
+            "10-capstone-sampler-seed",
+            f"each rank drew the shard DistributedSampler deals with its default "
+            f"seed, 0, not with --seed {SEED}: the sampler was built without seed=args.seed (a seed that only "
+            "seed 0 would never show).",
+            default_seed,
+        ),
+        Sign(
+            "10-capstone-no-set-epoch",
+            "epoch 1 dealt each rank the same samples in the same order as epoch 0: "
+            "the sampler never learned the epoch.",
+            repeats,
+        ),
+    ]
+
+
+def check_masks(w: World, run: Run) -> None:
+    """Each rank draws its own dropout masks: the first step's masks of the ranks differ (64 random bits each)."""
+    first = [(((r or {}).get("forwards") or [{}])[0]).get("mask") for r in run.records]
+    same = "first step's dropout mask = rank 0's"
+    seen: Seen = [{}] + [{same: first[rank] == first[0]} for rank in range(1, w.world)]
+    expected: Seen = [{}] + [{same: False} for _ in range(1, w.world)]
+    seeds = [(r or {}).get("seeds", []) for r in run.records]
+    told = (
+        f" (every rank's torch.manual_seed calls: {seeds[0]})"
+        if seeds[0] and seeds.count(seeds[0]) == w.world
+        else ""
+    )
+    reseeded = any(SEED + rank in seeds[rank] for rank in range(1, w.world))  # seed + rank, then again seed
+    w.judge(
+        "each rank draws its own dropout masks",
+        run,
+        seen,
+        expected,
+        [
+            Sign(
+                "10-capstone-same-masks",
+                "every rank drew the same dropout masks: after building the model (with "
+                "the same seed everywhere, for the same weights) no rank reseeded with seed + rank, so each rank's "
+                f"dropout drops the same units, and the ranks' noise is one noise, N times{told}.",
+                lambda: all(s[same] for s in seen[1:]),
+                hint="make torch.manual_seed(args.seed + rank) the last seed before training: a "
+                "torch.manual_seed(args.seed) after it gives every rank the same masks again."
+                if reseeded
+                else "",
+            ),
+        ],
+    )
+
+
+def check_teardown(w: World, run: Run) -> None:
+    """Rank 0's checkpoint is followed by a barrier on every rank, and every rank destroys its process group."""
+    events = [(r or {}).get("events", []) for r in run.records]
+    writes = [i for i, e in enumerate(events[0]) if e in ("save", "replace")]
+    last_write = writes[-1] if writes else len(events[0])
+    barrier = "a barrier after rank 0's checkpoint"
+    seen: Seen = [
+        {
+            barrier: "barrier" in events[0][last_write:],
+            "destroy_process_group()": "destroy_process_group" in events[0],
+        }
+    ]
+    for rank in range(1, w.world):  # the others: a barrier after their last step, where rank 0 saves
+        steps = [i for i, e in enumerate(events[rank]) if e == "step"]
+        after = events[rank][steps[-1] + 1 :] if steps else events[rank]
+        seen.append(
+            {barrier: "barrier" in after, "destroy_process_group()": "destroy_process_group" in after}
+        )
+    expected: Seen = [{barrier: True, "destroy_process_group()": True} for _ in range(w.world)]
+    w.judge(
+        "every rank waits at a barrier after the checkpoint, then destroys its process group",
+        run,
+        seen,
+        expected,
+        [
+            Sign(
+                "10-capstone-no-barrier",
+                "a rank went on past rank 0's checkpoint without a barrier: nothing made "
+                "it wait for rank 0 to finish writing, before it read the file, tore down, or exited.",
+                lambda: not all(s[barrier] for s in seen),
+            ),
+            Sign(
+                "10-capstone-no-teardown",
+                "a rank ended without dist.destroy_process_group(): the process group's "
+                "threads and connections are left to the interpreter's exit, where torch warns, and where a "
+                "backend can hang or abort.",
+                lambda: not all(s["destroy_process_group()"] for s in seen),
+            ),
+        ],
+    )
+
+
+def check_saves(w: World, run: Run) -> None:
+    ckpt = run.ckpt_path
+    seen: Seen = []
+    for record in run.records:
+        saves = (record or {}).get("saves", [])
+        replaced = [src for src, dst in (record or {}).get("replaces", []) if dst == ckpt]
+        how = (
+            "in place"
+            if ckpt in saves
+            else "via a temporary file and os.replace"
+            if any(s in saves for s in replaced)
+            else "moved into place"
+            if replaced
+            else "no"
+        )
+        seen.append({"torch.save calls": len(saves), "ckpt.pt written": how})
+    expected: Seen = [{"ckpt.pt written": "via a temporary file and os.replace"}]
+    expected += [{"torch.save calls": 0, "ckpt.pt written": "no"} for _ in range(w.world - 1)]
+    w.judge(
+        "rank 0 alone writes ckpt.pt, atomically",
+        run,
+        seen,
+        expected,
+        [
+            Sign(
+                "10-capstone-every-rank-saves",
+                "more ranks than rank 0 called torch.save: N writers of one file can "
+                "leave it torn, and the others' copies are wasted work.",
+                lambda: any(s["torch.save calls"] for s in seen[1:]),
+            ),
+            Sign(
+                "10-capstone-not-atomic",
+                "rank 0 saved straight into ckpt.pt: a job killed during the write leaves a "
+                "torn checkpoint in place of the last good one.",
+                lambda: seen[0]["ckpt.pt written"] == "in place",
+            ),
+            Sign(
+                "10-capstone-no-checkpoint",
+                f"no ckpt.pt was written in {run.out} at --stop-at-step {STOP_AT}.",
+                lambda: seen[0]["ckpt.pt written"] == "no",
+            ),
+        ],
+    )
+
+
+def check_ckpt(w: World, run: Run, step: int, want: list[float], start: list[float]) -> None:
+    ckpt: dict[str, Any] = run.ckpt if isinstance(run.ckpt, dict) else {}
+    model: dict[str, Any] = ckpt["model"] if isinstance(ckpt.get("model"), dict) else {}
+    keys = sorted(model)
+    flat: list[float] = []
+    if keys == ["fc1.weight", "fc2.weight"]:
+        flat = [float(v) for k in keys for v in model[k].float().flatten().tolist()]
+    seen: Seen = [
+        {"model keys": keys, "weights off by": round(drift(flat, want, start), 6) if flat else math.inf}
+    ]
+    seen[0]["other keys"] = sorted(k for k in ckpt if k != "model")
+    if run.ckpt_error:
+        seen[0]["error"] = run.ckpt_error
+    expected: Seen = [{"model keys": ["fc1.weight", "fc2.weight"], "weights off by": 0.0}]
+    w.judge(
+        f"ckpt.pt holds the plain model's weights after step {step}",
+        run,
+        seen,
+        expected,
+        [
+            Sign(
+                "10-capstone-module-keys",
+                "the checkpoint's model keys start with 'module.': that is the DDP "
+                "wrapper's state dict, which a plain model refuses.",
+                lambda: all(k.startswith("module.") for k in keys) and bool(keys),
+            ),
+        ],
+        tolerance=w.wtol,
+    )
+
+
+def check_log(w: World, run: Run, first: int, last: int, sim: list[dict[str, Any]]) -> None:
+    lines = [run.lines.get(rank, []) for rank in range(w.world)]
+    mine = lines[0]
+    seen: Seen = [{"steps logged": [v.get("step") for v in mine], "loss": [v.get("loss") for v in mine]}]
+    seen += [{"lines logged": len(lines[r])} for r in range(1, w.world)]
+    steps = list(range(first, last + 1))
+    expected: Seen = [{"steps logged": steps, "loss": [sim[s]["mean"] for s in steps]}]
+    expected += [{"lines logged": 0} for _ in range(1, w.world)]
+    local = [sim[s]["losses"][0] for s in steps]
+    w.judge(
+        f"rank 0 alone logs, steps {first}-{last}, the loss over every rank's samples",
+        run,
+        seen,
+        expected,
+        [
+            Sign(
+                "10-capstone-every-rank-logs",
+                "more ranks than rank 0 printed the log line: N copies of each line.",
+                lambda: any(s["lines logged"] for s in seen[1:]),
+            ),
+            Sign(
+                "10-capstone-local-loss",
+                "rank 0 logged the loss of its own samples only: each rank sees its own "
+                "shard, so the mean over all samples needs every rank's sum and count.",
+                lambda: w.world > 1 and close(seen[0]["loss"], local, w.ltol),
+            ),
+        ],
+        tolerance=w.ltol,
+    )
+
+
+def check_training(
+    w: World,
+    run: Run,
+    first: int,
+    sim: list[dict[str, Any]],
+    variants: Sequence[tuple[str, str, list[dict[str, Any]]]] = (),
+) -> None:
+    """The steps taken, the loss scale and the weights after each step, against the replay (from step `first`)."""
+    offset = first - 1
+    tol = w.wtol
+    start = sim[0]["weights"]
+    last = len(sim) - 1
+
+    def observed(rank: int, against: list[dict[str, Any]]) -> dict[str, Any]:
+        record = run.records[rank] or {}
+        worst = max(
+            (
+                drift(s["weights"], against[offset + s["at"]]["weights"], start)
+                for s in record.get("steps", [])
+                if offset + s["at"] <= last
+            ),
+            default=0.0,
+        )
+        return {
+            "steps taken": steps_of(run, rank, offset),
+            "loss scale": [s["scale"] for s in record.get("scales", [])],
+            "weights off by": round(worst, 6),
+        }
+
+    seen = [observed(rank, sim) for rank in range(w.world)]
+    taken = [s for s in range(first, last + 1) if sim[s]["stepped"]]
+    scales = [sim[s]["scale"] for s in range(first, last + 1)] if w.amp == "fp16" else []
+    expected = [{"steps taken": taken, "loss scale": scales, "weights off by": 0.0} for _ in range(w.world)]
+    scalers = [(r or {}).get("scalers", []) for r in run.records]
+    if w.amp != "fp16":
+        _no_loss_scale(w, seen, expected, scalers)
+
+    def matches(variant: list[dict[str, Any]]) -> Callable[[], bool]:
+        scales = [variant[s]["scale"] for s in range(first, last + 1)] if w.amp == "fp16" else []
+        return lambda: all(
+            observed(rank, variant)["weights off by"] <= tol and close(seen[rank]["loss scale"], scales)
+            for rank in range(w.world)
+        )
+
+    signs = [_disabled(w, run, scalers), *(Sign(d, m, matches(v)) for d, m, v in variants)]
+    signs.append(_overflow_stepped(w, run, seen))
+    what = (
+        "steps, loss scale and weights after each step" if w.amp == "fp16" else "the weights after each step"
+    )
+    w.judge(f"{what} as a right script's (steps {first}-{last})", run, seen, expected, signs, tolerance=tol)
+
+
+def _overflow_stepped(w: World, run: Run, seen: Seen) -> Sign:
+    """Under fp16 the step with an inf gradient was taken: by an optimizer.step() beside scaler.step, or with
+    no scaler.step at all."""
+    through_scaler = all((r or {}).get("scaler_steps", 0) for r in run.records)
+    overflow = f"with --amp fp16 the step with an inf gradient (step {POISON_STEP}) was taken"
+    return Sign(
+        "10-capstone-overflow-stepped",
+        f"{overflow}, although scaler.step(optimizer) ran on every rank: the optimizer was stepped outside "
+        "the scaler too."
+        if through_scaler
+        else f"{overflow}: no rank called scaler.step(optimizer), so the optimizer stepped on an overflow.",
+        lambda: w.amp == "fp16" and any(POISON_STEP in s["steps taken"] for s in seen),
+        hint="step the optimizer only through scaler.step(optimizer), which skips the step when a "
+        "gradient is inf: no optimizer.step() of its own."
+        if through_scaler
+        else "",
+    )
+
+
+def _disabled(w: World, run: Run, scalers: list[list[dict[str, Any]]]) -> Sign:
+    """A GradScaler built disabled under fp16: for another device (GradScaler() means "cuda", off without
+    CUDA), or with enabled=False."""
+    ranks_on = (run.records[0] or {}).get("device") or "cpu"
+    elsewhere = sorted({s["device"] for rank in scalers for s in rank} - {ranks_on, ""})
+    if elsewhere:
+        message = (
+            f"with --amp fp16 the GradScaler was built for '{elsewhere[0]}' (GradScaler() with no device means "
+            f"'cuda'), and the ranks train on '{ranks_on}': a scaler for a device that is not in use turns "
+            "itself off (it warns), so it scaled nothing, and fp16's overflow was stepped on."
+        )
+        hint = (
+            "give the GradScaler the ranks' device as its first argument: "
+            'torch.amp.GradScaler(device.type, enabled=args.amp == "fp16").'
+        )
+    else:
+        message = (
+            "with --amp fp16 the GradScaler was built with enabled=False: it scaled nothing, and fp16's overflow "
+            "was stepped on."
+        )
+        hint = 'enable it under fp16: torch.amp.GradScaler(device.type, enabled=args.amp == "fp16").'
+    return Sign(
+        "10-capstone-scaler-disabled",
+        message,
+        lambda: w.amp == "fp16" and all(not s["enabled"] for rank in scalers for s in rank) and any(scalers),
+        hint=hint,
+    )
+
+
+def check_autocast(w: World, run: Run) -> None:
+    """Each rank's forward runs under autocast for its own device, with --amp's dtype."""
+    want = {"fp16": "torch.float16", "bf16": "torch.bfloat16"}.get(w.amp, "off")
+    name = "the first layer's forward under autocast, with dtype"
+    seen: Seen = []
+    for record in run.records:
+        kinds = sorted(
+            {f.get("autocast", "off") for f in (record or {}).get("forwards", []) if f.get("batch")}
+        )
+        seen.append({name: kinds[0] if len(kinds) == 1 else kinds})
+    expected: Seen = [{name: want} for _ in run.records]
+    w.judge(
+        f"every forward runs under autocast with --amp {w.amp}'s dtype",
+        run,
+        seen,
+        expected,
+        [
+            Sign(
+                "10-capstone-no-autocast",
+                f"with --amp {w.amp} the forward ran without autocast on the ranks' device (in float32): either "
+                "no torch.autocast around it, or one for another device type than the ranks', which does nothing "
+                "here.",
+                lambda: all(s[name] == "off" for s in seen),
+            ),
+            Sign(
+                "10-capstone-autocast-dtype",
+                f"with --amp {w.amp} the forward ran under autocast with {seen[0][name]}, not {want}: the flag was "
+                "mapped to another dtype.",
+                lambda: all(s[name] not in ("off", want) and isinstance(s[name], str) for s in seen),
+            ),
+        ],
+    )
+
+
+def _no_loss_scale(w: World, seen: Seen, expected: Seen, scalers: list[list[dict[str, Any]]]) -> None:
+    """Only fp16 is held to the loss scale. A GradScaler under bf16 (or none) scales and unscales by a power of
+    two and never sees an overflow (bf16 has float32's range): the weights are the same, and it gets a note."""
+    for row in (*seen, *expected):
+        row.pop("loss scale")
+    if any(s["enabled"] for rank in scalers for s in rank):
+        w.notes.append(
+            f"a GradScaler ran under --amp {w.amp}: harmless (with float32's range nothing overflows), "
+            "but only fp16 needs one"
+        )
+
+
+def check_resume_start(w: World, resumed: Run, batches: list[list[list[int]]]) -> None:
+    seen = [
+        {"first batch after the resume": (((r or {}).get("forwards") or [{}])[0]).get("batch")}
+        for r in resumed.records
+    ]
+    expected = [{"first batch after the resume": batches[rank][STOP_AT]} for rank in range(w.world)]
+    restart = [batches[rank][STEPS_PER_EPOCH] for rank in range(w.world)]
+    first = [batches[rank][0] for rank in range(w.world)]
+    loaded = any(resumed.ckpt_path in (r or {}).get("loads", []) for r in resumed.records)
+    done = STOP_AT - STEPS_PER_EPOCH
+    w.judge(
+        f"the resumed run goes on with step {STOP_AT + 1}, epoch 1's batch {done + 1}",
+        resumed,
+        seen,
+        expected,
+        [
+            Sign(
+                "10-capstone-resume-not-loaded",
+                f"with --resume no rank loaded {resumed.ckpt_path}: the resumed run started the job afresh, "
+                f"from epoch 0's first batch.",
+                lambda: not loaded and [s["first batch after the resume"] for s in seen] == first,
+            ),
+            Sign(
+                "10-capstone-resume-restarts-run",
+                f"the resumed run loaded ckpt.pt, then began again with epoch 0's first batch: its loop started "
+                f"at epoch 0, not at the checkpoint's epoch 1, so the {STOP_AT} steps before the stop are "
+                "trained again.",
+                lambda: [s["first batch after the resume"] for s in seen] == first,
+            ),
+            Sign(
+                "10-capstone-resume-restarts-epoch",
+                f"the resumed run started epoch 1 again from its first batch: the "
+                f"{done} batch(es) trained before the stop are trained twice.",
+                lambda: [s["first batch after the resume"] for s in seen] == restart,
+            ),
+        ],
+    )
+
+
+def _epochs_trained(forwards: list[dict[str, Any]], batches: list[list[int]]) -> dict[str, list[Any]]:
+    """Which batch of which epoch each forward took, as 'epoch E' -> [batch numbers from 1]; a batch that no
+    epoch deals is listed by its samples under 'batches no epoch deals'."""
+    where: dict[tuple[int, ...], tuple[int, int]] = {}
+    for step, batch in enumerate(batches):
+        where.setdefault(tuple(batch), (step // STEPS_PER_EPOCH, step % STEPS_PER_EPOCH + 1))
+    out: dict[str, list[Any]] = {}
+    for forward in forwards:
+        batch = forward.get("batch", [])
+        if tuple(batch) in where:
+            epoch, number = where[tuple(batch)]
+            out.setdefault(f"epoch {epoch}", []).append(number)
+        else:
+            out.setdefault("batches no epoch deals", []).append(batch)
+    return out
+
+
+def check_resume_batches(w: World, resumed: Run, batches: list[list[list[int]]]) -> None:
+    """The resumed run trains every batch left, epoch by epoch: the rest of epoch 1, then every later epoch
+    whole. A resume that skips the done batches in every epoch trains too few."""
+    done = STOP_AT - STEPS_PER_EPOCH  # batches of epoch 1 trained before the stop
+    field = "{}: batches trained after the resume"
+    seen: Seen = []
+    expected: Seen = []
+    for rank, record in enumerate(resumed.records):
+        trained = _epochs_trained((record or {}).get("forwards", []), batches[rank])
+        seen.append({field.format(e): v for e, v in trained.items()})
+        want = {f"epoch {e}": list(range(1, STEPS_PER_EPOCH + 1)) for e in range(1, EPOCHS)}
+        want["epoch 1"] = want["epoch 1"][done:]
+        expected.append({field.format(e): v for e, v in want.items()})
+    later = [field.format(f"epoch {e}") for e in range(2, EPOCHS)]
+    cut = list(range(done + 1, STEPS_PER_EPOCH + 1))  # each epoch as the resumed one goes on
+
+    def skips_every_epoch() -> bool:
+        return all(s.get(name) == cut for s in seen for name in [field.format("epoch 1"), *later])
+
+    later_epochs = " and ".join(f"epoch {e}" for e in range(2, EPOCHS))
+    w.judge(
+        "the resumed run trains every batch left: the rest of epoch 1, then each later epoch whole",
+        resumed,
+        seen,
+        expected,
+        [
+            Sign(
+                "10-capstone-resume-skips-every-epoch",
+                f"after the resume every epoch began at batch {done + 1}, not only the resumed epoch 1: on "
+                f"every rank {later_epochs} trained batches {cut} of {STEPS_PER_EPOCH}, so {done} "
+                "batch(es) at the start of each were never trained.",
+                skips_every_epoch,
+            ),
+        ],
+    )
+
+
+GENERATORS = {"cpu": "the CPU generator", "cuda": "the GPU's generator"}
+AS_AT_STOP = f"as at the stop (step {STOP_AT})"
+AS_FRESH = "as freshly seeded, at the run's start"
+AS_RANK0 = f"as rank 0's at the stop (step {STOP_AT})"
+NEITHER = "neither as at the stop nor as at a fresh start"
+
+
+def _restored_then_reseeded(record: dict[str, Any] | None) -> tuple[bool, bool]:
+    """(torch.set_rng_state called before the first mask, torch.manual_seed called after it, before the mask)."""
+    events = (record or {}).get("events", [])
+    before = events[: events.index("mask")] if "mask" in events else events
+    if "set_rng_state" not in before:
+        return False, False
+    last = len(before) - 1 - before[::-1].index("set_rng_state")
+    return True, "manual_seed" in before[last:]
+
+
+def _rng_rows(w: World, stopped: Run, resumed: Run) -> tuple[Seen, Seen]:
+    """Per rank, each generator's state at the resumed run's first mask in words, and what a right resume
+    leaves (as at the stop)."""
+    after = [(((r or {}).get("forwards") or [{}])[0]).get("rng") or {} for r in resumed.records]
+    fresh = [(((r or {}).get("forwards") or [{}])[0]).get("rng") or {} for r in stopped.records]
+    at_stop = [r or {} for r in stopped.each("rng_exit")]
+    step = f"at the first mask after the resume (step {STOP_AT + 1})"
+    seen: Seen = []
+    expected: Seen = []
+    for rank in range(w.world):
+        row = {}
+        for key, name in GENERATORS.items():
+            if key in at_stop[rank]:
+                state = after[rank].get(key)
+                if state == at_stop[rank][key]:
+                    row[f"{name} {step}"] = AS_AT_STOP
+                elif state == fresh[rank].get(key):
+                    row[f"{name} {step}"] = AS_FRESH
+                elif rank > 0 and state == at_stop[0].get(key):
+                    row[f"{name} {step}"] = AS_RANK0
+                else:
+                    row[f"{name} {step}"] = NEITHER
+        seen.append(row)
+        expected.append(dict.fromkeys(row, AS_AT_STOP))
+    return seen, expected
+
+
+def _generator_states(seen: Seen, key: str) -> list[str]:
+    """Every rank's state of one generator ("cpu" or "cuda"), in words."""
+    return [v for row in seen for k, v in row.items() if k.startswith(GENERATORS[key])]
+
+
+def _which(seen: Seen, state: str) -> str:
+    """'the CPU generator of ranks 0, 1' for the rows with that state, in words."""
+    found: dict[str, list[int]] = {}
+    for rank, row in enumerate(seen):
+        for k, v in row.items():
+            if v == state:
+                found.setdefault(k.split(" at the first mask")[0], []).append(rank)
+    return "; ".join(
+        f"{name} of rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+        for name, ranks in found.items()
+    )
+
+
+def check_rng(w: World, stopped: Run, resumed: Run) -> None:
+    """Each generator's state at the resumed run's first mask, per rank, in words: as it was at the stop, as
+    a fresh start has it, as rank 0's at the stop, or none of these. On GPUs dropout draws from the GPU's
+    generator, so it counts too. A failure names the generator, the ranks and the step."""
+    seen, expected = _rng_rows(w, stopped, resumed)
+    how = [_restored_then_reseeded(r) for r in resumed.records]
+    no_generator = any(not all((r or {}).get("loaders") or [True]) for r in resumed.records)
+    w.judge(
+        "each rank draws on from its own random state as it was at the stop",
+        resumed,
+        seen,
+        expected,
+        [*_rng_fresh_signs(seen, how), *_rng_other_signs(w, seen, how, no_generator)],
+    )
+
+
+def _rng_fresh_signs(seen: Seen, how: list[tuple[bool, bool]]) -> list[Sign]:
+    """Every rank drew as a fresh start does: restored then reseeded, restored the start's state, or
+    restored nothing. `how`: per rank, (set_rng_state called, manual_seed after it)."""
+    fresh = _which(seen, AS_FRESH)
+    all_fresh = bool(seen) and all(v == AS_FRESH for row in seen for v in row.values())
+    return [
+        Sign(
+            "10-capstone-rng-reseeded",
+            f"{fresh} drew the dropout mask at step {STOP_AT + 1} (the first after the resume) as "
+            "a fresh start does: each rank restored its state with torch.set_rng_state, then called "
+            "torch.manual_seed again before its first step, which replaced the state it had restored.",
+            lambda: all_fresh and all(restored and reseeded for restored, reseeded in how),
+        ),
+        Sign(
+            "10-capstone-rng-saved-at-start",
+            f"{fresh} drew the dropout mask at step {STOP_AT + 1} (the first after the resume) as "
+            "a fresh start does, although each rank restored a state with torch.set_rng_state: the state "
+            "saved was the one the run started with, not the one it had at the stop.",
+            lambda: all_fresh and all(restored for restored, _ in how),
+        ),
+        Sign(
+            "10-capstone-rng-not-restored",
+            f"{fresh} drew the dropout mask at step {STOP_AT + 1} (the first after the resume) "
+            "from a freshly seeded state, not from the state each rank had at the stop: nothing restored it.",
+            lambda: all_fresh,
+        ),
+    ]
+
+
+def _rng_other_signs(w: World, seen: Seen, how: list[tuple[bool, bool]], no_generator: bool) -> list[Sign]:
+    """A loader without generator=, a state restored on some ranks only, rank 0's state on every rank, the
+    GPU's generator not restored, and, failing these, which rank's generator was not its own."""
+    at_stop, fresh, rank0, neither = (_which(seen, s) for s in (AS_AT_STOP, AS_FRESH, AS_RANK0, NEITHER))
+    return [
+        Sign(
+            "10-capstone-no-loader-generator",
+            f"at step {STOP_AT + 1}'s mask (the first after the resume) {neither} was neither as at the "
+            "stop nor as at a fresh start: the random state was restored, then the resumed epoch's "
+            "iter(loader) drew from it, since a DataLoader without generator= takes its seed from the global "
+            "generator at every iter().",
+            lambda: no_generator,
+        ),
+        Sign(
+            "10-capstone-rng-some-ranks",
+            f"{at_stop} got its random state back, but {fresh} went on at step "
+            f"{STOP_AT + 1} as freshly seeded: the state was restored on some ranks only.",
+            lambda: (
+                any(v == AS_AT_STOP for row in seen for v in row.values())
+                and all(v in (AS_AT_STOP, AS_FRESH) for row in seen for v in row.values())
+                and all(len(set(row.values())) == 1 for row in seen)
+            ),
+        ),
+        Sign(
+            "10-capstone-rank0-rng",
+            f"{rank0} went on at step {STOP_AT + 1} from rank 0's state at the stop, not from its "
+            "own: every rank restored rank 0's saved random state, so the ranks draw the same masks.",
+            lambda: w.world > 1 and all(all(v == AS_RANK0 for v in row.values()) for row in seen[1:]),
+        ),
+        Sign(
+            "10-capstone-cuda-rng-not-restored",
+            f"every rank got the CPU generator's state back, but not the GPU's ({fresh or neither}"
+            f", at step {STOP_AT + 1}): on a GPU, dropout draws its masks from the GPU's generator "
+            "(torch.cuda.get_rng_state(device)), which the checkpoint must hold and the resume restore too.",
+            lambda: (
+                all(v == AS_AT_STOP for v in _generator_states(seen, "cpu"))
+                and any(v != AS_AT_STOP for v in _generator_states(seen, "cuda"))
+            ),
+        ),
+        Sign(
+            "10-capstone-rng-not-restored",
+            f"some rank did not get its own random state back at step {STOP_AT + 1}, the first after the "
+            f"resume: {'; '.join(filter(None, (fresh, rank0, neither)))}"
+            " (below). Each rank's masks must go on from the state that rank had at the stop.",
+            lambda: True,
+            hint="restore each rank's own state last, after any torch.manual_seed, and draw nothing from the "
+            "global generator between the restore and the first step (no iter(loader) without generator=, "
+            "no random init): the first mask must draw from the state saved at the stop."
+            if all(restored for restored, _ in how)
+            else "",
+        ),
+    ]
+
+
+def check_exact(w: World, stopped: Run, resumed: Run, whole: Run, start: list[float]) -> None:
+    """The stopped and resumed run against the uninterrupted one: the same steps, the same weights after each.
+
+    Bit for bit at 1 or 2 ranks. At 3 or more, to float32's last bits: DDP's first iteration packs the
+    gradients into its bucket in parameter order, and later ones in the order backward produced them, so the
+    first step after a resume all-reduces each number in another position of the bucket, and with 3 or more
+    ranks the ring adds the ranks' shares in an order that depends on that position."""
+
+    def final(run: Run) -> list[float] | None:
+        model = (run.ckpt or {}).get("model") if isinstance(run.ckpt, dict) else None
+        if not isinstance(model, dict):
+            return None
+        return [float(v) for k in sorted(model) for v in model[k].float().flatten().tolist()]
+
+    exact = w.world <= 2
+    same = (
+        "weights = the uninterrupted run's, bit for bit"
+        if exact
+        else "weights off from the uninterrupted run's"
+    )
+    seen: Seen = []
+    expected: Seen = []
+    for rank in range(w.world):
+        split = {s["at"]: s["weights"] for s in (stopped.records[rank] or {}).get("steps", [])}
+        split |= {STOP_AT + s["at"]: s["weights"] for s in (resumed.records[rank] or {}).get("steps", [])}
+        alone = {s["at"]: s["weights"] for s in (whole.records[rank] or {}).get("steps", [])}
+        seen.append({"steps taken": sorted(split), "steps taken, uninterrupted": sorted(alone)})
+        expected.append({"steps taken": sorted(alone)})
+        if exact:
+            parted = [step for step in sorted(alone) if split.get(step) != alone[step]]
+            seen[-1][same] = not parted and bool(alone)
+            if parted:
+                seen[-1]["first step that differs"] = parted[0]
+            expected[-1][same] = True
+        else:
+            off = [drift(split[step], alone[step], start) for step in sorted(alone) if step in split]
+            seen[-1][same] = round(max(off, default=math.inf), 9)
+            expected[-1][same] = 0.0
+    ends = (final(resumed), final(whole))
+    if exact:
+        seen[0]["ckpt.pt = the uninterrupted run's"] = ends[0] == ends[1] and ends[1] is not None
+        expected[0]["ckpt.pt = the uninterrupted run's"] = True
+    how = (
+        "bit for bit"
+        if exact
+        else "to float32's last bits (at 3 or more ranks DDP's first step sums in another order)"
+    )
+    w.judge(
+        f"stopped and resumed, the run ends as the uninterrupted one, {how}",
+        whole,
+        seen,
+        expected,
+        tolerance=w.wtol,
+    )

@@ -1,0 +1,166 @@
+"""One world size: the three runs of the script (stopped, resumed, uninterrupted) and their checks, in order.
+
+Each stage launches one run, then judges it; the first check that fails raises `Failed` with the verdict, so
+a wrong script costs only the runs up to its mistake. The replay comes after the checks that need none (DDP,
+the order, the saves): its masks are the ones the run drew.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddp_helpers.chapters.ch10_capstone import ch10_checks as checks
+from ddp_helpers.chapters.ch10_capstone.ch10_contract import (
+    CLIP,
+    EXERCISE,
+    STOP_AT,
+    TOLERANCE,
+    TOTAL_STEPS,
+    expected_batches,
+    make_data,
+    script_args,
+)
+from ddp_helpers.chapters.ch10_capstone.ch10_judge import World, records_or_fail
+from ddp_helpers.chapters.ch10_capstone.ch10_replay import replay
+from ddp_helpers.chapters.ch10_capstone.ch10_runs import Run, launch_run, masks_of
+from ddp_helpers.kernel.exercises.verdict import UNKNOWN
+
+
+@dataclass
+class Stage:
+    """What the three runs of one world size share."""
+
+    w: World
+    script: Path
+    probe: Path
+    folder: Path
+    data_path: Path
+    data: dict[str, Any]
+    batches: list[list[list[int]]]
+    env: Mapping[str, str] | None = None  # extra environment for the ranks
+
+    def run(self, name: str, label: str, out: str, *flags: str) -> Run:
+        args = script_args(self.data_path, self.folder / out / "out", self.w.amp, *flags)
+        return launch_run(
+            self.probe, self.script, args, self.w.world, self.folder / name, self.data_path, label, self.env
+        )
+
+
+def check_world(
+    script: Path,
+    probe: Path,
+    folder: Path,
+    world: int,
+    amp: str,
+    say: Callable[[str], None],
+    env: Mapping[str, str] | None = None,
+) -> list[str]:
+    """Run and judge `script` at `world` ranks with --amp `amp`; raises judge.Failed at the first failed check.
+    Returns the notes on a passing script (what it does that is harmless but unneeded)."""
+    import torch
+
+    folder.mkdir(parents=True, exist_ok=True)
+    data = make_data(world)
+    torch.save(data, folder / "data.pt")
+    w = World(world, amp, f"at {world} rank(s), --amp {amp}", say)
+    stage = Stage(w, script, probe, folder, folder / "data.pt", data, expected_batches(world), env)
+    stopped, masks = _stopped(stage)
+    resumed, start = _resumed(stage, stopped, masks)
+    say(f"{EXERCISE} {w.where}: run 3 of 3, uninterrupted")
+    whole = stage.run("whole", "uninterrupted", "whole", "--stop-at-step", "0")
+    records_or_fail(w, whole)
+    if whole.error:
+        w.raised(whole)
+    checks.check_exact(w, stopped, resumed, whole, start)
+    return w.notes
+
+
+def _stopped(stage: Stage) -> tuple[Run, list[list[Any]]]:
+    w = stage.w
+    w.say(f"{EXERCISE} {w.where}: run 1 of 3, stopped at step {STOP_AT} (--stop-at-step {STOP_AT})")
+    stopped = stage.run("stopped", f"stopped at step {STOP_AT}", "stopped", "--stop-at-step", str(STOP_AT))
+    records_or_fail(w, stopped)
+    device = (stopped.records[0] or {}).get("device") or "cpu"
+    w.wtol, w.ltol = TOLERANCE["cpu" if device == "cpu" else "cuda", w.amp]
+    if stopped.error and not all(stopped.each("steps")):
+        w.raised(stopped)  # it failed before every rank took a step: nothing below could be judged
+    checks.check_ddp(w, stopped)
+    checks.check_order(w, stopped, stage.batches)
+    checks.check_masks(w, stopped)
+    checks.check_autocast(w, stopped)
+    checks.check_saves(w, stopped)
+    checks.check_teardown(w, stopped)
+    if stopped.error:
+        w.raised(stopped)
+    masks = masks_of(stopped, STOP_AT, w.world)
+    if masks is None:
+        w.fail(
+            UNKNOWN,
+            f"{w.where}, run '{stopped.name}': some rank drew no dropout mask in a step: train the "
+            "contract's Net (its nn.Dropout) in train mode, one forward per step.",
+        )
+    sim = replay(stage.data, w.world, w.amp, stage.batches, masks, STOP_AT)
+    variants = []
+    if w.amp == "fp16":
+        variants.append(
+            (
+                "10-capstone-no-unscale",
+                "the gradients were clipped while still multiplied by the loss "
+                f"scale ({sim[1]['scale']:g}): clipped to a norm of {CLIP:g}, then unscaled, the updates "
+                "are thousands of times too small.",
+                replay(stage.data, w.world, w.amp, stage.batches, masks, STOP_AT, unscale_first=False),
+            )
+        )
+    checks.check_training(
+        w, stopped, 1, sim, variants
+    )  # before the log: wrong weights make every later loss wrong
+    checks.check_log(w, stopped, 1, STOP_AT, sim)
+    checks.check_ckpt(w, stopped, STOP_AT, sim[STOP_AT]["weights"], sim[0]["weights"])
+    return stopped, masks
+
+
+def _resumed(stage: Stage, stopped: Run, masks: list[list[Any]]) -> tuple[Run, list[float]]:
+    w = stage.w
+    w.say(f"{EXERCISE} {w.where}: run 2 of 3, resumed (--resume)")
+    resumed = stage.run("resumed", "resumed", "stopped", "--stop-at-step", "0", "--resume")
+    records_or_fail(w, resumed)
+    if resumed.error and not all(resumed.each("forwards")):
+        w.raised(resumed)
+    checks.check_resume_start(w, resumed, stage.batches)
+    checks.check_rng(w, stopped, resumed)
+    if resumed.error:
+        w.raised(resumed)
+    checks.check_resume_batches(w, resumed, stage.batches)
+    later = masks_of(resumed, TOTAL_STEPS - STOP_AT, w.world)
+    if later is None:
+        w.fail(
+            UNKNOWN,
+            f"{w.where}, run 'resumed': the resumed run did not take the {TOTAL_STEPS - STOP_AT} steps "
+            f"left after step {STOP_AT}, one forward each.",
+        )
+    masks = [a + b for a, b in zip(masks, later, strict=True)]
+
+    def again(**variant: Any) -> list[dict[str, Any]]:
+        return replay(stage.data, w.world, w.amp, stage.batches, masks, TOTAL_STEPS, **variant)
+
+    sim = again()
+    variants = [
+        (
+            "10-capstone-scaler-not-restored",
+            "the resumed run started with a fresh GradScaler: the loss scale that "
+            "the overflow before the stop had lowered came back at its initial value.",
+            again(fresh_at=STOP_AT, fresh=("scaler",)),
+        ),
+        (
+            "10-capstone-optimizer-not-restored",
+            "the resumed run started with a fresh optimizer: the momentum built up before the stop was lost.",
+            again(fresh_at=STOP_AT, fresh=("optimizer",)),
+        ),
+    ]
+    checks.check_training(w, resumed, STOP_AT + 1, sim, variants)
+    checks.check_log(w, resumed, STOP_AT + 1, TOTAL_STEPS, sim)
+    checks.check_ckpt(w, resumed, TOTAL_STEPS, sim[TOTAL_STEPS]["weights"], sim[0]["weights"])
+    return resumed, sim[0]["weights"]

@@ -1,0 +1,221 @@
+"""Kernel side: run an answer on live ranks, then judge it against what a right answer does.
+
+    verdict = check("01-shard", answer_code, ranks)
+
+The answer runs on every live rank in a fresh namespace (`rank_side.run`), never in the ranks' own, so
+a wrong answer leaves nothing behind. The verdict is "passed" only when every rank's observations
+equal the exercise's expected ones. Otherwise the first catalogued mistake whose signature matches
+names the error; failing that, an exception or the fields that differ are shown.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from ddp_helpers.errors import InvalidLaunchArguments, LaunchTimeout, RankError, WorkerFailed
+from ddp_helpers.kernel.exercises.unwritten import unwritten_message
+from ddp_helpers.kernel.exercises.verdict import HUNG, PASSED, RAISED, UNKNOWN, UNWRITTEN, Verdict
+from ddp_helpers.rank.registry import get
+from ddp_helpers.rank.spec import Exercise, differences
+
+_checks = itertools.count()
+
+
+def check_syntax(exercise: Exercise, code: str) -> None:
+    """A syntax error in the answer, refused before any rank runs it."""
+    try:
+        compile(code, "<your answer>", "exec")
+    except SyntaxError as error:
+        raise InvalidLaunchArguments(
+            f"{exercise.id}: your answer has a syntax error at line {error.lineno}: {error.msg}"
+        ) from None
+
+
+def check(
+    exercise_id: str,
+    code: str,
+    ranks: Any,
+    workdir: str | os.PathLike[str] | None = None,
+    timeout: float | None = None,
+) -> Verdict:
+    """Run `code` as the answer to `exercise_id` on `ranks` (a `LiveRanks`) and judge what it did.
+
+    `timeout`: seconds a rank may stay silent in the answer before it counts as hung (default: the
+    exercise's own bound)."""
+    exercise = get(exercise_id)
+    if not isinstance(code, str):
+        raise InvalidLaunchArguments(f"an answer is code in a string, got {type(code).__name__}")
+    check_syntax(exercise, code)
+    unwritten = unwritten_message(exercise, code)
+    if unwritten is not None:  # nothing to run: the ranks are not touched
+        return Verdict(exercise.id, False, UNWRITTEN, unwritten, "", getattr(ranks, "world_size", 0))
+    base = Path(workdir) if workdir is not None else Path("runs") / "exercises"
+    folder = (base / f"{exercise.id}-{os.getpid()}-{next(_checks)}-{time.time_ns() % 10**6}").resolve()
+    call = (
+        "import ddp_helpers.rank.answer_runner as _exercise\n"
+        f"_exercise.run({exercise.id!r}, {code!r}, {str(folder)!r});"
+    )
+    world = ranks.world_size
+    bound = exercise.timeout_s if timeout is None else timeout
+    try:
+        ranks.run(call, timeout=bound)
+    except LaunchTimeout as error:
+        return _hung(exercise, ranks, world, error, bound)
+    except WorkerFailed as error:
+        restarted = _restart(ranks)
+        mismatched = collective_mismatch(str(error))
+        message = (
+            mismatched + "\n" if mismatched else ""
+        ) + f"a rank died while running your answer: {error}"
+        hint = ONE_SIDED_HINT if mismatched else exercise.hint
+        return Verdict(exercise.id, False, RAISED, message, hint, world, ranks_restarted=restarted)
+    except RankError as error:  # the answer raised on some rank: what each rank kept says more
+        if not ranks.alive or error.args[0].count("was still in the cell"):
+            return _raised_while_others_waited(exercise, ranks, world, str(error))
+    kept = ranks.run("_exercise.LAST")  # {rank: result}, in the order the replies came
+    results = [kept[rank] for rank in sorted(kept)]
+    if any(r is None for r in results):
+        raise RuntimeError(f"the checker found no result of {exercise.id} on some rank: {results}")
+    return judge(exercise, results)
+
+
+def judge(exercise: Exercise, results: list[dict[str, Any]]) -> Verdict:
+    """The verdict on what each rank's run of the answer reported (`rank_side.run`)."""
+    world = len(results)
+    expected = exercise.expected(world)
+    fields = list(dict.fromkeys(k for e in expected for k in e))
+    seen = [{k: r[k] for k in fields if k in r} for r in results]
+    errors = {r["rank"]: r["error"] for r in results if r.get("error")}
+    found = differences(results, expected, exercise.tolerance)
+    diffs = [{"rank": r, "field": f, "seen": s, "expected": e} for r, f, s, e in found]
+    if not errors and not found:
+        message = _passed_message(exercise, world, results)
+        return Verdict(exercise.id, True, PASSED, message, "", world, seen, expected)
+    for mistake in exercise.mistakes:
+        try:
+            matched = mistake.matches(results, expected)
+        except Exception:  # a signature that cannot read this answer's results does not match it
+            matched = False
+        if matched:
+            return Verdict(
+                exercise.id,
+                False,
+                mistake.id,
+                mistake.message,
+                mistake.hint or exercise.hint,
+                world,
+                seen,
+                expected,
+                diffs,
+            )
+    if errors:
+        first = min(errors)
+        listed = "; ".join(f"rank {r}: {e}" for r, e in sorted(errors.items()))
+        message = (
+            f"your answer raised on rank {first}" + (" and others" if len(errors) > 1 else "") + f": {listed}"
+        )
+        return Verdict(exercise.id, False, RAISED, message, exercise.hint, world, seen, expected)
+    message = (
+        "this answer is wrong in a way the checker has no name for: "
+        f"{len(diffs)} value(s) differ from what a right answer gives (below)"
+    )
+    return Verdict(exercise.id, False, UNKNOWN, message, exercise.hint, world, seen, expected, diffs)
+
+
+def _passed_message(exercise: Exercise, world: int, results: list[dict[str, Any]]) -> str:
+    """Passed; with the notes a rank's `observe` left (`"notes"`: what the answer does that is right
+    but costly, or harmless but unneeded), each said once."""
+    message = f"{exercise.title}: every rank did what a right answer does, on {world} rank(s)"
+    nodes = {(r.get("node layout") or {}).get("GROUP_RANK") for r in results}
+    if len(nodes) > 1 and None not in nodes:  # the answer ran as ranks of pretend nodes (Exercise.nodes)
+        message += f", run as {len(nodes)} nodes (where LOCAL_RANK is not RANK)"
+    message += "."
+    notes = dict.fromkeys(note for r in results for note in r.get("notes") or ())
+    return message + (" Note: " + "; ".join(notes) + "." if notes else "")
+
+
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<name>\S+)')
+ONE_SIDED_HINT = (
+    "Every rank must make each collective call, in the same order: take the call out of the block that "
+    "only some ranks enter (an `if rank == 0:` block holds what one rank does alone), so all reach it."
+)
+
+
+def waits_in_answer(stack: str) -> tuple[str, int] | None:
+    """(the collective, the answer's line) where a stuck rank waits, from its stack (innermost first).
+
+    The collective is torch.distributed's function where one is on the stack; a `backward()` waits in
+    DDP's all-reduce of the gradients, inside autograd's engine, where no such frame shows."""
+    frames = list(_FRAME.finditer(stack))
+    names = [f"`{f['name']}`" for f in frames if f["file"].endswith("distributed_c10d.py")]
+    if not names and any(f["name"] == "backward" for f in frames):
+        names = ["`backward()` (DDP's all-reduce of the gradients)"]
+    for frame in frames:
+        if frame["file"] == "<your answer>":
+            return (names[0] if names else "a call", int(frame["line"]))
+    return None
+
+
+def one_sided_collective(error: LaunchTimeout, world: int) -> str | None:
+    """The hang named, when some ranks finished the answer and every stuck one waits in a collective of
+    it: "rank 0 waits in `barrier` at line 17 of your answer, which rank 1 never called"."""
+    stuck = sorted(set(error.silent_ranks))
+    finished = [r for r in range(world) if r not in stuck]
+    found = {r: waits_in_answer(error.stacks.get(r, "")) for r in stuck}
+    waits = {r: w for r, w in found.items() if w is not None}
+    if not stuck or not finished or len(waits) < len(stuck):
+        return None
+    where = "; ".join(f"rank {r} waits in {c} at line {n} of your answer" for r, (c, n) in waits.items())
+    others = ", ".join(map(str, finished))
+    return (
+        f"a collective only some ranks call: {where}, which rank(s) {others} never called: they "
+        "finished the cell. A collective inside a block that only some ranks enter waits for the others "
+        "forever."
+    )
+
+
+def collective_mismatch(error: str) -> str | None:
+    """The death named, where gloo aborted a rank because the ranks' collectives did not match."""
+    if "collective mismatch" not in error and "doesn't match expected size" not in error:
+        return None
+    return (
+        "the ranks' collectives did not match: gloo stopped a rank that received another size than it "
+        "expected, because one rank skipped a collective the others made (a `backward()`, whose gradients "
+        "DDP all-reduces, counts as one) and its next call met theirs."
+    )
+
+
+def _hung(exercise: Exercise, ranks: Any, world: int, error: LaunchTimeout, bound: float) -> Verdict:
+    restarted = _restart(ranks)
+    named = one_sided_collective(error, world)
+    head = named or (
+        f"your answer did not finish within {bound:g}s on every rank: most often one rank "
+        "calls a collective that another never reaches."
+    )
+    message = f"{head}\n{error}"
+    if restarted:
+        message += "\nThe ranks were restarted for your next try."
+    hint = ONE_SIDED_HINT if named else exercise.hint
+    return Verdict(exercise.id, False, HUNG, message, hint, world, ranks_restarted=restarted)
+
+
+def _raised_while_others_waited(exercise: Exercise, ranks: Any, world: int, error: str) -> Verdict:
+    """Some rank raised while the others waited for it (in a collective): the ranks' own error says who."""
+    restarted = "Fresh ranks were started" in error or _restart(ranks)
+    message = (
+        "your answer raised on some rank while the others still ran it, waiting for that rank (most often "
+        "in a collective it never reached):\n" + error
+    )
+    return Verdict(exercise.id, False, RAISED, message, exercise.hint, world, ranks_restarted=restarted)
+
+
+def _restart(ranks: Any) -> bool:
+    if ranks.alive:
+        return False
+    ranks.restart()
+    return True

@@ -1,0 +1,126 @@
+"""Show the learner the code that runs, by function or class name rather than by text anchors.
+
+    show_source("train", "train_step")              # a bundled worker, by name
+    show_source(worker_path, "Trainer._run_batch")  # a file, a method by dotted name
+    show_source("ddp")                              # the whole file
+    show_diff("single_device", "ddp")               # two files side by side, changes marked
+
+Names are found with `ast`, so an excerpt moves with its function when the file changes, and a
+name that no longer exists is an error rather than a silently wrong excerpt.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import os
+from pathlib import Path
+
+from ddp_helpers.workers import worker_path
+
+PACKAGE_DIR = Path(__file__).resolve().parents[2]  # ddp_helpers/
+
+
+def _resolve(target: str | os.PathLike[str]) -> Path:
+    candidate = Path(target)
+    if candidate.suffix == ".py" and candidate.is_file():
+        return candidate
+    try:
+        return worker_path(str(target))
+    except FileNotFoundError:
+        # a module of this package by its name ("checkpoint": file names are unique in the package) or
+        # by its dotted path below the package ("rank.live_server")
+        if isinstance(target, str) and all(part.isidentifier() for part in target.split(".")):
+            module = PACKAGE_DIR.joinpath(*target.split(".")).with_suffix(".py")
+            if module.is_file():
+                return module
+            found = sorted(PACKAGE_DIR.rglob(f"{target}.py"))
+            if len(found) == 1:
+                return found[0]
+        raise
+
+
+Definition = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+
+
+def _find(tree: ast.Module, dotted: str) -> Definition:
+    first, *inner = dotted.split(".")
+    node = _child(tree, first, dotted)
+    for part in inner:
+        node = _child(node, part, dotted)
+    return node
+
+
+def _child(scope: ast.AST, name: str, dotted: str) -> Definition:
+    for child in ast.iter_child_nodes(scope):
+        if isinstance(child, Definition) and child.name == name:
+            return child
+    raise LookupError(f"no function or class named {dotted!r} (missing: {name!r})")
+
+
+def source_of(target: str | os.PathLike[str], *names: str) -> str:
+    """The source of each named function or class in `target` (decorators included), or the whole file.
+
+    `target` is a bundled worker's name ("train"), a module of ddp_helpers by dotted name
+    ("checkpoint", "live.server"), or a path to a ``.py`` file. Raises LookupError for a name the
+    file does not define.
+    """
+    path = _resolve(target)
+    text = path.read_text()
+    if not names:
+        return text
+    lines = text.splitlines()
+    tree = ast.parse(text, filename=str(path))
+    parts = []
+    for name in names:
+        node = _find(tree, name)
+        first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        parts.append("\n".join(lines[first - 1 : node.end_lineno]))
+    return "\n\n".join(parts)
+
+
+def show_source(target: str | os.PathLike[str], *names: str) -> None:
+    """Display `source_of(target, *names)` with syntax highlighting in a notebook (printed elsewhere)."""
+    text = source_of(target, *names)
+    try:
+        from IPython import get_ipython
+        from IPython.display import Code, display
+    except ImportError:
+        get_ipython = None  # noqa: N806
+    if get_ipython is not None and get_ipython() is not None:
+        display(Code(text, language="python"))
+    else:
+        print(text)
+
+
+def added_lines(old: str | os.PathLike[str], new: str | os.PathLike[str]) -> list[str]:
+    """The lines of `new` that `old` does not have (difflib's "+" lines), stripped."""
+    a, b = source_of(old).splitlines(), source_of(new).splitlines()
+    return [line[1:].strip() for line in difflib.ndiff(a, b) if line.startswith("+ ")]
+
+
+def show_diff(old: str | os.PathLike[str], new: str | os.PathLike[str], context: int = 3) -> None:
+    """Show two workers (or files) side by side with the changes marked; a unified diff outside IPython."""
+    a_path, b_path = _resolve(old), _resolve(new)
+    a, b = a_path.read_text().splitlines(), b_path.read_text().splitlines()
+    try:
+        from IPython import get_ipython
+        from IPython.display import HTML, display
+    except ImportError:
+        get_ipython = None  # noqa: N806
+    if get_ipython is not None and get_ipython() is not None:
+        table = difflib.HtmlDiff(wrapcolumn=80).make_table(
+            a, b, a_path.name, b_path.name, context=True, numlines=context
+        )
+        display(HTML(_DIFF_STYLE + table))
+    else:
+        print("\n".join(difflib.unified_diff(a, b, a_path.name, b_path.name, lineterm="", n=context)))
+
+
+# difflib's own colours, and a monospace font so the two columns line up
+_DIFF_STYLE = """<style>
+table.diff {font-family: monospace; font-size: 85%; border: none}
+table.diff td {white-space: pre-wrap; padding: 0 4px}
+.diff_add {background-color: #aaffaa} .diff_chg {background-color: #ffff77} .diff_sub {background-color: #ffaaaa}
+.diff_header {color: #888} .diff_next {display: none}
+</style>"""

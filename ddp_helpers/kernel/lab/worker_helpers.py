@@ -1,0 +1,150 @@
+"""Which package modules a worker needs, read from its imports: what a learner copies to take it away.
+
+    show_helpers("train")   # a table: each ddp_helpers module train.py imports, the names, what it does
+
+A worker like ``ddp.py`` imports only torch and runs anywhere; ``train.py`` takes its command line,
+data, metrics and checkpoints from the package. The list is computed from the file with `ast`, so it
+follows the worker as it changes.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddp_helpers.kernel.lab.source_view import PACKAGE_DIR, _resolve
+
+PACKAGE = PACKAGE_DIR.name  # "ddp_helpers"
+
+
+@dataclass(frozen=True)
+class Helper:
+    module: str  # "ddp_helpers.workers.train_options"
+    names: tuple[str, ...]  # what the worker takes from it ("parse_args", ...); () for `import module`
+    purpose: str  # the first sentence of the module's docstring
+    path: Path
+
+
+def module_path(module: str) -> Path:
+    """The file of a module of this package, by its dotted name."""
+    parts = module.split(".")[1:]
+    folder = PACKAGE_DIR.joinpath(*parts)
+    return folder / "__init__.py" if folder.is_dir() else folder.with_suffix(".py")
+
+
+def purpose(path: Path) -> str:
+    """The first sentence of the module's docstring: its first paragraph, joined, up to the first ". "."""
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    paragraph = " ".join(doc.split("\n\n")[0].split())
+    sentence = paragraph.split(". ")[0]
+    return sentence if sentence.endswith(".") else sentence + "."
+
+
+def package_imports(path: Path, package: str | None = None) -> dict[str, tuple[str, ...]]:
+    """The modules of this package that the file at `path` imports, each with the names it takes.
+
+    `package`: the package the file is in, for its relative imports (a worker copied out has none).
+    """
+    taken: dict[str, list[str]] = {}
+    for node in _loaded_with_the_file(ast.parse(path.read_text()).body):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == PACKAGE:
+                    taken.setdefault(alias.name, [])
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                if package is None:
+                    continue
+                parts = package.split(".")
+                parts = parts[: len(parts) - (node.level - 1)]
+                base = ".".join([*parts, *([base] if base else [])])
+            if base.split(".")[0] != PACKAGE:
+                continue
+            for alias in node.names:
+                # `from ddp_helpers.rank import teardown` names a module; `from ddp_helpers.rank.data import x` a name in one
+                if module_path(f"{base}.{alias.name}").is_file():
+                    taken.setdefault(f"{base}.{alias.name}", [])
+                else:
+                    taken.setdefault(base, []).append(alias.name)
+    return {name: tuple(names) for name, names in sorted(taken.items())}
+
+
+def _loaded_with_the_file(body: list[ast.stmt]) -> list[ast.stmt]:
+    """The import statements Python runs when it loads the file: its top level, into ``try`` and ``if``
+    blocks but not ``if TYPE_CHECKING:``, and never into a function or a class (those import when called)."""
+    found: list[ast.stmt] = []
+    for node in body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+        elif isinstance(node, ast.If):
+            if not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+                found += _loaded_with_the_file(node.body)
+            found += _loaded_with_the_file(node.orelse)
+        elif isinstance(node, ast.Try):
+            for block in (node.body, *(h.body for h in node.handlers), node.orelse, node.finalbody):
+                found += _loaded_with_the_file(block)
+    return found
+
+
+def package_helpers(target: str | os.PathLike[str]) -> list[Helper]:
+    """The ddp_helpers modules a worker (a bundled worker's name, or a file) imports itself."""
+    path = _resolve(target)
+    return [
+        Helper(module, names, purpose(module_path(module)), module_path(module))
+        for module, names in package_imports(path).items()
+    ]
+
+
+def closure(target: str | os.PathLike[str]) -> list[str]:
+    """Every ddp_helpers module that loading the worker loads, sorted: its helpers, what they import in
+    turn, and the packages (``__init__.py``) that Python runs on the way to each."""
+    seen: set[str] = set()
+    todo = [helper.module for helper in package_helpers(target)]
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        path = module_path(module)
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        todo.extend(package_imports(path, package))
+        todo.extend(".".join(module.split(".")[:k]) for k in range(1, module.count(".") + 1))  # its packages
+    return sorted(seen)
+
+
+def show_helpers(target: str | os.PathLike[str]) -> list[Helper]:
+    """Show the table of `package_helpers(target)` (a markdown table in IPython, else text); return them."""
+    helpers = package_helpers(target)
+    name = Path(_resolve(target)).name
+    rows = [
+        f"| `{h.module}` | {', '.join(f'`{n}`' for n in h.names) or '(the module)'} | {h.purpose} |"
+        for h in helpers
+    ]
+    needed = closure(target)
+    text = "\n".join(
+        [
+            f"`{name}` imports {len(helpers)} module(s) of `{PACKAGE}`:",
+            "",
+            "| module | what it takes | what the module does |",
+            "|---|---|---|",
+            *rows,
+            "",
+            f"With what those import in turn, loading `{name}` loads {len(needed)} module(s) of the package: "
+            + ", ".join(f"`{m.removeprefix(PACKAGE + '.')}`" for m in needed if m != PACKAGE)
+            + ". A copy taken out of the workbench needs them too.",
+        ]
+    )
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:
+        print(text)
+    else:
+        if get_ipython() is None:
+            print(text)
+        else:  # the table in a notebook, the same text where only plain text shows (a terminal IPython)
+            display({"text/markdown": text, "text/plain": text}, raw=True)
+    return helpers

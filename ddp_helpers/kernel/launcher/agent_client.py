@@ -1,0 +1,343 @@
+"""The launcher's side of the agent server (agent_server.py): torchrun's agent, forked warm.
+
+`start_agent` asks this process's server to fork a run's agent, starting the server first when there
+is none (`warm_up` starts one ahead, so that its import of torch overlaps other work). It returns None
+where a fork cannot be used (not Linux, a server that died, cannot start or has threads): the launcher
+then starts ``python -m ddp_helpers.kernel.launcher.torchrun_agent`` as a fresh process.
+``DDP_HELPERS_AGENT_SERVER=off`` turns the server off.
+
+A server serves one Python and one environment, because torch reads some variables when it is imported
+(``LOGLEVEL``, ``TORCH_CPP_LOG_LEVEL``, ``PYTHON*``, ...). Only the variables the launcher sets for each
+run, which are read later, may differ between a server and the runs it forks (`RUN_TIME_KEYS`). A run
+with other variables (``launch(env=...)``) gets a server of its own; the two most recently used are kept.
+
+A server holds no run of its own. It leaves when this process closes its end of the channel (at exit,
+in `stop_servers`, which an interrupted launch calls, or when a third server evicts it) or dies, and
+after `agent_server.IDLE_S` seconds without a run. `AgentServers` owns this process's servers (one
+object, `SERVERS`, as ipyparallel's `Cluster` owns its engines); the module's functions are its methods.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from ddp_helpers.kernel.launcher.agent_server import (
+    IDLE_ENV,
+    NOT_FORKABLE,
+    SERVER_FD_ENV,
+    AgentRequest,
+    RunNews,
+)
+from ddp_helpers.kernel.launcher.run_process import ProcessKind
+from ddp_helpers.kernel.launcher.torchrun_agent import OWNER_FD_ENV
+
+MAX_REQUEST_BYTES = 100_000  # what this end sends: one datagram, well under the socket's ~200 kB
+START_TIMEOUT_S = 300.0  # the first fork waits for the server to import torch: minutes on a slow disk
+
+# Set by the launcher for each run and read only when the run uses them (by torchrun's agent at run
+# time, or by the workers), so a warm server may fork runs that differ in them.
+RUN_TIME_KEYS = frozenset(
+    {
+        "OMP_NUM_THREADS",
+        "MPLBACKEND",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
+        OWNER_FD_ENV,
+        "PYTEST_CURRENT_TEST",  # pytest names the running test there: a new value for every test
+        # torch.distributed reads it at import (set_debug_level_from_env), but the level is used by process
+        # groups, DDP, FSDP, ZeRO, DeviceMesh and pipelining, which only the workers create (the agent's rendezvous is
+        # a TCPStore); the workers, fresh processes, read it at their own import
+        "TORCH_DISTRIBUTED_DEBUG",
+    }
+)
+RUN_TIME_PREFIX = "DDP_"  # this package's own variables: the grace period, the run's folder, live ranks
+KEEP_SERVERS = 2
+SWITCH_ENV = (
+    "DDP_HELPERS_AGENT_SERVER"  # "off": no server, a fresh agent per launch (as before; for comparing)
+)
+
+
+# a server's Python and the part of its environment read at import: runs that share it share the server
+ServerKey = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def server_key(python: str, env: dict[str, str]) -> ServerKey:
+    return (python, tuple(sorted((k, v) for k, v in env.items() if not _run_time(k))))
+
+
+def _run_time(key: str) -> bool:
+    return key in RUN_TIME_KEYS or key.startswith(RUN_TIME_PREFIX)
+
+
+class AgentServer:
+    """One running agent_server process and this process's end of its channel."""
+
+    def __init__(self, python: str, env: dict[str, str]) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        server_env = {k: v for k, v in env.items() if not _run_time(k)}
+        server_env[SERVER_FD_ENV] = str(theirs.fileno())
+        if IDLE_ENV in env:
+            server_env[IDLE_ENV] = env[IDLE_ENV]
+        server_env.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's BLAS pool: one thread, nothing to fork
+        try:
+            self.process = subprocess.Popen(
+                [python, "-m", "ddp_helpers.kernel.launcher.agent_server"],
+                env=server_env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,  # a fork's own output goes to its run's log
+                start_new_session=True,  # never signalled with the kernel's process group
+                pass_fds=(theirs.fileno(),),
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.channel = ours
+        self.lock = threading.Lock()
+
+    def fork(
+        self, argv: list[str], env: dict[str, str], output_fd: int, lifeline_fd: int
+    ) -> ForkedAgent | None:
+        """The run's agent, forked; None for a request too big for one message (an environment of
+        megabytes). Raises `ServerGone` if the server is gone, or went before it answered.
+
+        The request goes with the new agent's own socket first, then its output file and lifeline."""
+        request: AgentRequest = {"argv": argv, "env": env, "cwd": os.getcwd()}
+        message = json.dumps(request).encode()
+        if len(message) > MAX_REQUEST_BYTES:
+            return None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            with self.lock:
+                socket.send_fds(self.channel, [message], [theirs.fileno(), output_fd, lifeline_fd])
+        except OSError as error:
+            ours.close()
+            raise ServerGone from error
+        finally:
+            theirs.close()  # the server holds its own copy now: if it dies, `ours` reads end-of-file
+        agent = ForkedAgent(ours)
+        if not agent.read_pid(START_TIMEOUT_S):
+            agent.close()
+            raise ServerGone
+        return agent
+
+    def alive(self) -> bool:
+        return self.process.returncode is None and _exit_code_if_ended(self.process) is None
+
+    def stop(self) -> None:
+        """Close the channel: the server takes no new run and leaves when its runs have ended (its
+        owner, `AgentServers`, reaps it then)."""
+        with self.lock:
+            self.channel.close()
+
+    def kill(self) -> None:
+        """For a server that did not answer: a request it still holds must never be forked."""
+        try:
+            self.process.kill()
+        except ProcessLookupError:
+            pass
+
+
+def _exit_code_if_ended(process: subprocess.Popen[bytes]) -> int | None:
+    """The server's exit code once it has ended (reaping it), None while it runs."""
+    try:
+        pid, status = os.waitpid(process.pid, os.WNOHANG)
+    except ChildProcessError:
+        return process.returncode if process.returncode is not None else 0
+    if pid == process.pid:
+        process.returncode = os.waitstatus_to_exitcode(status)
+    return process.returncode
+
+
+# ------------------------------------------------------------------------------- one run's fork
+class ServerGone(Exception):
+    """The server died, left (idle), or did not answer in time: start the run's agent afresh."""
+
+
+class ForkedAgent:
+    """A run's agent forked by the server: what `processes` needs of a Popen (pid, returncode)."""
+
+    def __init__(self, run_socket: socket.socket) -> None:
+        self.pid = 0
+        self.kind: ProcessKind = "forked"  # see run_process.RunProcess
+        self.returncode: int | None = None
+        self.status_lost = False  # killed by a signal after its server died: the exit code is unknown
+        self.wait_s = 0.0  # how long the launch waited for the fork (a cold server: its import of torch)
+        self._socket = run_socket
+        self._buffer = b""
+
+    def read_pid(self, timeout_s: float) -> bool:
+        """Wait for the server's word that the agent runs; False if it went without saying so."""
+        self._socket.settimeout(timeout_s)
+        try:
+            while not self.pid:
+                message = self._next_message()
+                if message is None:
+                    return False
+                self._take(message)  # a fast agent's exit code may come before its pid
+        except (TimeoutError, OSError):
+            return False
+        finally:
+            self._socket.setblocking(False)
+        return True
+
+    def poll(self) -> int | None:
+        """The agent's exit code (negative: the signal that ended it), or None while it runs."""
+        while self.returncode is None:
+            try:
+                message = self._next_message()
+            except BlockingIOError:
+                return None
+            if message is None:  # the server and the agent are gone, and neither said how it ended:
+                self.returncode, self.status_lost = 1, True  # killed by a signal after the server died
+            else:
+                self._take(message)
+        self.close()
+        return self.returncode
+
+    def _take(self, message: RunNews) -> None:
+        if "pid" in message:
+            self.pid = int(message["pid"])
+        if "exit" in message and self.returncode is None:  # the agent's own word, or the server's
+            self.returncode = int(message["exit"])
+
+    def _next_message(self) -> RunNews | None:
+        """The next message, or None at end-of-file (the server is gone)."""
+        while b"\n" not in self._buffer:
+            data = self._socket.recv(4096)
+            if not data:
+                return None
+            self._buffer += data
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        message: RunNews = json.loads(line)  # written by `_send`, or by the agent as it leaves
+        return message
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+def supported() -> bool:
+    """Linux, and not turned off (``DDP_HELPERS_AGENT_SERVER=off``: every launch starts a fresh agent)."""
+    if os.environ.get(SWITCH_ENV, "on").lower() in ("off", "0", "false", "no"):
+        return False
+    return sys.platform.startswith("linux") and hasattr(socket, "send_fds")
+
+
+class AgentServers:
+    """This process's agent servers: the ones in use (by Python and environment), the ones told to leave
+    until they have been reaped, and the Pythons whose server cannot fork. It owns every server it
+    starts: `stop_all` (at exit) tells them all to leave."""
+
+    def __init__(self) -> None:
+        self.running: dict[ServerKey, AgentServer] = {}  # most recently used last
+        self.stopped: list[subprocess.Popen[bytes]] = []  # told to leave, reaped when they have
+        self.not_forkable: set[str] = set()  # Pythons whose server found threads after importing torch
+        self._lock = threading.Lock()  # running, not_forkable
+        self._stopped_lock = threading.Lock()
+
+    def start_agent(
+        self, python: str, argv: list[str], env: dict[str, str], output_fd: int, lifeline_fd: int
+    ) -> ForkedAgent | None:
+        """Fork the run's agent from a warm server (started now if there is none for this Python and
+        environment). None where that cannot be done: start a fresh agent instead."""
+        if not supported() or len(json.dumps([argv, env])) > MAX_REQUEST_BYTES - 4096:  # 4 kB: the folder
+            return None
+        if python in self.not_forkable:
+            return None
+        key = server_key(python, env)
+        self.reap_stopped()
+        with self._lock:
+            server = self.running.pop(key, None)
+            if server is not None and not server.alive():
+                self._stop(server)
+                server = None
+            if server is None:
+                try:
+                    server = AgentServer(python, env)
+                except OSError:
+                    return None
+            self._use(key, server)
+        try:
+            return server.fork(argv, env, output_fd, lifeline_fd)
+        except (ServerGone, KeyboardInterrupt) as error:  # an interrupt while a cold server imports torch
+            with self._lock:
+                if self.running.get(key) is server:
+                    del self.running[key]
+            server.kill()
+            self._stop(server)
+            if server.process.wait() == NOT_FORKABLE:
+                self.not_forkable.add(python)
+            if isinstance(error, KeyboardInterrupt):
+                raise
+            return None
+
+    def warm_up(self, python: str, env: dict[str, str]) -> bool:
+        """Start the server that a launch with this Python and environment will use, without waiting:
+        it imports torch while this process does other work. True if a server was started."""
+        if not supported() or python in self.not_forkable:
+            return False
+        key = server_key(python, env)
+        with self._lock:
+            if key in self.running:
+                return False
+            try:
+                self._use(key, AgentServer(python, env))
+            except OSError:
+                return False
+        return True
+
+    def _use(self, key: ServerKey, server: AgentServer) -> None:
+        """Make `server` the most recently used; tell the least recently used beyond `KEEP_SERVERS` to leave."""
+        self.running[key] = server
+        while len(self.running) > KEEP_SERVERS:
+            self._stop(self.running.pop(next(iter(self.running))))
+
+    def _stop(self, server: AgentServer) -> None:
+        server.stop()
+        with self._stopped_lock:
+            self.stopped.append(server.process)
+
+    def stop_all(self) -> None:
+        """Let every server leave (each once its runs have ended). The next launch starts a fresh one."""
+        with self._lock:
+            while self.running:
+                self._stop(self.running.popitem()[1])
+
+    def reap_stopped(self) -> bool:
+        """Reap the servers that have left; True if none is left to wait for."""
+        with self._stopped_lock:
+            self.stopped[:] = [p for p in self.stopped if _exit_code_if_ended(p) is None]
+            return not self.stopped
+
+    def wait_for_stopped(self, timeout_s: float) -> bool:
+        """Wait until every server told to leave has; True if they all did (a server leaves once its
+        runs, live ranks included, have ended)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.reap_stopped():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def reap_stopped_in_background(self, timeout_s: float = 60.0) -> None:
+        """Reap, from a daemon thread, the servers told to leave that have not left yet (none stays a
+        zombie)."""
+        if not self.reap_stopped():
+            threading.Thread(target=self.wait_for_stopped, args=(timeout_s,), daemon=True).start()
+
+
+SERVERS = AgentServers()  # this process's: the launcher's functions below use it
+start_agent = SERVERS.start_agent
+warm_up = SERVERS.warm_up
+stop_servers = SERVERS.stop_all
+wait_for_stopped_servers = SERVERS.wait_for_stopped
+reap_stopped_servers_in_background = SERVERS.reap_stopped_in_background
+atexit.register(SERVERS.stop_all)

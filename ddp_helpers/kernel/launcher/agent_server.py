@@ -1,0 +1,235 @@
+"""One process that imports torch once and forks each run's torchrun agent from itself (the launcher
+asks it: agent_client.py).
+
+    python -m ddp_helpers.kernel.launcher.agent_server      (started by the launcher: see agent_client.py)
+
+Every torchrun agent imports torch before it can start a worker: about 3 s on every launch here (2.8 s
+for ``import torch.distributed.run`` with torch 2.14 on 2 cores), on the critical path, before the
+workers import torch in turn. This server pays it once per kernel. Each
+run's agent is a fork of it, with torch and torchrun imported and nothing else done yet: the child puts
+itself in a session of its own, takes the run's output file, lifeline, environment and folder, and runs
+`torchrun_agent.main`, as ``python -m ddp_helpers.kernel.launcher.torchrun_agent`` would.
+
+The channel is a Unix socket inherited as fd `SERVER_FD_ENV`. A request is one message: JSON
+``{"argv", "env", "cwd"}`` with three file descriptors (SCM_RIGHTS): the run's own socket, its output file
+and the read end of its lifeline. On the run's socket the server writes the agent's pid, then its exit
+code when it ends, and closes it.
+
+When the launcher's end of the channel closes (it stops the server, or it died), the server takes no new
+run and leaves once its agents have ended. It stops none of them: each agent watches its own lifeline,
+so a dead launcher's runs stop by themselves (torchrun_agent.py). After `IDLE_S` seconds without a run
+(``DDP_HELPERS_AGENT_SERVER_IDLE_S``) it leaves too: the next launch starts a fresh one.
+
+Forking is safe here: the server runs one thread (numpy's BLAS pool, which importing torch starts, is
+kept to that thread; a server that finds more threads after its imports leaves with `NOT_FORKABLE`), has
+run no torch operation, and a child never returns into the server's loop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import traceback
+from collections.abc import Callable
+from typing import TypedDict
+
+SERVER_FD_ENV = "DDP_HELPERS_SERVER_FD"
+IDLE_ENV = "DDP_HELPERS_AGENT_SERVER_IDLE_S"
+IDLE_S = 600.0  # with no run for this long, leave: an idle server holds about 300 MB (torch's libraries)
+MAX_REQUEST = 1 << 20  # what the server reads of one request (an environment and a command line: far less)
+
+
+class AgentRequest(TypedDict):
+    """One request, as JSON: the run's torchrun command line, its environment and its folder."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+
+
+class RunNews(TypedDict, total=False):
+    """One line on a run's socket: the child's pid first, then its exit code (negative: a signal)."""
+
+    pid: int
+    exit: int
+
+
+def one_thread() -> bool:
+    """Only this thread runs here: what makes a fork safe."""
+    return len(os.listdir("/proc/self/task")) == 1
+
+
+def fork_child(
+    runs: dict[int, socket.socket], run_fd: int, child: Callable[[], int], close_here: list[int]
+) -> int:
+    """Fork; the child runs `child` and leaves with its code, never returning into the loop here. This
+    process closes `close_here` (the child's own fds), keeps `run_fd`, writes the child's pid there and
+    returns it."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = child()
+        finally:
+            os._exit(code)
+    for fd in close_here:
+        os.close(fd)
+    run = socket.socket(fileno=run_fd)
+    runs[pid] = run
+    _send(run, {"pid": pid})
+    return pid
+
+
+def report_ended_children(runs: dict[int, socket.socket]) -> None:
+    """Report each agent that has ended (its exit code, negative for a signal) and forget it."""
+    while runs:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        run = runs.pop(pid, None)
+        if run is not None:
+            _send(run, {"exit": os.waitstatus_to_exitcode(status)})
+            run.close()
+
+
+def _send(run: socket.socket, message: RunNews) -> None:
+    try:
+        run.sendall((json.dumps(message) + "\n").encode())
+    except OSError:  # the launcher closed its end: nobody waits for this run's news
+        pass
+
+
+def serve(channel: socket.socket, idle_s: float) -> None:
+    """Fork one run's agent per request until the channel closes and every agent has ended, or
+    nothing has run for `idle_s` seconds."""
+    runs: dict[int, socket.socket] = {}
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_read, False)
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)  # a SIGCHLD wakes the select below at once
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    accepting = True
+    while accepting or runs:
+        watched: list[int | socket.socket] = [wake_read, channel] if accepting else [wake_read]
+        readable, _, _ = select.select(watched, [], [], (idle_s if not runs else None) if accepting else 1.0)
+        if accepting and not readable and not runs:  # idle for idle_s: a request sent meanwhile is
+            break  # dropped with the channel, and the launcher starts that run's agent afresh
+        if wake_read in readable:
+            while True:
+                try:
+                    if not os.read(wake_read, 4096):
+                        break
+                except BlockingIOError:
+                    break
+        report_ended_children(runs)
+        if channel in readable:
+            try:
+                data, fds, _, _ = socket.recv_fds(channel, MAX_REQUEST, 3)
+            except OSError:
+                data, fds = b"", []
+            if not data:
+                accepting = False  # the launcher is gone or done: finish the runs under way, then leave
+                channel.close()
+                continue
+            if len(fds) != 3:
+                for fd in fds:
+                    os.close(fd)
+                continue
+            others = [channel.fileno(), wake_read, wake_write, *(run.fileno() for run in runs.values())]
+            try:
+                start_agent(runs, json.loads(data), fds, others)
+            except Exception:  # noqa: BLE001 - one request failed (a fork refused): serve the next ones
+                traceback.print_exc()  # the launcher reads end-of-file on that run and starts it afresh
+                for fd in fds:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+
+
+def preload() -> None:
+    """Import what torchrun's agent imports, and the agent itself: a fork has nothing left to import."""
+    import torch.distributed.run  # noqa: F401
+    from torch.distributed.elastic.agent.server import local_elastic_agent  # noqa: F401
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, dynamic_rendezvous  # noqa: F401
+
+    from ddp_helpers.kernel.launcher import torchrun_agent  # noqa: F401
+
+
+def become_agent(request: AgentRequest, output_fd: int, lifeline_fd: int, close: list[int]) -> int:
+    """In the forked child: become the run's agent, as if started by ``python -m ...torchrun_agent``."""
+    from ddp_helpers.kernel.launcher import torchrun_agent
+
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    os.setsid()  # a session of its own: the run can be signalled as a group, as start_run's Popen does
+    for fd in close:
+        os.close(fd)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(output_fd, 1)  # sys.stdout and sys.stderr (unbuffered: PYTHONUNBUFFERED) now write to the log
+    os.dup2(output_fd, 2)
+    os.close(output_fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.environ[torchrun_agent.OWNER_FD_ENV] = str(lifeline_fd)
+    sys.argv = [torchrun_agent.__file__, *request["argv"]]
+    return torchrun_agent.main(request["argv"])
+
+
+def start_agent(
+    runs: dict[int, socket.socket], request: AgentRequest, fds: list[int], close: list[int]
+) -> None:
+    """Fork one run's agent; tell the launcher its pid on the run's socket.
+
+    The agent writes its own exit code there too, before it leaves: if this server dies first, the
+    launcher still learns how the run ended (the server's report, from its wait status, covers an
+    agent killed by a signal).
+    """
+    run_fd, output_fd, lifeline_fd = fds
+
+    def agent() -> int:
+        code = 1
+        try:
+            # fds that came with a message are inheritable: no worker may hold the launcher's socket
+            os.set_inheritable(run_fd, False)
+            code = become_agent(request, output_fd, lifeline_fd, close)
+        except BaseException:  # noqa: BLE001 - reported in the run's log, like a crash at start-up
+            traceback.print_exc()
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os.write(run_fd, (json.dumps({"exit": code}) + "\n").encode())
+            except (OSError, ValueError):  # the log or the launcher's socket is gone: the server reports
+                pass
+        return code
+
+    fork_child(runs, run_fd, agent, close_here=[output_fd, lifeline_fd])
+
+
+NOT_FORKABLE = 3  # the exit code that tells the launcher not to start servers for this Python again
+
+
+def main() -> None:
+    channel = socket.socket(fileno=int(os.environ.pop(SERVER_FD_ENV)))
+    preload()
+    if not one_thread():  # something started a thread at import (an MKL numpy, a newer torch): no forks
+        sys.exit(NOT_FORKABLE)
+    serve(channel, float(os.environ.get(IDLE_ENV, IDLE_S)))
+    # Leave at once: finalizing an interpreter that holds torch takes a second or more on a loaded
+    # machine, and an interrupted launch waits for this process to be gone. Nothing here needs flushing.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,319 @@
+"""Work out which rank failed and why, after torchrun exits with an error.
+
+Sources, best first:
+1. torchrun's own report ("Root Cause (first observed failure)") for the rank and exit code;
+2. the rank's torchelastic error file, written by ``@record``, for the exception and traceback
+   (read with torchelastic's own `ProcessFailure`);
+3. the rank's stderr log, for scripts written without ``@record``: the last Python traceback, or a
+   segfault's stack from faulthandler, or else the last lines the rank printed there (``sys.exit("...")``,
+   argparse's errors).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass, field
+
+from ddp_helpers.kernel.launcher.log_follow import RankLogTail
+from ddp_helpers.run_contract import ERROR_FILE, STDERR_LOG
+
+_ROOT_CAUSE = re.compile(
+    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*\d+\)"
+    r".*?exitcode\s*:\s*(?P<exitcode>-?\d+)",
+    re.DOTALL,
+)
+_FAILURE = re.compile(
+    r"rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(?P<exitcode>-?\d+)"
+)
+# torch (>= 2.3) prefixes every line of an uncaught exception in a process-group member with
+# "[rankN]: " (its excepthook in init_process_group); its C++ warnings read "[rankN]:[W...".
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?", re.MULTILINE)
+# glog-style lines of torch's C++ logging ("[W1130 04:12:00.123 ...]", "E1130 ..."): noise, not a reason.
+_LOG_NOISE = re.compile(r"^\[?[WEIF]\d{4} \d\d:\d\d:\d\d")
+# Errors a rank gets because *another* rank died first: never the root cause if a better one exists.
+_SECONDARY = (
+    "connection reset by peer",
+    "connection closed by peer",
+    "remote worker",
+    "broken pipe",
+    "communicator was aborted",
+    "failed to recv",
+    "connectfullmesh",
+    "socket closed",
+    "killed by signal sigterm",  # torchrun stops the survivors with SIGTERM once one rank fails
+)
+STDERR_TAIL_LINES = 8
+NO_STDIN_HINT = (
+    "pdb quit on this rank: a rank that launch() starts has no stdin (torchrun gives its workers none), so "
+    "breakpoint() read end-of-file. Debug the same code on live ranks, where pdb asks in the notebook: "
+    "ranks = start_ranks(nproc=2); ranks.import_file('train.py'); then call its functions in a %%ranks "
+    "cell with breakpoint() in them, or run the cell with %%ranks --debug 1 to step through rank 1 alone."
+)
+
+
+@dataclass
+class Diagnosis:
+    rank: int
+    exitcode: int
+    error: str
+    traceback: str
+    hint: str = ""
+    stderr_tail: str = ""  # the rank's last stderr lines, when they are the only explanation
+    left_early: list[int] = field(default_factory=list)  # ranks that exited with code 0 first: the cause
+
+
+def strip_rank_prefix(text: str) -> str:
+    """Remove torch's ``[rankN]: `` prefix from every line."""
+    return _RANK_PREFIX.sub("", text)
+
+
+def _last_traceback(stderr_text: str) -> tuple[str, str]:
+    """The last Python traceback in a stderr log, and its final "Type: message" line."""
+    stderr_text = strip_rank_prefix(stderr_text)
+    start = stderr_text.rfind("Traceback (most recent call last):")
+    if start < 0:
+        return "", ""
+    lines = stderr_text[start:].splitlines()
+    # The traceback ends at the first unindented line after the header: that is the exception.
+    for i, line in enumerate(lines[1:], start=1):
+        if line and not line.startswith((" ", "\t")):
+            # Chained or multi-line messages: keep going until a blank line or torch's own logging.
+            end = i + 1
+            while end < len(lines) and lines[end].strip() and not lines[end].startswith(("[", "W", "E")):
+                end += 1
+            return "\n".join(lines[:end]), line.strip()
+    return "\n".join(lines), lines[-1].strip()
+
+
+def _fault_stack(stderr_text: str, max_lines: int = 60) -> str:
+    """faulthandler's report of a fatal signal (the Python stack of every thread), if there is one."""
+    stderr_text = strip_rank_prefix(stderr_text)
+    start = stderr_text.rfind("Fatal Python error:")
+    if start < 0:
+        return ""
+    lines = stderr_text[start:].splitlines()
+    end = next((i for i, line in enumerate(lines) if line.startswith("Extension modules:")), len(lines))
+    return "\n".join(lines[: min(end, max_lines)]).rstrip()
+
+
+def _stderr_tail(stderr_text: str, count: int = STDERR_TAIL_LINES) -> list[str]:
+    """The rank's last meaningful stderr lines: what ``sys.exit("...")`` or argparse printed."""
+    lines = [line.rstrip() for line in strip_rank_prefix(stderr_text).splitlines()]
+    meaningful = [line for line in lines if line.strip() and not _LOG_NOISE.match(line.lstrip())]
+    return meaningful[-count:]
+
+
+def _from_error_file(tail: RankLogTail, rank: int, attempt: int | None) -> tuple[str, str]:
+    """The message and Python stack that ``@record`` wrote, read with torchelastic's own reader."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    path = tail.rank_file(rank, ERROR_FILE, attempt)
+    if path is None:
+        return "", ""
+    try:
+        failure = ProcessFailure(local_rank=0, pid=0, exitcode=1, error_file=str(path))
+        message = failure.error_file_data["message"]
+    except (OSError, ValueError, KeyError, TypeError):  # half-written or foreign file
+        return "", ""
+    if isinstance(message, str):
+        return message, ""
+    return str(message.get("message", "")), str(message.get("extraInfo", {}).get("py_callstack", ""))
+
+
+def _signal_text(exitcode: int) -> str:
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    name = ProcessFailure(local_rank=0, pid=0, exitcode=exitcode, error_file="").signal_name()
+    return f"killed by signal {name if name != '<N/A>' else -exitcode}"
+
+
+def _hint(error: str, exitcode: int, cuda_available: bool) -> str:
+    lowered = error.lower()
+    if not cuda_available and any(k in lowered for k in ("cuda", "nvidia", "nccl")):
+        return (
+            "this script asks for CUDA or NCCL, but this machine has no usable GPU. "
+            "Pick the device from the environment instead of hard-coding it: "
+            "backend = 'nccl' if torch.cuda.is_available() else 'gloo'."
+        )
+    if exitcode == -signal.SIGKILL:
+        return "SIGKILL with no traceback is most often the kernel's out-of-memory killer (see `dmesg`)."
+    if _is_secondary(error):
+        return "this rank lost a peer or was stopped: another rank exited or crashed first; check the other ranks' logs."
+    if "address already in use" in lowered:
+        return "the rendezvous port is taken; launch() picks a free one unless rdzv_endpoint pins it."
+    if "bdbquit" in lowered:
+        return NO_STDIN_HINT
+    return ""
+
+
+def _is_secondary(error: str) -> bool:
+    lowered = error.lower()
+    return any(marker in lowered for marker in _SECONDARY)
+
+
+@dataclass
+class _RankReport:
+    error: str = ""  # "Type: message", or the signal and its reason
+    traceback: str = ""
+    stderr_tail: list[str] | None = None
+
+
+def _rank_report(tail: RankLogTail, rank: int, exitcode: int, since: int = 0) -> _RankReport:
+    """This rank's exception line and traceback, from its error file or else its stderr (from byte `since`)."""
+    error, traceback = _from_error_file(tail, rank, None)  # the latest attempt made torchrun give up
+    path = tail.rank_file(rank, STDERR_LOG)
+    stderr_text = ""
+    if path is not None:
+        with open(path, "rb") as fh:
+            fh.seek(since)
+            stderr_text = fh.read().decode(errors="replace")
+    if not traceback:
+        traceback, last_line = _last_traceback(stderr_text)
+        error = error or last_line
+    if exitcode < 0 and not error:
+        # a signal and no Python exception: a C++ abort often says why ("what(): ..."), and
+        # faulthandler (PYTHONFAULTHANDLER=1) leaves the Python stack of a segfault
+        what = _cxx_what(stderr_text)
+        traceback = _fault_stack(stderr_text)
+        error = _signal_text(exitcode) + (f": {what}" if what else "") + _when_no_python_ran(traceback)
+    report = _RankReport(error, traceback)
+    if not error:
+        report.stderr_tail = _stderr_tail(stderr_text)
+    return report
+
+
+def _cxx_what(stderr_text: str) -> str:
+    """What a C++ abort said: an exception's ``what()``, or else libstdc++'s "terminate called ..." line."""
+    lines = [line.strip() for line in stderr_text.splitlines() if "what():" in line]
+    if lines:
+        return lines[-1].split("what():", 1)[1].strip()
+    lines = [line.strip() for line in strip_rank_prefix(stderr_text).splitlines()]
+    terminate = [line for line in lines if line.startswith("terminate called")]
+    return terminate[-1] if terminate else ""
+
+
+def _when_no_python_ran(fault_stack: str) -> str:
+    """When faulthandler names no current thread (the signal came on a thread Python does not know) and
+    no thread had a Python frame, the script's code is not where it died: say so. Seen on torch 2.14 with
+    gloo, as rank 1 of a finished run exited: the shape of pytorch/pytorch#190489."""
+    if "<no Python frame>" not in fault_stack or "Current thread" in fault_stack or 'File "' in fault_stack:
+        return ""
+    return (
+        ", in a native thread while no thread ran Python code (the main thread had no Python frame):"
+        " most likely as the interpreter exited, after the script's last line"
+    )
+
+
+def diagnose(
+    agent_output: str,
+    tail: RankLogTail,
+    nranks: int,
+    cuda_available: bool,
+    exitcodes: dict[int, int] | None = None,
+    stderr_since: dict[int, int] | None = None,
+) -> Diagnosis | None:
+    """Find the failing rank. Returns None when no worker can be blamed.
+
+    `exitcodes` adds rank exit codes known without torchrun's report (a run with no agent).
+    `stderr_since` reads each rank's stderr from that byte on: live ranks' earlier cells are history.
+    """
+    since = stderr_since or {}
+    exitcodes = {
+        **(exitcodes or {}),
+        **{int(m["rank"]): int(m["exitcode"]) for m in _FAILURE.finditer(agent_output)},
+    }
+    rank: int | None = None
+    match = _ROOT_CAUSE.search(agent_output)
+    if match:
+        rank = int(match["rank"])
+        exitcodes.setdefault(rank, int(match["exitcode"]))
+    candidates = sorted(set(exitcodes) | set(tail.global_ranks(nranks)))
+    reports = {r: _rank_report(tail, r, exitcodes.get(r, 1), since.get(r, 0)) for r in candidates}
+    if rank is None:
+        # no report (e.g. torchrun itself was killed): blame a rank that left a traceback
+        rank = next((r for r in candidates if reports[r].error), None)
+    if rank is None and len(exitcodes) == 1:
+        rank = next(iter(exitcodes))  # the one known failure, even without a traceback
+    if rank is None:
+        return None
+    if _is_secondary(reports[rank].error):
+        # torchrun's "first observed" failure can be a rank that only lost its peer: prefer the one
+        # that failed for a reason of its own (error-file timestamps have one-second resolution)
+        primary = [r for r in candidates if reports[r].error and not _is_secondary(reports[r].error)]
+        if primary:
+            rank = primary[0]
+    left = _left_early(rank, reports, exitcodes, candidates, has_report=match is not None)
+    exitcode = exitcodes.get(rank, 1)
+    report = reports[rank]
+    error = report.error
+    stderr_tail = report.stderr_tail or []
+    if not error:
+        said = stderr_tail[-1].strip() if stderr_tail else ""
+        error = f"exited with code {exitcode}" + (f": {said}" if said else " and left no traceback")
+    return Diagnosis(
+        rank,
+        exitcode,
+        error,
+        report.traceback,
+        UNEVEN_HINT if left else _hint(error, exitcode, cuda_available),
+        "\n".join(stderr_tail),
+        left_early=left,
+    )
+
+
+UNEVEN_HINT = (
+    "a rank that leaves while another still calls collectives: uneven inputs (a different number of "
+    "batches or steps per rank) or a skipped collective. Give every rank the same number of steps "
+    "(DistributedSampler(drop_last=True)) or wrap the loop in torch.distributed.algorithms.Join."
+)
+
+
+def _left_early(
+    rank: int,
+    reports: dict[int, _RankReport],
+    exitcodes: dict[int, int],
+    candidates: list[int],
+    has_report: bool,
+) -> list[int]:
+    """The ranks that exited with code 0 and left `rank` waiting, when `rank` only lost its peer.
+
+    torchrun's report lists the ranks that failed, and not one that exited with code 0 (its
+    `SubprocessContext._poll` counts exit code 0 as done): a rank missing from the report, while the
+    blamed rank only lost a peer and no rank failed for a reason of its own, is one that left.
+    """
+    if not has_report or not _is_secondary(reports[rank].error):
+        return []
+    if any(reports[r].error and not _is_secondary(reports[r].error) for r in candidates):
+        return []
+    return [r for r in candidates if r not in exitcodes and r != rank]
+
+
+# torch 2.7 destroys a process group (and its ~ProcessGroupGloo, which joins gloo's threads) while it
+# holds the GIL; a gloo thread still freeing a finished collective's tensors (Python no longer holds
+# them) waits for that GIL. pytorch/pytorch#154976 releases it, from torch 2.8.
+GLOO_DESTROY_FIXED_IN = (2, 8)
+
+
+def destroy_deadlock_note(stacks: dict[int, str], backend: str, torch_version: str) -> str:
+    """Advice for ranks stuck in destroy_process_group() on torch 2.7's gloo, where that is torch's bug."""
+    if backend != "gloo":
+        return ""
+    try:
+        major, minor = (int(part) for part in torch_version.split(".")[:2])
+    except ValueError:
+        return ""
+    if (major, minor) >= GLOO_DESTROY_FIXED_IN:
+        return ""
+    stuck = [
+        r for r, stack in sorted(stacks.items()) if "destroy_process_group" in "".join(stack.splitlines()[:2])
+    ]
+    if not stuck:
+        return ""
+    return (
+        f"rank(s) {', '.join(map(str, stuck))} wait in destroy_process_group(), after their work: on torch "
+        f"{torch_version} with gloo that can deadlock (a gloo thread frees the last collective's tensors and "
+        "needs the GIL, which the destroy holds while it waits for that thread; fixed in torch 2.8, "
+        "pytorch/pytorch#154976). Hold gloo's backend until the destroy returns, as ddp.py's teardown() "
+        "does: its Python handle frees it without the GIL."
+    )

@@ -1,0 +1,196 @@
+"""Several "nodes" on one machine: how a loopback multi-node job shares out the GPUs and the cores.
+
+Each torchrun agent numbers its ranks from ``LOCAL_RANK`` 0, and a rank's device is
+``cuda:LOCAL_RANK``. Two agents on one machine would therefore both put a rank on ``cuda:0``, and
+NCCL refuses two ranks on one GPU. So each loopback node sees only its own GPUs, through its own
+``CUDA_VISIBLE_DEVICES``, just as a real node sees only its own. Where the machine has fewer GPUs
+than the job has ranks, the job runs on gloo on the CPU, and the plan's line says so.
+
+`start_elastic_node` starts one agent of an elastic job (``--nnodes MIN:MAX``) as a process of its
+own, so that a notebook can add a node to a running job and kill one, as machines come and go.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddp_helpers.kernel.launcher.machine import visible_gpus
+from ddp_helpers.kernel.launcher.process_tree import ProcessTree
+from ddp_helpers.kernel.launcher.processes import exit_code, wait_for_exit
+
+
+@dataclass(frozen=True)
+class LoopbackPlan:
+    """How to launch `nnodes` agents of `nproc_per_node` ranks each on this one machine."""
+
+    backend: str  # for launch(): "auto" (nccl with a GPU per rank, or gloo without GPUs) or "gloo"
+    node_env: tuple[dict[str, str], ...]  # launch(env=...) for each node, in node order
+    line: str  # one sentence for the notebook: what runs where, and why
+
+
+def visible_gpu_ids(gpus: int, environ: Mapping[str, str]) -> list[str]:
+    """The ids of the `gpus` GPUs this process sees, as ``CUDA_VISIBLE_DEVICES`` names them."""
+    listed = environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is None:
+        return [str(i) for i in range(gpus)]
+    return [part.strip() for part in listed.split(",") if part.strip()][:gpus]
+
+
+def loopback_plan(
+    nnodes: int,
+    nproc_per_node: int,
+    gpus: int | None = None,
+    cpus: int | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> LoopbackPlan:
+    """Share this machine's GPUs and cores out between `nnodes` loopback nodes.
+
+    Every node gets ``OMP_NUM_THREADS`` = cores / all ranks (the agents do not know of each other,
+    so each alone would hand its ranks every core). With at least one GPU per rank, node k also
+    gets ``CUDA_VISIBLE_DEVICES`` listing GPUs k*nproc_per_node ... (k+1)*nproc_per_node - 1.
+    """
+    if nnodes < 1 or nproc_per_node < 1:
+        raise ValueError("nnodes and nproc_per_node must be >= 1")
+    gpus = visible_gpus() if gpus is None else gpus
+    cpus = (os.cpu_count() or 1) if cpus is None else cpus
+    environ = os.environ if environ is None else environ
+    ranks = nnodes * nproc_per_node
+    threads = {"OMP_NUM_THREADS": str(max(1, cpus // ranks))}
+    shape = f"{nnodes} nodes x {nproc_per_node} rank(s)"
+    if gpus == 0:
+        return LoopbackPlan(
+            "auto",
+            tuple(dict(threads) for _ in range(nnodes)),
+            f"{shape} on the CPU with gloo (no GPU here).",
+        )
+    if gpus < ranks:
+        return LoopbackPlan(
+            "gloo",
+            tuple(dict(threads) for _ in range(nnodes)),
+            (
+                f"{shape} need {ranks} GPUs and this machine has {gpus}: the loopback job runs on gloo on the "
+                "CPU instead (two nodes sharing a GPU would both put a rank on cuda:0, which NCCL refuses)."
+            ),
+        )
+    ids = visible_gpu_ids(gpus, environ)
+    envs = tuple(
+        {**threads, "CUDA_VISIBLE_DEVICES": ",".join(ids[k * nproc_per_node : (k + 1) * nproc_per_node])}
+        for k in range(nnodes)
+    )
+    shown = "; ".join(
+        f"node {k}: CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}" for k, env in enumerate(envs)
+    )
+    return LoopbackPlan("auto", envs, f"{shape} with nccl, each node on GPUs of its own ({shown}).")
+
+
+# ------------------------------------------------------------------ elastic nodes on loopback
+@dataclass
+class ElasticNode:
+    """One torchrun agent of an elastic job, started in a session of its own, its output in `log`."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def lines(self) -> list[str]:
+        """Every line the agent and its ranks wrote so far (rank lines start ``[rankN]:``)."""
+        return self.log.read_text(errors="replace").splitlines() if self.log.exists() else []
+
+    def stop(self, sig: int = signal.SIGKILL, timeout_s: float = 30) -> int:
+        """Signal the agent and every worker it started, as a machine that dies; the agent's exit code.
+
+        torchrun starts each worker in a session of its own, so signalling the agent's group alone
+        would leave its workers running: every process of the tree is signalled.
+        """
+        if exit_code(self.process) is None:
+            ProcessTree(self.process.pid).signal_all(sig)
+        if not wait_for_exit(self.process, timeout_s):
+            raise subprocess.TimeoutExpired(self.process.args, timeout_s)
+        return self.process.returncode
+
+
+def start_elastic_node(
+    script: str | os.PathLike[str],
+    script_args: Sequence[object] = (),
+    *,
+    name: str,
+    nproc: int,
+    min_nodes: int,
+    max_nodes: int,
+    rdzv_endpoint: str,
+    run_id: str,
+    log_dir: str | os.PathLike[str],
+    max_restarts: int = 3,
+    rdzv_conf: Mapping[str, object] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> ElasticNode:
+    """Start one agent of an elastic job: ``torchrun --nnodes min_nodes:max_nodes --max-restarts ...``.
+
+    It is the command every node of a real elastic job runs. ``--tee 3`` with a ``[rankN]:`` prefix
+    puts every rank's lines in the node's log. A fresh rendezvous store per round
+    (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``), as in the generated job files: with the shared one,
+    restarted workers can read the dead workers' addresses (torch 2.14).
+    """
+    folder = Path(log_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    conf = ",".join(f"{key}={value}" for key, value in (rdzv_conf or {}).items())
+    options = {
+        "--nnodes": f"{min_nodes}:{max_nodes}",
+        "--nproc-per-node": nproc,
+        "--max-restarts": max_restarts,
+        "--rdzv-backend": "c10d",
+        "--rdzv-endpoint": rdzv_endpoint,
+        "--rdzv-id": run_id,
+        **({"--rdzv-conf": conf} if conf else {}),
+        "--tee": 3,
+        "--log-dir": folder / f"{name}-torchelastic",
+    }
+    flags = [str(item) for pair in options.items() for item in pair]
+    cmd = [sys.executable, "-m", "torch.distributed.run", *flags, str(script), *map(str, script_args)]
+    child_env = {
+        **os.environ,
+        **(env or {}),
+        "PYTHONUNBUFFERED": "1",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]: ",
+    }
+    log = folder / f"{name}.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env, start_new_session=True
+        )
+    return ElasticNode(name, process, log)
+
+
+def wait_for_line(nodes: Sequence[ElasticNode], pattern: str, timeout_s: float) -> re.Match[str]:
+    """The first match of `pattern` in the nodes' logs, waiting up to `timeout_s`.
+
+    A wait that fails (TimeoutError past the bound, RuntimeError when every node has exited) stops
+    the nodes first, so that no agent or worker outlives the cell; the error shows their last lines.
+    """
+    compiled = re.compile(pattern)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for node in nodes:
+            for line in node.lines():
+                if match := compiled.search(line):
+                    return match
+        timed_out = time.monotonic() > deadline
+        if timed_out or all(exit_code(node.process) is not None for node in nodes):
+            for node in nodes:
+                node.stop()
+            tails = {node.name: node.lines()[-5:] for node in nodes}
+            if timed_out:
+                raise TimeoutError(
+                    f"no line matched {pattern!r} within {timeout_s:g} s (nodes stopped); last lines: {tails}"
+                )
+            raise RuntimeError(f"every node exited before a line matched {pattern!r}; last lines: {tails}")
+        time.sleep(0.2)

@@ -1,0 +1,90 @@
+"""Track every process a launch started, and stop them all.
+
+torchrun starts each worker in a session of its own (``start_new_session=True``), so
+signalling the agent's process group does not reach the workers. We therefore remember
+every descendant we have seen and signal each of them, and their groups, directly.
+
+What a worker starts and orphans between two refreshes (a helper in a session of its own, a
+double fork) is re-parented to the agent, a child subreaper (see `ddp_helpers.kernel.launcher.torchrun_agent`), which
+stops it when torchrun returns; until then the next refresh sees it here too.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+
+
+class ProcessTree:
+    """The launched root process and every descendant ever seen under it."""
+
+    def __init__(self, root_pid: int) -> None:
+        self.root_pid = root_pid
+        self._known: dict[int, psutil.Process] = {}
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Record the root's current descendants (a worker may have been restarted)."""
+        try:
+            root = psutil.Process(self.root_pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return
+        for proc in procs:
+            self._known.setdefault(proc.pid, proc)
+
+    def alive(self) -> list[psutil.Process]:
+        """The remembered processes that still run (a pid reused by a stranger is not ours)."""
+        alive = []
+        for proc in self._known.values():
+            try:
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(proc)
+            except psutil.NoSuchProcess:
+                pass
+        return alive
+
+    def signal_all(self, sig: int) -> None:
+        for proc in self.alive():
+            try:
+                # A worker leads its own group: its DataLoader workers share that group.
+                os.killpg(proc.pid, sig) if os.getpgid(proc.pid) == proc.pid else proc.send_signal(sig)
+            except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+                pass
+
+    def terminate(self, grace_s: float = 5.0) -> list[int]:
+        """SIGTERM everything, wait up to `grace_s`, then SIGKILL what is left.
+
+        Returns the pids that had to be killed with SIGKILL.
+        """
+        self.refresh()
+        self.signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        survivors = self.alive()
+        for proc in survivors:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(survivors, timeout=grace_s)
+        return [proc.pid for proc in survivors]
+
+
+def processes_marked(name: str, value: str) -> list[int]:
+    """Pids of the live processes whose environment has `name` set to `value` (this user's only:
+    other users' environments cannot be read, and are skipped). A launcher under test exports a unique
+    marker; every process it starts inherits it, so a process still carrying it after the launcher
+    returned is one it left running."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(name) == value:
+                found.append(proc.pid)
+        except psutil.Error:  # gone, a zombie, or not ours to read
+            continue
+    return found

@@ -1,0 +1,185 @@
+"""The processes of a run: start them so that they die with their owner, and stop them all.
+
+`launch` and live ranks (`ddp_helpers.kernel.live`) start and stop their runs with these two functions.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import weakref
+from collections.abc import Callable
+from typing import BinaryIO
+
+from ddp_helpers.errors import LaunchInterrupted
+from ddp_helpers.kernel.launcher.agent_client import (
+    reap_stopped_servers_in_background,
+    start_agent,
+    stop_servers,
+    wait_for_stopped_servers,
+)
+from ddp_helpers.kernel.launcher.config import LaunchConfig
+from ddp_helpers.kernel.launcher.process_tree import ProcessTree
+from ddp_helpers.kernel.launcher.run_process import FreshProcess, RunProcess, reap
+from ddp_helpers.kernel.launcher.torchrun_agent import OWNER_FD_ENV
+from ddp_helpers.run_contract import STDERR_LOG, STDOUT_LOG
+
+_LIFELINES: weakref.WeakKeyDictionary[RunProcess, BinaryIO] = weakref.WeakKeyDictionary()
+
+
+def die_with_owner(owner_pid: int) -> Callable[[], None] | None:
+    """For a one-process run, which has no agent to watch the lifeline: the kernel sends the process
+    SIGKILL when the thread that started it dies (Linux's PR_SET_PDEATHSIG; launch() blocks in that
+    thread for the whole run). Elsewhere it does nothing. (A run under torchrun has the agent's lifeline
+    pipe instead.)"""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    # looked up here, in the parent: between fork and exec the child must not import (a thread of the
+    # kernel may hold the import lock at fork time)
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    pr_set_pdeathsig = 1
+
+    def arm() -> None:  # runs in the child, between fork and exec
+        prctl(pr_set_pdeathsig, signal.SIGKILL)
+        if os.getppid() != owner_pid:  # the owner died before the line above took effect
+            os._exit(1)
+
+    return arm
+
+
+def hold_lifeline(proc: RunProcess, lifeline: BinaryIO) -> None:
+    """Keep the write end of `proc`'s lifeline open until `stop_run` closes it (or the garbage
+    collector does, with `proc`)."""
+    _LIFELINES[proc] = lifeline
+
+
+def start_run(config: LaunchConfig, env: dict[str, str] | None = None) -> RunProcess:
+    """Spawn torchrun (or the one process) in a session of its own, its output going to files that
+    `RunFollower` follows, with `env` (default: `config.environment()`). Stop it with `stop_run`."""
+    direct = config.launcher == "python"
+    out_dir = config.direct_log_dir if direct else config.log_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # no agent: the process writes straight into the files torchrun's --redirects would write
+    stdout = open(out_dir / STDOUT_LOG if direct else config.agent_log, "wb")
+    stderr = open(out_dir / STDERR_LOG, "wb") if direct else None  # None: with torchrun's output
+    env = dict(config.environment() if env is None else env)
+    if env.get("MPLBACKEND", "").startswith("module://") and "MPLBACKEND" not in config.env:
+        # the kernel's inline backend means nothing in a worker (plt.show() would print
+        # "Figure(640x480)"): workers draw off-screen and save their figures to files
+        env["MPLBACKEND"] = "Agg"
+    # The agent's lifeline: it holds the read end, this process the only write end. However this
+    # process dies (a kernel SIGKILLed, a CLI whose terminal closed), the agent reads end-of-file and
+    # stops the run (see torchrun_agent.py). os.pipe's ends are not inherited by anything else we start.
+    lifeline_read, lifeline_write = (None, None) if direct else os.pipe()
+    if lifeline_read is not None:
+        env[OWNER_FD_ENV] = str(lifeline_read)
+    try:
+        # torchrun's agent forked from a warm server that has imported torch already (agent_client.py);
+        # where that cannot be done, a fresh process, as below
+        asked = time.monotonic()
+        agent = (
+            None
+            if lifeline_read is None  # direct
+            else start_agent(config.python, config.agent_args(), env, stdout.fileno(), lifeline_read)
+        )
+        proc: RunProcess
+        if agent is not None:
+            agent.wait_s = time.monotonic() - asked
+            proc = agent
+        else:
+            popen = subprocess.Popen(
+                config.command(),
+                stdout=stdout,
+                stderr=subprocess.STDOUT if stderr is None else stderr,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,  # the whole run can be signalled without touching the kernel
+                pass_fds=() if lifeline_read is None else (lifeline_read,),
+                preexec_fn=die_with_owner(os.getpid()) if direct else None,
+            )
+            proc = FreshProcess(popen, "none" if direct else "fresh")
+    except BaseException:
+        if lifeline_write is not None:
+            os.close(lifeline_write)
+        raise
+    finally:
+        stdout.close()  # the child holds its own copies
+        if stderr is not None:
+            stderr.close()
+        if lifeline_read is not None:
+            os.close(lifeline_read)
+    if lifeline_write is not None:
+        hold_lifeline(proc, open(lifeline_write, "wb", buffering=0))
+    return proc
+
+
+def stop_run(tree: ProcessTree, proc: RunProcess, grace_s: float) -> list[int]:
+    """Stop every process of the run: SIGTERM, then SIGKILL for what is left after `grace_s`.
+
+    Then reap torchrun (so it does not stay a zombie of the kernel; SIGKILL if it outlived its tree)
+    and close its lifeline. Returns the pids that needed SIGKILL. Safe to call again.
+    """
+    killed = tree.terminate(grace_s)
+    if not wait_for_exit(proc, grace_s + 5):
+        try:  # not reaped yet, so the pid is still ours (a forked agent's server reaps it: it may be gone)
+            os.kill(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        wait_for_exit(proc, None)
+    lifeline = _LIFELINES.pop(proc, None)
+    if lifeline is not None:
+        lifeline.close()
+    return killed
+
+
+def exit_code(proc: RunProcess | subprocess.Popen[bytes]) -> int | None:
+    """The run's exit code (negative: the signal that ended it), or None while it runs. Reaps it.
+
+    Also for a process started outside `start_run` (loopback's nodes), without Popen's lock."""
+    return reap(proc) if isinstance(proc, subprocess.Popen) else proc.poll()
+
+
+def wait_for_exit(proc: RunProcess | subprocess.Popen[bytes], timeout_s: float | None) -> bool:
+    """Wait up to `timeout_s` (None: for as long as it takes) for the run to end; True if it did."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while exit_code(proc) is None:
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def stop_interrupted(tree: ProcessTree, proc: RunProcess, config: LaunchConfig) -> LaunchInterrupted:
+    """Stop an interrupted run and the agent servers; the `LaunchInterrupted` that says how."""
+    killed, hurried = stop_despite_interrupts(tree, proc, config.grace_s)
+    try:
+        stop_servers()  # an interrupted cell leaves no process: not even the agent server,
+        wait_for_stopped_servers(0.0 if hurried else 0.5)  # which leaves at once unless live ranks use it
+    except KeyboardInterrupt:
+        hurried = True
+    reap_stopped_servers_in_background()  # whatever has not left yet is reaped later: no zombie stays
+    detail = f" ({len(killed)} needed SIGKILL)" if killed else ""
+    if hurried:
+        detail += ", at once: you interrupted again"
+    return LaunchInterrupted(
+        f"interrupted: every process of the run was stopped{detail}; logs are in {config.out_dir}"
+    )
+
+
+def stop_despite_interrupts(tree: ProcessTree, proc: RunProcess, grace_s: float) -> tuple[list[int], bool]:
+    """`stop_run`, which a second interrupt cannot cut short: it only skips the grace period (SIGKILL
+    at once). Returns the pids that needed SIGKILL, and whether an interrupt hurried the stop."""
+    try:
+        return stop_run(tree, proc, grace_s), False
+    except KeyboardInterrupt:
+        pass
+    while True:
+        try:
+            return stop_run(tree, proc, 0.0), True
+        except KeyboardInterrupt:  # a third, a fourth: the stop goes on, as fast as it can
+            continue

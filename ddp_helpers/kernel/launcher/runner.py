@@ -1,0 +1,220 @@
+"""`launch()`: run a script under torchrun as a subprocess, watch it live, and never leave a process behind."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Unpack
+
+from ddp_helpers.errors import LaunchError, LaunchFailed, LaunchInterrupted
+from ddp_helpers.kernel.launcher.agent_client import reap_stopped_servers_in_background, stop_servers
+from ddp_helpers.kernel.launcher.cell_output import resolve_progress
+from ddp_helpers.kernel.launcher.config import LaunchConfig, make_config
+from ddp_helpers.kernel.launcher.keywords import LaunchKeywords
+from ddp_helpers.kernel.launcher.options import OPTIONS, with_options
+from ddp_helpers.kernel.launcher.process_tree import ProcessTree
+from ddp_helpers.kernel.launcher.processes import (
+    exit_code,
+    start_run,
+    stop_despite_interrupts,
+    stop_interrupted,
+    stop_run,
+)
+from ddp_helpers.kernel.launcher.resources import ResourceSampler
+from ddp_helpers.kernel.launcher.run_follower import RunFollower
+from ddp_helpers.kernel.launcher.run_outputs import (
+    holding_run_dir,
+    keep_previous_outputs,
+    read_metrics,
+    read_summary,
+)
+from ddp_helpers.kernel.launcher.run_process import RunProcess
+from ddp_helpers.rank import stack_dumps
+
+__all__ = ["LaunchResult", "launch"]
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+POLL_S = 0.1
+REFRESH_S = 0.5  # how often the process tree and the resources are sampled
+
+
+def _start(config: LaunchConfig, run: RunFollower, env: dict[str, str]) -> Any:
+    """`start_run`, which waits for a cold agent server to import torch: an interrupt there stops it."""
+    try:
+        return start_run(config, env)
+    except KeyboardInterrupt:
+        try:
+            stop_servers()
+        except KeyboardInterrupt:  # interrupted again: the servers are told to leave all the same
+            stop_servers()
+        reap_stopped_servers_in_background()
+        run.echo.close()
+        run.progress.close(False)
+        raise LaunchInterrupted(
+            f"interrupted while the run started: nothing of it is left running; logs are in {config.out_dir}"
+        ) from None
+
+
+def _failure(run: RunFollower, proc: RunProcess, returncode: int) -> LaunchError:
+    if proc.status_lost:  # see agent_client.ForkedAgent
+        return LaunchFailed(
+            "torchrun's agent was killed by a signal after the agent server that started it had died, so "
+            f"how the run ended is unknown. Logs are in {run.config.out_dir}",
+            returncode=returncode,
+            output="\n".join(run.agent_lines),
+        )
+    return run.failure(returncode)
+
+
+def _empty_frame() -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.DataFrame()
+
+
+@dataclass
+class LaunchResult:
+    """What a finished run left: exit code, timing, logs, metrics and the rank-0 summary."""
+
+    returncode: int
+    wall_s: float
+    run_dir: Path
+    logs: dict[int, list[str]]
+    metrics: pd.DataFrame
+    summary: dict[str, Any]
+    command: list[str]
+    # what the run's processes got on top of this process's environment (OMP_NUM_THREADS, PYTHONPATH, ...)
+    environment: dict[str, str] = field(default_factory=dict)
+    launcher_output: list[str] = field(default_factory=list)
+    attempts: int = 1
+    resources: pd.DataFrame = field(default_factory=_empty_frame)  # per-rank CPU/RSS, per-GPU use, over time
+    gpu_sampling: str = "not requested"  # "sampled", or why not ("not sampled: ...")
+    lines_held_back: int = 0  # lines not echoed into the cell (all are in `logs` and on disk)
+    # how torchrun's agent started: "forked" from the agent server (it imported no torch of its own),
+    # "fresh" (a new interpreter: no server here, or it was turned off), or "none" (launcher="python")
+    agent: str = "none"
+    agent_wait_s: float = 0.0  # launch()'s wait for the fork (a cold server: the rest of its import)
+
+    def log(self, rank: int) -> str:
+        """Every line rank `rank` printed, stdout and stderr, in the order they were read."""
+        return "\n".join(self.logs.get(rank, []))
+
+    def __repr__(self) -> str:
+        return (
+            f"LaunchResult(returncode={self.returncode}, wall_s={self.wall_s:.2f}, ranks={sorted(self.logs)}, "
+            f"metrics_rows={len(self.metrics)}, run_dir='{self.run_dir}')"
+        )
+
+
+@with_options(
+    OPTIONS,
+    [
+        inspect.Parameter("script", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        inspect.Parameter("script_args", inspect.Parameter.VAR_POSITIONAL),
+    ],
+)
+def launch(
+    script: str | os.PathLike[str],
+    *script_args: str | int | float | os.PathLike[str],
+    **options: Unpack[LaunchKeywords],
+) -> LaunchResult:
+    """Run `script` under torchrun (``torch.distributed.run``) and stream every rank's output live.
+
+    Options (keywords; each is a field of `options.LaunchOptions`, where it is declared once):
+        {options}
+
+    Returns:
+        A `LaunchResult`.
+
+    Raises:
+        InvalidLaunchArguments: before anything starts, for bad input.
+        WorkerFailed: a rank failed; the message names it and shows its root-cause traceback.
+        LaunchTimeout: no progress within `timeout`.
+        LaunchFailed: torchrun failed with no worker to blame (e.g. a rendezvous timeout).
+        LaunchInterrupted: the cell was interrupted (a KeyboardInterrupt); all processes were stopped.
+    """
+    config = make_config(script, script_args, **options)
+    return run_config(config)
+
+
+def run_config(config: LaunchConfig, progress: str | None = None) -> LaunchResult:
+    """Run a validated `LaunchConfig` (what `launch` does after checking its arguments).
+
+    Raises `RunDirInUse` (an `InvalidLaunchArguments`) while another launch runs into the same run_dir.
+    """
+    with holding_run_dir(config.out_dir):
+        return _run_held(config, progress)
+
+
+def _run_held(config: LaunchConfig, progress: str | None) -> LaunchResult:
+    keep_previous_outputs(config.out_dir)
+    run = RunFollower(config, progress or resolve_progress(config.progress))
+    env = config.environment()
+    proc = _start(config, run, env)
+    tree = ProcessTree(proc.pid)
+    sampler = ResourceSampler(tree, gpus=config.device == "cuda", root_is_worker=config.launcher == "python")
+    success = False
+    try:
+        last_refresh = 0.0
+        while True:
+            run.poll_files()
+            returncode = exit_code(proc)
+            if returncode is not None:
+                break
+            now = time.monotonic()
+            # across nodes, a rank's lines wait until its worker says who it is: look sooner
+            unmapped = config.nnodes > 1 and len(sampler.local_to_global) < config.local_world_size
+            if now - last_refresh > (POLL_S if unmapped else REFRESH_S):
+                tree.refresh()
+                sampler.sample()
+                run.tail.learn_ranks(sampler.local_to_global)
+                last_refresh = now
+            run.note_waiting_for_nodes()
+            if run.hung(now):
+                tree.refresh()
+                sampler.sample()  # also learns the ranks of workers started since the last sample
+                pids = sampler.alive_pids()  # each live rank's, to ask where it waits
+                error = run.hang_report(set(pids), stack_dumps.ask(pids, config.log_dir))
+                stop_run(tree, proc, config.grace_s)
+                raise error
+            time.sleep(POLL_S)
+        run.poll_files(final=True)
+        if returncode != 0:
+            raise _failure(run, proc, returncode)
+        success = True
+    except KeyboardInterrupt as interrupt:
+        if isinstance(interrupt, LaunchInterrupted):
+            raise
+        raise stop_interrupted(tree, proc, config) from None
+    finally:
+        stop_despite_interrupts(tree, proc, config.grace_s)  # anything a worker left behind goes too
+        run.echo.close()
+        run.progress.close(success)
+    return _result(config, run, proc, sampler, env)
+
+
+def _result(
+    config: LaunchConfig, run: RunFollower, proc: RunProcess, sampler: ResourceSampler, env: dict[str, str]
+) -> LaunchResult:
+    return LaunchResult(
+        returncode=0,  # any other code raised
+        wall_s=time.monotonic() - run.started,
+        run_dir=config.out_dir,
+        logs=run.logs,
+        metrics=read_metrics(config.out_dir),
+        summary=read_summary(config.out_dir),
+        command=config.command(),
+        environment={name: value for name, value in env.items() if os.environ.get(name) != value},
+        launcher_output=run.agent_lines,
+        attempts=max(run.attempts_seen, 1),
+        resources=sampler.frame(),
+        gpu_sampling=sampler.gpu_sampling,
+        lines_held_back=run.echo.held_back,
+        agent=proc.kind,
+        agent_wait_s=proc.wait_s,
+    )

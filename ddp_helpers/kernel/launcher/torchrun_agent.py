@@ -1,0 +1,211 @@
+"""torchrun's agent, run so that no process of the run can outlive it.
+
+    python -m ddp_helpers.kernel.launcher.torchrun_agent [torchrun options] -- script.py [args]
+
+A worker may start a helper that leaves its session (``start_new_session=True``) or double-forks, then
+exit: the helper is re-parented to init and escapes any tree or process group the launcher knows. So
+this process, which runs torchrun's own ``main`` in-process, first makes itself a *child subreaper*
+(Linux ``prctl(PR_SET_CHILD_SUBREAPER)``): every orphan of the run is re-parented to it instead of init.
+When torchrun returns, whatever is still a child here is stopped: SIGTERM, then SIGKILL after the grace
+period (``DDP_HELPERS_GRACE_S``). Elsewhere than Linux it is plain torchrun.
+
+The agent must not outlive its owner either (a kernel killed by the OOM killer, a CLI whose terminal
+closed). The owner passes the read end of a pipe (``DDP_HELPERS_OWNER_FD``) and keeps the only write
+end: when the owner dies, however it dies, the read sees end-of-file, and the agent stops the run as a
+SIGTERM would. A pipe rather than ``PR_SET_PDEATHSIG``, which fires when the parent *thread* that
+started us exits (a kernel may launch from a thread that ends long before the run), and exists on Linux only.
+
+The workers are torchrun's own: each a fresh ``python -u script.py``, started by torchrun's code. The
+one change made to torchrun (`tolerate_half_written_error_files`) falls back to torchrun as it is if
+torch's class changes. Imports only the standard library, torch and its own package (the agent is on
+every launch's critical path).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+
+PR_SET_CHILD_SUBREAPER = 36
+GRACE_ENV = "DDP_HELPERS_GRACE_S"
+OWNER_FD_ENV = "DDP_HELPERS_OWNER_FD"
+log = logging.getLogger(__name__)  # no handler: Python writes a warning to stderr, which the launcher shows
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants re-parent to this process. False where the OS cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        result: int = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # ctypes returns a C int as int
+        return result == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def children(pid: int) -> list[int]:
+    """The live direct children of `pid`, from /proc."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        # the command name may hold spaces and parentheses: fields follow the last ')'
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if int(fields[1]) == pid and fields[0] != b"Z":
+            found.append(int(entry))
+    return found
+
+
+def _collect_zombies() -> None:
+    """waitpid every child that has ended (orphans included): none stays a zombie."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def stop_children(grace_s: float) -> list[int]:
+    """SIGTERM every child (and its group), wait up to `grace_s`, SIGKILL the rest. Returns those killed."""
+    me = os.getpid()
+    deadline = time.monotonic() + grace_s
+    signalled: set[int] = set()
+    while (left := children(me)) and time.monotonic() < deadline:
+        for pid in set(left) - signalled:
+            _signal(pid, signal.SIGTERM)
+            signalled.add(pid)
+        time.sleep(0.05)
+        _collect_zombies()  # orphans of orphans arrive here as their parents exit: the loop catches them too
+    killed = children(me)
+    while killed_now := children(me):
+        for pid in killed_now:
+            _signal(pid, signal.SIGKILL)
+        time.sleep(0.05)
+        _collect_zombies()
+    return killed
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        if os.getpgid(pid) == pid:  # a group leader: its own helpers share the group
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class OwnerGone(Exception):
+    """Raised in the main thread by SIGTERM: the owner died, or someone asked the agent to stop."""
+
+
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    # until torchrun installs its own handler (it stops its workers, then raises), and after it
+    # restores ours: unwind into main's `finally`, which stops every child
+    raise OwnerGone(f"signal {signum}")
+
+
+def watch_owner(fd: int, grace_s: float) -> None:
+    """Block until the owner's end of the pipe closes, then stop the run (in a daemon thread)."""
+    try:
+        while os.read(fd, 4096):  # the owner never writes: only end-of-file (its death) returns b""
+            pass
+    except OSError:
+        pass
+    log.warning("[ddp_helpers] the launcher that owns this run is gone: stopping the run")
+    os.kill(os.getpid(), signal.SIGTERM)  # torchrun stops its workers as on any SIGTERM
+    # If torchrun's own shutdown waits longer than the grace period (a worker that ignores SIGTERM
+    # makes it wait 30 s), kill what is left from here and leave.
+    time.sleep(grace_s + 1.0)
+    stop_children(0.0)
+    os._exit(128 + signal.SIGTERM)
+
+
+def _watch_owner_if_asked(grace_s: float) -> None:
+    fd_text = os.environ.pop(OWNER_FD_ENV, None)  # popped: the workers must not read a stale number
+    if not fd_text:
+        return
+    fd = int(fd_text)
+    os.set_inheritable(fd, False)  # only the agent holds the read end
+    import threading
+
+    threading.Thread(target=watch_owner, args=(fd, grace_s), name="watch-owner", daemon=True).start()
+
+
+def tolerate_half_written_error_files() -> None:
+    """Read a rank's half-written error file as none, instead of failing the whole run.
+
+    torchrun reads each failed rank's error file (what ``@record`` wrote) with ``json.load``, and lets a
+    decoding error end the agent. A rank that torchrun stops with SIGTERM while ``@record`` writes leaves
+    the file empty: seen here after another rank's SIGABRT, as "torchrun exited with code 1" and a
+    JSONDecodeError instead of the failed rank. Such a file is read as missing: torchrun then reports the
+    rank by its exit code or signal, as it does for a script without ``@record``.
+    """
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+        # torch leaves it unannotated; it returns None
+        read: Callable[[ProcessFailure], None] = ProcessFailure.__post_init__
+    except (ImportError, AttributeError):  # a torch that moved it: torchrun as it is
+        return
+    if getattr(read, "tolerates_half_written", False):
+        return
+
+    def post_init(self: ProcessFailure) -> None:
+        try:
+            read(self)
+        except (ValueError, KeyError, TypeError):  # half-written, or JSON that @record did not write
+            self.error_file = ""  # no file: torchrun's own "no reply" path, with a message from the exit code
+            read(self)
+
+    # a mark on the function (a function takes any attribute), and a patch of torch's class: a type
+    # checker allows neither
+    post_init.tolerates_half_written = True  # type: ignore[attr-defined]
+    ProcessFailure.__post_init__ = post_init  # type: ignore[method-assign]
+
+
+def main(argv: list[str]) -> int:
+    become_subreaper()
+    grace_s = float(os.environ.get(GRACE_ENV, "5"))
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    code = 0
+    try:
+        _watch_owner_if_asked(grace_s)
+        from torch.distributed.run import main as torchrun_main
+
+        tolerate_half_written_error_files()
+        torchrun_main(argv)
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    except Exception as error:  # noqa: BLE001 - torchrun's ChildFailedError etc.: report like torchrun
+        import traceback
+
+        code = 128 + signal.SIGTERM if isinstance(error, OwnerGone) else 1
+        if not isinstance(error, OwnerGone):
+            traceback.print_exc()
+        del error
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        stop_children(grace_s)
+    return code
+
+
+if __name__ == "__main__":
+    status = main(sys.argv[1:])
+    # Leave without interpreter finalization: torchrun is done and its output flushed, and after a
+    # SIGTERM its leftover threads could hold the exit for seconds (the launcher then needs SIGKILL).
+    os._exit(status)

@@ -1,0 +1,115 @@
+"""Put a worker script where a run can use it, and show the learner the exact file that runs."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+from pathlib import Path
+
+from ddp_helpers.workers import worker_path
+
+
+def _line_number(lines: list[str], where: int | str, start: int = 1) -> int:
+    """A 1-based line number, or the first line from `start` on that contains the text `where`."""
+    if isinstance(where, int):
+        return where
+    for number, line in enumerate(lines[start - 1 :], start=start):
+        if where in line:
+            return number
+    raise ValueError(f"no line contains {where!r}")
+
+
+def _display_code(path: Path, highlight: tuple[int | str, int | str] | None) -> None:
+    try:
+        from IPython import get_ipython
+        from IPython.display import Code, display
+    except ImportError:
+        return
+    if get_ipython() is None:
+        return
+    text = path.read_text()
+    if highlight:
+        lines = text.splitlines()
+        first = _line_number(lines, highlight[0])
+        last = _line_number(lines, highlight[1], start=first)
+        text = "\n".join(lines[first - 1 : last])
+    display(Code(text, language="python"))
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _stamp(target: Path) -> Path:
+    # beside each copy: the digest of what write_worker last wrote there, to tell an edit from an old copy
+    return target.with_name(f".{target.name}.written")
+
+
+def _edited_by_hand(target: Path, new_text: str) -> bool:
+    """True when `target` holds text that neither `new_text` nor write_worker's last copy had."""
+    if not target.is_file():
+        return False
+    current = target.read_text()
+    if current == new_text:
+        return False
+    stamp = _stamp(target)
+    return not (stamp.is_file() and stamp.read_text().strip() == _digest(current))
+
+
+def write_worker(
+    worker: str | os.PathLike[str],
+    directory: str | os.PathLike[str] = "runs/workers",
+    *,
+    source: str | None = None,
+    show: bool = True,
+    lines: tuple[int | str, int | str] | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Copy a worker into `directory` and show it with syntax highlighting.
+
+    Args:
+        worker: a bundled worker's name ("train", "allreduce_bench"), a path to a script,
+            or, with `source`, the file name to write.
+        directory: where the file goes (created if missing).
+        source: the script's text, to write a worker made in the notebook.
+        show: display the file in the notebook (only inside IPython).
+        lines: (first, last) to show only part of the file (the whole file is written). Each is a
+            1-based line number or a piece of text: the first line containing it.
+        overwrite: replace a copy of a worker that was edited by hand since it was written. By
+            default such a copy is kept (and used), and a message says so. `source` always
+            overwrites: the cell that holds it is where that worker is edited.
+
+    Returns:
+        The path of the written file (or of the kept, edited copy): pass it to `launch`.
+    """
+    target_dir = Path(directory)
+    target_dir.mkdir(parents=True, exist_ok=True)
+    if source is not None:
+        name = Path(worker).name
+        target = target_dir / (name if name.endswith(".py") else f"{name}.py")
+        text = source if source.endswith("\n") else source + "\n"
+        _write(target, text)
+    else:
+        candidate = Path(worker)
+        origin = candidate if candidate.suffix == ".py" and candidate.is_file() else worker_path(str(worker))
+        target = target_dir / origin.name
+        text = origin.read_text()
+        if origin.resolve() == target.resolve():
+            pass
+        elif _edited_by_hand(target, text) and not overwrite:
+            warnings.warn(
+                f"{target} was edited since it was written: keeping your version and running it. "
+                f"The original is {origin}; write_worker(..., overwrite=True) replaces your copy.",
+                stacklevel=2,
+            )
+        else:
+            _write(target, text)
+    if show:
+        _display_code(target, lines)
+    return target.resolve()
+
+
+def _write(target: Path, text: str) -> None:
+    target.write_text(text)
+    _stamp(target).write_text(_digest(text) + "\n")

@@ -1,0 +1,137 @@
+"""Rank side: run one answer in a fresh namespace, with the probe inputs and observers, and report.
+
+The checker sends each live rank ``run(ID, CODE, WORKDIR)``, then asks for `LAST`, the result: plain
+values only (lists, numbers, strings), so that the kernel can show and compare them. Where the answer
+raised, `run` raises it again once the result is kept: the live ranks then see a failed cell, and one
+that raised while the others wait for it in a collective ends the cell in seconds, not at the timeout.
+
+The live ranks share one machine, where LOCAL_RANK equals RANK. An exercise that declares `nodes=2` runs
+its answer as ranks of two nodes instead (`node_layout`): torchrun's per-node variables in `os.environ`,
+and `local_rank` in the namespace, are those of such a job while the answer runs, then restored. The
+process group, `rank`, `world_size` and `device` stay the rank's own.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+from ddp_helpers.rank.observers import Observers
+from ddp_helpers.rank.registry import get
+from ddp_helpers.rank.spec import Context, environment
+
+ANSWER_FILE = "<your answer>"
+LAST: dict[str, Any] | None = None  # the last run's result on this rank, None while one runs
+
+
+def context(workdir: str) -> Context:
+    """This rank's identity, from the process group (a one-rank run without one is rank 0 of 1)."""
+    joined = dist.is_available() and dist.is_initialized()
+    rank = dist.get_rank() if joined else 0
+    world = dist.get_world_size() if joined else 1
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    backend = dist.get_backend() if joined else "gloo"
+    device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
+    return Context(rank, world, local_rank, device, str(backend), workdir)
+
+
+def base_namespace(ctx: Context) -> dict[str, Any]:
+    """What every answer starts with, as the live ranks' own namespace does."""
+    return {
+        "__name__": "__exercise__",
+        "torch": torch,
+        "dist": dist,
+        "nn": nn,
+        "F": F,
+        "DDP": DDP,
+        "DataLoader": DataLoader,
+        "DistributedSampler": DistributedSampler,
+        "os": os,
+        "rank": ctx.rank,
+        "local_rank": ctx.local_rank,
+        "world_size": ctx.world_size,
+        "device": ctx.device,
+    }
+
+
+def node_layout(rank: int, world: int, nodes: int) -> dict[str, int] | None:
+    """Where `rank` sits on a job of `nodes` nodes: the variables torchrun sets per node, as numbers.
+
+    The ranks are dealt to the nodes in order, ceil(world / nodes) per node, the last node taking what is
+    left (3 ranks on 2 nodes: ranks 0 and 1 on node 0, rank 2 on node 1): torchrun's agents may each start
+    their own count, and give the global ranks out node after node. None where one node holds every rank.
+    """
+    per_node = -(-world // max(nodes, 1))
+    if world < 2 or per_node >= world:
+        return None
+    node = rank // per_node
+    return {
+        "LOCAL_RANK": rank - node * per_node,
+        "LOCAL_WORLD_SIZE": min(per_node, world - node * per_node),
+        "GROUP_RANK": node,  # the node's (the agent's) number
+        "GROUP_WORLD_SIZE": -(-world // per_node),  # the nodes
+        "ROLE_RANK": rank,  # one role ("default"): the role's ranks are the job's
+        "ROLE_WORLD_SIZE": world,
+    }
+
+
+def _pretend_layout(nodes: int, ctx: Context, namespace: dict[str, Any]) -> dict[str, int] | None:
+    """The node layout this rank's answer runs in, where the exercise asks for one (`Exercise.nodes`).
+
+    Only where the answer's `device` is the CPU: on GPUs a rank's device is cuda:<its real LOCAL_RANK>,
+    and a right answer that takes its GPU from `local_rank` (DDP's device_ids) must still get its own."""
+    device = namespace.get("device")
+    if nodes < 2 or getattr(device, "type", None) != "cpu":
+        return None
+    return node_layout(ctx.rank, ctx.world_size, nodes)
+
+
+def run(exercise_id: str, code: str, workdir: str) -> dict[str, Any]:
+    """Run `code` as exercise `exercise_id` on this rank; what it did, as plain values (also in `LAST`)."""
+    global LAST
+    LAST = None
+    exercise = get(exercise_id)
+    ctx = context(workdir)
+    os.makedirs(workdir, exist_ok=True)
+    namespace = base_namespace(ctx)
+    namespace.update(exercise.setup(ctx))
+    layout = _pretend_layout(exercise.nodes, ctx, namespace)
+    if layout is not None and isinstance(namespace.get("local_rank"), int):  # 06 gives None: it reads `env`
+        namespace["local_rank"] = layout["LOCAL_RANK"]
+    # the layout the answer ran in (None: the machine's own), for the signatures of LOCAL_RANK mistakes
+    result: dict[str, Any] = {"rank": ctx.rank, "error": None, "node layout": layout}
+    raised: Exception | None = None
+    with Observers() as seen, environment(layout or {}):  # dist.get_node_local_rank() reads LOCAL_RANK too
+        try:
+            exec(compile(code, ANSWER_FILE, "exec"), namespace)
+        except Exception as error:  # the learner's exception is a finding: kept, then raised again
+            result["error"], raised = _answer_error(error), error
+    result["collectives"] = seen.collectives
+    result["saved"] = len(seen.saves)
+    namespace["_collectives"] = list(seen.collectives)  # for an observe that judges them by their effect
+    namespace["_loads_mapped"] = list(seen.loads)
+    try:  # also after an exception: what the answer did before it raised can name the mistake
+        result.update(exercise.observe(namespace, ctx))
+    except Exception as error:  # e.g. a name the task asked for was never bound
+        if result["error"] is None:
+            result["error"] = f"{type(error).__name__}: {error}"
+    LAST = result
+    if raised is not None:
+        raise raised
+    return result
+
+
+def _answer_error(error: BaseException) -> str:
+    """The exception, with the lines of the answer it passed through (not the checker's frames)."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == ANSWER_FILE]
+    where = f" (line {frames[-1].lineno} of your answer)" if frames else ""
+    return f"{type(error).__name__}: {error}{where}"

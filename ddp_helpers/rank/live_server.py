@@ -1,0 +1,280 @@
+"""One live rank: join the process group, then run the code the notebook sends, cell after cell.
+
+torchrun starts this file once per rank (see `ddp_helpers.kernel.live.ranks`). Each rank:
+
+1. joins the process group with `setup_distributed()` (nccl + cuda:LOCAL_RANK on GPUs, gloo on the CPU);
+2. connects to the notebook kernel over an authenticated Unix socket (`multiprocessing.connection`,
+   a random key per session, given in the environment);
+3. runs each cell it receives in a namespace of its own that persists between cells, and replies with
+   the value of the cell's last expression, or the traceback.
+
+Output is not sent over the socket: print() goes to the rank's log file, as in any torchrun job, and the
+notebook follows those files. The rank exits when the kernel says so, or when its socket closes
+(the kernel died), so no rank outlives its notebook.
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import os
+import pickle
+import select
+import signal
+import socket
+import sys
+import threading
+import traceback
+import types
+from multiprocessing.connection import Client, Connection
+from typing import Any, NoReturn
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from ddp_helpers.rank.distributed import DistInfo, setup_distributed
+from ddp_helpers.rank.live_protocol import (
+    ADDRESS_ENV,
+    AUTHKEY_ENV,
+    Check,
+    Error,
+    Exited,
+    Gather,
+    Hello,
+    Interrupted,
+    PostMortem,
+    Push,
+    Reply,
+    Request,
+    Run,
+    Shutdown,
+    Value,
+)
+from ddp_helpers.rank.rank_debug import Debugger, DebuggerQuit, install
+
+CELL_VALUE = "_ddp_cell_value"  # where a cell's last expression is kept until it is sent
+REAL_EXIT = os._exit  # the server's own way out; a cell's os._exit is announced first (see announce_exits)
+
+
+def to_cpu(value: Any) -> Any:
+    """Tensors (also inside lists, tuples and dicts) moved to the CPU, so the kernel never touches CUDA."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, list | tuple):
+        return type(value)(to_cpu(v) for v in value) if not hasattr(value, "_fields") else value
+    if isinstance(value, dict):
+        return {k: to_cpu(v) for k, v in value.items()}
+    return value
+
+
+def encode(cell_id: int, value: Any) -> Value:
+    """The value pickled (None where it cannot be), and its repr for display."""
+    value = to_cpu(value)
+    try:
+        text = repr(value)
+    except Exception as error:  # a broken __repr__ must not kill the rank
+        text = f"<repr failed: {error!r}>"
+    try:
+        return Value(cell_id, pickle.dumps(value), text)
+    except Exception:
+        return Value(cell_id, None, text)  # the kernel says that it cannot travel
+
+
+class Cells:
+    """Runs cells in one persistent namespace, IPython-style: the last expression's value is returned."""
+
+    def __init__(self, info: DistInfo, debugger: Debugger | None = None) -> None:
+        # no debugger given (no kernel to ask): pdb reads end of input, and quits
+        self.debugger = debugger or Debugger(None, info.rank, lambda: self.cell_id)
+        self.last_error: BaseException | None = None  # for post-mortem (``%ranks debug N``)
+        self.namespace: dict[str, Any] = {
+            "__name__": "__main__",
+            "torch": torch,
+            "dist": dist,
+            "nn": nn,
+            "rank": info.rank,
+            "local_rank": info.local_rank,
+            "world_size": info.world_size,
+            "device": info.device,
+        }
+        # Classes defined in a cell live in this module, so pickle can find them.
+        module = types.ModuleType("__main__")
+        module.__dict__.update(self.namespace)
+        self.namespace = module.__dict__
+        sys.modules["__main__"] = module
+        self.running = False  # SIGINT raises KeyboardInterrupt only inside a cell
+        self.cell_id = 0  # the cell running now (or last run)
+
+    def run(self, cell_id: int, code: str, debug: bool = False, stretch: bool = False) -> Any:
+        """Run a cell; `debug`: in pdb from its first line; `stretch`: a rank may pause (see rank_debug)."""
+        self.cell_id = cell_id
+        filename = f"<cell {cell_id}>"
+        # tracebacks then show the cell's own lines
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        tree = ast.parse(code, filename=filename)
+        last = tree.body[-1] if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        if last is not None:  # the cell's value, kept in a name: pdb steps onto that line as onto any other
+            value = ast.Assign([ast.Name(CELL_VALUE, ast.Store())], last.value)
+            tree.body[-1] = ast.fix_missing_locations(ast.copy_location(value, last))
+        if stretch:
+            self.debugger.timeouts.stretch()  # before this rank's first collective of the cell
+        self.running = True
+        try:
+            body = compile(tree, filename, "exec")
+            self.debugger.run(body, self.namespace) if debug else exec(body, self.namespace)
+            return self.namespace.pop(CELL_VALUE, None)
+        finally:
+            self.namespace.pop(CELL_VALUE, None)
+            self.running = False
+            self.debugger.end_cell()
+            for name in ("__return__", "__exception__"):  # what pdb leaves in a frame's locals
+                self.namespace.pop(name, None)
+            sys.stdout.flush()
+            sys.stderr.flush()
+
+    def post_mortem(self) -> None:
+        """pdb on the last exception a cell raised here, like IPython's ``%debug``."""
+        self.running = True
+        try:
+            self.debugger.post_mortem(self.last_error)
+        finally:
+            self.running = False
+            self.debugger.end_cell()
+
+
+def cell_traceback(error: BaseException) -> str:
+    """The traceback from the cell's own frames on (the server's frames are noise to the learner)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    in_cell = [i for i, f in enumerate(frames) if f.filename.startswith("<cell ")]
+    first = in_cell[0] if in_cell else 0
+    # pdb's frames (a quit) are below the cell's line: that line is the whole story
+    last = in_cell[-1] + 1 if in_cell and isinstance(error, DebuggerQuit) else len(frames)
+    lines = ["Traceback (most recent call last):\n"]
+    lines += traceback.format_list(frames[first:last])
+    lines += traceback.format_exception_only(type(error), error)
+    return "".join(lines).rstrip()
+
+
+def watch_for_kernel_exit(conn: Connection) -> None:
+    """Exit as soon as the kernel's end of the socket closes, even in the middle of a long cell."""
+    with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        while True:
+            readable, _, _ = select.select([sock], [], [], 1.0)
+            if readable:
+                try:
+                    data = sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    data = b"x"
+                except OSError:
+                    data = b""
+                if not data:  # EOF: the kernel is gone
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    REAL_EXIT(0)
+                threading.Event().wait(0.5)  # a message waits for the main thread; do not spin on it
+
+
+def announce_exits(conn: Connection, cells: Cells) -> None:
+    """Make a cell's ``os._exit(code)`` tell the kernel which cell it left in, and with which code.
+
+    torchrun reports failed workers only: without this, a rank leaving with code 0 is silence.
+    """
+
+    def exit_announced(status: int) -> NoReturn:  # os._exit's own signature
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            conn.send(Exited(cells.cell_id, status))
+        except Exception:  # noqa: BLE001 - leaving anyway
+            pass
+        REAL_EXIT(status)
+
+    os._exit = exit_announced
+
+
+def handle(cells: Cells, request: Request) -> Reply:
+    """Answer one request of the kernel."""
+    match request:
+        case Run(cell_id, code, debug_ranks, stretch):
+            try:
+                value = cells.run(cell_id, code, cells.namespace["rank"] in debug_ranks, stretch)
+            except BaseException as raised:  # SystemExit too: a cell must not end the rank
+                error = cells.debugger.quit_error(raised)
+                if isinstance(error, KeyboardInterrupt):
+                    return Interrupted(cell_id)
+                if not isinstance(error, DebuggerQuit):
+                    cells.last_error = error
+                # one line in the log; the whole traceback goes to the notebook's RankError
+                print(
+                    f"[cell {cell_id} failed: {type(error).__name__}: {error}]", file=sys.stderr, flush=True
+                )
+                return Error(cell_id, f"{type(error).__name__}: {error}", cell_traceback(error))
+            return encode(cell_id, value)
+        case PostMortem(cell_id):
+            cells.cell_id = cell_id
+            try:
+                cells.post_mortem()
+            except LookupError as error:
+                return Error(cell_id, f"LookupError: {error}", "")
+            return Value(cell_id, None, "None")
+        case Gather(cell_id, name):
+            if name not in cells.namespace:
+                return Error(
+                    cell_id, f"name {name!r} is not defined", ""
+                )  # the caller raises it as a NameError
+            return encode(cell_id, cells.namespace[name])
+        case Check(cell_id):  # after an interrupt: is the process group still usable?
+            dist.barrier()
+            return Value(cell_id, None, "None")
+        case Push(cell_id, values):
+            cells.namespace.update(pickle.loads(values))
+            return Value(cell_id, None, "None")
+    raise ValueError(f"unknown request {request!r}")
+
+
+def serve(conn: Connection, cells: Cells) -> None:
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, OSError):
+            return  # the kernel is gone
+        except KeyboardInterrupt:
+            continue  # an interrupt that arrived after the cell ended
+        if isinstance(request, Shutdown):
+            return
+        try:
+            reply = handle(cells, request)
+        except KeyboardInterrupt:
+            reply = Interrupted(request.cell_id)
+        conn.send(reply)
+
+
+def main() -> None:
+    info = setup_distributed()
+    conn = Client(os.environ[ADDRESS_ENV], authkey=bytes.fromhex(os.environ.pop(AUTHKEY_ENV)))
+    cells = Cells(info, Debugger(conn, info.rank, lambda: cells.cell_id))
+
+    def on_sigint(signum: int, frame: types.FrameType | None) -> None:
+        if cells.running:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)  # its stack on request: setup_distributed registered it
+
+    conn.send(Hello(info.rank, info.local_rank, os.getpid(), info.backend, str(info.device)))
+    threading.Thread(target=watch_for_kernel_exit, args=(conn,), daemon=True).start()
+    announce_exits(conn, cells)
+    install(cells.debugger)  # breakpoint(), pdb.set_trace(), dist.breakpoint(): pdb in the notebook
+    try:
+        serve(conn, cells)
+    finally:
+        conn.close()
+        if dist.is_initialized():
+            # Leave without a final collective: a rank interrupted mid-collective would hang it.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            REAL_EXIT(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""Where a hung worker waits: its Python stack, asked for with a signal before the run is stopped.
+
+Rank side: imports no torch and nothing of the launcher, which calls `ask`.
+
+A worker that calls `register` (every rank the launcher starts does, before its script's first line: see
+worker_site/sitecustomize.py; so does `distributed.setup_distributed`, for runs started elsewhere) has
+faulthandler write the stack of each of its Python threads to
+``logs/stacks/<host>-<pid>.txt`` when it receives `STACK_SIGNAL`. faulthandler writes from the signal
+handler itself, so a worker blocked in C++ (a collective, a destructor, a lock) answers too: it is how
+a run that the launcher stops for a hang says where each rank was waiting.
+
+A worker is signalled only when its file exists: the file gets its name once the handler is in place,
+because the signal's default action ends a process. The file's first line also records when its process
+started, so a file left by an earlier worker whose pid a new one reuses (a restart round) never gets
+the new one signalled before it has registered. Live ranks register the same way (their server joins
+through `setup_distributed`): there is one mechanism, and SIGUSR1 stays free. The signal is a real-time one, which SLURM,
+Lightning and torchrun leave alone by default (SLURM's ``--signal`` and Lightning's requeue use
+SIGUSR1 or SIGUSR2). A script that installs its own handler for it gives no stack, and nothing else.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import linecache
+import os
+import re
+import signal
+import socket
+import sysconfig
+import threading
+import time
+from pathlib import Path
+from typing import IO
+
+from ddp_helpers import run_contract
+
+# None where the system has no real-time signals (macOS): no worker registers, none is asked
+STACK_SIGNAL: int | None = signal.SIGRTMIN + 6 if hasattr(signal, "SIGRTMIN") else None
+STACKS_DIR = run_contract.STACKS_DIR  # in the run's logs/
+WAIT_S = 2.0  # a live worker answers within milliseconds; one that does not is left out
+POLL_S = 0.05  # faulthandler writes a few bytes at a time, the main thread last: read once it stops
+MAX_FRAMES = 8  # innermost first: where it waits, and the calls that led there
+
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)', re.MULTILINE)
+_THREAD = re.compile(r"^(?:Current thread|Thread) 0x([0-9a-f]+)", re.MULTILINE)
+_STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
+_registered: list[IO[str]] = []  # the open dump file, for as long as the worker runs
+# The launcher puts WORKER_SITE first on the ranks' PYTHONPATH and sets REGISTER_ENV=1: its
+# sitecustomize.py registers every rank before the script's first line (it reads this name too).
+REGISTER_ENV = run_contract.STACK_DUMPS_ENV
+WORKER_SITE = Path(__file__).resolve().parent / "worker_site"
+
+
+def _dump_file(log_dir: Path, pid: int) -> Path:
+    # the host too: nodes that share a run_dir (or pods, whose pids repeat) must not share a file
+    return log_dir / STACKS_DIR / f"{socket.gethostname()}-{pid}.txt"
+
+
+def register(log_dir: Path) -> None:
+    """In a worker: answer `STACK_SIGNAL` with the stack of every Python thread, the main one named.
+    Once per process; a folder that cannot be written leaves the worker as it was."""
+    if _registered or STACK_SIGNAL is None:
+        return
+    path = _dump_file(log_dir, os.getpid())
+    partial = path.with_suffix(".partial")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        dump = open(partial, "w", buffering=1)  # noqa: SIM115 - open while the worker runs
+        dump.write(f"main thread 0x{threading.main_thread().ident:x} started {_start_time(os.getpid())}\n")
+        faulthandler.register(STACK_SIGNAL, file=dump, all_threads=True, chain=False)
+        os.replace(partial, path)  # now the launcher may signal it
+    except OSError:
+        return
+    _registered.append(dump)
+
+
+def register_in_run() -> None:
+    """`register` in the logs of this worker's run, where ``DDP_RUN_DIR`` names it (the launcher,
+    the cluster job files and the workers set it)."""
+    if run_contract.RUN_DIR_ENV in os.environ:
+        register(Path(os.environ[run_contract.RUN_DIR_ENV]) / run_contract.LOGS_DIR)
+
+
+def ask(pids_by_rank: dict[int, int], log_dir: Path) -> dict[int, str]:
+    """Each registered worker's main-thread stack, by rank (see `where_it_waits`); the others: none.
+    Never raises: it runs on the way to reporting a hang."""
+    stacks = {}
+    for rank, dump in ask_dumps(pids_by_rank, log_dir).items():
+        where = where_it_waits(dump)
+        if where:
+            stacks[rank] = where
+    return stacks
+
+
+def ask_dumps(pids_by_rank: dict[int, int], log_dir: Path) -> dict[int, str]:
+    """Each registered worker's new dump, by rank, after its file's header line. Never raises."""
+    if STACK_SIGNAL is None:
+        return {}
+    files, offsets, headers = {}, {}, {}
+    for rank, pid in pids_by_rank.items():
+        path = _dump_file(log_dir, pid)
+        try:
+            with open(path, errors="replace") as fh:
+                headers[rank] = fh.readline()
+            if not headers[rank].rstrip().endswith(f" started {_start_time(pid)}"):
+                continue  # an earlier process's file, whose pid this one reuses: not registered yet
+            offsets[rank] = path.stat().st_size
+            os.kill(pid, STACK_SIGNAL)
+        except OSError:  # never registered, or gone meanwhile
+            continue
+        files[rank] = path
+    _wait_until_written(files, offsets)
+    dumps = {}
+    for rank, path in files.items():
+        try:
+            text = path.read_text(errors="replace")  # ASCII: faulthandler escapes the rest
+        except OSError:
+            continue
+        dumps[rank] = headers[rank] + text[offsets[rank] :]
+    return dumps
+
+
+def _start_time(pid: int) -> str:
+    """When process `pid` started, in clock ticks since boot (/proc/PID/stat's 22nd field); "" without
+    /proc. A pid reused by a new process gets a new start time."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return ""
+    return stat[stat.rindex(b")") + 2 :].split()[19].decode()  # fields after the command's ")"; 22 is [19]
+
+
+def _wait_until_written(files: dict[int, Path], offsets: dict[int, int]) -> None:
+    """Until every file has grown and then stopped growing, or `WAIT_S` is over."""
+    deadline = time.monotonic() + WAIT_S
+    previous: dict[int, int] = {}
+    while files and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        sizes = {}
+        for rank, path in files.items():
+            try:
+                sizes[rank] = path.stat().st_size
+            except OSError:
+                sizes[rank] = offsets[rank]
+        if sizes == previous and all(sizes[rank] > offsets[rank] for rank in files):
+            return
+        previous = sizes
+
+
+def where_it_waits(dump: str) -> str:
+    """The main thread's frames from a dump (header line first), innermost first, each with its source
+    line. The frames that started the script (runpy's, for ``python -m``) are left out; where
+    the innermost frames are all a library's, the innermost frame of the script's own code follows."""
+    main = main_thread(dump)
+    frames = [m for m in _FRAME.finditer(main) if m["file"] != "<frozen runpy>"]
+    shown = frames[:MAX_FRAMES]
+    own = next((m for m in frames if _is_the_scripts(m["file"])), None)
+    lines = [line for m in shown for line in _with_source(m)]
+    if own is not None and own not in shown:
+        lines += ["...", *_with_source(own)]
+    return "\n".join(lines)
+
+
+def main_thread(dump: str) -> str:
+    """The newest dump's main-thread part (its frames, innermost first), "" if the dump has none."""
+    header = re.match(r"main thread 0x([0-9a-f]+)", dump)
+    threads = list(_THREAD.finditer(dump))
+    main = [i for i, m in enumerate(threads) if header and int(m[1], 16) == int(header[1], 16)]
+    if not main:
+        return ""
+    last = main[-1]  # the newest dump's
+    end = threads[last + 1].start() if last + 1 < len(threads) else len(dump)
+    return dump[threads[last].start() : end]
+
+
+def _is_the_scripts(file: str) -> bool:
+    """Not Python's own library, nor an installed package's."""
+    return not (file.startswith(("<", _STDLIB)) or f"-packages{os.sep}" in file)
+
+
+def _with_source(frame: re.Match[str]) -> list[str]:
+    linecache.checkcache(frame["file"])  # a script edited since an earlier run
+    source = linecache.getline(frame["file"], int(frame["line"])).strip()
+    return [f'File "{frame["file"]}", line {frame["line"]} in {frame["func"]}'] + (
+        [f"  {source}"] if source else []
+    )
