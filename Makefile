@@ -120,7 +120,7 @@ test-browser: browser-deps
 test-slurm: slurm-deps
 	$(call run_pytest,$(PY),make test-slurm,-m slurm tests/test_slurm.py)
 
-# Each catalogued DDP bug (mutants/catalogue/) put into a throwaway copy of the project, and the notebook that
+# Each catalogued DDP bug (each chapter's ddp_helpers/chapters/chNN_*/chNN_mutants.toml) put into a throwaway copy of the project, and the notebook that
 # teaches its lesson run on it in smoke mode: every one must fail that notebook. ARGS: e.g. --only 03 --jobs 1.
 mutants: venv
 	$(PY) mutants/run.py --jobs 2 $(ARGS)

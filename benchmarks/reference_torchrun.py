@@ -1,5 +1,5 @@
 """A plain, well-written torchrun DDP script, in the manner of pytorch/examples' ddp-tutorial-series
-(multigpu_torchrun.py), used as the yardstick for workers/train.py in `make bench`.
+(multigpu_torchrun.py), used as the yardstick for ddp_helpers/workers/train.py in `make bench`.
 
 Same workload as the worker: ResNet-18, synthetic 3x32x32 images, SGD, batch per rank from the
 command line. It times the median step after warm-up, synchronised, and prints one JSON line.

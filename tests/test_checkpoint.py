@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ import torch
 
 from ddp_helpers.rank import checkpoint as ckpt
 from ddp_helpers.rank.data import ResumableDistributedSampler
+from ddp_helpers.workers import worker_path
 
 
 def state(value: float) -> dict:
@@ -136,7 +136,7 @@ def test_sigkill_during_a_save_leaves_a_loadable_checkpoint(tmp_path):
 
 def test_a_save_killed_mid_write_leaves_no_torn_file_under_a_final_name(tmp_path):
     """notebook 04's crash: the kernel kills the saver at a chosen byte (RLIMIT_FSIZE, SIGXFSZ), no cleanup."""
-    worker = Path(ckpt.__file__).parent / "workers" / "checkpoint_faults.py"
+    worker = worker_path("checkpoint_faults")
     crash_at_byte = 100_000
     ended = subprocess.run(
         [

@@ -19,6 +19,7 @@ from ddp_helpers.kernel.exercises.verdict import HUNG
 from ddp_helpers.kernel.live.ranks import LiveRanks
 from ddp_helpers.rank.lines import LINES
 from ddp_helpers.rank.spec import Exercise
+from ddp_helpers.workers import worker_path
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = load_script("mutant_runner_for_exercises", ROOT / "mutants" / "run.py")
@@ -391,6 +392,6 @@ def test_the_capstone_is_listed_and_its_solution_is_the_reference_script():
     listed = json.loads(_cli("list", "--json").stdout)
     assert listed[-1]["id"] == "10-capstone", listed[-1]
     shown = _cli("solution", "10-capstone").stdout
-    assert shown == (ROOT / "ddp_helpers" / "workers" / "capstone.py").read_text()
+    assert shown == worker_path("capstone").read_text()
     refused = _cli("check", "10-capstone", __file__, timeout=20)
     assert refused.returncode == 2 and "check-script" in refused.stderr, refused.stderr

@@ -1,4 +1,4 @@
-"""Each launcher option is declared once (launcher/options.py): every front end is built from that list."""
+"""Each launcher option is declared once (kernel/launcher/options.py): every front end is built from that list."""
 
 from __future__ import annotations
 

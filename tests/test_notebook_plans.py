@@ -1,6 +1,6 @@
 """Every notebook's plan (ddp_helpers/kernel/lab/nbNN.py) over every machine shape the notebooks must meet:
 GPUs per node in {0, 1, 2, 4, 8} x ranks per node in {1, 2, 3, 8} x nodes in {1, 2}, smoke and full size.
-No GPU here: the GPU shapes are tested by their plans, against the rules in plans/core.py."""
+No GPU here: the GPU shapes are tested by their plans, against the rules in ddp_helpers/kernel/lab/plan_core.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""workers/train.py: its main() in this process (a world of one), one run as plain python, and torchrun
+"""ddp_helpers/workers/train.py: its main() in this process (a world of one), one run as plain python, and torchrun
 through launch() or on live ranks."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One start of the live ranks: torchrun in a session of its own, a connection to each rank, their logs.
 
-A `Session` is what `LiveRanks` holds between two restarts. It starts torchrun with `server.py` on each
+A `Session` is what `LiveRanks` holds between two restarts. It starts torchrun with `rank/live_server.py` on each
 rank (through the launcher's `start_run`), accepts each rank's connection, follows the ranks' log
 files with the launcher's `RunFollower` (the ``[rank N]`` echo, the failure diagnosis), and stops
 every process with the launcher's `stop_run`. `receive` is the one loop that reads the ranks' replies.
