@@ -76,14 +76,13 @@ class RunFollower:
     """
 
     def __init__(self, config: LaunchConfig, progress: str | None) -> None:
-        progress = progress or resolve_progress(config.progress)
         self.config = config
         self.tail = RankLogTail(
             config.log_dir, rank_offset=config.rank_offset, ranks_known_up_front=config.nnodes == 1
         )
         self.agent = FileFollower(config.agent_log)
         self.follower = MetricsFollower(config.out_dir)
-        self.progress = StepProgress(progress, config.script.name)
+        self.progress = StepProgress(progress or resolve_progress(config.progress), config.script.name)
         self.echo = CellEcho(where=str(config.log_dir), write=self.progress.write)
         # on one node the ranks are known up front; across nodes the rendezvous decides
         expected = range(config.local_world_size) if config.nnodes == 1 else ()
