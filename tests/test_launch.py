@@ -18,8 +18,15 @@ import pytest
 from conftest import assert_gone, assert_no_processes_left, descendants, processes_matching
 
 import ddp_helpers
-from ddp_helpers import InvalidLaunchArguments, LaunchError, LaunchTimeout, WorkerFailed, launch
+from ddp_helpers import (
+    InvalidLaunchArguments,
+    LaunchError,
+    LaunchTimeout,
+    WorkerFailed,
+    launch,
+)
 from ddp_helpers.kernel.launcher import machine
+from ddp_helpers.kernel.launcher.config import threads_per_rank
 from ddp_helpers.rank.stack_dumps import WORKER_SITE
 from ddp_helpers.workers import worker_path
 
@@ -51,7 +58,7 @@ def test_result_object_holds_metrics_summary_and_timing(script, tmp_path, capsys
     assert result.summary == {"lines": 100}
     assert "--standalone" in result.command
     # what the ranks got on top of this process's environment, which result.command does not show
-    assert result.environment["OMP_NUM_THREADS"] == str(machine.threads_per_rank(2))
+    assert result.environment["OMP_NUM_THREADS"] == str(threads_per_rank(2))
     assert result.environment["PYTHONPATH"].split(os.pathsep)[0] == str(WORKER_SITE)
     assert "rank 0 line 0" in result.log(0)
     assert result.gpu_sampling.startswith("not requested") and result.lines_held_back == 0

@@ -11,9 +11,8 @@ from ddp_helpers.__main__ import main
 from ddp_helpers.kernel.launcher import config as config_module
 from ddp_helpers.kernel.launcher import machine
 from ddp_helpers.kernel.launcher.cell_output import CellEcho
-from ddp_helpers.kernel.launcher.config import LaunchConfig, make_config
+from ddp_helpers.kernel.launcher.config import LaunchConfig, make_config, threads_per_rank
 from ddp_helpers.kernel.launcher.log_follow import FileFollower, RankLogTail
-from ddp_helpers.kernel.launcher.machine import threads_per_rank
 from ddp_helpers.kernel.launcher.torchrun_magic import parse_magic_line
 
 
@@ -65,6 +64,7 @@ def test_threads_are_the_cores_shared_out_on_every_backend(
 ):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(machine, "cpu_cores", lambda: cores)
+    monkeypatch.setattr(config_module, "cpu_cores", lambda: cores)  # what threads_per_rank shares out
     config_sees_gpus(visible)
     config = make_config(worker, nproc=nproc)
     assert config.environment()["OMP_NUM_THREADS"] == str(threads)

@@ -22,7 +22,7 @@ from ddp_helpers.backends import resolve_backend  # the one rule, shared with ev
 from ddp_helpers.errors import InvalidLaunchArguments
 from ddp_helpers.kernel.launcher.keywords import LaunchKeywords
 from ddp_helpers.kernel.launcher.launch_checks import check_int, ranks_outside
-from ddp_helpers.kernel.launcher.machine import check_cpu_ranks, free_port, threads_per_rank, visible_gpus
+from ddp_helpers.kernel.launcher.machine import check_cpu_ranks, cpu_cores, free_port, visible_gpus
 from ddp_helpers.kernel.launcher.options import OPTION_NAMES, OPTIONS, LaunchOptions
 from ddp_helpers.rank.stack_dumps import REGISTER_ENV, WORKER_SITE
 from ddp_helpers.run_contract import AGENT_LOG, BACKEND_ENV, DEVICE_ENV, ERROR_FILE, LOGS_DIR, RUN_DIR_ENV
@@ -253,6 +253,15 @@ class LaunchConfig(LaunchOptions):
         env.update(self.env)
         env["PYTHONPATH"] = with_worker_site(env.get("PYTHONPATH"))  # a PYTHONPATH of the user's too
         return env
+
+
+def threads_per_rank(local_world_size: int, cores: int | None = None) -> int:
+    """OMP/MKL threads for each of `local_world_size` ranks on one machine: the cores shared out.
+
+    The same on every backend: a GPU rank's CPU work (data loading, the optimizer on CPU tensors)
+    oversubscribes the cores just as a CPU rank's does.
+    """
+    return max(1, (cpu_cores() if cores is None else cores) // max(1, local_world_size))
 
 
 def base_environment() -> dict[str, str]:

@@ -30,15 +30,6 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
-def threads_per_rank(local_world_size: int, cores: int | None = None) -> int:
-    """OMP/MKL threads for each of `local_world_size` ranks on one machine: the cores shared out.
-
-    The same on every backend: a GPU rank's CPU work (data loading, the optimizer on CPU tensors)
-    oversubscribes the cores just as a CPU rank's does.
-    """
-    return max(1, (cpu_cores() if cores is None else cores) // max(1, local_world_size))
-
-
 def free_port() -> int:
     """A TCP port that was free on localhost a moment ago."""
     with socket.socket() as sock:

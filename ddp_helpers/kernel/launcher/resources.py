@@ -48,7 +48,7 @@ def nvml_handles() -> tuple[list[Any], str]:
 
 
 class ResourceSampler:
-    """Collects one row per rank (and per GPU) at each `sample()`."""
+    """Collects one row per rank (and per GPU) at each `sample()`, in `rows` (`LaunchResult.resources`)."""
 
     def __init__(self, tree: ProcessTree, gpus: bool, root_is_worker: bool = False) -> None:
         self.tree = tree
@@ -122,9 +122,3 @@ class ResourceSampler:
                     "gpu_mem_used_bytes": memory.used,
                 }
             )
-
-    def frame(self) -> Any:
-        """The samples as a pandas DataFrame (one row per rank or GPU per sample)."""
-        import pandas as pd
-
-        return pd.DataFrame(self.rows)

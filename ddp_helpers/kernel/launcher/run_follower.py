@@ -1,27 +1,29 @@
 """`RunFollower`: one launch in progress, seen from its files: the agent's output, every rank's log, the
-metrics. It echoes each rank's lines into the cell, tracks progress, and turns a silence or an exit into
-a `LaunchTimeout` or a `LaunchError` that names the rank and why.
+metrics (`MetricsFollower`). It echoes each rank's lines into the cell, tracks progress, and turns a
+silence or an exit into a `LaunchTimeout` or a `LaunchError` that names the rank and why.
 
 Used by `runner.launch` and by live ranks (`ddp_helpers.kernel.live.session`), which echo, diagnose and report
-alike; it starts and stops nothing.
+alike; it starts and stops nothing. `runner` decides when a run hung; this says how.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import json
+import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from ddp_helpers.errors import LaunchError, LaunchFailed, LaunchTimeout, WorkerFailed
-from ddp_helpers.kernel.launcher.cell_output import CellEcho, StepProgress
+from ddp_helpers.kernel.launcher.cell_output import CellEcho, StepProgress, resolve_progress
 from ddp_helpers.kernel.launcher.config import LaunchConfig
 from ddp_helpers.kernel.launcher.diagnosis import destroy_deadlock_note, diagnose, strip_rank_prefix
 from ddp_helpers.kernel.launcher.log_follow import FileFollower, LogChunk, RankLogTail
 from ddp_helpers.kernel.launcher.resources import full_disk_note
-from ddp_helpers.kernel.launcher.run_outputs import MetricsFollower
-
-WAITING_NOTE_EVERY_S = 5.0
+from ddp_helpers.rank.metrics import METRICS_DIR, PLAN_FILE
 
 
 def installed_torch_version() -> str:
@@ -30,6 +32,32 @@ def installed_torch_version() -> str:
         return importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         return ""
+
+
+class MetricsFollower:
+    """Reads new lines of every rank's JSONL file as they are appended (with `FileFollower`)."""
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.metrics_dir = Path(run_dir) / METRICS_DIR
+        self.plan_path = Path(run_dir) / PLAN_FILE
+        self._files: dict[Path, FileFollower] = {}
+
+    def read_new(self) -> list[dict[str, Any]]:
+        records: list[dict[str, Any]] = []
+        for path in sorted(self.metrics_dir.glob("rank*.jsonl")):
+            follower = self._files.setdefault(path, FileFollower(path))
+            for line in follower.read().lines:  # a line still being written waits
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+        return records
+
+    def total_steps(self) -> int | None:
+        try:
+            return int(json.loads(self.plan_path.read_text())["total_steps"])
+        except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError, ValueError):
+            return None
 
 
 @dataclass
@@ -43,16 +71,18 @@ class RunFollower:
     """One launch in progress: follows the agent's output, the rank logs and the metrics.
 
     Used by `launch` and by live ranks (`ddp_helpers.kernel.live`), which echo, diagnose and report alike.
+    `progress`: "widget", "text" or "off"; None: the config's (its "auto" resolved). As a context
+    manager (`launch`), it closes the echo and the progress bar when the block ends.
     """
 
-    def __init__(self, config: LaunchConfig, progress: str) -> None:
+    def __init__(self, config: LaunchConfig, progress: str | None) -> None:
         self.config = config
         self.tail = RankLogTail(
             config.log_dir, rank_offset=config.rank_offset, ranks_known_up_front=config.nnodes == 1
         )
         self.agent = FileFollower(config.agent_log)
         self.follower = MetricsFollower(config.out_dir)
-        self.progress = StepProgress(progress, config.script.name)
+        self.progress = StepProgress(progress or resolve_progress(config.progress), config.script.name)
         self.echo = CellEcho(where=str(config.log_dir), write=self.progress.write)
         # on one node the ranks are known up front; across nodes the rendezvous decides
         expected = range(config.local_world_size) if config.nnodes == 1 else ()
@@ -65,6 +95,16 @@ class RunFollower:
         self.heard_any = False  # any byte from a rank, or a metrics line
         self.last_waiting_note = self.started
         self.label_note = ""  # live ranks: e.g. " (after cell 3)", for lines printed between cells
+
+    def __enter__(self) -> RunFollower:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        """The cell's output ends: what was held back is reported; a failed run's widget bar turns red."""
+        self.echo.close()
+        self.progress.close(kind is None)
 
     # ---------------------------------------------------------------- following
     def on_rank_output(self, chunk: LogChunk) -> None:
@@ -111,45 +151,19 @@ class RunFollower:
         self.agent_lines += read.lines
         if read.nbytes:
             self.last_progress = time.monotonic()
-        for chunk in self.tail.read_chunks(final=final):
+        chunks = self.tail.read_chunks(final=final)
+        attempts = self.tail.attempts()  # of the files just read
+        for chunk in chunks:
             self.on_rank_output(chunk)
         records = self.follower.read_new()
         if records:
             self.on_metrics(records)
-        attempts = self.tail.attempts()
         if attempts > max(self.attempts_seen, 1):
             self.echo.note(
                 f"[torchrun] restart {attempts - 1} of {self.config.max_restarts}: workers restarted"
             )
         self.attempts_seen = max(self.attempts_seen, attempts)
         self.echo.tick()
-
-    def note_waiting_for_nodes(self) -> None:
-        """Across nodes, until this node's workers start: say that the rendezvous is waiting, and how long."""
-        now = time.monotonic()
-        if (
-            self.config.nnodes == 1
-            or self.tail.started()
-            or now - self.last_waiting_note < WAITING_NOTE_EVERY_S
-        ):
-            return
-        self.last_waiting_note = now
-        self.echo.note(
-            f"[ddp_helpers] node {self.config.node_rank}: waiting for all {self.config.nnodes} nodes to join at "
-            f"{self.config.rdzv_endpoint}: {now - self.started:.0f}s of {self.config.rdzv_timeout:g}s (rdzv_timeout)"
-        )
-
-    def hung(self, now: float) -> bool:
-        """No progress within the timeout (or, before any rank was heard from, the start-up allowance)."""
-        config = self.config
-        if config.timeout is None:
-            return False
-        limit = config.timeout
-        if not self.heard_any and config.startup_timeout is not None:
-            limit = max(limit, config.startup_timeout)
-        if not self.heard_any and config.nnodes > 1:
-            limit = max(limit, config.rdzv_timeout or 0)  # waiting for nodes is not a hang
-        return now - self.last_progress > limit
 
     # ---------------------------------------------------------------- reports
     def hang_report(self, alive_ranks: set[int], stacks: dict[int, str] | None = None) -> LaunchTimeout:

@@ -1,4 +1,4 @@
-"""Follow and read what the ranks write (`ddp_helpers.rank.metrics`): live during a run, whole after it.
+"""Read what the ranks wrote (`ddp_helpers.rank.metrics`) after a run (`run_follower` follows it live).
 
 A run_dir used again keeps the earlier launch's outputs aside (`keep_previous_outputs`).
 
@@ -25,40 +25,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ddp_helpers.errors import LaunchError, RunDirInUse
-from ddp_helpers.kernel.launcher.log_follow import FileFollower
-from ddp_helpers.rank.metrics import METRICS_DIR, PLAN_FILE, SUMMARY_FILE
+from ddp_helpers.rank.metrics import METRICS_DIR, SUMMARY_FILE
 from ddp_helpers.run_contract import RUN_OUTPUTS
 
 if TYPE_CHECKING:
     import pandas as pd
 
 # What one launch writes into its run_dir; a later launch into the same folder moves them aside.
-
-
-class MetricsFollower:
-    """Reads new lines of every rank's JSONL file as they are appended (with `FileFollower`)."""
-
-    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
-        self.metrics_dir = Path(run_dir) / METRICS_DIR
-        self.plan_path = Path(run_dir) / PLAN_FILE
-        self._files: dict[Path, FileFollower] = {}
-
-    def read_new(self) -> list[dict[str, Any]]:
-        records: list[dict[str, Any]] = []
-        for path in sorted(self.metrics_dir.glob("rank*.jsonl")):
-            follower = self._files.setdefault(path, FileFollower(path))
-            for line in follower.read().lines:  # a line still being written waits
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
-        return records
-
-    def total_steps(self) -> int | None:
-        try:
-            return int(json.loads(self.plan_path.read_text())["total_steps"])
-        except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError, ValueError):
-            return None
 
 
 def read_metrics(run_dir: str | os.PathLike[str]) -> pd.DataFrame:

@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
 
 from ddp_helpers.errors import LaunchError, LaunchFailed, LaunchInterrupted
 from ddp_helpers.kernel.launcher.agent_client import reap_stopped_servers_in_background, stop_servers
-from ddp_helpers.kernel.launcher.cell_output import resolve_progress
 from ddp_helpers.kernel.launcher.config import LaunchConfig, make_config
 from ddp_helpers.kernel.launcher.keywords import LaunchKeywords
 from ddp_helpers.kernel.launcher.options import OPTIONS, with_options
 from ddp_helpers.kernel.launcher.process_tree import ProcessTree
 from ddp_helpers.kernel.launcher.processes import (
-    exit_code,
     start_run,
     stop_despite_interrupts,
     stop_interrupted,
@@ -32,7 +32,6 @@ from ddp_helpers.kernel.launcher.run_outputs import (
     read_summary,
 )
 from ddp_helpers.kernel.launcher.run_process import RunProcess
-from ddp_helpers.rank import stack_dumps
 
 __all__ = ["LaunchResult", "launch"]
 
@@ -41,9 +40,10 @@ if TYPE_CHECKING:
 
 POLL_S = 0.1
 REFRESH_S = 0.5  # how often the process tree and the resources are sampled
+WAITING_NOTE_EVERY_S = 5.0
 
 
-def _start(config: LaunchConfig, run: RunFollower, env: dict[str, str]) -> Any:
+def _start(config: LaunchConfig, env: dict[str, str]) -> RunProcess:
     """`start_run`, which waits for a cold agent server to import torch: an interrupt there stops it."""
     try:
         return start_run(config, env)
@@ -53,11 +53,44 @@ def _start(config: LaunchConfig, run: RunFollower, env: dict[str, str]) -> Any:
         except KeyboardInterrupt:  # interrupted again: the servers are told to leave all the same
             stop_servers()
         reap_stopped_servers_in_background()
-        run.echo.close()
-        run.progress.close(False)
         raise LaunchInterrupted(
             f"interrupted while the run started: nothing of it is left running; logs are in {config.out_dir}"
         ) from None
+
+
+@contextlib.contextmanager
+def _stopped_at_exit(tree: ProcessTree, proc: RunProcess, grace_s: float) -> Iterator[None]:
+    """However the block ends, every process of the run is stopped: anything a worker left behind too."""
+    try:
+        yield
+    finally:
+        stop_despite_interrupts(tree, proc, grace_s)
+
+
+def _note_waiting_for_nodes(run: RunFollower) -> None:
+    """Across nodes, until this node's workers start: say that the rendezvous is waiting, and how long."""
+    now = time.monotonic()
+    config = run.config
+    if config.nnodes == 1 or run.tail.started() or now - run.last_waiting_note < WAITING_NOTE_EVERY_S:
+        return
+    run.last_waiting_note = now
+    run.echo.note(
+        f"[ddp_helpers] node {config.node_rank}: waiting for all {config.nnodes} nodes to join at "
+        f"{config.rdzv_endpoint}: {now - run.started:.0f}s of {config.rdzv_timeout:g}s (rdzv_timeout)"
+    )
+
+
+def _hung(run: RunFollower, now: float) -> bool:
+    """No progress within the timeout (or, before any rank was heard from, the start-up allowance)."""
+    config = run.config
+    if config.timeout is None:
+        return False
+    limit = config.timeout
+    if not run.heard_any and config.startup_timeout is not None:
+        limit = max(limit, config.startup_timeout)
+    if not run.heard_any and config.nnodes > 1:
+        limit = max(limit, config.rdzv_timeout or 0)  # waiting for nodes is not a hang
+    return now - run.last_progress > limit
 
 
 def _failure(run: RunFollower, proc: RunProcess, returncode: int) -> LaunchError:
@@ -71,10 +104,11 @@ def _failure(run: RunFollower, proc: RunProcess, returncode: int) -> LaunchError
     return run.failure(returncode)
 
 
-def _empty_frame() -> pd.DataFrame:
+def _frame(rows: list[dict[str, Any]] | None = None) -> pd.DataFrame:
+    """`rows` (the resource samples) as a DataFrame; pandas is imported only here."""
     import pandas as pd
 
-    return pd.DataFrame()
+    return pd.DataFrame(rows) if rows else pd.DataFrame()
 
 
 @dataclass
@@ -92,7 +126,7 @@ class LaunchResult:
     environment: dict[str, str] = field(default_factory=dict)
     launcher_output: list[str] = field(default_factory=list)
     attempts: int = 1
-    resources: pd.DataFrame = field(default_factory=_empty_frame)  # per-rank CPU/RSS, per-GPU use, over time
+    resources: pd.DataFrame = field(default_factory=_frame)  # per-rank CPU/RSS, per-GPU use, over time
     gpu_sampling: str = "not requested"  # "sampled", or why not ("not sampled: ...")
     lines_held_back: int = 0  # lines not echoed into the cell (all are in `logs` and on disk)
     # how torchrun's agent started: "forked" from the agent server (it imported no torch of its own),
@@ -153,53 +187,62 @@ def run_config(config: LaunchConfig, progress: str | None = None) -> LaunchResul
 
 def _run_held(config: LaunchConfig, progress: str | None) -> LaunchResult:
     keep_previous_outputs(config.out_dir)
-    run = RunFollower(config, progress or resolve_progress(config.progress))
-    env = config.environment()
-    proc = _start(config, run, env)
-    tree = ProcessTree(proc.pid)
-    sampler = ResourceSampler(tree, gpus=config.device == "cuda", root_is_worker=config.launcher == "python")
-    success = False
-    try:
-        last_refresh = 0.0
-        while True:
-            run.poll_files()
-            returncode = exit_code(proc)
-            if returncode is not None:
-                break
-            now = time.monotonic()
-            # across nodes, a rank's lines wait until its worker says who it is: look sooner
-            unmapped = config.nnodes > 1 and len(sampler.local_to_global) < config.local_world_size
-            if now - last_refresh > (POLL_S if unmapped else REFRESH_S):
-                tree.refresh()
-                sampler.sample()
-                run.tail.learn_ranks(sampler.local_to_global)
-                last_refresh = now
-            run.note_waiting_for_nodes()
-            if run.hung(now):
-                tree.refresh()
-                sampler.sample()  # also learns the ranks of workers started since the last sample
-                pids = sampler.alive_pids()  # each live rank's, to ask where it waits
-                error = run.hang_report(set(pids), stack_dumps.ask(pids, config.log_dir))
-                stop_run(tree, proc, config.grace_s)
-                raise error
-            time.sleep(POLL_S)
-        run.poll_files(final=True)
-        if returncode != 0:
-            raise _failure(run, proc, returncode)
-        success = True
-    except KeyboardInterrupt as interrupt:
-        if isinstance(interrupt, LaunchInterrupted):
-            raise
-        raise stop_interrupted(tree, proc, config) from None
-    finally:
-        stop_despite_interrupts(tree, proc, config.grace_s)  # anything a worker left behind goes too
-        run.echo.close()
-        run.progress.close(success)
-    return _result(config, run, proc, sampler, env)
+    with RunFollower(config, progress) as run:  # which closes the cell's output at the end
+        env, command = config.environment(), config.command()
+        proc = _start(config, env)
+        tree = ProcessTree(proc.pid)
+        sampler = ResourceSampler(
+            tree, gpus=config.device == "cuda", root_is_worker=config.launcher == "python"
+        )
+        with _stopped_at_exit(tree, proc, config.grace_s):
+            try:
+                _follow(config, run, proc, tree, sampler)
+            except KeyboardInterrupt as interrupt:
+                if isinstance(interrupt, LaunchInterrupted):
+                    raise
+                raise stop_interrupted(tree, proc, config) from None
+    return _result(config, run, proc, sampler, env, command)
+
+
+def _follow(
+    config: LaunchConfig, run: RunFollower, proc: RunProcess, tree: ProcessTree, sampler: ResourceSampler
+) -> None:
+    """Echo the run until it ends; raise if it failed or hung (stopping a hung run first)."""
+    last_refresh = 0.0
+    while True:
+        run.poll_files()
+        returncode = proc.poll()
+        if returncode is not None:
+            break
+        now = time.monotonic()
+        # across nodes, a rank's lines wait until its worker says who it is: look sooner
+        unmapped = config.nnodes > 1 and len(sampler.local_to_global) < config.local_world_size
+        if now - last_refresh > (POLL_S if unmapped else REFRESH_S):
+            tree.refresh()
+            sampler.sample()
+            run.tail.learn_ranks(sampler.local_to_global)
+            last_refresh = now
+        _note_waiting_for_nodes(run)
+        if _hung(run, now):
+            tree.refresh()
+            sampler.sample()  # also learns the ranks of workers started since the last sample
+            pids = sampler.alive_pids()  # each live rank's, to ask where it waits
+            error = run.hang_report(set(pids), stack_dumps.ask(pids, config.log_dir))
+            stop_run(tree, proc, config.grace_s)
+            raise error
+        time.sleep(POLL_S)
+    run.poll_files(final=True)
+    if returncode != 0:
+        raise _failure(run, proc, returncode)
 
 
 def _result(
-    config: LaunchConfig, run: RunFollower, proc: RunProcess, sampler: ResourceSampler, env: dict[str, str]
+    config: LaunchConfig,
+    run: RunFollower,
+    proc: RunProcess,
+    sampler: ResourceSampler,
+    env: dict[str, str],
+    command: list[str],
 ) -> LaunchResult:
     return LaunchResult(
         returncode=0,  # any other code raised
@@ -208,11 +251,11 @@ def _result(
         logs=run.logs,
         metrics=read_metrics(config.out_dir),
         summary=read_summary(config.out_dir),
-        command=config.command(),
+        command=command,
         environment={name: value for name, value in env.items() if os.environ.get(name) != value},
         launcher_output=run.agent_lines,
         attempts=max(run.attempts_seen, 1),
-        resources=sampler.frame(),
+        resources=_frame(sampler.rows),
         gpu_sampling=sampler.gpu_sampling,
         lines_held_back=run.echo.held_back,
         agent=proc.kind,
