@@ -51,7 +51,7 @@ PACKAGE = Path(ddp_helpers.__file__).resolve().parent
 
 @dataclass
 class Stop:
-    file: str  # relative to the package, e.g. "launcher/config.py"
+    file: str  # relative to the package, e.g. "kernel/launcher/config.py"
     function: str  # the qualified name of the function the stop goes into
     caller: str  # the qualified name of the function it comes from ("" for the call of launch itself)
     depth: int  # how many stops deep: a stop made while reading the previous one is one deeper

@@ -36,10 +36,10 @@ def test_one_launch_visits_each_file_at_most_twice(bench, agent, tmp_path, monke
     stops = {(stop.file, stop.function) for stop in path.stops}
     # the story was followed from the call to the result, not cut short
     assert {
-        ("launcher/runner.py", "launch"),
-        ("launcher/processes.py", "start_run"),
-        ("launcher/run_follower.py", "RunFollower.poll_files"),
-        ("launcher/run_outputs.py", "read_summary"),
+        ("kernel/launcher/runner.py", "launch"),
+        ("kernel/launcher/processes.py", "start_run"),
+        ("kernel/launcher/run_follower.py", "RunFollower.poll_files"),
+        ("kernel/launcher/run_outputs.py", "read_summary"),
     } <= stops, path.report()
     bounced = {file: count for file, count in path.visits().items() if count > MAX_VISITS}
     assert not bounced, f"files visited more than {MAX_VISITS} times: {bounced}\n{path.report()}"

@@ -32,6 +32,7 @@ from ddp_helpers.kernel.launcher.run_outputs import (
     read_summary,
 )
 from ddp_helpers.kernel.launcher.run_process import RunProcess
+from ddp_helpers.rank import stack_dumps
 
 __all__ = ["LaunchResult", "launch"]
 
