@@ -1,92 +1,81 @@
-"""Every notebook's plan (ddp_helpers/kernel/lab/nbNN.py) over every machine shape the notebooks must meet:
-GPUs per node in {0, 1, 2, 4, 8} x ranks per node in {1, 2, 3, 8} x nodes in {1, 2}, smoke and full size.
-No GPU here: the GPU shapes are tested by their plans, against the rules in ddp_helpers/kernel/lab/plan_core.py."""
+"""The rules every notebook's plan (ddp_helpers/kernel/lab/nbNN.py) keeps, on every machine shape the notebooks
+must meet (tests/plan_rules.py): GPUs per node in {0, 1, 2, 4, 8} x ranks per node in {1, 2, 3, 8} x nodes in
+{1, 2}, smoke and full size. Each notebook's own rules are in tests/test_plans_nbNN.py.
+No GPU here: the GPU shapes are tested by their plans, against the rules in plans/core.py."""
 
 from __future__ import annotations
 
-import itertools
-from collections import defaultdict
+from pathlib import Path
 
 import pytest
+from plan_rules import (
+    SHAPES,
+    computes_where_planned,
+    every_shape,
+    for_each,
+    placed,
+    shape_name,
+    sizes_by_kind,
+)
 
-from ddp_helpers.backends import resolve_backend
-from ddp_helpers.kernel.lab.plans import Machine, NotebookPlan, RunPlan, placement, plan_for, planners
+from ddp_helpers.kernel.lab.plans import Machine, NotebookPlan, placement, plan_for, planners
 
-SHAPES = list(itertools.product((0, 1, 2, 4, 8), (1, 2, 3, 8), (1, 2)))
 NOTEBOOKS = list(planners())
+NOTEBOOKS_DIR = Path(__file__).parents[1] / "notebooks"
+LESSONS = sorted(path.name[:2] for path in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
 
 
-def visible_to(run: RunPlan, gpus: int) -> int:
-    """GPUs each of the run's processes sees, after its env."""
-    if "CUDA_VISIBLE_DEVICES" not in run.env:
-        return gpus
-    value = run.env["CUDA_VISIBLE_DEVICES"]
-    return len(value.split(",")) if value else 0
-
-
-def every_plan(notebook: str) -> list[NotebookPlan]:
-    return [plan_for(notebook, g, n, nodes, smoke=smoke) for g, n, nodes in SHAPES for smoke in (False, True)]
-
-
-def test_the_plans_are_found():
-    assert "02" in NOTEBOOKS, NOTEBOOKS
+def test_every_lesson_has_a_plan():
+    assert NOTEBOOKS == LESSONS, f"plans for {NOTEBOOKS}, lessons {LESSONS}"
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS)
-def test_nothing_is_compared_across_device_kinds(notebook):
-    for plan in every_plan(notebook):
+def test_each_compared_group_computes_on_one_device_kind_the_first_on_the_plans(notebook):
+    """Nothing is compared across device kinds; `plan.device`, which the notebook prints and branches on, is
+    where its first compared group (where it compares none, its first run) computes."""
+
+    def rule(plan: NotebookPlan) -> None:
         for group in plan.compared:
             kinds = {name: plan.runs[name].device for name in group}
-            assert len(set(kinds.values())) == 1, f"{plan.machine}: {kinds}"  # each group on one kind
+            assert len(set(kinds.values())) == 1, kinds
+        first = plan.compared[0] if plan.compared else list(plan.runs)[:1]
+        assert {plan.runs[name].device for name in first} == {plan.device}, (plan.device, first)
+
+    every_shape(notebook, rule)
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS)
-def test_nccl_only_where_every_local_rank_has_its_own_gpu(notebook):
-    for plan in every_plan(notebook):
+def test_every_run_computes_where_the_launcher_puts_it_nccl_only_with_a_gpu_per_rank(notebook):
+    def rule(plan: NotebookPlan) -> None:
+        for run in plan.runs.values():
+            computes_where_planned(plan.machine, run)
+
+    every_shape(notebook, rule)
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS)
+def test_sizes_are_chosen_by_device_kind_never_by_a_count(notebook):
+    assert {kind for kind, _ in sizes_by_kind(notebook)} <= {"cpu", "cuda"}  # fails if a count changed them
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS)
+def test_every_run_fits_the_machine_and_its_global_batch_splits_over_its_world(notebook):
+    def rule(plan: NotebookPlan) -> None:
         for name, run in plan.runs.items():
-            seen = visible_to(run, plan.machine.gpus)
-            backend, device = resolve_backend(run.backend, seen)
-            assert device == run.device, f"{plan.machine} {name}: the launcher puts it on {device}: {run}"
-            if backend == "nccl":
-                assert run.nproc <= seen, (
-                    f"{plan.machine} {name}: nccl with {run.nproc} ranks and {seen} GPUs"
-                )
-            if run.device == "cpu":
-                assert seen == 0 or run.backend == "gloo", f"{plan.machine} {name}: {run}"
-
-
-@pytest.mark.parametrize("notebook", NOTEBOOKS)
-def test_sizes_are_chosen_by_device_kind(notebook):
-    """Within one device kind (and smoke or not), every machine gets the same sizes: never by a count."""
-    seen: dict[tuple[str, bool], set[str]] = defaultdict(set)
-    for g, n, nodes in SHAPES:
-        for smoke in (False, True):
-            plan = plan_for(notebook, g, n, nodes, smoke=smoke)
-            seen[(plan.device, smoke)].add(repr(sorted(plan.sizes.items())))
-    assert all(len(sizes) == 1 for sizes in seen.values()), dict(seen)
-
-
-@pytest.mark.parametrize("notebook", NOTEBOOKS)
-def test_every_run_fits_the_world_it_is_given(notebook):
-    for plan in every_plan(notebook):
-        for name, run in plan.runs.items():
-            assert run.nodes <= plan.machine.nodes, f"{plan.machine} {name}: {run}"
+            assert run.world == run.nproc * run.nodes and run.devices >= 1, (name, run)
+            assert run.nodes <= plan.machine.nodes, (name, run)
             if run.batch is not None:
-                assert run.batch >= run.world and run.batch % run.world == 0, (
-                    f"{plan.machine} {name}: a global batch of {run.batch} over {run.world} ranks"
-                )
+                assert run.batch >= run.world and run.batch % run.world == 0, (name, run.batch, run.world)
+
+    every_shape(notebook, rule)
 
 
-@pytest.mark.parametrize(
-    ("gpus", "ranks", "device", "backend"),
-    [(0, 2, "cpu", "auto"), (1, 2, "cpu", "gloo"), (2, 2, "cuda", "auto")],
-)
-def test_a_demo_that_needs_more_ranks_than_gpus_goes_to_the_cpu_with_the_gpus_hidden(
-    gpus, ranks, device, backend
-):
-    run = placement(Machine(gpus, 8), ranks)
-    assert (run.device, run.backend, run.nproc) == (device, backend, ranks)
-    assert visible_to(run, gpus) == (gpus if device == "cuda" else 0)
+def test_a_demo_gets_a_gpu_per_rank_where_the_machine_has_one_else_the_cpu_with_the_gpus_hidden():
+    def rule(case: tuple[Machine, int]) -> None:
+        machine, ranks = case
+        placed(machine, placement(machine, ranks, nodes=machine.nodes), ranks, machine.nodes)
+
+    for_each(((f"{shape_name(m)}, a demo of {n}", (m, n)) for m in SHAPES for n in (1, 2, 3, 8)), rule)
 
 
 def test_a_machine_that_cannot_be_is_refused():

@@ -1,67 +1,71 @@
-"""Notebook 02's plan (ddp_helpers/kernel/lab/throughput.py) over every machine shape the notebooks must run on:
-GPUs in {0, 1, 2, 4, 8} x nproc in {1, 2, 3, 8}. No GPU here: the GPU shapes are tested by their plans."""
+"""Notebook 02's throughput runs (ddp_helpers/kernel/lab/throughput.py) on every one-node shape the notebooks
+must run on (tests/plan_rules.py): GPUs in {0, 1, 2, 4, 8} x nproc in {1, 2, 3, 8}, smoke and full size.
+No GPU here: the GPU shapes are tested by their plans."""
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
+from plan_rules import ONE_NODE, computes_where_planned, for_each, shape_name, visible_to
 
-from ddp_helpers.backends import resolve_backend
-from ddp_helpers.kernel.lab.plans import sweep_points, throughput_plan
+from ddp_helpers.kernel.lab.plans import Machine, ThroughputPlan, sweep_points, throughput_plan
 
-SHAPES = list(itertools.product((0, 1, 2, 4, 8), (1, 2, 3, 8)))
-
-
-def visible_to(run, gpus: int) -> int:
-    """GPUs the run's processes see, after its env."""
-    if "CUDA_VISIBLE_DEVICES" not in run.env:
-        return gpus
-    value = run.env["CUDA_VISIBLE_DEVICES"]
-    return len(value.split(",")) if value else 0
+Case = tuple[Machine, ThroughputPlan]
+RUNS_ON = [(m, smoke) for m in ONE_NODE for smoke in (False, True)]
+CASES = [(shape_name(m, smoke), (m, throughput_plan(m.gpus, m.nproc, smoke))) for m, smoke in RUNS_ON]
 
 
-@pytest.mark.parametrize(("gpus", "nproc"), SHAPES, ids=lambda v: str(v))
-def test_nothing_is_compared_across_device_kinds(gpus, nproc):
-    plan = throughput_plan(gpus, nproc)
-    assert {run.device for run in plan.runs()} == {plan.device}, plan
+def visible_ids(run, gpus: int) -> list[str]:
+    """The GPU ids the run's processes see, after its env."""
+    value = run.env.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(gpus))))
+    return value.split(",") if value else []
 
 
-@pytest.mark.parametrize(("gpus", "nproc"), SHAPES, ids=lambda v: str(v))
-def test_each_run_computes_where_the_launcher_puts_it(gpus, nproc):
-    """The backend rule the launcher and the workers share gives each run the device the plan says,
-    and NCCL only where every rank of the run has a GPU of its own."""
-    for run in throughput_plan(gpus, nproc).runs():
-        seen = visible_to(run, gpus)
-        backend, device = resolve_backend(run.backend, gpus)  # the launcher counts the kernel's GPUs
-        if device == "cuda":
-            assert run.nproc <= seen and backend == "nccl", run
-        assert device == run.device or (run.device == "cpu" and seen == 0), run
-        if run.device == "cpu":
-            assert seen == 0, f"{run}: a CPU run must not see GPUs (DataParallel would reach for them)"
-            assert run.env.get("OMP_NUM_THREADS") == "1", run  # a CPU device is one core
+def test_every_run_on_one_device_kind_gpus_where_every_ddp_rank_has_its_own():
+    def rule(case: Case) -> None:
+        machine, plan = case
+        assert {run.device for run in plan.runs()} == {plan.device}, plan
+        assert plan.device == ("cuda" if machine.gpus >= machine.nproc else "cpu"), plan.device
+        says_why = "NCCL needs one GPU per rank" in plan.line
+        assert says_why == (0 < machine.gpus < machine.nproc), plan.line  # GPUs left idle: why
+
+    for_each(CASES, rule)
 
 
-@pytest.mark.parametrize(("gpus", "nproc"), SHAPES, ids=lambda v: str(v))
-def test_dataparallel_splits_over_the_gpus_ddp_uses_and_none_on_the_cpu(gpus, nproc):
-    plan = throughput_plan(gpus, nproc)
-    if plan.device == "cuda":
-        assert visible_to(plan.dp, gpus) == plan.dp.devices == nproc == plan.ddp.devices
-    else:
-        assert visible_to(plan.dp, gpus) == 0 and plan.dp.devices == 1
+def test_each_run_computes_where_the_launcher_puts_it_and_a_cpu_run_sees_no_gpu_and_uses_one_core():
+    def rule(case: Case) -> None:
+        machine, plan = case
+        for run in plan.runs():
+            computes_where_planned(machine, run)
+            if run.device == "cpu":  # DataParallel would reach for any GPU it sees
+                assert visible_to(run, machine.gpus) == 0, run
+                assert run.env.get("OMP_NUM_THREADS") == "1", run  # a CPU device is one core
+
+    for_each(CASES, rule)
 
 
-@pytest.mark.parametrize(("gpus", "nproc"), SHAPES, ids=lambda v: str(v))
-def test_the_sweep_runs_from_the_single_process_to_ddp(gpus, nproc):
-    plan = throughput_plan(gpus, nproc)
-    assert list(plan.sweep) == sweep_points(nproc)
-    assert plan.sweep[1] == plan.single
-    assert plan.sweep[nproc] == plan.ddp
+def test_dataparallel_splits_over_the_gpus_ddp_uses_and_none_on_the_cpu():
+    def rule(case: Case) -> None:
+        machine, plan = case
+        if plan.device == "cuda":  # DDP's rank r computes on cuda:r
+            assert visible_ids(plan.dp, machine.gpus) == [str(r) for r in range(machine.nproc)], plan.dp
+            assert plan.dp.nproc == 1 and plan.dp.devices == plan.ddp.devices == machine.nproc, plan
+        else:
+            assert visible_ids(plan.dp, machine.gpus) == [] and plan.dp.devices == 1, plan.dp
+
+    for_each(CASES, rule)
 
 
-def test_gpus_fewer_than_ranks_say_why_the_cpu():
-    assert "NCCL needs one GPU per rank" in throughput_plan(1, 2).line
-    assert throughput_plan(4, 8).device == "cpu" and throughput_plan(8, 8).device == "cuda"
+def test_the_sweep_runs_from_the_single_process_to_ddp_by_powers_of_two():
+    def rule(case: Case) -> None:
+        machine, plan = case
+        assert list(plan.sweep) == sweep_points(machine.nproc)
+        assert plan.sweep[1] == plan.single and plan.sweep[machine.nproc] == plan.ddp
+        powers = {2**k for k in range(machine.nproc.bit_length()) if 2**k <= machine.nproc}
+        assert set(plan.sweep) == powers | {machine.nproc}, list(plan.sweep)  # 1, 2, 4, ... and nproc
+        assert all(plan.sweep[n].nproc == plan.sweep[n].devices == n for n in plan.sweep), plan.sweep
+        assert plan.single.nproc == 1 and plan.ddp.nproc == machine.nproc, plan
+
+    for_each(CASES, rule)
 
 
 @pytest.mark.parametrize(("gpus", "nproc"), [(-1, 2), (0, 0)])

@@ -1,20 +1,32 @@
-"""Notebook 01's plan: the single-device script on ddp.py's device kind; the live ranks at least two."""
+"""Notebook 01's plan: ddp.py on the ranks asked for, the single-device script on ddp.py's device kind, the
+live ranks two at least."""
 
 from __future__ import annotations
 
-from ddp_helpers.kernel.lab.plans import plan_for
+from plan_rules import at_least_two, every_shape, placed, says_why_it_runs_more
+
+from ddp_helpers.kernel.lab.plans import NotebookPlan
 
 
-def test_the_single_script_runs_where_ddp_py_runs():
-    for gpus, nproc in ((0, 2), (1, 2), (2, 2), (1, 1)):
-        plan = plan_for("01", gpus, nproc)
+def test_ddp_py_runs_the_ranks_asked_for_and_the_live_ranks_two_at_least_and_the_line_says_why():
+    """The live ranks need a second rank to exchange anything with."""
+
+    def rule(plan: NotebookPlan) -> None:
+        placed(plan.machine, plan.runs["whole"], plan.machine.nproc)
+        placed(plan.machine, plan.runs["live"], at_least_two(plan.machine))
+        says_why_it_runs_more(plan, plan.runs["live"])
+
+    every_shape("01", rule)
+
+
+def test_the_single_device_script_is_one_process_where_ddp_py_runs():
+    """Their losses are compared: on ddp.py's device kind, with the GPUs hidden from both where ddp.py hides them."""
+
+    def rule(plan: NotebookPlan) -> None:
         single, whole = plan.runs["single"], plan.runs["whole"]
-        assert (single.nproc, single.device, single.env) == (1, whole.device, whole.env), plan.runs
-    assert plan_for("01", 1, 2).runs["single"].env == {"CUDA_VISIBLE_DEVICES": ""}  # ddp.py on gloo: CPU too
+        assert (single.nproc, single.devices, single.nodes) == (1, 1, 1), single
+        where = (single.device, single.backend, single.env)
+        assert where == (whole.device, whole.backend, whole.env), plan.runs
+        assert ("single", "whole") in plan.compared, plan.compared
 
-
-def test_one_rank_gets_two_live_ranks_and_the_line_says_where():
-    plan = plan_for("01", 1, 1)
-    assert (plan.runs["whole"].nproc, plan.runs["whole"].device) == (1, "cuda")
-    assert (plan.runs["live"].nproc, plan.runs["live"].backend) == (2, "gloo")
-    assert "The live ranks need two: This demo needs 2 ranks" in plan.line, plan.line
+    every_shape("01", rule)

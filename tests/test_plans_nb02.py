@@ -1,55 +1,66 @@
-"""Notebook 02's sizes by device kind: GPUs get steps long enough for DDP's all-reduce to hide."""
+"""Notebook 02's plan: the throughput runs (tests/test_plans.py holds their rules), the demos on live ranks two
+at least, sizes by device kind (GPUs get steps long enough for DDP's all-reduce to hide), and the worker
+arguments the lesson and its companion pass."""
 
 from __future__ import annotations
 
-from ddp_helpers.kernel.lab.plans import plan_for
+from plan_rules import (
+    KINDS,
+    at_least_two,
+    every_shape,
+    heavier,
+    option,
+    placed,
+    says_why_it_runs_more,
+    sizes_by_kind,
+)
 
-CPU = {"model": "resnet18", "image_size": 32, "num_samples": 2048, "batch_size": 32}  # CI's sizes
+from ddp_helpers.chapters.ch02_single_dp_ddp import ch02_plan as nb02
+from ddp_helpers.kernel.lab.plans import NotebookPlan, throughput_plan
 
-
-def test_the_cpu_keeps_its_sizes_and_smoke_mode_its_mlp():
-    assert dict(plan_for("02", 0, 2).sizes) == CPU
-    assert dict(plan_for("02", 1, 2).sizes) == CPU  # fewer GPUs than ranks: every run on the CPU
-    assert dict(plan_for("02", 0, 2, smoke=True).sizes) == {**CPU, "model": "mlp"}
-
-
-def test_gpus_get_resnet50_at_224_px_and_a_larger_batch():
-    for smoke in (False, True):
-        sizes = plan_for("02", 8, 8, smoke=smoke).sizes
-        assert sizes["model"] == "resnet50" and sizes["image_size"] == 224, sizes
-        assert sizes["batch_size"] > CPU["batch_size"], sizes
-        assert plan_for("02", 1, 1, smoke=smoke).sizes == sizes  # by device kind, not by count
+THROUGHPUT = ("single", "dataparallel", "ddp")
 
 
-def test_one_gpu_runs_the_throughput_on_it_and_the_live_demos_on_two_gloo_ranks_and_says_so():
-    plan = plan_for("02", 1, 1)
-    assert (plan.device, plan.runs["ddp"].nproc) == ("cuda", 1)
-    demo = plan.runs["demo"]
-    assert (demo.nproc, demo.device, demo.backend, demo.env) == (
-        2,
-        "cpu",
-        "gloo",
-        {"CUDA_VISIBLE_DEVICES": ""},
-    )
-    assert "The demos on live ranks need two at least" in plan.line, plan.line
-    assert all("demo" not in group for group in plan.compared[:1])  # never beside the GPU's throughput runs
+def test_the_throughput_runs_are_compared_together_and_the_demos_apart_on_two_ranks_at_least():
+    def rule(plan: NotebookPlan) -> None:
+        m = plan.machine
+        throughput = throughput_plan(m.gpus, m.nproc)
+        assert [plan.runs[name] for name in THROUGHPUT] == [throughput.single, throughput.dp, throughput.ddp]
+        assert {n: plan.runs[f"sweep-{n}"] for n in throughput.sweep} == throughput.sweep
+        measured = (*THROUGHPUT, *(f"sweep-{n}" for n in throughput.sweep))
+        assert plan.compared[0] == measured and plan.device == throughput.device, plan.compared
+        assert all("demo" not in group or group == ("demo",) for group in plan.compared), plan.compared
+        for name in ("demo", "exercise"):
+            placed(m, plan.runs[name], at_least_two(m))
+        says_why_it_runs_more(plan, plan.runs["demo"])
+
+    every_shape("02", rule)
+
+
+def test_gpus_get_a_heavier_model_larger_images_and_batches_and_smoke_mode_the_mlp_on_the_cpu_only():
+    sizes = sizes_by_kind("02")
+    cpu, gpu = sizes["cpu", False], sizes["cuda", False]
+    assert heavier(gpu["model"], than=cpu["model"]), (cpu, gpu)
+    assert gpu["image_size"] > cpu["image_size"] and gpu["batch_size"] > cpu["batch_size"], (cpu, gpu)
+    assert sizes["cpu", True] == {**cpu, "model": "mlp"}  # CI's smoke run: the MLP, nothing else changed
+    assert sizes["cuda", True] == gpu  # a GPU runs its sizes in seconds
 
 
 def test_every_throughput_run_times_the_same_steps_after_its_warmup_and_smoke_shortens_them():
-    from ddp_helpers.chapters.ch02_single_dp_ddp import ch02_plan as nb02
-
-    for smoke in (False, True):
-        args = nb02.throughput_args(plan_for("02", 0, 2, smoke=smoke).sizes, smoke)
-        steps, warmup = (int(args[args.index(flag) + 1]) for flag in ("--steps", "--warmup-steps"))
-        assert steps - warmup == nb02.timed_steps(smoke), args
-        assert args[args.index("--model") + 1] == plan_for("02", 0, 2, smoke=smoke).sizes["model"]
+    by_kind = sizes_by_kind("02")
+    for kind in KINDS:
+        for smoke in (False, True):
+            sizes = by_kind[kind, smoke]
+            args = nb02.throughput_args(sizes, smoke)
+            steps, warmup = (int(option(args, flag)[0]) for flag in ("--steps", "--warmup-steps"))
+            assert steps - warmup == nb02.timed_steps(smoke), args
+            assert option(args, "--model") == [sizes["model"]], args
+            assert "--batch-size" not in args and "--mode" not in args, args  # the caller's
     assert nb02.timed_steps(True) < nb02.timed_steps(False)
 
 
 def test_the_equality_and_learning_rate_runs_use_the_mlp():
-    from ddp_helpers.chapters.ch02_single_dp_ddp import ch02_plan as nb02
-
     # no BatchNorm: DDP is then exactly a bigger batch
-    for args in (nb02.equality_args(), nb02.lr_args(smoke=True)):
-        assert args[args.index("--model") + 1] == "mlp", args
+    for args in (nb02.equality_args(), nb02.lr_args(smoke=True), nb02.lr_args(smoke=False)):
+        assert option(args, "--model") == ["mlp"], args
     assert "--deterministic" in nb02.equality_args()

@@ -1,26 +1,40 @@
-"""Notebook 04's plan: the resumes where the reference runs, the two-rank demos on gloo where GPUs are few."""
+"""Notebook 04's plan: the resumes where the reference runs, the demos where ranks disagree or fail on two ranks
+at least, and the two one-off gloo jobs."""
 
 from __future__ import annotations
 
-from ddp_helpers.kernel.lab.plans import plan_for
+from plan_rules import at_least_two, every_shape, placed, says_why_it_runs_more
+
+from ddp_helpers.kernel.lab.plans import NotebookPlan
+
+DEMOS = ("choose", "elastic", "elastic-reference", "exercise")  # a second rank, to disagree with or to fail
 
 
-def test_one_gpu_one_rank_keeps_the_reference_on_the_gpu_and_the_demos_on_two_gloo_ranks():
-    plan = plan_for("04", 1, 1)
-    assert (plan.runs["train"].device, plan.runs["train"].nproc) == ("cuda", 1)
-    for name in ("choose", "elastic", "exercise"):
-        run = plan.runs[name]
-        assert (run.nproc, run.device, run.backend, run.env) == (
-            2,
-            "cpu",
-            "gloo",
-            {"CUDA_VISIBLE_DEVICES": ""},
-        )
-    assert "need two ranks" in plan.line and "2 gloo ranks on the CPU" in plan.line, plan.line
-    assert plan.runs["elastic"] != plan.runs["train"]  # so the notebook runs an elastic-reference of its own
+def test_the_reference_runs_the_ranks_asked_for_and_the_demos_two_at_least_and_the_line_says_why():
+    def rule(plan: NotebookPlan) -> None:
+        placed(plan.machine, plan.runs["train"], plan.machine.nproc)
+        for name in DEMOS:
+            placed(plan.machine, plan.runs[name], at_least_two(plan.machine))
+        says_why_it_runs_more(plan, plan.runs["choose"])
+
+    every_shape("04", rule)
 
 
-def test_where_the_shapes_match_the_elastic_run_is_the_reference_s():
-    plan = plan_for("04", 0, 2)
-    assert plan.runs["elastic"] == plan.runs["train"], plan.runs
-    assert "need two ranks" not in plan.line
+def test_the_elastic_run_is_compared_with_a_run_of_its_own_shape_the_reference_where_the_shapes_match():
+    def rule(plan: NotebookPlan) -> None:
+        elastic, train = plan.runs["elastic"], plan.runs["train"]
+        assert plan.runs["elastic-reference"] == elastic and ("elastic", "elastic-reference") in plan.compared
+        assert (elastic == train) == (plan.machine.nproc >= 2), (elastic, train)
+
+    every_shape("04", rule)
+
+
+def test_the_killed_save_is_one_gloo_process_and_the_sum_order_three_gloo_ranks_on_every_machine():
+    """Only rank 0 writes, so one process; three ranks are the fewest whose sum depends on the order."""
+
+    def rule(plan: NotebookPlan) -> None:
+        for name, ranks in (("crash", 1), ("sum-order", 3)):
+            run = plan.runs[name]
+            assert (run.nproc, run.nodes, run.backend, run.device) == (ranks, 1, "gloo", "cpu"), (name, run)
+
+    every_shape("04", rule)

@@ -1,24 +1,30 @@
-"""Notebook 05's plan: every pitfall on at least two ranks; the out-of-memory demo only on a GPU."""
+"""Notebook 05's plan: every pitfall on two ranks at least; the out-of-memory demo only on a GPU."""
 
 from __future__ import annotations
 
-from ddp_helpers.kernel.lab.plans import plan_for
+from plan_rules import at_least_two, every_shape, placed, says_why_it_runs_more
+
+from ddp_helpers.kernel.lab.plans import NotebookPlan
 
 
-def test_one_rank_asked_still_runs_two_and_says_why():
-    plan = plan_for("05", 0, 1)
-    assert plan.runs["pitfalls"].nproc == plan.runs["live"].nproc == 2
-    assert plan.line.startswith("nproc = 1, but every pitfall here needs two ranks: the demos run 2.")
+def test_every_pitfall_runs_the_ranks_asked_for_or_two_and_the_line_says_why():
+    """A pitfall needs a second rank to disagree with."""
+
+    def rule(plan: NotebookPlan) -> None:
+        for name in ("pitfalls", "live"):
+            placed(plan.machine, plan.runs[name], at_least_two(plan.machine))
+        says_why_it_runs_more(plan, plan.runs["pitfalls"])
+
+    every_shape("05", rule)
 
 
-def test_one_gpu_runs_the_pitfalls_on_gloo_with_the_gpu_hidden_and_the_oom_on_the_gpu():
-    plan = plan_for("05", 1, 1)
-    demos = plan.runs["pitfalls"]
-    assert (demos.device, demos.backend, demos.env) == ("cpu", "gloo", {"CUDA_VISIBLE_DEVICES": ""})
-    assert (plan.runs["oom"].device, plan.runs["oom"].nproc) == ("cuda", 1)
-    assert "oom" not in plan_for("05", 0, 2).runs  # a CPU runs out of memory through the OOM killer
+def test_the_out_of_memory_demo_is_one_rank_on_a_gpu_where_there_is_one_and_absent_on_the_cpu():
+    """A CPU runs out of memory through the kernel's OOM killer."""
 
+    def rule(plan: NotebookPlan) -> None:
+        assert ("oom" in plan.runs) == (plan.machine.gpus > 0), list(plan.runs)
+        if plan.machine.gpus:
+            oom = plan.runs["oom"]
+            assert (oom.nproc, oom.nodes, oom.device, oom.backend) == (1, 1, "cuda", "auto"), oom
 
-def test_eight_gpus_run_the_pitfalls_on_nccl():
-    demos = plan_for("05", 8, 8).runs["pitfalls"]
-    assert (demos.device, demos.backend, demos.nproc) == ("cuda", "auto", 8)
+    every_shape("05", rule)

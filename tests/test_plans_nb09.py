@@ -1,23 +1,45 @@
-"""Notebook 09's plan (two ranks at least, a global batch per world) and its cold compile cache."""
+"""Notebook 09's plan (live ranks two at least, each rank's batch the same on every world) and its cold
+compile cache."""
 
 from __future__ import annotations
 
+import inspect
 import os
 
+from plan_rules import KINDS, at_least_two, every_shape, placed, says_why_it_runs_more, sizes_by_kind
+
+from ddp_helpers.chapters.ch09_compile import compile_ddp
 from ddp_helpers.chapters.ch09_compile.ch09_compile_cache import fresh_cache_env
-from ddp_helpers.kernel.lab.plans import plan_for
+from ddp_helpers.kernel.lab.plans import NotebookPlan
+
+PER_RANK_BATCH = inspect.signature(compile_ddp.batch).parameters["size"].default  # each rank's, in every run
 
 
-def test_one_rank_asked_still_runs_two_and_the_global_batch_grows_with_the_world():
-    one = plan_for("09", 0, 1)
-    assert one.runs["live"].nproc == 2 and one.line.startswith("nproc = 1, but these demos compare ranks")
-    sixteen = plan_for("09", 8, 8, nodes=2).runs["live"]
-    assert (sixteen.device, sixteen.nproc, sixteen.batch) == ("cuda", 8, 16 * 8)
+def test_the_live_ranks_are_two_at_least_and_their_global_batch_is_each_ranks_batch_times_the_world():
+    """Every section compares ranks with each other: one rank has no other to differ from."""
+
+    def rule(plan: NotebookPlan) -> None:
+        for name in ("live", "exercises"):
+            placed(plan.machine, plan.runs[name], at_least_two(plan.machine))
+        live = plan.runs["live"]
+        assert live.batch == PER_RANK_BATCH * live.world, live
+        says_why_it_runs_more(plan, live)
+
+    every_shape("09", rule)
 
 
-def test_one_gpu_runs_the_two_live_ranks_on_gloo_with_the_gpu_hidden():
-    live = plan_for("09", 1, 1).runs["live"]
-    assert (live.device, live.backend, live.env) == ("cpu", "gloo", {"CUDA_VISIBLE_DEVICES": ""})
+def test_the_model_is_the_same_everywhere_one_layer_per_piece_at_the_smallest_bucket_cap():
+    """512 x 512 floats: 1 MiB of gradient per layer, so the smallest cap splits the graph once per layer."""
+    sizes = sizes_by_kind("09")
+    models = {(s["width"], s["depth"]) for s in sizes.values()}
+    assert len(models) == 1, sizes  # the same model on every kind, smoke or not
+    for kind in KINDS:
+        full, smoke = sizes[kind, False], sizes[kind, True]
+        for s in (full, smoke):
+            caps = [float(cap) for cap in s["bucket_caps"].split(",")]
+            assert len(caps) >= 2, s  # a sweep: two caps at least
+            assert min(caps) == s["width"] ** 2 * 4 / 2**20, s  # one layer's gradient, in MiB
+        assert smoke["steps"] < full["steps"], (kind, sizes)
 
 
 def test_each_run_gets_an_empty_inductor_cache_that_torch_uses(tmp_path, monkeypatch):
@@ -27,9 +49,3 @@ def test_each_run_gets_an_empty_inductor_cache_that_torch_uses(tmp_path, monkeyp
     assert first != second and not os.listdir(first["TORCHINDUCTOR_CACHE_DIR"])
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", first["TORCHINDUCTOR_CACHE_DIR"])
     assert cache_dir() == first["TORCHINDUCTOR_CACHE_DIR"]  # inductor writes its caches there
-
-
-def test_smoke_mode_shortens_the_runs_but_keeps_the_model():
-    full, smoke = plan_for("09", 0, 2).sizes, plan_for("09", 0, 2, smoke=True).sizes
-    assert (full["width"], full["depth"]) == (smoke["width"], smoke["depth"]) == (512, 4)
-    assert smoke["steps"] < full["steps"] and len(smoke["bucket_caps"].split(",")) >= 2

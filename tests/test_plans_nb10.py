@@ -1,19 +1,32 @@
-"""Notebook 10's plan: the capstone check's world sizes, and hidden GPUs where a size has too few."""
+"""Notebook 10's plan: the capstone check's world sizes, each on a GPU per rank or on the CPU with the GPUs
+hidden."""
 
 from __future__ import annotations
 
-from ddp_helpers.chapters.ch10_capstone import ch10_plan as nb10
-from ddp_helpers.kernel.lab.plans import Machine, plan_for
+from plan_rules import SHAPES, every_shape, placed
+
+from ddp_helpers.kernel.lab.plans import NotebookPlan, plan_for
 
 
-def test_two_then_three_ranks_and_two_only_in_smoke():
-    assert plan_for("10", 0, 2).sizes["worlds"] == (2, 3)
-    assert plan_for("10", 0, 2, smoke=True).sizes["worlds"] == (2,)
-    assert nb10.plan(Machine(0, 4), False, worlds=(4,)).sizes["worlds"] == (4,)
+def worlds(plan: NotebookPlan) -> tuple[int, ...]:
+    return tuple(plan.sizes["worlds"])
 
 
-def test_two_gpus_check_two_ranks_on_nccl_and_three_on_the_cpu_with_the_gpus_hidden():
-    runs = plan_for("10", 2, 2).runs
-    assert (runs["check-2"].device, runs["check-2"].env) == ("cuda", {})
-    assert (runs["check-3"].device, runs["check-3"].backend) == ("cpu", "gloo")
-    assert runs["check-3"].env == {"CUDA_VISIBLE_DEVICES": ""}
+def test_each_world_size_is_a_check_on_that_many_ranks_and_the_line_names_them_in_order():
+    def rule(plan: NotebookPlan) -> None:
+        assert list(plan.runs) == [f"check-{n}" for n in worlds(plan)], list(plan.runs)
+        for n in worlds(plan):
+            placed(plan.machine, plan.runs[f"check-{n}"], n)
+        assert f"checked at {' and then '.join(map(str, worlds(plan)))} rank(s)" in plan.line, plan.line
+
+    every_shape("10", rule)
+    every_shape("10", rule, worlds=(4,))  # the notebook's nproc: that size instead
+
+
+def test_the_check_runs_two_ranks_then_an_odd_world_and_smoke_mode_only_the_first():
+    """An odd world is where the all-reduce's order shows; smoke mode (CI) checks fewer."""
+    for m in SHAPES:
+        full, smoke = (worlds(plan_for("10", m.gpus, m.nproc, m.nodes, smoke=s)) for s in (False, True))
+        assert full[0] == 2 and any(n % 2 for n in full), full
+        assert full[: len(smoke)] == smoke and len(smoke) < len(full), (full, smoke)
+        assert worlds(plan_for("10", m.gpus, m.nproc, m.nodes, worlds=(4,))) == (4,)
