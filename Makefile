@@ -91,7 +91,7 @@ test-deeper: venv
 # test runs the ones in CI's mutant subset. A stage of its own, so that make test stays under 10 minutes.
 test-verdicts: export DDP_TEST_VERDICTS = 1
 test-verdicts: venv
-	$(call run_pytest,$(PY),make test-verdicts,-n $(TEST_WORKERS) tests/test_capstone.py -k "wrong_version or gradscaler")
+	$(call run_pytest,$(PY),make test-verdicts,-n $(TEST_WORKERS) tests/chapters/ch10_capstone/test_capstone.py -k "wrong_version or gradscaler")
 
 # Every test against the oldest supported torch (the container's); the notebooks there run at nproc=3.
 test-compat: export DDP_TEST_NPROC = 3
@@ -118,7 +118,7 @@ test-browser: browser-deps
 # The generated sbatch file on a real SLURM: Debian's slurm-wlm and munge (apt, when missing and possible),
 # munged, slurmctld and two slurmd started on this machine by the test, and stopped after it.
 test-slurm: slurm-deps
-	$(call run_pytest,$(PY),make test-slurm,-m slurm tests/test_slurm.py)
+	$(call run_pytest,$(PY),make test-slurm,-m slurm tests/chapters/ch06_scaling_out/test_slurm.py)
 
 # Each catalogued DDP bug (each chapter's ddp_helpers/chapters/chNN_*/chNN_mutants.toml) put into a throwaway copy of the project, and the notebook that
 # teaches its lesson run on it in smoke mode: every one must fail that notebook. ARGS: e.g. --only 03 --jobs 1.

@@ -60,7 +60,7 @@ class Mutant:
     kills_with: str = ""  # a regex the failure must match, where another failure would prove nothing
     ci: bool = False  # in the subset that CI runs (--ci): the whole catalogue takes too long for CI
     # a wrong answer to an exercise: `old` -> `new` in its reference answer, which the checker must name
-    # with `diagnosis` (tests/test_exercises.py); the notebook, checking the reference, fails on it too
+    # with `diagnosis` (tests/kernel/test_exercises.py); the notebook, checking the reference, fails on it too
     exercise: str = ""
     diagnosis: str = ""
 

@@ -1,4 +1,4 @@
-"""Keep of a CRD's schema only what a generated manifest uses: the test data for tests/test_trainjob.py.
+"""Keep of a CRD's schema only what a generated manifest uses: the test data for tests/chapters/ch06_scaling_out/test_trainjob.py.
 
     python scripts/prune_crd_schema.py CRD.yaml OUT.json
 

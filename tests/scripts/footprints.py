@@ -1,4 +1,4 @@
-"""tests/test_fsdp_footprint.py's job: each configuration's footprint, and meta-device init, on every rank.
+"""tests/chapters/ch08_beyond_ddp/test_fsdp_footprint.py's job: each configuration's footprint, and meta-device init, on every rank.
 
 torchrun --nproc-per-node 3 footprints.py OUT.json
 """

@@ -233,7 +233,7 @@ def srun_script(
 
     Every task of a node sees all the node's `gpus_per_node` GPUs (default: one per rank): with
     ``--gpus-per-node`` and no ``--gpus-per-task`` or ``--gpu-bind``, SLURM sets every task's
-    ``CUDA_VISIBLE_DEVICES`` to all of them (tests/test_slurm.py checks it on a real SLURM), and
+    ``CUDA_VISIBLE_DEVICES`` to all of them (tests/chapters/ch06_scaling_out/test_slurm.py checks it on a real SLURM), and
     each rank takes ``cuda:LOCAL_RANK`` (``SLURM_LOCALID``; `ddp_helpers.rank.distributed.gpu_index`).
     Not ``--gpus-per-task=1``. Hiding a peer's GPU (``CUDA_VISIBLE_DEVICES``) does not by itself stop
     P2P: NCCL reaches a GPU its process cannot see over NVLink (CUDA 10.1 and later, NCCL's

@@ -1,7 +1,7 @@
 """What every notebook's plan is made of: the machine it meets, the runs it starts, the sizes it picks.
 
 A plan is pure: computed from the GPU count, the ranks per node and the nodes, never from a live
-device, so every machine shape is tested here, without a GPU (tests/test_notebook_plans.py), against
+device, so every machine shape is tested here, without a GPU (tests/kernel/test_notebook_plans.py), against
 rules that can fail:
 
 - nothing is compared across device kinds: each group of runs a notebook puts side by side computes

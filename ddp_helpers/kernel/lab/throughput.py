@@ -1,6 +1,6 @@
 """What notebook 02's throughput runs run on, decided once from the GPU count and nproc: a pure plan.
 
-Its rules, tested over GPUs in {0, 1, 2, 4, 8} x nproc in {1, 2, 3, 8} (tests/test_plans.py):
+Its rules, tested over GPUs in {0, 1, 2, 4, 8} x nproc in {1, 2, 3, 8} (tests/chapters/ch02_single_dp_ddp/test_ch02_throughput_plan.py):
 
 - nothing is compared across device kinds: the single process, DataParallel, DDP and every point of
   the scaling sweep compute on the same kind of device;

@@ -1,5 +1,5 @@
 """`launch()`'s and `start_ranks()`'s keywords for a type checker: `LaunchOptions`' fields, names and
-types, written out (a TypedDict cannot be built from a dataclass; tests/test_launch_options.py holds
+types, written out (a TypedDict cannot be built from a dataclass; tests/kernel/test_launch_options.py holds
 them equal to the fields, so a field added in options.py without its line here fails a test)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import TypedDict
 class LaunchKeywords(TypedDict, total=False):
     """`launch()`'s keywords for a type checker: `LaunchOptions`' fields, names and types, written out.
 
-    (A TypedDict cannot be built from a dataclass; tests/test_launch_options.py holds the two equal.)
+    (A TypedDict cannot be built from a dataclass; tests/kernel/test_launch_options.py holds the two equal.)
     """
 
     nproc: int | None
@@ -35,7 +35,7 @@ class LaunchKeywords(TypedDict, total=False):
 
 class LiveKeywords(TypedDict, total=False):
     """`start_ranks()`'s keywords for a type checker: the fields marked ``live``, names and types
-    (tests/test_launch_options.py holds them equal)."""
+    (tests/kernel/test_launch_options.py holds them equal)."""
 
     nproc: int | None
     backend: str

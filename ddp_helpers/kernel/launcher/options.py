@@ -5,7 +5,7 @@ fields (it subclasses `LaunchOptions`), `OPTIONS` (each field with its metadata)
 signature and the options part of its docstring, the flags of ``python -m ddp_helpers launch`` and of
 ``%%torchrun``, and (for the options marked `live`) `start_ranks`' keywords and ``%ranks start``'s
 flags. `LaunchKeywords` (keywords.py) writes the same names and types out for a checker to hold `launch()`'s
-keywords to (tests/test_launch_options.py keeps the two equal). Adding an option is one field below,
+keywords to (tests/kernel/test_launch_options.py keeps the two equal). Adding an option is one field below,
 its line in `LaunchKeywords`, and the code that acts on it (`LaunchConfig.command` or `environment`).
 Nothing here imports torch: a typo is refused at once.
 """

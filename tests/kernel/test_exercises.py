@@ -21,12 +21,12 @@ from ddp_helpers.rank.lines import LINES
 from ddp_helpers.rank.spec import Exercise
 from ddp_helpers.workers import worker_path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 runner = load_script("mutant_runner_for_exercises", ROOT / "mutants" / "run.py")
 
 EXERCISES = all_exercises()
 IDS = {e.id for e in EXERCISES}
-# the capstone's wrong scripts are checked under torchrun, in tests/test_capstone.py
+# the capstone's wrong scripts are checked under torchrun, in tests/chapters/ch10_capstone/test_capstone.py
 WRONG_ANSWERS = [m for m in runner.load_catalogue() if m.exercise in IDS]
 WRONG_NPROC = 2  # the world a wrong answer is checked at, unless its mutant names others
 

@@ -302,7 +302,7 @@ def test_notebook_07_live_check_holds_however_often_its_cells_rerun():
     from ddp_helpers import check as check_claim
     from ddp_helpers.kernel.live.ranks import start_ranks
 
-    notebook = nbformat.read(Path(__file__).resolve().parent.parent / "notebooks" / "07_inside_ddp.ipynb", 4)
+    notebook = nbformat.read(Path(__file__).resolve().parents[3] / "notebooks" / "07_inside_ddp.ipynb", 4)
     setup, synced = [c.source.split("\n", 1)[1] for c in notebook.cells if c.source.startswith("%%ranks")]
     check = next(c.source for c in notebook.cells if c.source.startswith("live = ranks"))
     exercise_2 = (

@@ -19,7 +19,7 @@ from ddp_helpers.chapters.ch08_beyond_ddp.memory_calculator import (
 )
 
 pytestmark = pytest.mark.xdist_group("test_fsdp_footprint")
-SCRIPT = Path(__file__).parent / "scripts" / "footprints.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "footprints.py"
 WORLD = 3
 
 

@@ -28,7 +28,7 @@ from ddp_helpers.chapters.ch06_scaling_out.ch06_trainjob import (
 )
 from ddp_helpers.kernel.launcher.machine import free_port
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 FIELDS = json.loads((REPO / "tests" / "data" / "kubeflow_trainjob_v2_fields.json").read_text())
 TRAIN = "ddp_helpers/workers/train.py"
 # what the torch-distributed ClusterTrainingRuntime holds (v2.2.0): one replicated job and one container,

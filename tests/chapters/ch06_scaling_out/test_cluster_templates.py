@@ -1,7 +1,7 @@
 """The generated cluster files: parsed, checked line by line, and their torchrun commands run here.
 
 Here each test plays the scheduler's part in the smallest way: for SLURM, `srun` runs its command
-once (one node; tests/test_slurm.py submits the file to a real SLURM); for the PyTorchJob, the
+once (one node; tests/chapters/ch06_scaling_out/test_slurm.py submits the file to a real SLURM); for the PyTorchJob, the
 ``PET_*`` variables the training operator sets for a one-pod elastic job, and the manifest is
 validated against the operator's published CRD schema (tests/data). torchrun and the worker are real.
 """
@@ -37,7 +37,7 @@ from ddp_helpers.chapters.ch06_scaling_out.ch06_pytorchjob import (
 )
 from ddp_helpers.kernel.launcher.machine import free_port
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 TRAIN = "ddp_helpers/workers/train.py"
 
 # every rank adds rank + 1 and writes what it got, so the test sees that the world formed

@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("mypy", reason="mypy is not installed: pip install -e '.[test]' brings it")
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 SKIPPED = ["torch", "torch.*", "torchvision", "torchvision.*", "numpy", "numpy.*", "pandas", "pandas.*",

@@ -16,7 +16,7 @@ from IPython.core.inputtransformer2 import TransformerManager
 
 from ddp_helpers.kernel.lab.source_view import source_of
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 # (worker, function or class name; None for the whole file) -> a call the excerpt must contain
 EXCERPTS: dict[tuple[str, str | None], str] = {
@@ -179,7 +179,7 @@ def test_every_excerpt_a_notebook_shows_is_registered(notebook):
             f"{notebook.name}: {call}: name the worker with a string (or a variable set from one)"
         )
         assert (worker, name) in EXCERPTS, (
-            f"{notebook.name}: {call} is not in tests/test_excerpts.py's EXCERPTS: register it with the call it shows"
+            f"{notebook.name}: {call} is not in tests/kernel/test_excerpts.py's EXCERPTS: register it with the call it shows"
         )
 
 
@@ -187,7 +187,7 @@ def test_the_first_program_notebook_shows_both_scripts():
     shown = {
         (w, n)
         for w, n, _ in excerpts_shown(
-            Path(__file__).resolve().parent.parent / "notebooks" / "01_first_ddp_program.ipynb"
+            Path(__file__).resolve().parents[2] / "notebooks" / "01_first_ddp_program.ipynb"
         )
     }
     assert ("single_device", None) in shown

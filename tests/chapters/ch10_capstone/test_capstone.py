@@ -38,7 +38,7 @@ from ddp_helpers.chapters.ch10_capstone.ch10_runs import Run
 from ddp_helpers.errors import InvalidLaunchArguments
 from ddp_helpers.workers import worker_path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 runner = load_script("mutant_runner_for_capstone", ROOT / "mutants" / "run.py")
 
 # the wrong versions a CPU run can show (the GPU generator's is checked below on records, and by make gpu-check)

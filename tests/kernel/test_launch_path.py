@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from fixtures import load_script
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "launch_path.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "launch_path.py"
 MAX_VISITS = 2
 
 

@@ -31,7 +31,7 @@ from ddp_helpers.chapters.ch06_scaling_out.ch06_cluster_templates import (
 from ddp_helpers.kernel.launcher import slurm
 from ddp_helpers.kernel.launcher.machine import free_port
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 START = REPO / "scripts" / "start_slurm.sh"
 DAEMONS = ("munged", "slurmctld", "slurmd")
 NODES_UP_WITHIN_S = 60  # slurmd registers with slurmctld in a second or two; the rest is load

@@ -63,7 +63,7 @@ def test_a_value_that_cannot_come_back_raises_one_error_with_its_repr(ranks):
 
 
 def test_breakpoint_where_nothing_can_answer_pdb_quits_and_says_how_to_script_it(ranks):
-    # pytest captures stdin: pdb's prompt cannot be answered (tests/test_live_debug.py answers it)
+    # pytest captures stdin: pdb's prompt cannot be answered (tests/kernel/test_live_debug.py answers it)
     with pytest.raises(RankError) as caught:
         ranks.run("x = 1\nbreakpoint()")
     message = str(caught.value)

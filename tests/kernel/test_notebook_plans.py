@@ -1,6 +1,6 @@
-"""The rules every notebook's plan (ddp_helpers/kernel/lab/nbNN.py) keeps, on every machine shape the notebooks
+"""The rules every notebook's plan (ddp_helpers/chapters/chNN_*/chNN_plan.py) keeps, on every machine shape the notebooks
 must meet (tests/plan_rules.py): GPUs per node in {0, 1, 2, 4, 8} x ranks per node in {1, 2, 3, 8} x nodes in
-{1, 2}, smoke and full size. Each notebook's own rules are in tests/test_plans_nbNN.py.
+{1, 2}, smoke and full size. Each notebook's own rules are in tests/chapters/chNN_*/test_chNN_plan.py.
 No GPU here: the GPU shapes are tested by their plans, against the rules in plans/core.py."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from plan_rules import (
 from ddp_helpers.kernel.lab.plans import Machine, NotebookPlan, placement, plan_for, planners
 
 NOTEBOOKS = list(planners())
-NOTEBOOKS_DIR = Path(__file__).parents[1] / "notebooks"
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 LESSONS = sorted(path.name[:2] for path in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
 
 

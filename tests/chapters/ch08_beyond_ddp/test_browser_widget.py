@@ -1,5 +1,5 @@
 """Notebook 08's calculator widget in JupyterLab, in Chromium: a slider moved by the keyboard redraws
-the plot. Run with `make test-browser` (or `pytest -m browser tests/test_browser_widget.py`).
+the plot. Run with `make test-browser` (or `pytest -m browser tests/chapters/ch08_beyond_ddp/test_browser_widget.py`).
 
 The JupyterLab server and the page helpers are tests/test_browser.py's and tests/lab_server.py's; this
 module serves one small notebook of its own, so that no training job runs before the widget is seen.

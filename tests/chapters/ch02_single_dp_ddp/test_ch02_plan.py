@@ -1,4 +1,4 @@
-"""Notebook 02's plan: the throughput runs (tests/test_plans.py holds their rules), the demos on live ranks two
+"""Notebook 02's plan: the throughput runs (test_ch02_throughput_plan.py holds their rules), the demos on live ranks two
 at least, sizes by device kind (GPUs get steps long enough for DDP's all-reduce to hide), and the worker
 arguments the lesson and its companion pass."""
 

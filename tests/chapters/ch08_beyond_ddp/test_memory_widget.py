@@ -1,5 +1,5 @@
 """Notebook 08's calculator widget, outside a browser: the controls redraw, the button measures, and
-a setup the arithmetic refuses is said, not drawn. (tests/test_browser_widget.py drives it in JupyterLab.)"""
+a setup the arithmetic refuses is said, not drawn. (tests/chapters/ch08_beyond_ddp/test_browser_widget.py drives it in JupyterLab.)"""
 
 from __future__ import annotations
 
