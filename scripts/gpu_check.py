@@ -96,7 +96,7 @@ def _train(
 def memory_plan(gpus: int) -> dict[str, Any]:
     """The memory part's run: notebook 08's training job as its plan puts it on this box (ranks, backend,
     sizes, global batch), and the calculator's bytes for the fullest rank at the end of forward."""
-    from ddp_helpers.chapters.ch08_beyond_ddp.memory_calculator import Setup, predict
+    from ddp_helpers.chapters.ch08_beyond_ddp.ch08_memory_calculator import Setup, predict
     from ddp_helpers.kernel.lab.plans import plan_for
 
     plan = plan_for("08", gpus, gpus or 2)

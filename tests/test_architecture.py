@@ -66,20 +66,24 @@ def package_file(module: str) -> Path | None:
 
 
 def kernel_reached_from(start: Path) -> list[str]:
-    """The import chains from `start` that end in the kernel side, following ddp_helpers' own imports."""
+    """The import chains from `start` that end in the kernel side, following ddp_helpers' own imports.
+
+    Importing a.b.c runs the packages a.b and a first: their __init__.py files are followed too."""
     chains, seen, todo = [], {start}, [(start, [module_name(start)])]
     while todo:
         path, chain = todo.pop()
-        for module in sorted(m for m in imported_modules(path) if m.startswith("ddp_helpers")):
-            if module == KERNEL or module.startswith(KERNEL + "."):
-                chains.append(" -> ".join([*chain, module]))
-                continue
-            found = package_file(module)
-            # ddp_helpers/__init__.py loads its names on first use (PEP 562), in the kernel: a rank
-            # importing ddp_helpers.rank.x loads none of them (test_importing_the_rank_side_loads_...)
-            if found is not None and found not in seen and module != "ddp_helpers":
-                seen.add(found)
-                todo.append((found, [*chain, module]))
+        for imported in sorted(m for m in imported_modules(path) if m.startswith("ddp_helpers")):
+            parts = imported.split(".")
+            for module in (".".join(parts[:i]) for i in range(2, len(parts) + 1)):
+                if module == KERNEL or module.startswith(KERNEL + "."):
+                    chains.append(" -> ".join([*chain, imported]))
+                    break
+                found = package_file(module)
+                # ddp_helpers/__init__.py loads its names on first use (PEP 562), in the kernel: a rank
+                # importing ddp_helpers.rank.x loads none of them (test_importing_the_rank_side_loads_...)
+                if found is not None and found not in seen:
+                    seen.add(found)
+                    todo.append((found, [*chain, module]))
     return chains
 
 
@@ -135,6 +139,26 @@ def test_a_chain_through_a_chapters_kernel_view_is_followed_to_the_kernel(tmp_pa
         planted.unlink()
     assert any("ch05_hang_job -> ddp_helpers.kernel." in chain for chain in chains), chains
     assert not kernel_reached_from(CHAPTERS / "ch04_checkpointing" / "sum_order.py")
+
+
+def test_a_package_init_on_the_way_is_followed(tmp_path):
+    # importing ddp_helpers.chapters.chNN.x runs chNN's __init__.py first: a kernel import there is caught
+    package = CHAPTERS / f"ch99_planted_{tmp_path.name}"
+    package.mkdir()
+    try:
+        (package / "__init__.py").write_text("from ddp_helpers.kernel.launcher import runner\n")
+        (package / "script.py").write_text("import torch\n")
+        planted = PACKAGE / "rank" / f"planted_{tmp_path.name}.py"
+        planted.write_text(f"from ddp_helpers.chapters.{package.name}.script import torch\n")
+        try:
+            chains = kernel_reached_from(planted)
+        finally:
+            planted.unlink()
+    finally:
+        for file in package.iterdir():
+            file.unlink()
+        package.rmdir()
+    assert any(f"{package.name} -> ddp_helpers.kernel." in chain for chain in chains), chains
 
 
 def test_importing_the_rank_side_loads_no_kernel_module():

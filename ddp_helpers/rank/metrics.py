@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ddp_helpers.run_contract import METRICS_DIR, PLAN_FILE, SUMMARY_FILE
+from ddp_helpers.run_contract import METRICS_DIR, PLAN_FILE, SUMMARY_FILE, run_dir_from_env
 from ddp_helpers.run_contract import write_json_atomic as _write_json_atomic
 
 
@@ -48,3 +48,19 @@ class MetricsWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def report(rank: int, world: int, **facts: object) -> None:
+    """Gather `facts` from every rank; rank 0 writes them, as a list by rank, to the run's summary.json.
+
+    How the demo workers (notebook 04's sum_order and checkpoint_faults, notebook 05's pitfalls) hand the
+    notebook what each rank saw. Every rank must call it: it is a collective."""
+    import torch.distributed as dist  # here, not at the top: the metrics writer imports no torch
+
+    gathered: list[dict[str, object] | None] = [None] * world
+    dist.all_gather_object(gathered, facts)  # every rank must take part
+    if rank == 0:
+        run_dir = Path(run_dir_from_env("runs/demo"))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        summary = {"world_size": world, "backend": dist.get_backend(), "ranks": gathered}
+        _write_json_atomic(run_dir / SUMMARY_FILE, summary)  # the notebook never sees half a file

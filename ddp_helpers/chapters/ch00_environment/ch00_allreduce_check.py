@@ -19,7 +19,7 @@ def live_allreduce(
     progress: str = "auto",
     timeout: float = 120,
 ) -> tuple[list[Check], dict[str, Any]]:
-    """Run workers/allreduce_bench.py through `launch` and turn it into checks plus the raw summary."""
+    """Run allreduce_bench.py (this chapter's script) through `launch` and turn it into checks plus the raw summary."""
     try:
         result = launch(
             worker_path("allreduce_bench"),

@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ddp_helpers.chapters.ch05_debugging.pitfalls_measures import report
 from ddp_helpers.rank import checkpoint, teardown
 from ddp_helpers.rank.distributed import setup_distributed
+from ddp_helpers.rank.metrics import report
 from ddp_helpers.run_contract import RUN_DIR_ENV
 
 

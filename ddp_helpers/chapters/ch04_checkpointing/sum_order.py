@@ -16,11 +16,16 @@ import torch.nn as nn
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_helpers.chapters.ch05_debugging.pitfalls import report
-from ddp_helpers.chapters.ch05_debugging.pitfalls_measures import grad_of
 from ddp_helpers.rank import teardown
 from ddp_helpers.rank.distributed import setup_distributed
+from ddp_helpers.rank.metrics import report
 from ddp_helpers.run_contract import RUN_DIR_ENV
+
+
+def grad_of(param: torch.Tensor) -> torch.Tensor:
+    """The gradient that backward() left in `param` (None before: the caller's bug, said so here)."""
+    assert param.grad is not None, "no gradient: backward() has not reached this parameter"
+    return param.grad
 
 
 def sum_order(rank: int, world: int, device: torch.device) -> None:

@@ -1,8 +1,9 @@
 """The hang tools a learner takes to a cluster, pointed at one planted hang: no workbench launcher.
 
-Kernel side. `planted_hang` (hang_job.py) starts a case of the pitfalls worker under plain torchrun,
-through `with_tools.py`: the lines a training script can carry so that a hang can be read from outside
-(a Flight Recorder dump on a signal; torch 2.14's debug server). While the ranks hang, each tool reads
+Kernel side. `planted_hang` (ch05_hang_job.py) starts a case of the pitfalls worker under plain torchrun,
+through `with_tools.py` (ch05_hang_job.WITH_TOOLS, written beside the run): the lines a training script
+can carry so that a hang can be read from outside (a Flight Recorder dump on a signal; torch 2.14's debug
+server). While the ranks hang, each tool reads
 them the way a learner would on a cluster:
 
 - `py_spy_dumps`: ``py-spy dump --pid PID`` on each rank's pid;

@@ -194,7 +194,7 @@ def mismatch_failure(err: WorkerFailed, logs: dict[int, list[str]]) -> str:
     timed_out = "timed out" in err.error.lower() or "watchdog" in str(err).lower()
     if any(" gave " in line for line in logs[err.rank]):
         stuck = [r for r in logs if not any(" gave " in line for line in logs[r])]
-        # its innermost frame in pitfalls.py is the call of report() (which lives in pitfalls_measures.py)
+        # its innermost frame in pitfalls.py is the call of report() (which lives in rank/metrics.py)
         hung = timed_out and bool(stuck) and bool(frames) and frames[-1] == ("mismatch", MISMATCH_REPORT)
     else:
         hung = timed_out and (not frames or frames[-1] == ("mismatch", MISMATCH_CALL))

@@ -24,9 +24,10 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-from ddp_helpers.chapters.ch05_debugging.pitfalls_measures import all_reduces_per_step, report, synchronize
+from ddp_helpers.chapters.ch05_debugging.pitfalls_measures import all_reduces_per_step, synchronize
 from ddp_helpers.rank import teardown
 from ddp_helpers.rank.distributed import setup_distributed
+from ddp_helpers.rank.metrics import report
 
 WARMUP_STEPS = 5  # steps left out of a timing: the first ones set up buckets and caches
 TIMED_STEPS = 50  # steps timed: enough to average out the scheduler's noise on a busy CPU

@@ -1,26 +1,10 @@
-"""pitfalls.py's measuring: every rank's facts gathered into summary.json, a clock that waits for the
-GPU, and the all-reduces one step issues (counted by the profiler).
+"""pitfalls.py's measuring: a clock that waits for the GPU, and the all-reduces one step issues (counted by
+the profiler). Every rank's facts go to summary.json through `ddp_helpers.rank.metrics.report`.
 """
 
-from pathlib import Path
-
 import torch
-import torch.distributed as dist
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
-
-from ddp_helpers.run_contract import SUMMARY_FILE, run_dir_from_env, write_json_atomic
-
-
-def report(rank: int, world: int, **facts: object) -> None:
-    """Gather `facts` from every rank; rank 0 writes them, as a list by rank, to summary.json."""
-    gathered: list[dict[str, object] | None] = [None] * world
-    dist.all_gather_object(gathered, facts)  # every rank must take part
-    if rank == 0:
-        run_dir = Path(run_dir_from_env("runs/pitfalls"))
-        run_dir.mkdir(parents=True, exist_ok=True)
-        summary = {"world_size": world, "backend": dist.get_backend(), "ranks": gathered}
-        write_json_atomic(run_dir / SUMMARY_FILE, summary)  # the notebook never sees half a file
 
 
 def synchronize(device: torch.device) -> None:
@@ -46,9 +30,3 @@ def all_reduces_per_step(model: DDP, optimizer: torch.optim.Optimizer, x: torch.
     with Join([model]):  # every rank is here, so nobody joins early: only the step's own cost is counted
         counts["inside Join"] = count_one_step()
     return counts
-
-
-def grad_of(param: torch.Tensor) -> torch.Tensor:
-    """The gradient that backward() left in `param` (None before: the caller's bug, said so here)."""
-    assert param.grad is not None, "no gradient: backward() has not reached this parameter"
-    return param.grad

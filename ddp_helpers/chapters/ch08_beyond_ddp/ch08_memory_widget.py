@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import matplotlib.pyplot as plt
 
-from ddp_helpers.chapters.ch08_beyond_ddp.memory_calculator import (
+from ddp_helpers.chapters.ch08_beyond_ddp.ch08_memory_calculator import (
     PARTS,
     PRECISIONS,
     STRATEGIES,

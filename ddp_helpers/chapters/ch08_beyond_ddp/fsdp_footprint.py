@@ -1,6 +1,6 @@
 """What one rank holds at the end of forward, and what it sends per step, for one configuration.
 
-Notebook 08's calculator (`ddp_helpers.chapters.ch08_beyond_ddp.memory_calculator`) predicts these bytes; this measures
+Notebook 08's calculator (`ddp_helpers.chapters.ch08_beyond_ddp.ch08_memory_calculator`) predicts these bytes; this measures
 them on live ranks, so the two can be compared. The moment measured is the end of forward (the loss
 computed, backward not yet begun: every activation saved for backward held), in a step after the first,
 with the last step's gradients kept (`zero_grad(set_to_none=False)`) and Adam's state in place. It is

@@ -1,5 +1,5 @@
 """fsdp.py --part peak: each rank's true peak over one training step, for `make gpu-check` to hold the
-calculator to (`ddp_helpers.chapters.ch08_beyond_ddp.memory_calculator` predicts the end of forward; the step peaks later,
+calculator to (`ddp_helpers.chapters.ch08_beyond_ddp.ch08_memory_calculator` predicts the end of forward; the step peaks later,
 FSDP2's in backward).
 
 On CUDA it resets the allocator's peak before a step after the first two (gradients and Adam's state

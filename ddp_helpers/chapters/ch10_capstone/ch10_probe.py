@@ -4,7 +4,7 @@ check_script writes PROBE next to the runs and launches it under torchrun with t
 arguments. It imports only torch and the standard library, like the scripts it runs.
 """
 
-PROBE = r'''"""Written by ddp_helpers.chapters.ch10_capstone: runs a script as __main__ on this rank and records
+PROBE = r'''"""Written by ddp_helpers.chapters.ch10_capstone.ch10_exercises: runs a script as __main__ on this rank and records
 what it does (samples, dropout masks and random state, weights after each step, loss scale, saves).
 The dropout masks are drawn here, as dropout draws them, so that the check can replay the training."""
 import hashlib, json, os, runpy, sys

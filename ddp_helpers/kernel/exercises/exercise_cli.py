@@ -138,7 +138,7 @@ def _check_script(args: argparse.Namespace) -> int:
         raise InvalidLaunchArguments(
             f"{args.script}: syntax error at line {error.lineno}: {error.msg}"
         ) from None
-    from ddp_helpers.chapters.ch10_capstone import check_script
+    from ddp_helpers.chapters.ch10_capstone.ch10_exercises import check_script
 
     verdict = check_script(
         script, nproc=(2, 3) if args.nproc is None else (args.nproc,), progress=not args.json

@@ -1,6 +1,6 @@
 """The maths on measured runs: scaling efficiency, results tables, phase times.
 
-(The all-reduce bus bandwidth is computed where it is measured: workers/allreduce_bench.py.)
+(The all-reduce bus bandwidth is computed where it is measured: chapters/ch00_environment/allreduce_bench.py.)
 """
 
 from __future__ import annotations

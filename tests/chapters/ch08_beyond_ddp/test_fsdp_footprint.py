@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ddp_helpers import launch
-from ddp_helpers.chapters.ch08_beyond_ddp.memory_calculator import (
+from ddp_helpers.chapters.ch08_beyond_ddp.ch08_memory_calculator import (
     Setup,
     block_mlp_shapes,
     disagreements,

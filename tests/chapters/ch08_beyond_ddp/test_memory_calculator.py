@@ -11,7 +11,7 @@ from typing import TypedDict
 
 import pytest
 
-from ddp_helpers.chapters.ch08_beyond_ddp.memory_calculator import (
+from ddp_helpers.chapters.ch08_beyond_ddp.ch08_memory_calculator import (
     Setup,
     block_mlp_shapes,
     disagreements,

@@ -8,13 +8,13 @@ import pytest
 
 matplotlib.use("Agg")
 
+from ddp_helpers.chapters.ch08_beyond_ddp.ch08_memory_calculator import Setup, predict  # noqa: E402
 from ddp_helpers.chapters.ch08_beyond_ddp.ch08_memory_widget import (
     calculator,
     measurable,
     plot_footprints,
     unit_for,
 )
-from ddp_helpers.chapters.ch08_beyond_ddp.memory_calculator import Setup, predict  # noqa: E402
 
 
 def controls(box):

@@ -17,7 +17,6 @@ import nbformat
 import pytest
 from fixtures import load_script
 
-from ddp_helpers.chapters.ch10_capstone import EXERCISE, amp_plan, check_script
 from ddp_helpers.chapters.ch10_capstone.ch10_checks import (
     check_autocast,
     check_masks,
@@ -32,6 +31,7 @@ from ddp_helpers.chapters.ch10_capstone.ch10_contract import (
     TOTAL_STEPS,
     expected_batches,
 )
+from ddp_helpers.chapters.ch10_capstone.ch10_exercises import EXERCISE, amp_plan, check_script
 from ddp_helpers.chapters.ch10_capstone.ch10_judge import Failed, World
 from ddp_helpers.chapters.ch10_capstone.ch10_probe import PROBE
 from ddp_helpers.chapters.ch10_capstone.ch10_runs import Run
@@ -123,7 +123,7 @@ def test_bad_input_is_refused_within_a_second_before_torch_is_imported(tmp_path)
 import sys, time
 start = time.monotonic()
 from ddp_helpers.errors import InvalidLaunchArguments
-from ddp_helpers.chapters.ch10_capstone import check_script
+from ddp_helpers.chapters.ch10_capstone.ch10_exercises import check_script
 refused = 0
 for script, nproc in [({str(tmp_path / "missing.py")!r}, (2,)), ({str(REFERENCE)!r}, ()),
                       ({str(REFERENCE)!r}, (0,)), ({str(REFERENCE)!r}, (True,)), ({str(REFERENCE)!r}, "2")]:
