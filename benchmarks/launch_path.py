@@ -3,7 +3,7 @@
     python benchmarks/launch_path.py [--nproc 2] [--launches 2]
 
 Runs `trivial_job.py` (init, one all_reduce, tear down) on gloo and prints, for each launch, the package
-files a reader passes through, in order, and how often each file is visited. tests/test_launch_path.py
+files a reader passes through, in order, and how often each file is visited. tests/kernel/test_launch_path.py
 holds the launcher to at most two visits per file.
 
 The rule: what someone reading one launch, from the call of `launch` to its result, has to open.
