@@ -19,7 +19,13 @@ import sys
 
 import torch.multiprocessing as mp
 
-TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "workers", "train.py")
+HERE = os.path.dirname(os.path.abspath(__file__))
+# train.py beside this file (a notebook copies both into its runs/workers/ folder), else the package's own
+TRAIN = next(
+    path
+    for path in (os.path.join(HERE, "train.py"), os.path.join(HERE, "..", "..", "workers", "train.py"))
+    if os.path.exists(path)
+)
 
 
 def free_port() -> int:
