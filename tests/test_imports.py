@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ddp_helpers.workers import _scripts as worker_scripts
+from ddp_helpers.workers import worker_scripts
 
 PACKAGE = Path(__file__).resolve().parent.parent / "ddp_helpers"
 MODULES = {

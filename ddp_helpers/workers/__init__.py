@@ -12,7 +12,7 @@ CHAPTERS_DIR = WORKERS_DIR.parent / "chapters"
 CHAPTER_OWN = re.compile(r"ch\d\d_|__init__")  # a chapter's plan, views and exercises; not scripts
 
 
-def _scripts() -> dict[str, Path]:
+def worker_scripts() -> dict[str, Path]:
     """Every file a chapter's script may be, by name: not a package's __init__, nor a chapter's own
     chNN_* modules (its plan, exercises and their checks). File names are unique in the package."""
     found = {}
@@ -24,7 +24,7 @@ def _scripts() -> dict[str, Path]:
 
 def worker_path(name: str) -> Path:
     """The path of a bundled worker, by name ("train") or file name ("train.py")."""
-    scripts = _scripts()
+    scripts = worker_scripts()
     stem = name.removesuffix(".py")
     if stem not in scripts:
         raise FileNotFoundError(f"no bundled worker {name!r}; available: {', '.join(sorted(scripts))}")
