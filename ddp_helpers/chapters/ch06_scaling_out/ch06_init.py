@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ddp_helpers.chapters.ch06_scaling_out.ch06_shared import (
@@ -117,7 +118,7 @@ def _shard_from_local(seen: Seen, expected: Seen) -> bool:
     )
 
 
-def _backend_where(on_gpus: bool, wrong: str):
+def _backend_where(on_gpus: bool, wrong: str) -> Callable[[Seen, Seen], bool]:
     def matches(seen: Seen, expected: Seen) -> bool:
         return any(got["backend"] == [wrong] for _, _, gpus, got in _probed(seen) if bool(gpus) == on_gpus)
 

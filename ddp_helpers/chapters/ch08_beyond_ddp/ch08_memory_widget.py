@@ -12,8 +12,10 @@ from __future__ import annotations
 import dataclasses
 import io
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
 from ddp_helpers.chapters.ch08_beyond_ddp.ch08_memory_calculator import (
     PARTS,
@@ -50,7 +52,7 @@ def fullest(ranks: list[dict]) -> dict:
     return max(ranks, key=lambda r: sum(r[p] for p in PARTS))
 
 
-def plot_footprints(entries: Sequence[Entry], title: str = ""):
+def plot_footprints(entries: Sequence[Entry], title: str = "") -> Figure:
     """Stacked bars of the fullest rank's bytes, predicted and (where given) measured, and the bytes
     one rank sends per step on a ring (each entry's world: its number of ranks). Returns the figure."""
     rows = []
@@ -118,7 +120,7 @@ def check_ranges(setup: Setup) -> None:
             )
 
 
-def controls_for(w, first: Setup) -> dict:
+def controls_for(w: Any, first: Setup) -> dict[str, Any]:
     """The calculator's inputs, one per field of `Setup`, set to `first` (checked by `check_ranges`)."""
     check_ranges(first)
     sliders = {
@@ -133,7 +135,9 @@ def controls_for(w, first: Setup) -> dict:
     }
 
 
-def draw(plot, note, setup: Setup, small: Setup | None = None, measured: list[dict] | None = None) -> None:
+def draw(
+    plot: Any, note: Any, setup: Setup, small: Setup | None = None, measured: list[dict] | None = None
+) -> None:
     """Redraw the widget's plot (`plot`, an Image: its PNG) and its note (`note`, an HTML) for `setup`,
     and for `small` with what was `measured` there.
 
@@ -153,7 +157,7 @@ def draw(plot, note, setup: Setup, small: Setup | None = None, measured: list[di
     note.value = f"<p>{explain(shown, predict(shown), measured)}</p>"
 
 
-def calculator(measure: Measure | None = None, measure_world: int = 2, **start):
+def calculator(measure: Measure | None = None, measure_world: int = 2, **start: Any) -> Any:
     """The widget: sliders (width, depth, batch, world), menus (strategy, precision), recomputation,
     a plot that redraws on every change and, with `measure`, a button that runs the configuration on
     live ranks and draws the measured bars beside the predicted ones. Returns the widget (a cell shows it)."""
@@ -172,12 +176,12 @@ def calculator(measure: Measure | None = None, measure_world: int = 2, **start):
             note.value = f"<p><b>{error}</b></p>"
             return None
 
-    def redraw(_change=None) -> None:
+    def redraw(_change: object = None) -> None:
         setup = current()
         if setup is not None:
             draw(plot, note, setup)
 
-    def run(_button) -> None:
+    def run(_button: object) -> None:
         setup = current()
         if setup is not None and measure is not None:
             small = measurable(setup, measure_world)
