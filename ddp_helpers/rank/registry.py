@@ -30,9 +30,8 @@ def all_exercises() -> list[Exercise]:
     return [exercise for chapter in chapters for exercise in chapter.EXERCISES]
 
 
-CAPSTONE = (
-    "10-capstone"  # notebook 10: a whole script, checked under torchrun (ddp_helpers/chapters/ch10_capstone/)
-)
+# notebook 10: a whole script, checked under torchrun (ddp_helpers/chapters/ch10_capstone/)
+CAPSTONE = "10-capstone"
 CAPSTONE_TITLE = "The whole DDP program, written by you, checked under torchrun"
 
 
