@@ -6,7 +6,7 @@ The public API:
     start_ranks(nproc=...) -> LiveRanks: DDP ranks that stay up between cells
         .run(code), .call("module.function", *args, OnRank("name")), .gather(name), .push(**values)
     check(claim, holds, evidence): a notebook's claim, checked, with its evidence ("✓ ..." or ClaimFailed)
-    %load_ext ddp_helpers, then %%torchrun --nproc 2, or %ranks start and %%ranks
+    %load_ext ddp_helpers, then %ranks start and %%ranks (and %%exercise)
 
 Names load on first use (PEP 562): a worker that imports ``ddp_helpers.rank.teardown`` or the metrics
 writer must not pay for the launcher, psutil, tqdm or pandas.
@@ -69,10 +69,8 @@ def __dir__() -> list[str]:
 
 def load_ipython_extension(ipython: Any) -> None:  # %load_ext ddp_helpers
     from ddp_helpers.kernel.exercises.exercise_magics import load_ipython_extension as load_exercises
-    from ddp_helpers.kernel.launcher.torchrun_magic import load_ipython_extension as load
     from ddp_helpers.kernel.live.live_magics import load_ipython_extension as load_ranks
 
-    load(ipython)
     load_ranks(ipython)
     load_exercises(ipython)
 

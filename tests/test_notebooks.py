@@ -108,7 +108,8 @@ def test_every_companion_belongs_to_a_lesson():
 # torch.cuda calls that do not initialise CUDA in the calling process (get_device_name and friends
 # do: ask `ddp_helpers.kernel.lab.doctor.collect_facts()["gpus"]`, which reads them in a child process)
 CUDA_QUERIES = {"is_available", "device_count", "is_initialized"}
-RANK_CELL_MAGICS = ("%%ranks", "%%torchrun", "%%exercise")  # these cells run in the ranks, not in the kernel
+# these cells run in the ranks (or, %%writefile, nowhere: a script for torchrun), not in the kernel
+OUTSIDE_KERNEL_MAGICS = ("%%ranks", "%%exercise", "%%writefile")
 
 
 def _names_cuda(node: ast.AST) -> bool:
@@ -123,10 +124,11 @@ def _names_cuda(node: ast.AST) -> bool:
 def cuda_calls_in_kernel(source: str) -> list[str]:
     """The calls in one code cell that would create a CUDA context in the notebook kernel.
 
-    Worker sources inside strings are not code here, and %%ranks / %%torchrun cells run in the ranks.
+    Worker sources inside strings are not code here, %%ranks cells run in the ranks, and %%writefile
+    cells write a script.
     """
     first_line = source.lstrip().split("\n", 1)[0]
-    if first_line.startswith(RANK_CELL_MAGICS):
+    if first_line.startswith(OUTSIDE_KERNEL_MAGICS):
         return []
     if first_line.startswith("%%"):  # %%time and friends run the rest of the cell in the kernel
         source = source.lstrip().split("\n", 1)[1] if "\n" in source.lstrip() else ""
@@ -174,7 +176,7 @@ def test_the_cuda_scan_catches_kernel_side_cuda(source):
     [
         "n = torch.cuda.device_count() if torch.cuda.is_available() else 0",
         "%%ranks\ntorch.cuda.set_device(local_rank)\nx = torch.ones(1).cuda()",
-        "%%torchrun --nproc 2\nx = torch.zeros(1, device='cuda')",
+        "%%writefile runs/w.py\nx = torch.zeros(1, device='cuda')",
         'worker = write_worker("w", source="""\nimport torch\ntorch.cuda.set_device(0)\n""")',
         "x = torch.ones(2).to('cpu')\ny = torch.zeros(2, device=device)",
     ],

@@ -1,4 +1,4 @@
-"""LaunchConfig, the magic's and the CLI's parsing, the echo and the follower: in-process, no torchrun."""
+"""LaunchConfig, the CLI's parsing, the echo and the follower: in-process, no torchrun."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from ddp_helpers.kernel.launcher import machine
 from ddp_helpers.kernel.launcher.cell_output import CellEcho
 from ddp_helpers.kernel.launcher.config import LaunchConfig, make_config, threads_per_rank
 from ddp_helpers.kernel.launcher.log_follow import FileFollower, RankLogTail
-from ddp_helpers.kernel.launcher.torchrun_magic import parse_magic_line
 
 
 @pytest.fixture
@@ -82,7 +81,7 @@ def test_multinode_waits_120s_by_default_and_keeps_script_args_from_torchrun(wor
 
 
 def test_every_option_has_one_default():
-    # launch(), the magic and the CLI take their defaults from LaunchConfig, never restate them
+    # launch() and the CLI take their defaults from LaunchConfig, never restate them
     import inspect
 
     from ddp_helpers.kernel.launcher.runner import launch
@@ -94,20 +93,6 @@ def test_every_option_has_one_default():
         "options",
     )
     assert LaunchConfig.__dataclass_fields__["grace_s"].default == 5.0
-
-
-def test_magic_line_splits_like_a_shell():
-    run_dir, args, options = parse_magic_line(
-        "--nproc 2 --args '--steps 5 --name \"a b\"' --run-dir 'my runs'"
-    )
-    assert args == ["--steps", "5", "--name", "a b"]
-    assert str(run_dir) == "my runs"
-    assert options == {"nproc": 2}  # nothing else given: launch's defaults apply
-    assert parse_magic_line("--show-ranks 0,1")[2] == {"show_ranks": [0, 1]}
-    with pytest.raises(InvalidLaunchArguments, match="comma-separated ranks"):
-        parse_magic_line("--show-ranks 0,x")
-    with pytest.raises(InvalidLaunchArguments, match="unrecognized arguments"):
-        parse_magic_line("--nprocs 2")
 
 
 def test_cli_options_before_the_script_and_its_arguments_after(worker, capsys):

@@ -15,7 +15,7 @@ from ddp_helpers import InvalidLaunchArguments
 from ddp_helpers.__main__ import build_parser, main
 from ddp_helpers.kernel.launcher.config import LaunchConfig
 from ddp_helpers.kernel.launcher.keywords import LaunchKeywords, LiveKeywords
-from ddp_helpers.kernel.launcher.launch_checks import check_seconds, int_at_least, rank_list
+from ddp_helpers.kernel.launcher.launch_checks import check_seconds, int_at_least, parse_show_ranks, rank_list
 from ddp_helpers.kernel.launcher.options import (
     LIVE_OPTIONS,
     OPTIONS,
@@ -30,7 +30,6 @@ from ddp_helpers.kernel.launcher.options import (
     with_options,
 )
 from ddp_helpers.kernel.launcher.runner import launch
-from ddp_helpers.kernel.launcher.torchrun_magic import TorchrunMagics, magic_parser, parse_magic_line
 from ddp_helpers.kernel.live.live_magics import RanksMagics
 from ddp_helpers.kernel.live.ranks import start_ranks
 
@@ -69,11 +68,9 @@ def test_every_declared_option_reaches_every_front_end():
         f = config_fields[declared.name]
         default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
         assert default == declared.default, declared.name
-    # the command line and %%torchrun: every option has a flag
+    # the command line: every option has a flag
     assert {o.name for o in command_line_options()} == NAMES
     assert _flags(_launch_parser()) == FLAGS | {"--help"}
-    assert _flags(magic_parser()) == FLAGS | {"--args"}
-    assert all(flag in _doc(TorchrunMagics.torchrun) for flag in FLAGS)
     # live ranks: the options that make sense for ranks kept between cells (one node, no restarts)
     assert LIVE_NAMES == {"nproc", "backend", "timeout", "startup_timeout", "run_dir", "env", "show_ranks"}
     assert set(inspect.signature(start_ranks).parameters) == LIVE_NAMES
@@ -127,7 +124,6 @@ def test_adding_an_option_is_one_declaration():
     parser = argparse.ArgumentParser()
     add_flags(parser, options)
     assert given_options(parser.parse_args(["--demo-knob", "5"]), options) == {"demo_knob": 5}
-    assert given_options(magic_parser(options).parse_args(["--demo-knob", "6"]), options) == {"demo_knob": 6}
     with pytest.raises(InvalidLaunchArguments, match="demo_knob must be >= 0"):
         knob.check("demo_knob", -1)
 
@@ -145,11 +141,10 @@ def test_one_check_of_seconds_and_one_parser_of_rank_lists():
     assert rank_list("0, 2,") == [0, 2]
     with pytest.raises(ValueError):
         rank_list("0,x")
-    # each front end words the same refusal
-    with pytest.raises(InvalidLaunchArguments, match="comma-separated ranks"):
-        parse_magic_line("--show-ranks 0,x")
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit):  # the command line refuses it, in the parser's words
         _launch_parser().parse_args(["--show-ranks", "0,x", "s.py"])
+    with pytest.raises(argparse.ArgumentTypeError, match="comma-separated ranks"):
+        parse_show_ranks("0,x")
 
 
 @pytest.mark.parametrize(
@@ -185,11 +180,7 @@ def test_the_cli_takes_every_declared_option(tmp_path, capsys):
     assert "KEY=VALUE" in capsys.readouterr().err
 
 
-def test_the_magics_take_the_options_as_flags():
-    assert parse_magic_line("--env A=1 --env B=x=y --launcher python")[2] == {
-        "env": {"A": "1", "B": "x=y"},
-        "launcher": "python",
-    }
+def test_the_ranks_magic_takes_the_live_options_as_flags():
     parser = RanksMagics.ranks.parser  # typed as argparse's in the package: IPython's subclass here
     assert isinstance(parser, MagicArgumentParser), type(parser)
     opts = parser.parse_argstring("start --nproc 2 --env A=1 --env B=2 --show-ranks 0")

@@ -1,8 +1,8 @@
 """A cell magic's body, numbered as the learner's editor numbers it, and its syntax errors shown plainly.
 
-A cell magic receives the cell without its first line (``%%torchrun ...``, ``%%ranks ...``), so the
-compiler would call the editor's line 2 "line 1". `as_in_editor` puts an empty line in the magic's
-place: syntax errors, tracebacks and the written ``cell.py`` then use the editor's numbers.
+A cell magic receives the cell without its first line (``%%ranks ...``), so the compiler would call
+the editor's line 2 "line 1". `as_in_editor` puts an empty line in the magic's place: syntax errors
+and tracebacks then use the editor's numbers.
 """
 
 from __future__ import annotations

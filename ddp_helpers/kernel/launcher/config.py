@@ -1,7 +1,7 @@
 """`LaunchConfig`: one launch, validated: what to run, where, and how to watch it.
 
-`launch()`, ``%%torchrun``, ``python -m ddp_helpers launch`` and live ranks all build a `LaunchConfig`
-from what the user gave and leave the rest to its defaults. Its option fields, their defaults and
+`launch()`, ``python -m ddp_helpers launch`` and live ranks all build a `LaunchConfig` from what the
+user gave and leave the rest to its defaults. Its option fields, their defaults and
 their checks are `options.LaunchOptions`' (it subclasses it). It validates itself on construction, so
 bad input is refused before a process is spawned, and turns into a torchrun command line.
 """

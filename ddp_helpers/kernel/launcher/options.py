@@ -2,11 +2,11 @@
 
 `LaunchOptions` is the one list, and a type checker reads it. From it come `LaunchConfig`'s option
 fields (it subclasses `LaunchOptions`), `OPTIONS` (each field with its metadata), `launch()`'s shown
-signature and the options part of its docstring, the flags of ``python -m ddp_helpers launch`` and of
-``%%torchrun``, and (for the options marked `live`) `start_ranks`' keywords and ``%ranks start``'s
-flags. `LaunchKeywords` (keywords.py) writes the same names and types out for a checker to hold `launch()`'s
-keywords to (tests/kernel/test_launch_options.py keeps the two equal). Adding an option is one field below,
-its line in `LaunchKeywords`, and the code that acts on it (`LaunchConfig.command` or `environment`).
+signature and the options part of its docstring, the flags of ``python -m ddp_helpers launch``, and
+(for the options marked `live`) `start_ranks`' keywords and ``%ranks start``'s flags. `LaunchKeywords`
+(keywords.py) writes the same names and types out for a checker to hold `launch()`'s keywords to
+(tests/kernel/test_launch_options.py keeps the two equal). Adding an option is one field below, its
+line in `LaunchKeywords`, and the code that acts on it (`LaunchConfig.command` or `environment`).
 Nothing here imports torch: a typo is refused at once.
 """
 
@@ -244,7 +244,7 @@ LIVE_OPTIONS = tuple(option for option in OPTIONS if option.live)
 
 
 def command_line_options(options: Iterable[Option] = OPTIONS) -> tuple[Option, ...]:
-    """The options that have a flag (``python -m ddp_helpers launch``, ``%%torchrun``, ``%ranks start``)."""
+    """The options that have a flag (``python -m ddp_helpers launch``, ``%ranks start``)."""
     return tuple(option for option in options if option.parse is not None)
 
 
@@ -294,15 +294,6 @@ def options_doc(
             )
         )
     return "\n".join(entries)
-
-
-def flags_doc(options: Iterable[Option] = OPTIONS, *, indent: str = "") -> str:
-    """One line per flag, for a magic's docstring: ``--nproc NPROC: processes on this node; ...``."""
-    lines = []
-    for option in command_line_options(options):
-        text = f"{option.flag} {option.metavar or option.name.upper()}: {option.help}"
-        lines.append(textwrap.fill(text, 100, initial_indent=indent, subsequent_indent=indent + "    "))
-    return "\n".join(lines)
 
 
 def fill_doc_slot(doc: str | None, slot: str, render: Callable[[str], str]) -> str:
