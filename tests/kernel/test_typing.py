@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 SKIPPED = ["torch", "torch.*", "torchvision", "torchvision.*", "numpy", "numpy.*", "pandas", "pandas.*",
-           "matplotlib", "matplotlib.*", "IPython", "IPython.*", "ipywidgets", "ipywidgets.*"]  # fmt: skip
+           "matplotlib", "matplotlib.*", "IPython", "IPython.*"]  # fmt: skip
 
 
 def _config(folder: Path) -> Path:
