@@ -1,5 +1,5 @@
-"""Notebook 02's analysis helpers: per-rank phase times, the straggler, per-device efficiency,
-TensorBoard plumbing and the process scan. (train.py's real timings: test_train_worker.py.)"""
+"""Notebook 02's analysis helpers: per-rank phase times, the straggler, per-device efficiency and the
+process scan. (train.py's real timings and its TensorBoard scalars: test_train_worker.py.)"""
 
 from __future__ import annotations
 
@@ -13,11 +13,6 @@ import matplotlib
 import pandas as pd
 import pytest
 
-from ddp_helpers.chapters.ch02_single_dp_ddp.ch02_tensorboard_view import (
-    scalar_points,
-    servers_started_here,
-    tensorboard_binary,
-)
 from ddp_helpers.kernel.lab import measures, plots
 from ddp_helpers.kernel.launcher.process_tree import processes_marked
 
@@ -94,17 +89,6 @@ def test_phase_plot_draws_three_parts_per_rank():
     ax = fig.axes[0]
     assert len(ax.patches) == 3 * 2
     assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1"]
-
-
-def test_tensorboard_scalars_are_counted(tmp_path):
-    from torch.utils.tensorboard import SummaryWriter
-
-    with SummaryWriter(str(tmp_path)) as writer:
-        for step in range(3):
-            writer.add_scalar("loss", 1.0 / (step + 1), step)
-    assert scalar_points(tmp_path) == {"loss": 3}
-    assert os.path.basename(tensorboard_binary()) == "tensorboard"
-    assert servers_started_here() == []  # this test process started none
 
 
 def test_process_scan_finds_a_marked_child_and_not_after_it_ends():
