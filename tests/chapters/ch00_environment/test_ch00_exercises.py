@@ -71,7 +71,7 @@ def test_the_other_mistakes_are_named_from_the_values_drawn():
 
 def test_a_float32_total_of_eight_ranks_passes_as_float32_rounds_it():
     """Eight digits reach 10**8, past float32's exact integers (2**24): the sum in float32 is right to its
-    rounding, and passes."""
+    rounding, and passes; a half-precision total is held to float32's rounding, which no wrong total meets."""
     import torch
 
     values = values_of(8, "/check")
@@ -81,3 +81,5 @@ def test_a_float32_total_of_eight_ranks_passes_as_float32_rounds_it():
     off = in_float32 * (1 + 8 * torch.finfo(torch.float32).eps) + 10  # more than float32's rounding
     verdict = judge(get("00-sum"), _results([off] * 8, ["all_reduce"]))
     assert not verdict.passed and "not the sum of every rank's value" in verdict.text(), verdict.text()
+    in_bfloat16 = torch.tensor([max(values)], dtype=torch.bfloat16)  # bfloat16's rounding would cover a MAX
+    assert not judge(get("00-sum"), _results([in_bfloat16] * 8, ["all_reduce"])).passed
