@@ -171,6 +171,27 @@ def test_a_hung_answer_ends_within_its_bound_with_stacks_and_fresh_ranks(live, w
     assert again.passed, again.text()
 
 
+def test_a_mark_made_before_the_move_is_named_and_the_watch_on_mark_dynamic_is_undone(live, workdir):
+    """On a CPU the answer's device is cpu:0, so that x.to(device) copies as a move to a GPU does: a mark on the
+    loader's tensor misses the one the model gets. The probe's watch on mark_dynamic is gone afterwards."""
+    ranks = live(2)
+    answer = """
+sampler = DistributedSampler(dataset, shuffle=False)
+loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+seen = torch.zeros((), dtype=torch.int64, device=device)
+for (x,) in loader:
+    torch._dynamo.mark_dynamic(x, 0)
+    ddp_model(x.to(device)).sum().backward()
+    seen += len(x)
+dist.all_reduce(seen)
+samples = int(seen)
+"""
+    verdict = check("09-last-batch", answer, ranks, workdir=workdir)
+    assert verdict.diagnosis == "09-last-batch-marked-before-move", verdict.text()
+    assert ranks.run("hasattr(torch._dynamo.mark_dynamic, '__wrapped__')") == {0: False, 1: False}
+    assert check("09-last-batch", get("09-last-batch").reference, ranks, workdir=workdir).passed
+
+
 def test_the_pretend_nodes_are_laid_out_as_torchrun_lays_them_out():
     """Exercise.nodes=2: ranks dealt to the nodes in order, ceil(world / 2) per node; one rank has no nodes."""
     from ddp_helpers.rank.answer_runner import node_layout

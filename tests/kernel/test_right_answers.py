@@ -11,6 +11,14 @@ from ddp_helpers.kernel.exercises.checker import check
 pytestmark = pytest.mark.xdist_group("test_right_answers")
 
 RIGHT_ANSWERS = {
+    "00-sum, every rank's value gathered, then added, in float32": (
+        "00-sum",
+        """
+parts = [torch.zeros(1, device=device) for _ in range(world_size)]
+dist.all_gather(parts, torch.tensor([float(value)], device=device))
+total = torch.cat(parts).sum()
+""",
+    ),
     "06-init, the rank from dist.get_rank() after init, as most tutorials write it": (
         "06-init",
         """

@@ -1,85 +1,124 @@
 """Notebook 00's exercises: sum one number from every rank (all_reduce), then compute algbw and busbw.
 
-Probe inputs make each mistake leave its own mark. In 00-sum rank r holds the value 10**r, so the sum's
-decimal digits say which ranks contributed (111 on three ranks): a MAX gives 100, the ranks' own numbers
-give 0 + 1 + 2 = 3, a reduce to rank 0 leaves the others without 111, and a discarded result leaves each
-rank its own value. In 00-busbw the learner's function is called with messages of three dtypes (2, 4
-and 8 bytes an element) and worlds of 3, 4 and 8 ranks (at 2 ranks the ring's factor is 1 and hides a
-missing one), so that elements for bytes, a missing factor and half of it each give their own ratios.
+Probe inputs make each mistake leave its own mark. In 00-sum rank r holds d * 10**r, its digit d drawn
+for each check (2 to 9, a different digit on each rank where there are 8 ranks or fewer): the sum's decimal
+digits say which ranks contributed, and no rank can rebuild the others' values without a collective (a
+total made from the rank's own value and the pattern alone is named for it). A MAX gives the last rank's
+value, the ranks' own numbers give 0 + 1 + 2 = 3, a reduce to rank 0 leaves the others without the sum, and
+a discarded result leaves each rank its own value. In 00-busbw the learner's function is called with
+messages of three dtypes (2, 4 and 8 bytes an element) and worlds of 3, 4 and 8 ranks (at 2 ranks the
+ring's factor is 1 and hides a missing one), so that elements for bytes, a missing factor and half of it
+each give their own ratios.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from typing import Any
 
-from ddp_helpers.rank.spec import Context, Exercise, Mistake, Seen, field_of
-
+from ddp_helpers.rank.spec import Context, Exercise, Mistake, Seen
 
 # ------------------------------------------------------------------ 00-sum
-def value_of(rank: int) -> float:
-    """Rank r's value in 00-sum: one decimal digit per rank, so the sum shows who contributed."""
-    return float(10**rank)
+THE_SUM = "the sum of every rank's value"
+
+
+def values_of(world: int, check: str) -> list[float]:
+    """Every rank's value in one check of 00-sum: rank r holds d * 10**r, one digit d (2 to 9) per rank.
+
+    The digits are drawn from `check` (the check's own folder, fresh each check and the same on every rank),
+    so each rank's probe knows every value, while the answer is given its own rank's only. No digit is 1
+    (the sum is never 11...1) and, up to 8 ranks, no two ranks share one."""
+    draw = random.Random(f"00-sum {check}")
+    digits = draw.sample(range(2, 10), world) if world <= 8 else [draw.randint(2, 9) for _ in range(world)]
+    return [float(d * 10**r) for r, d in enumerate(digits)]
+
+
+def _number(value: float) -> str:
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:g}"
 
 
 def _sum_setup(ctx: Context) -> dict[str, Any]:
-    return {"value": value_of(ctx.rank)}
+    return {"value": values_of(ctx.world_size, ctx.workdir)[ctx.rank]}
 
 
 def _sum_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
     import torch
 
+    values = values_of(ctx.world_size, ctx.workdir)
     if "total" not in ns:
         raise NameError("your answer bound no `total`")
     total = ns["total"]
     if not isinstance(total, torch.Tensor):
-        return {"total": None, "kind": type(total).__name__}
+        return {"total": f"{total!r}"[:60], "kind": type(total).__name__, "held": None, "values": values}
     # the distinct values in the tensor: a right answer holds the sum in every element, whatever its shape
-    return {
-        "total": sorted(set(total.detach().to("cpu", torch.float64).flatten().tolist())),
-        "kind": "Tensor",
-    }
+    held = sorted(set(total.detach().to("cpu", torch.float64).flatten().tolist()))
+    # to float32's rounding at most, which a sum of 8 ranks' digits (up to 10**8) meets: a half-precision
+    # total, whose rounding could hide a wrong one (a MAX can be within 3 % of the sum at 8 ranks), is held to it
+    tolerance = 0.0
+    if total.is_floating_point():
+        tolerance = min(torch.finfo(total.dtype).eps, torch.finfo(torch.float32).eps) * ctx.world_size
+    every = sum(values)
+    if _close_to(held, [every], tolerance):
+        said = THE_SUM
+    else:
+        shown = ", ".join(_number(v) for v in held[:4]) + (", ..." if len(held) > 4 else "")
+        said = f"{shown}: not {THE_SUM} ({' + '.join(map(_number, values))} = {_number(every)})"
+    return {"total": said, "kind": "Tensor", "held": held, "values": values, "tolerance": tolerance}
 
 
 def _sum_expected(world: int) -> Seen:
-    every = sum(value_of(r) for r in range(world))
-    return [{"total": [every], "kind": "Tensor"} for _ in range(world)]
+    return [{"total": THE_SUM, "kind": "Tensor"} for _ in range(world)]
 
 
-def _totals(seen: Seen) -> list[Any]:
-    return field_of(seen, "total")
+def _values(seen: Seen) -> list[float]:
+    return list(seen[0]["values"])
+
+
+def _close_to(held: list[float] | None, wanted: list[float], tolerance: float = 0.0) -> bool:
+    """The distinct values a total held are `wanted`, to `tolerance` (relative: its dtype's rounding)."""
+    return (
+        held is not None
+        and len(held) == len(wanted)
+        and all(math.isclose(h, w, rel_tol=tolerance) for h, w in zip(held, wanted, strict=True))
+    )
+
+
+def _totals_are(seen: Seen, wanted: list[list[float]]) -> list[bool]:
+    """Per rank: the distinct values its total held are that rank's `wanted`, to its dtype's rounding."""
+    return [_close_to(s.get("held"), w, s.get("tolerance", 0.0)) for s, w in zip(seen, wanted, strict=True)]
 
 
 def _returned_none(seen: Seen, expected: Seen) -> bool:
     return all(s.get("kind") == "NoneType" for s in seen)
 
 
+def _no_collective(seen: Seen, expected: Seen) -> bool:
+    """No rank called any collective: a total built from what each rank knew alone."""
+    return len(seen) > 1 and all(not s.get("collectives") for s in seen)
+
+
 def _only_rank_0(seen: Seen, expected: Seen) -> bool:
-    totals = _totals(seen)
-    return (
-        len(seen) > 1 and totals[0] == expected[0]["total"] and any(t != expected[0]["total"] for t in totals)
-    )
+    summed = _totals_are(seen, [[sum(_values(seen))]] * len(seen))
+    return len(seen) > 1 and summed[0] and not all(summed)
 
 
 def _largest(seen: Seen, expected: Seen) -> bool:
-    return len(seen) > 1 and all(t == [value_of(len(seen) - 1)] for t in _totals(seen))
+    return len(seen) > 1 and all(_totals_are(seen, [[max(_values(seen))]] * len(seen)))
 
 
 def _ranks_summed(seen: Seen, expected: Seen) -> bool:
     world = len(seen)
-    return world > 1 and all(t == [float(sum(range(world)))] for t in _totals(seen))
+    return world > 1 and all(_totals_are(seen, [[float(sum(range(world)))]] * world))
 
 
 def _averaged(seen: Seen, expected: Seen) -> bool:
-    world = len(seen)
-    mean = sum(value_of(r) for r in range(world)) / world
-    return world > 1 and all(
-        t is not None and len(t) == 1 and math.isclose(t[0], mean) for t in _totals(seen)
-    )
+    mean = sum(_values(seen)) / len(seen)
+    return len(seen) > 1 and all(_totals_are(seen, [[mean]] * len(seen)))
 
 
 def _kept_own(seen: Seen, expected: Seen) -> bool:
-    return len(seen) > 1 and all(t == [value_of(r)] for r, t in enumerate(_totals(seen)))
+    return len(seen) > 1 and all(_totals_are(seen, [[v] for v in _values(seen)]))
 
 
 SUM = Exercise(
@@ -87,8 +126,10 @@ SUM = Exercise(
     notebook="00",
     title="Every rank gets the sum of every rank's value",
     task=(
-        "Each rank holds `value`, a number of its own (1 on rank 0, 10 on rank 1, 100 on rank 2, ...). "
-        "Make `total`, a tensor on `device`, that holds the sum of every rank's value, on every rank."
+        "Each rank holds `value`, a number of its own, drawn anew for each check: one digit at the rank's "
+        "decimal place (rank 0 holds 2 to 9, rank 1 a multiple of 10, rank 2 of 100, ...), so the sum's digits "
+        "show who took part, and no rank knows another's value unless they communicate. Make `total`, a "
+        "tensor on `device`, that holds the sum of every rank's value, on every rank."
     ),
     given="`value` (this rank's number), `rank`, `world_size`, `device`, `torch`, `dist`",
     starter=(
@@ -107,6 +148,17 @@ SUM = Exercise(
     observe=_sum_observe,
     expected=_sum_expected,
     mistakes=(
+        Mistake(
+            "00-sum-no-collective",
+            "no rank called a collective: each rank built its total from what it knew alone (its own value, "
+            "the pattern of the digits), but every rank's digit is drawn anew for each check and given to that "
+            "rank alone, so the others' values reach a rank only through a collective",
+            _no_collective,
+            hint=(
+                "Put this rank's value in a tensor and let the ranks add them: dist.all_reduce(total) on every "
+                "rank leaves the sum of all of them in each rank's tensor."
+            ),
+        ),
         Mistake(
             "00-sum-averaged",
             "every rank holds the mean of the values, not their sum: the answer divided by the world size. "

@@ -5,10 +5,15 @@ Compiling stays tiny: `DDP(torch.compile(model))` as the notebook teaches, with 
 (Dynamo traces, torch's own kernels run) or a counting backend that records each graph Dynamo hands it
 and returns it uncompiled. Each setup calls `torch._dynamo.reset()`, so that what Dynamo learned in one
 check (a batch size it saw, which makes the next compile dynamic by itself) never helps the next.
+
+In 09-last-batch the answer's `device` is cpu:0 on a CPU, so that `x.to(device)` copies the loader's batch
+as a move to a GPU does, and the probe watches torch._dynamo.mark_dynamic: a mark made before the move is
+on a tensor the model never gets, and is named for it.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from ddp_helpers.rank.spec import Context, Exercise, Mistake, Seen, close
@@ -168,8 +173,47 @@ def _last_batch_setup(ctx: Context) -> dict[str, Any]:
         torch.compile(net, backend=counting_backend),
         device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
     )
+    marks, inputs = _watch_marks(ddp_model)
     dataset = TensorDataset(_last_batch_rows(ctx.world_size))  # the same dataset on every rank
-    return {"ddp_model": ddp_model, "dataset": dataset, "batch_size": BATCH, "_compiles": graphs, "_net": net}
+    # on a CPU, the device with its index (cpu:0), as a GPU's is cuda:N: torch.device("cpu", 0) is not
+    # torch.device("cpu"), so x.to(device) makes a new tensor here as the move to a GPU does, where
+    # x.to("cpu") would hand back the loader's own tensor, and a mark made on it before the move would stick
+    device = torch.device("cpu", 0) if ctx.device.type == "cpu" else ctx.device
+    return {
+        "ddp_model": ddp_model,
+        "dataset": dataset,
+        "batch_size": BATCH,
+        "device": device,
+        "_compiles": graphs,
+        "_net": net,
+        "_marks": marks,
+        "_inputs": inputs,
+    }
+
+
+def _watch_marks(ddp_model: Any) -> tuple[list[Any], list[bool]]:
+    """Each tensor the answer gives torch._dynamo.mark_dynamic (weakly), and, per forward, whether the
+    tensor ddp_model got was one of them. The observe puts the real mark_dynamic back."""
+    import weakref
+
+    import torch
+
+    real = getattr(torch._dynamo.mark_dynamic, "__wrapped__", torch._dynamo.mark_dynamic)
+    marks: list[Any] = []
+    inputs: list[bool] = []
+
+    @functools.wraps(real)
+    def mark_dynamic(t: Any, *args: Any, **kwargs: Any) -> Any:
+        marks.append(weakref.ref(t))
+        return real(t, *args, **kwargs)
+
+    def saw(module: Any, args: tuple[Any, ...]) -> None:
+        given = args[0] if args else None
+        inputs.append(any(mark() is given for mark in marks))
+
+    torch._dynamo.mark_dynamic = mark_dynamic
+    ddp_model.register_forward_pre_hook(saw)
+    return marks, inputs
 
 
 def _last_batch_rows(world: int) -> Any:
@@ -181,6 +225,12 @@ def _last_batch_rows(world: int) -> Any:
 
 
 def _last_batch_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    import torch
+
+    torch._dynamo.mark_dynamic = getattr(
+        torch._dynamo.mark_dynamic, "__wrapped__", torch._dynamo.mark_dynamic
+    )
+    marked = {"marks": len(ns["_marks"]), "inputs marked": list(ns["_inputs"])}
     samples = ns.get("samples")
     try:
         samples = int(samples) if samples is not None else None
@@ -191,7 +241,7 @@ def _last_batch_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
         name: None if p.grad is None else [round(v, 12) for v in p.grad.detach().cpu().flatten().tolist()]
         for name, p in (("grad_weight", net.weight), ("grad_bias", net.bias))
     }  # every parameter's: a padding row adds nothing to the weight's, but the bias's takes it as a sample
-    return {"compiles": len(ns["_compiles"]), "samples": samples, **grads}
+    return {"compiles": len(ns["_compiles"]), "samples": samples, **grads, **marked}
 
 
 def _last_batch_expected(world: int) -> Seen:
@@ -215,6 +265,13 @@ def _padding_in_loss(seen: Seen, expected: Seen) -> bool:
     )
 
 
+def _marked_before_move(seen: Seen, expected: Seen) -> bool:
+    """Two compiles, marks made, and no forward got a marked tensor: the mark was made before the move."""
+    return all(
+        s.get("compiles") == 2 and s.get("marks") and not any(s.get("inputs marked") or [True]) for s in seen
+    )
+
+
 def _samples_in(counts: Any) -> Any:
     def matches(seen: Seen, expected: Seen) -> bool:
         world = len(seen)
@@ -235,7 +292,8 @@ LAST_BATCH = Exercise(
     ),
     given=(
         "`ddp_model` (`DDP(torch.compile(model))`, with a backend that counts compiles), `dataset`, "
-        "`batch_size`, `DataLoader`, `DistributedSampler`, `dist`, `device`"
+        "`batch_size`, `DataLoader`, `DistributedSampler`, `dist`, `device` (on a CPU `cpu:0`, not `cpu`, so "
+        "that `x.to(device)` makes a new tensor, as a move to a GPU does)"
     ),
     starter=(
         "sampler = DistributedSampler(dataset, shuffle=False)\n"
@@ -302,6 +360,17 @@ LAST_BATCH = Exercise(
             hint=(
                 "Sum only the real rows' outputs: ddp_model(x)[:real].sum(), or the output times a 0/1 mask "
                 "of the real rows."
+            ),
+        ),
+        Mistake(
+            "09-last-batch-marked-before-move",
+            "Dynamo compiled twice although torch._dynamo.mark_dynamic was called on the batches: the tensor "
+            "marked was never the one ddp_model got. x.to(device) makes a new tensor (here as on a GPU), "
+            "and the mark stays on the loader's tensor, so the short batch met a graph guarded on the full size",
+            _marked_before_move,
+            hint=(
+                "Mark the tensor the model gets: x = x.to(device) first, then torch._dynamo.mark_dynamic(x, 0), "
+                "then ddp_model(x)."
             ),
         ),
         Mistake(

@@ -66,8 +66,9 @@ def setup() -> tuple[int, int, torch.device]:
     return dist.get_rank(), dist.get_world_size(), device
 
 
-def random_state(device: torch.device, loader_gen: torch.Generator) -> dict[str, torch.Tensor]:
-    state = {"cpu": torch.get_rng_state(), "loader": loader_gen.get_state()}
+def random_state(device: torch.device, loader_state: torch.Tensor) -> dict[str, torch.Tensor]:
+    # the loader's state as it was before this epoch's iter(loader) drew from it: a resume's iter() redraws
+    state = {"cpu": torch.get_rng_state(), "loader": loader_state}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -84,11 +85,11 @@ def save(
     rank: int,
     world: int,
     device: torch.device,
-    loader_gen: torch.Generator,
+    loader_state: torch.Tensor,
 ) -> None:
     # each rank draws its own dropout masks: gather every rank's random state (every rank must call this)
     every: list[dict[str, torch.Tensor] | None] = [None] * world
-    dist.all_gather_object(every, random_state(device, loader_gen))
+    dist.all_gather_object(every, random_state(device, loader_state))
     if rank == 0:  # one writer: N ranks writing one file would corrupt it
         ckpt = {
             "model": raw.state_dict(),  # the plain module's: keys without "module."
@@ -188,6 +189,8 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
     model = DDP(raw, device_ids=[device.index] if device.type == "cuda" else None)
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)  # a new order each epoch, the same on every rank
+        # iter(loader) below draws from loader_gen: a resumed epoch must draw what this one draws
+        loader_state = loader_gen.get_state()
         for i, (x, y) in enumerate(loader):
             if epoch == start_epoch and i < skip:
                 continue  # trained before the stop: the resumed epoch goes on where it stopped
@@ -195,9 +198,9 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
             loss = train_step(model, optimizer, scaler, x.to(device), y.to(device), args.clip, amp_dtype)
             log(loss, len(y), step, epoch, rank, device)
             if step == args.stop_at_step:  # as if the job were killed here, right after a checkpoint
-                save(path, raw, optimizer, scaler, epoch, i + 1, step, rank, world, device, loader_gen)
+                save(path, raw, optimizer, scaler, epoch, i + 1, step, rank, world, device, loader_state)
                 return
-    save(path, raw, optimizer, scaler, args.epochs, 0, step, rank, world, device, loader_gen)
+    save(path, raw, optimizer, scaler, args.epochs, 0, step, rank, world, device, loader_gen.get_state())
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
 """The checks, each over one run: DDP, the samples' order, the saves, the checkpoint, the log, the training,
-the resume's position and random state, and the resumed run against the uninterrupted one."""
+the resume's position and random state, and the resumed run against the uninterrupted one: its weights, and
+the seed each iter(loader) draws."""
 
 from __future__ import annotations
 
@@ -764,4 +765,56 @@ def check_exact(w: World, stopped: Run, resumed: Run, whole: Run, start: list[fl
         seen,
         expected,
         tolerance=w.wtol,
+    )
+
+
+def _draw_named(seed: Any, draws: list[Any]) -> str:
+    """The epoch whose iter(loader) drew `seed` in the uninterrupted run, in words."""
+    if seed is not None and seed in draws:
+        return f"epoch {draws.index(seed)}"
+    return "no epoch"
+
+
+def check_loader_seeds(w: World, resumed: Run, whole: Run) -> None:
+    """Each iter(loader) of the resumed run draws the seed the uninterrupted run drew for that epoch. The draw
+    seeds the loader's workers (base seed + worker id): with num_workers > 0 a resumed epoch whose draw differs
+    gives its workers other random augmentations than the uninterrupted run's."""
+    field = "the seed each iter(loader) drew after the resume, as the uninterrupted run's in"
+    first = STOP_AT // STEPS_PER_EPOCH  # the resumed epoch
+    seen: Seen = []
+    expected: Seen = []
+    for rank in range(w.world):
+        draws = (whole.records[rank] or {}).get("iters", [])
+        after = (resumed.records[rank] or {}).get("iters", [])
+        seen.append({field: [_draw_named(seed, draws) for seed in after]})
+        expected.append({field: [f"epoch {e}" for e in range(first, EPOCHS)]})
+    firsts = [row[field][:1] for row in seen]
+    ranks = ", ".join(map(str, range(w.world)))
+    effect = (
+        "Here, with no loader workers, nothing draws from that seed; with num_workers > 0 it seeds each "
+        "worker (base seed + worker id), so the resumed epochs' workers draw other random augmentations "
+        "than the uninterrupted run's."
+    )
+    w.judge(
+        f"each iter(loader) after the resume draws the seed the uninterrupted run drew for its epoch "
+        f"(epochs {first}-{EPOCHS - 1})",
+        resumed,
+        seen,
+        expected,
+        [
+            Sign(
+                "10-capstone-loader-state-after-iter",
+                f"on every rank ({ranks}) the resumed epoch {first}'s iter(loader) drew the seed the uninterrupted "
+                f"run drew for epoch {first + 1}, one draw ahead: the loader generator's state in the checkpoint "
+                f"was taken at the stop, after epoch {first}'s iter(loader) had already drawn from it. {effect}",
+                lambda: all(f == [f"epoch {first + 1}"] for f in firsts),
+            ),
+            Sign(
+                "10-capstone-loader-generator-not-restored",
+                f"on every rank ({ranks}) the resumed epoch {first}'s iter(loader) drew the seed the uninterrupted "
+                f"run drew for epoch 0: the loader's generator started again from its seed, since the resume "
+                f"did not restore its state. {effect}",
+                lambda: all(f == ["epoch 0"] for f in firsts),
+            ),
+        ],
     )

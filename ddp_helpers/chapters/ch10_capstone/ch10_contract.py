@@ -91,6 +91,12 @@ HINTS = {
     "10-capstone-no-teardown": "end main() with dist.destroy_process_group() in a finally: block, on every rank.",
     "10-capstone-no-loader-generator": "give the DataLoader generator=torch.Generator().manual_seed(...): "
     "iter(loader) then draws from it, not from the global generator.",
+    "10-capstone-loader-state-after-iter": "take the loader generator's state at the top of each epoch, "
+    "loader_state = gen.get_state() before `for i, (x, y) in enumerate(loader)`, and save that one at the stop: "
+    "the resumed epoch's iter(loader) then draws again what the stopped epoch drew.",
+    "10-capstone-loader-generator-not-restored": "put the loader generator's state in each rank's random state "
+    "(loader_state = gen.get_state(), taken before each epoch's iter(loader)), and restore it on resume: "
+    'gen.set_state(mine["loader"]).',
     "10-capstone-scaler-not-restored": "save scaler.state_dict() and load it back when resuming.",
     "10-capstone-optimizer-not-restored": "save optimizer.state_dict() (the momentum) and load it back.",
 }

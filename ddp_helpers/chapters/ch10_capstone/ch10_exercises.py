@@ -17,7 +17,8 @@ the script as __main__ and records what the rank did: the samples of each forwar
 layer saw) and the autocast dtype it ran under, the dropout masks (the probe draws them, as dropout would)
 and the random state before each, the weights after each optimizer step, the loss scale after each
 scaler.update() and the calls of scaler.step(), each torch.save and os.replace, each torch.manual_seed and
-torch.set_rng_state, and whether DDP wrapped the model and the loader got a generator. What a right script does
+torch.set_rng_state, whether DDP wrapped the model and the loader got a generator, and the seed each
+iter(loader) drew (what its workers would be seeded with). What a right script does
 comes from first principles: DistributedSampler's order written out (`nb01.sampler_order`), and the
 training replayed in one process (`replay.replay`): the same model math on each rank's batch with the masks that
 rank drew, the gradients averaged as DDP averages them, unscaled, clipped, stepped. The first check that
@@ -145,7 +146,7 @@ def check_script(
         f"your script passed every check at {' and at '.join(done)}: DDP, a shard per rank and a new order each "
         f"epoch, rank 0's log of the loss over all ranks, {overflow}rank 0's atomic "
         f"checkpoint, and a resume from step {STOP_AT} that ends as the uninterrupted run ends (bit for bit at 1 "
-        f"or 2 ranks)."
+        f"or 2 ranks), its loader drawing each epoch's seed as that run drew it."
     )
     if notes:
         message += " Note: " + "; ".join(dict.fromkeys(notes)) + "."

@@ -5,7 +5,8 @@ arguments. It imports only torch and the standard library, like the scripts it r
 """
 
 PROBE = r'''"""Written by ddp_helpers.chapters.ch10_capstone.ch10_exercises: runs a script as __main__ on this rank and records
-what it does (samples, dropout masks and random state, weights after each step, loss scale, saves).
+what it does (samples, dropout masks and random state, each iter(loader)'s seed, weights after each step,
+loss scale, saves).
 The dropout masks are drawn here, as dropout draws them, so that the check can replay the training."""
 import hashlib, json, os, runpy, sys
 
@@ -22,7 +23,7 @@ ROWS = {tuple(row): i for i, row in enumerate(_x.tolist())}
 FEATURES = _x.shape[1]
 record = {"rank": RANK, "forwards": [], "steps": [], "scales": [], "saves": [], "replaces": [], "ddp": 0,
           "loaders": [], "loads": [], "rng_exit": None, "error": None, "device": None, "scalers": [],
-          "events": [], "seeds": [], "scaler_steps": 0}
+          "events": [], "seeds": [], "scaler_steps": 0, "iters": []}
 
 
 def digest(device=None):
@@ -180,6 +181,15 @@ def loader_init(self, *args, **kwargs):
     _loader_init(self, *args, **kwargs)
     record["loaders"].append(self.generator is not None)
 DataLoader.__init__ = loader_init
+
+_loader_iter = DataLoader.__iter__
+def loader_iter(self):
+    """Each iter(loader)'s draw from the loader's generator (or the global one): the base seed its workers,
+    with num_workers > 0, would be seeded with (base seed + worker id)."""
+    it = _loader_iter(self)
+    record["iters"].append(getattr(it, "_base_seed", None))
+    return it
+DataLoader.__iter__ = loader_iter
 
 import torch.distributed as dist
 _barrier = dist.barrier

@@ -75,6 +75,7 @@ def check_world(
     if whole.error:
         w.raised(whole)
     checks.check_exact(w, stopped, resumed, whole, start)
+    checks.check_loader_seeds(w, resumed, whole)
     return w.notes
 
 

@@ -19,6 +19,7 @@ from fixtures import load_script
 
 from ddp_helpers.chapters.ch10_capstone.ch10_checks import (
     check_autocast,
+    check_loader_seeds,
     check_masks,
     check_resume_batches,
     check_rng,
@@ -290,6 +291,60 @@ def test_a_random_state_failure_names_the_generator_the_ranks_and_the_step_in_wo
     assert f"the CPU generator {named}" in verdict.message and f"step {STOP_AT + 1}" in verdict.message
     assert "cpu-" not in verdict.text(), "a state is said in words, never as the probe's hash"
     assert verdict.hint and verdict.hint != verdict.message
+
+
+def _loader_runs(after: list[int]) -> tuple[Run, Run]:
+    """The resumed and the uninterrupted run's iter(loader) draws, per rank (rank r's shifted by r)."""
+    whole = _run("uninterrupted", [{"iters": [10 + r, 20 + r, 30 + r]} for r in range(2)])
+    return _run("resumed", [{"iters": [seed + r for seed in after]} for r in range(2)]), whole
+
+
+@pytest.mark.parametrize(
+    ("after", "diagnosis", "seen"),
+    [
+        ([30, 40], "loader-state-after-iter", ["epoch 2", "no epoch"]),
+        ([10, 20], "loader-generator-not-restored", ["epoch 0", "epoch 1"]),
+        ([50, 60], "unknown", ["no epoch", "no epoch"]),
+    ],
+)
+def test_a_resumed_loader_that_draws_another_seed_than_the_uninterrupted_run_is_named(after, diagnosis, seen):
+    """The loader generator's state saved at the stop, after the epoch's iter(loader) drew from it (one draw
+    ahead), or not restored (drawn as from the start): the seeds loader workers get differ from the
+    uninterrupted run's, although no number of the training does without workers."""
+    check_loader_seeds(_world(), *_loader_runs([20, 30]))  # right: epochs 1 and 2 draw as uninterrupted
+    verdict = _failed(check_loader_seeds, _world(), *_loader_runs(after))
+    named = diagnosis if diagnosis == "unknown" else f"{EXERCISE}-{diagnosis}"
+    assert verdict.diagnosis == named, verdict.text()
+    field = "the seed each iter(loader) drew after the resume, as the uninterrupted run's in"
+    assert [row[field] for row in verdict.seen] == [seen, seen], verdict.text()
+    assert verdict.expected[1][field] == ["epoch 1", "epoch 2"], verdict.text()
+    if diagnosis != "unknown":
+        assert "on every rank (0, 1)" in verdict.message and "num_workers > 0" in verdict.message
+        assert "get_state" in verdict.hint and verdict.hint != verdict.message
+
+
+def test_the_probe_records_the_seed_each_iter_loader_draws(tmp_path):
+    """Each iter(loader) draws one int64 from the loader's generator: the probe records it, per iter()."""
+    import torch
+
+    from ddp_helpers.chapters.ch10_capstone.ch10_contract import PROBE_DATA_ENV, PROBE_DIR_ENV, make_data
+
+    torch.save(make_data(1), tmp_path / "data.pt")
+    (tmp_path / "probe.py").write_text(PROBE)
+    script = tmp_path / "iters.py"
+    script.write_text(
+        "import torch\nfrom torch.utils.data import DataLoader\n"
+        "loader = DataLoader(range(4), batch_size=2, generator=torch.Generator().manual_seed(7))\n"
+        "for epoch in range(3):\n    list(loader)\n"
+    )
+    env = {**os.environ, "RANK": "0", PROBE_DIR_ENV: str(tmp_path), PROBE_DATA_ENV: str(tmp_path / "data.pt")}
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "probe.py"), str(script)], env=env, capture_output=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    generator = torch.Generator().manual_seed(7)
+    draws = [torch.empty((), dtype=torch.int64).random_(generator=generator).item() for _ in range(3)]
+    assert json.loads((tmp_path / "rank0.json").read_text())["iters"] == draws
 
 
 def _scaler_run(built_for: str) -> Run:
