@@ -189,7 +189,10 @@ class LiveRanks:
         return self.run(code, ranks=ranks, timeout=timeout)
 
     def where(self) -> str:
-        """Every rank's Python stack now, without stopping any (the cell's lines shown with its frames)."""
+        """Every rank's Python stack now, without stopping any (the cell's lines shown with its frames).
+
+        It sends nothing over the ranks' connections: a second thread may ask while a cell blocks.
+        """
         if self._session is None or not self.alive:
             raise RanksNotRunning(not_running_message())
         return where(self._session, self._cells)
