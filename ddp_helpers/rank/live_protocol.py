@@ -7,9 +7,7 @@ either side: the standard library only. Each message is a small frozen dataclass
     kernel                                  rank
                      <-- Hello                  (once, after joining the process group)
     Run, Gather,     -->
-    Push, Check,     <-- Value | Error | Interrupted
-    PostMortem       <-- Prompt   (pdb waits for a command: not a reply, the request goes on)
-    Answer           -->          (the command typed at that prompt)
+    Push, Check      <-- Value | Error | Interrupted
                      <-- Exited                 (the cell called os._exit: the rank is leaving)
     Shutdown         -->                        (the rank exits)
 """
@@ -41,8 +39,6 @@ class Run:
 
     cell_id: int
     code: str
-    debug_ranks: tuple[int, ...] = ()  # these ranks stop in pdb at the cell's first line
-    stretch: bool = False  # a rank may pause in pdb: collectives wait (see rank_debug.Timeouts)
 
 
 @dataclass(frozen=True)
@@ -69,25 +65,11 @@ class Check:
 
 
 @dataclass(frozen=True)
-class PostMortem:
-    """Open pdb on the traceback of the last exception a cell raised on the rank."""
-
-    cell_id: int
-
-
-@dataclass(frozen=True)
-class Answer:
-    """The command typed at a rank's pdb prompt ("" at end of input: pdb then quits)."""
-
-    line: str
-
-
-@dataclass(frozen=True)
 class Shutdown:
     """Leave the serve loop: the rank exits."""
 
 
-Request = Run | Gather | Push | Check | PostMortem
+Request = Run | Gather | Push | Check
 
 
 # ---------------------------------------------------------------- rank -> kernel: replies
@@ -124,16 +106,4 @@ class Exited:
     code: int
 
 
-@dataclass(frozen=True)
-class Prompt:
-    """pdb on the rank waits for a command: what it printed since the last one, then its prompt.
-
-    Not a reply: the rank is still in the request, and waits for an `Answer`.
-    """
-
-    cell_id: int
-    text: str
-    prompt: str
-
-
-Reply = Value | Error | Interrupted | Exited | Prompt
+Reply = Value | Error | Interrupted | Exited

@@ -43,7 +43,6 @@ from ddp_helpers.rank.live_protocol import (
     Gather,
     Hello,
     Interrupted,
-    PostMortem,
     Push,
     Reply,
     Request,
@@ -51,7 +50,6 @@ from ddp_helpers.rank.live_protocol import (
     Shutdown,
     Value,
 )
-from ddp_helpers.rank.rank_debug import Debugger, DebuggerQuit, install
 
 CELL_VALUE = "_ddp_cell_value"  # where a cell's last expression is kept until it is sent
 REAL_EXIT = os._exit  # the server's own way out; a cell's os._exit is announced first (see announce_exits)
@@ -84,10 +82,7 @@ def encode(cell_id: int, value: Any) -> Value:
 class Cells:
     """Runs cells in one persistent namespace, IPython-style: the last expression's value is returned."""
 
-    def __init__(self, info: DistInfo, debugger: Debugger | None = None) -> None:
-        # no debugger given (no kernel to ask): pdb reads end of input, and quits
-        self.debugger = debugger or Debugger(None, info.rank, lambda: self.cell_id)
-        self.last_error: BaseException | None = None  # for post-mortem (``%ranks debug N``)
+    def __init__(self, info: DistInfo) -> None:
         self.namespace: dict[str, Any] = {
             "__name__": "__main__",
             "torch": torch,
@@ -106,41 +101,26 @@ class Cells:
         self.running = False  # SIGINT raises KeyboardInterrupt only inside a cell
         self.cell_id = 0  # the cell running now (or last run)
 
-    def run(self, cell_id: int, code: str, debug: bool = False, stretch: bool = False) -> Any:
-        """Run a cell; `debug`: in pdb from its first line; `stretch`: a rank may pause (see rank_debug)."""
+    def run(self, cell_id: int, code: str) -> Any:
+        """Run a cell; return the value of its last expression (None where it ends in a statement)."""
         self.cell_id = cell_id
         filename = f"<cell {cell_id}>"
         # tracebacks then show the cell's own lines
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         tree = ast.parse(code, filename=filename)
         last = tree.body[-1] if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-        if last is not None:  # the cell's value, kept in a name: pdb steps onto that line as onto any other
+        if last is not None:  # the cell's value, kept in a name, on the last expression's own line
             value = ast.Assign([ast.Name(CELL_VALUE, ast.Store())], last.value)
             tree.body[-1] = ast.fix_missing_locations(ast.copy_location(value, last))
-        if stretch:
-            self.debugger.timeouts.stretch()  # before this rank's first collective of the cell
         self.running = True
         try:
-            body = compile(tree, filename, "exec")
-            self.debugger.run(body, self.namespace) if debug else exec(body, self.namespace)
+            exec(compile(tree, filename, "exec"), self.namespace)
             return self.namespace.pop(CELL_VALUE, None)
         finally:
             self.namespace.pop(CELL_VALUE, None)
             self.running = False
-            self.debugger.end_cell()
-            for name in ("__return__", "__exception__"):  # what pdb leaves in a frame's locals
-                self.namespace.pop(name, None)
             sys.stdout.flush()
             sys.stderr.flush()
-
-    def post_mortem(self) -> None:
-        """pdb on the last exception a cell raised here, like IPython's ``%debug``."""
-        self.running = True
-        try:
-            self.debugger.post_mortem(self.last_error)
-        finally:
-            self.running = False
-            self.debugger.end_cell()
 
 
 def cell_traceback(error: BaseException) -> str:
@@ -148,10 +128,8 @@ def cell_traceback(error: BaseException) -> str:
     frames = traceback.extract_tb(error.__traceback__)
     in_cell = [i for i, f in enumerate(frames) if f.filename.startswith("<cell ")]
     first = in_cell[0] if in_cell else 0
-    # pdb's frames (a quit) are below the cell's line: that line is the whole story
-    last = in_cell[-1] + 1 if in_cell and isinstance(error, DebuggerQuit) else len(frames)
     lines = ["Traceback (most recent call last):\n"]
-    lines += traceback.format_list(frames[first:last])
+    lines += traceback.format_list(frames[first:])
     lines += traceback.format_exception_only(type(error), error)
     return "".join(lines).rstrip()
 
@@ -196,28 +174,18 @@ def announce_exits(conn: Connection, cells: Cells) -> None:
 def handle(cells: Cells, request: Request) -> Reply:
     """Answer one request of the kernel."""
     match request:
-        case Run(cell_id, code, debug_ranks, stretch):
+        case Run(cell_id, code):
             try:
-                value = cells.run(cell_id, code, cells.namespace["rank"] in debug_ranks, stretch)
-            except BaseException as raised:  # SystemExit too: a cell must not end the rank
-                error = cells.debugger.quit_error(raised)
+                value = cells.run(cell_id, code)
+            except BaseException as error:  # SystemExit too: a cell must not end the rank
                 if isinstance(error, KeyboardInterrupt):
                     return Interrupted(cell_id)
-                if not isinstance(error, DebuggerQuit):
-                    cells.last_error = error
                 # one line in the log; the whole traceback goes to the notebook's RankError
                 print(
                     f"[cell {cell_id} failed: {type(error).__name__}: {error}]", file=sys.stderr, flush=True
                 )
                 return Error(cell_id, f"{type(error).__name__}: {error}", cell_traceback(error))
             return encode(cell_id, value)
-        case PostMortem(cell_id):
-            cells.cell_id = cell_id
-            try:
-                cells.post_mortem()
-            except LookupError as error:
-                return Error(cell_id, f"LookupError: {error}", "")
-            return Value(cell_id, None, "None")
         case Gather(cell_id, name):
             if name not in cells.namespace:
                 return Error(
@@ -253,7 +221,7 @@ def serve(conn: Connection, cells: Cells) -> None:
 def main() -> None:
     info = setup_distributed()
     conn = Client(os.environ[ADDRESS_ENV], authkey=bytes.fromhex(os.environ.pop(AUTHKEY_ENV)))
-    cells = Cells(info, Debugger(conn, info.rank, lambda: cells.cell_id))
+    cells = Cells(info)
 
     def on_sigint(signum: int, frame: types.FrameType | None) -> None:
         if cells.running:
@@ -264,7 +232,6 @@ def main() -> None:
     conn.send(Hello(info.rank, info.local_rank, os.getpid(), info.backend, str(info.device)))
     threading.Thread(target=watch_for_kernel_exit, args=(conn,), daemon=True).start()
     announce_exits(conn, cells)
-    install(cells.debugger)  # breakpoint(), pdb.set_trace(), dist.breakpoint(): pdb in the notebook
     try:
         serve(conn, cells)
     finally:

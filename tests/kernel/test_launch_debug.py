@@ -1,4 +1,4 @@
-"""breakpoint() in a script that launch() runs: the error says why pdb quit, and where to debug instead."""
+"""breakpoint() in a script that launch() runs: the error says why pdb quit, and where to look instead."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from ddp_helpers.kernel.launcher.diagnosis import NO_STDIN_HINT
 STOPS = "x = 1\nbreakpoint()\nprint('after the breakpoint', x)\n"
 
 
-def test_breakpoint_under_launch_names_the_missing_stdin_and_the_live_ranks(tmp_path):
+def test_breakpoint_under_launch_names_the_missing_terminal_and_the_live_ranks(tmp_path):
     script = tmp_path / "stops.py"
     script.write_text(STOPS)
     with pytest.raises(WorkerFailed) as caught:
@@ -18,4 +18,4 @@ def test_breakpoint_under_launch_names_the_missing_stdin_and_the_live_ranks(tmp_
     message = str(caught.value)
     assert "BdbQuit" in message, message
     assert f"hint: {NO_STDIN_HINT}" in message, message
-    assert "no stdin" in message and "%%ranks --debug 1" in message, message
+    assert "no terminal" in message and "ranks.where()" in message, message

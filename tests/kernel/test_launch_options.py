@@ -76,8 +76,8 @@ def test_every_declared_option_reaches_every_front_end():
     assert set(inspect.signature(start_ranks).parameters) == LIVE_NAMES
     assert _documented(_doc(start_ranks)) == LIVE_NAMES
     live_flags = {o.flag for o in LIVE_OPTIONS}
-    # and the cell-only flags: which ranks run the cell, its name, and pdb on some ranks
-    assert _flags(RanksMagics.ranks.parser) == live_flags | {"--rank", "--name", "--debug", "--pdb-commands"}
+    # and the cell-only flags: which ranks run the cell, and the name that holds the ranks
+    assert _flags(RanksMagics.ranks.parser) == live_flags | {"--rank", "--name"}
 
 
 def test_launch_keywords_are_the_options_names_and_types():

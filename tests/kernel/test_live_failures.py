@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -10,6 +11,7 @@ from fixtures import module_live_ranks
 import ddp_helpers
 from ddp_helpers import LaunchInterrupted, RankError, WorkerFailed
 from ddp_helpers.errors import ValueNotReturned
+from ddp_helpers.kernel.launcher.diagnosis import NO_STDIN_HINT
 
 # Its module-scoped fixture starts a job: with `--dist loadgroup` one xdist worker runs the whole
 # module, so the job starts once, not once per worker.
@@ -62,14 +64,35 @@ def test_a_value_that_cannot_come_back_raises_one_error_with_its_repr(ranks):
         ranks.gather("never_bound")
 
 
-def test_breakpoint_where_nothing_can_answer_pdb_quits_and_says_how_to_script_it(ranks):
-    # pytest captures stdin: pdb's prompt cannot be answered (tests/kernel/test_live_debug.py answers it)
+def test_breakpoint_in_a_cell_quits_at_once_and_says_that_a_rank_has_no_terminal(ranks):
+    # a rank's stdin is /dev/null: pdb reads end-of-file and quits, the cell never waits for a prompt
     with pytest.raises(RankError) as caught:
         ranks.run("x = 1\nbreakpoint()")
     message = str(caught.value)
-    assert "cannot ask for input" in message and "--pdb-commands" in message, message
-    assert "server.py" not in message, message
+    assert message.startswith("rank 0 failed: BdbQuit"), message
+    assert f"hint: {NO_STDIN_HINT}" in message and "ranks.where()" in message, message
     assert ranks.run("x") == {0: 1, 1: 1}  # the ranks carry on
+
+
+def test_where_shows_each_rank_in_the_cell_where_it_waits_and_between_cells(ranks):
+    # asked from a second thread while a cell blocks: rank 1 sleeps, rank 0 waits for it in all_reduce
+    code = "import time\ny = torch.ones(1)\nif rank == 1:\n    time.sleep(4)\ndist.all_reduce(y)\ny.item()"
+    results: list[object] = []
+    cell = threading.Thread(target=lambda: results.append(ranks.run(code)))
+    cell.start()
+    deadline = time.monotonic() + 3.5
+    stacks = ""
+    while time.monotonic() < deadline and not ("all_reduce" in stacks and "time.sleep(4)" in stacks):
+        stacks = ranks.where()
+    cell.join()
+    assert "rank 0, running" in stacks and "    dist.all_reduce(y)" in stacks, stacks
+    assert "rank 1, running" in stacks and "    time.sleep(4)" in stacks, stacks
+    assert results == [{0: 2.0, 1: 2.0}]
+    assert ranks.where().splitlines() == [
+        "rank 0: between cells (waiting for the next one)",
+        "",
+        "rank 1: between cells (waiting for the next one)",
+    ]
 
 
 def test_a_keyboard_interrupt_raised_by_a_cell_names_its_rank_and_keeps_the_ranks(ranks):
@@ -114,15 +137,6 @@ def test_a_rank_that_raises_while_the_other_finishes_keeps_the_ranks(ranks):
         ranks.run("if rank == 1:\n    raise KeyError('only here')\ny = 1")
     assert caught.value.ranks == [1] and "still in the cell" not in str(caught.value), str(caught.value)
     assert ranks.gather("kept") == [10, 11]  # nobody waited: no interrupt, no restart
-
-
-def test_enter_at_a_ranks_pdb_prompt_repeats_the_last_command(ranks):
-    # an empty answer is pdb's Enter: `n` again, so the rank steps over two lines, then continues
-    results = ranks.run(
-        "a = 1\nbreakpoint()\nb = 2\nc = 3\nd = 4\nd", ranks=[1], pdb_commands=["n", "", "p (b, c)", "c"]
-    )
-    assert results == {1: 4}
-    assert ranks.gather("c", ranks=[1]) == [3]
 
 
 @pytest.mark.parametrize("line", ["%time x = 1", "!ls", "    %timeit sum(range(3))"])

@@ -67,7 +67,6 @@ def test_the_rank_server_imports_nothing_of_the_kernel_side():
     assert {m for m in imported if m.startswith("ddp_helpers")} == {
         "ddp_helpers.rank.distributed",
         "ddp_helpers.rank.live_protocol",
-        "ddp_helpers.rank.rank_debug",  # pdb over the socket: rank side too (test_architecture checks it)
     }
     loaded = _modules_after_import("ddp_helpers.rank.live_server")
     assert not [m for m in loaded if m.startswith(KERNEL_SIDE)]

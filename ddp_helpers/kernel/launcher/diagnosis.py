@@ -45,11 +45,16 @@ _SECONDARY = (
 )
 STDERR_TAIL_LINES = 8
 NO_STDIN_HINT = (
-    "pdb quit on this rank: a rank that launch() starts has no stdin (torchrun gives its workers none), so "
-    "breakpoint() read end-of-file. Debug the same code on live ranks, where pdb asks in the notebook: "
-    "ranks = start_ranks(nproc=2); ranks.import_file('train.py'); then call its functions in a %%ranks "
-    "cell with breakpoint() in them, or run the cell with %%ranks --debug 1 to step through rank 1 alone."
+    "pdb quit on this rank: a rank that launch() or start_ranks() starts has no terminal (its stdin is "
+    "/dev/null), so breakpoint() read end-of-file. Look inside the ranks instead: on live ranks a cell's "
+    "names stay on each rank for the next %%ranks cell to print, and ranks.where() shows every rank's "
+    "stack. pdb needs torchrun started from a terminal: torch.distributed.breakpoint(rank=0) there."
 )
+
+
+def pdb_quit_hint(error: str) -> str:
+    """The hint's paragraph for a live rank's error ("BdbQuit: ..."), or "" for any other error."""
+    return f"\n\nhint: {NO_STDIN_HINT}" if error.startswith("BdbQuit") else ""
 
 
 @dataclass

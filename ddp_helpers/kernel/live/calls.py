@@ -10,11 +10,9 @@ import time
 
 from ddp_helpers.kernel.live import recovery
 from ddp_helpers.kernel.live.cells import CellLog
-from ddp_helpers.kernel.live.console import Console
 from ddp_helpers.kernel.live.session import Session
-from ddp_helpers.rank.live_protocol import Answer, Error, Exited, Prompt, Reply, Request
+from ddp_helpers.rank.live_protocol import Error, Exited, Reply, Request
 
-QUIT_WAIT_S = 2.0  # after a pdb quit, how long the other ranks get to finish the cell by themselves
 # after a rank raised, how long the others get to finish the cell by themselves: a rank that raised
 # before a collective leaves the others waiting in it until the group's timeout (30 minutes by default)
 PEER_FAILED_WAIT_S = 3.0
@@ -26,18 +24,14 @@ def request(
     message: Request,
     targets: list[int],
     timeout: float | None,
-    console: Console | None = None,
 ) -> dict[int, Reply]:
     """Send `message` to `targets` and return each rank's reply once all have replied.
 
-    A rank paused in pdb asks `console` for each command meanwhile (the silence clock restarts
-    after each). Raises `WorkerFailed` (or the launcher's diagnosis) if a rank died, `LaunchTimeout`
-    if a rank still in the cell printed nothing for `timeout` seconds, `LaunchInterrupted` on
-    Ctrl-C, and `DebuggerQuit` where pdb was quit and the other ranks could not finish the cell.
+    Raises `WorkerFailed` (or the launcher's diagnosis) if a rank died, `LaunchTimeout` if a rank
+    still in the cell printed nothing for `timeout` seconds, and `LaunchInterrupted` on Ctrl-C.
     A rank that raised while others still run the cell after PEER_FAILED_WAIT_S (waiting for it in a
     collective, most often) raises `RankError` at once, the others interrupted or every rank stopped.
     """
-    console = Console(where=lambda: recovery.where(session, cells)) if console is None else console
     session.begin_cell(after_cell=cells.last_sent)
     cells.last_sent = message.cell_id
     session.send(targets, message)
@@ -55,18 +49,11 @@ def request(
             stuck = [r for r in sorted(pending) if now - session.last_heard(r, started) > timeout]
             if stuck:
                 raise recovery.hung(session, cells, stuck, sorted(set(replies)), timeout)
-        if console.quit_rank is not None and pending and time.monotonic() - started > QUIT_WAIT_S:
-            raise recovery.debugger_quit(session, cells, console, pending, replies)
         if failed_at is not None and pending and time.monotonic() - failed_at > PEER_FAILED_WAIT_S:
             raise recovery.peer_failed(session, cells, pending, replies)
 
     try:
         for rank, reply in session.replies(pending, between=watch):
-            if isinstance(reply, Prompt):  # the rank waits in pdb: it stays pending
-                session.follow(final=True)  # the cell's output so far, before the prompt
-                session.send([rank], Answer(console.answer(rank, reply)))
-                started = time.monotonic()  # the learner's thinking time is not a hang
-                continue
             if reply is None:
                 raise recovery.died(session, rank)
             if isinstance(reply, Exited):  # the cell called os._exit(code)

@@ -7,9 +7,7 @@ x = torch.ones(1) * (rank + 1)
 dist.all_reduce(x)
 x.item()
 %%ranks --rank 0                # on some ranks only
-%%ranks --debug 1               # rank 1 stops in pdb at the cell's first line (prompts: Jupyter's input box)
 %ranks where                    # every rank's Python stack now
-%ranks debug 1                  # post-mortem: pdb on rank 1's last exception
 %ranks stop
 """
 
@@ -28,7 +26,6 @@ from ddp_helpers.errors import InvalidLaunchArguments, RanksNotRunning
 from ddp_helpers.kernel.launcher.cell_source import CellSyntaxError, as_in_editor
 from ddp_helpers.kernel.launcher.launch_checks import rank_list
 from ddp_helpers.kernel.launcher.options import LIVE_OPTIONS, add_flags, given_options
-from ddp_helpers.kernel.live.console import split_commands
 from ddp_helpers.kernel.live.ranks import LiveRanks, not_running_message, shown_value, start_ranks
 
 _current: LiveRanks | None = None
@@ -78,37 +75,28 @@ def _magic_arguments() -> Callable[[Callable[..., object]], _ParsedMagic]:
     return magic_arguments()
 
 
-def _parse_ranks(text: str | None, flag: str = "--rank") -> list[int] | None:
+def _parse_ranks(text: str | None) -> list[int] | None:
     if text is None:
         return None
     try:
         return rank_list(text)
     except ValueError:
         raise InvalidLaunchArguments(
-            f"{flag} takes comma-separated rank numbers, e.g. 0,1; got {text!r}"
+            f"--rank takes comma-separated rank numbers, e.g. 0,1; got {text!r}"
         ) from None
 
 
 @magics_class
 class RanksMagics(Magics):
     @_magic_arguments()
-    @_argument(
-        "action", nargs="?", default=None, help="line form: start, stop, restart, status, where or debug"
-    )
-    @_argument("target", nargs="?", default=None, help="%%ranks debug N: the rank to debug post-mortem")
+    @_argument("action", nargs="?", default=None, help="line form: start, stop, restart, status or where")
     @_start_flags()  # --timeout also sets a %%ranks cell's own timeout
     @_argument("--rank", default=None, help="cell form: run on these ranks only, e.g. 0 or 0,2")
     @_argument("--name", default="ranks", help="the notebook variable that holds the ranks")
-    @_argument("--debug", default=None, help="cell form: these ranks stop in pdb at the cell's first line")
-    @_argument(
-        "--pdb-commands",
-        default=None,
-        help="pdb's answers, in order, before the input box is asked: e.g. 'p x;; c' (pdb's separator ;;)",
-    )
     @line_cell_magic
     def ranks(self, line: str, cell: str | None = None) -> LiveRanks | None:
         """Start, stop and use live DDP ranks; see `ddp_helpers.start_ranks`."""
-        # shell quoting, as in a terminal: --pdb-commands 'p x;; c' is one argument
+        # shell quoting, as in a terminal: --run-dir 'my runs' is one argument
         opts = self.ranks.parser.parse_args(shlex.split(line))
         if cell is None:
             return self._line(opts)
@@ -121,8 +109,6 @@ class RanksMagics(Magics):
                 as_in_editor(cell),
                 ranks=_parse_ranks(opts.rank),
                 timeout=timeout,
-                debug=_parse_ranks(opts.debug, "--debug"),
-                pdb_commands=split_commands(opts.pdb_commands),
             )
         except SyntaxError as error:
             raise CellSyntaxError(error) from None
@@ -172,20 +158,9 @@ class RanksMagics(Magics):
         if opts.action == "where":
             print(current_ranks().where())
             return None
-        if opts.action == "debug":
-            _post_mortem(opts)
-            return None
         raise InvalidLaunchArguments(
-            f"%ranks takes start, stop, restart, status, where or debug, not {opts.action!r}"
+            f"%ranks takes start, stop, restart, status or where, not {opts.action!r}"
         )
-
-
-def _post_mortem(opts: argparse.Namespace) -> None:
-    """``%ranks debug N``: pdb on the last exception a cell raised on rank N."""
-    ranks = _parse_ranks(opts.target, "%ranks debug")
-    if not ranks or len(ranks) != 1:
-        raise InvalidLaunchArguments(f"%ranks debug takes one rank, e.g. %ranks debug 1; got {opts.target!r}")
-    current_ranks().debug(ranks[0], pdb_commands=split_commands(opts.pdb_commands))
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -37,14 +37,13 @@ from ddp_helpers.kernel.launcher.launch_checks import check_rank_list, check_sec
 from ddp_helpers.kernel.launcher.options import LIVE_OPTIONS, bind_options, with_options
 from ddp_helpers.kernel.live.calls import request
 from ddp_helpers.kernel.live.cells import CellLog
-from ddp_helpers.kernel.live.console import Console, DebuggerQuit
 from ddp_helpers.kernel.live.recovery import RESTART_HINT, where
 from ddp_helpers.kernel.live.results import RankResults, cell_results, check_syntax, gathered, shown_value
 from ddp_helpers.kernel.live.session import RANK_SERVER, Session
-from ddp_helpers.rank.live_protocol import Gather, PostMortem, Push, Reply, Run
+from ddp_helpers.rank.live_protocol import Gather, Push, Reply, Run
 from ddp_helpers.rank.rank_call import PAYLOAD, OnRank
 
-__all__ = ["DebuggerQuit", "LiveRanks", "OnRank", "RankResults", "shown_value", "start_ranks"]
+__all__ = ["LiveRanks", "OnRank", "RankResults", "shown_value", "start_ranks"]
 
 STARTUP_TIMEOUT_S = 180.0  # importing torch and the rendezvous, on a loaded 2-core machine
 
@@ -135,8 +134,6 @@ class LiveRanks:
         code: str,
         ranks: Iterable[int] | int | None = None,
         timeout: float | None | EllipsisType = ...,
-        debug: Iterable[int] | int | None = None,
-        pdb_commands: Iterable[str] = (),
     ) -> RankResults:
         """Run `code` on `ranks` (default: every rank) and wait until each has finished it.
 
@@ -144,20 +141,21 @@ class LiveRanks:
         expression. Raises `RankError` if the code raised on any rank (the ranks keep running),
         `LaunchTimeout` if a rank still in the cell printed nothing for `timeout` seconds,
         `WorkerFailed` if a rank died, and `LaunchInterrupted` on a kernel interrupt.
-
-        `debug`: these ranks stop in pdb at the cell's first line, as ``breakpoint()`` in the cell
-        stops the rank that runs it. pdb's prompts are answered from `pdb_commands` first, then in
-        the notebook's input box; ``q`` raises `DebuggerQuit`.
         """
         if not isinstance(code, str):
             raise InvalidLaunchArguments(f"code must be a string, got {type(code).__name__}")
         check_syntax(code)  # a syntax error is reported here, before anything is sent
         targets = self._targets(ranks)
         warn_partial_collective(code, targets, self.world_size)
-        chosen = () if debug is None else tuple(self._targets(debug))
-        message = Run(self._cells.new(code), code, chosen, bool(chosen) or may_pause(code))
+        message = Run(self._cells.new(code), code)
         started = time.monotonic()
-        replies = self._debug_request(message, targets, timeout, pdb_commands)
+        try:
+            replies = self._request(message, targets, timeout)
+        except RankError as error:
+            if not self.alive:  # some ranks raised, the rest were stuck waiting for them: fresh ranks
+                self.restart()
+                error.args = (f"{error}\nFresh ranks were started (every variable they held is gone).",)
+            raise
         results = cell_results(replies)
         results.wall_s = time.monotonic() - started
         return results
@@ -191,50 +189,13 @@ class LiveRanks:
         return self.run(code, ranks=ranks, timeout=timeout)
 
     def where(self) -> str:
-        """Every rank's Python stack now, without stopping any (the cell's lines shown with its frames)."""
+        """Every rank's Python stack now, without stopping any (the cell's lines shown with its frames).
+
+        It sends nothing over the ranks' connections: a second thread may ask while a cell blocks.
+        """
         if self._session is None or not self.alive:
             raise RanksNotRunning(not_running_message())
         return where(self._session, self._cells)
-
-    def debug(self, rank: int, pdb_commands: Iterable[str] = ()) -> None:
-        """Post-mortem: pdb on the last exception a cell raised on `rank`, like IPython's ``%debug``."""
-        targets = self._targets(rank)
-        if len(targets) != 1:
-            raise InvalidLaunchArguments(f"debug takes one rank, got {rank!r}")
-        message = PostMortem(self._cells.new(""))
-        cell_results(self._debug_request(message, targets, None, pdb_commands, quit_ends_cell=False))
-
-    def _debug_request(
-        self,
-        message: Run | PostMortem,
-        targets: list[int],
-        timeout: Any,
-        commands: Iterable[str],
-        quit_ends_cell: bool = True,
-    ) -> dict[int, Reply]:
-        """`_request` with a pdb console; a quit raises `DebuggerQuit`, with the ranks usable after it
-        (in a post-mortem, `quit_ends_cell` False, ``q`` is the way out, as in IPython's ``%debug``)."""
-        session = self._session
-        console = Console(commands, where=lambda: where(session, self._cells) if session else "")
-        try:
-            replies = self._request(message, targets, timeout, console)
-        except RankError as error:
-            if not self.alive:  # some ranks raised, the rest were stuck waiting for them: fresh ranks
-                self.restart()
-                error.args = (f"{error}\nFresh ranks were started (every variable they held is gone).",)
-            raise
-        except DebuggerQuit as error:
-            if not self.alive:  # the others were stuck in a collective: fresh ranks, and say so
-                self.restart()
-                error.args = (f"{error}\nFresh ranks were started (every variable they held is gone).",)
-            raise
-        if console.quit_rank is not None and (quit_ends_cell or console.no_input):  # all finished after it
-            rank = console.quit_rank
-            raise DebuggerQuit(
-                f"{console.quit_message(rank)}\n\nThe ranks are still running, with their state.",
-                errors={rank: ""},
-            )
-        return replies
 
     def gather(self, name: str, ranks: Iterable[int] | int | None = None) -> list[Any]:
         """The value bound to `name` on each rank, in rank order (tensors moved to the CPU).
@@ -283,16 +244,15 @@ class LiveRanks:
     # ------------------------------------------------------------------ internals
     def _request(
         self,
-        message: Run | Gather | Push | PostMortem,
+        message: Run | Gather | Push,
         targets: list[int],
         timeout: float | None | EllipsisType,
-        console: Console | None = None,
     ) -> dict[int, Reply]:
         """Send `message` to `targets` (checked by `_targets`); `timeout` ``...``: the ranks' own."""
         if self._session is None:
             raise RanksNotRunning(not_running_message())
         seconds = _check_timeout(self.timeout if timeout is ... else timeout)
-        return request(self._session, self._cells, message, targets, seconds, console)
+        return request(self._session, self._cells, message, targets, seconds)
 
     def _targets(self, ranks: Iterable[int] | int | None) -> list[int]:
         session = self._session
@@ -308,7 +268,6 @@ class LiveRanks:
         return sorted(set(chosen))
 
 
-_PAUSES = re.compile(r"\b(breakpoint|set_trace)\s*\(")
 _COLLECTIVE = re.compile(
     r"\b(?:dist|distributed)\.(all_reduce|all_gather\w*|broadcast\w*|barrier|reduce_scatter\w*|reduce"
     r"|gather|scatter|all_to_all\w*|monitored_barrier)\s*\("
@@ -328,12 +287,6 @@ def warn_partial_collective(code: str, targets: list[int], world_size: int) -> N
             "so it waits until the cell's timeout (then each rank's stack is shown). Run it on every rank.",
             flush=True,
         )
-
-
-def may_pause(code: str) -> bool:
-    """Whether a rank may stop in pdb in this cell: then every rank stretches its collectives' timeout
-    before the cell (a collective takes its timeout when it starts)."""
-    return _PAUSES.search(code) is not None
 
 
 def _check_timeout(timeout: Any) -> float | None:

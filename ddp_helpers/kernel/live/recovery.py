@@ -21,8 +21,8 @@ from collections.abc import Mapping
 import psutil
 
 from ddp_helpers.errors import LaunchError, LaunchInterrupted, LaunchTimeout, RankError, WorkerFailed
+from ddp_helpers.kernel.launcher.diagnosis import pdb_quit_hint
 from ddp_helpers.kernel.live.cells import CellLog
-from ddp_helpers.kernel.live.console import Console, DebuggerQuit
 from ddp_helpers.kernel.live.session import POLL_S, Session
 from ddp_helpers.rank import stack_dumps
 from ddp_helpers.rank.live_protocol import Check, Error, Reply, Value
@@ -78,27 +78,7 @@ def check_group(session: Session, cells: CellLog, what: str) -> str:
     return f"{what}; the ranks are still running, with their state, and the process group is usable."
 
 
-# ------------------------------------------------------------------ pdb quit
-def debugger_quit(
-    session: Session, cells: CellLog, console: Console, pending: set[int], replies: dict[int, Reply]
-) -> DebuggerQuit:
-    """pdb was quit on one rank, and the others still wait for it (in a collective, most likely):
-    interrupt them, and keep the ranks if the group survived; else stop them (the caller restarts)."""
-    rank = console.quit_rank if console.quit_rank is not None else -1
-    waiting = ", ".join(map(str, sorted(pending)))
-    lines = [console.quit_message(rank), "", f"rank(s) {waiting} still waited in the cell (for rank {rank})."]
-    if interrupt(session, set(pending), {}):
-        lines.append(check_group(session, cells, "They were interrupted"))
-    else:
-        session.stop()
-        lines.append(
-            f"They did not answer an interrupt within {INTERRUPT_WAIT_S:g}s (blocked inside a collective), "
-            "so every rank was stopped."
-        )
-    errors = {r: reply.traceback for r, reply in replies.items() if isinstance(reply, Error)}
-    return DebuggerQuit("\n".join(lines), errors=errors or {rank: ""})
-
-
+# ------------------------------------------------------------------ where every rank is
 def where(session: Session, cells: CellLog) -> str:
     """Every rank's Python stack now (`%ranks where`)."""
     return show_stacks(read_stacks(session, sorted(session.links), cells.sources))
@@ -114,6 +94,7 @@ def peer_failed(session: Session, cells: CellLog, pending: set[int], replies: di
     waiting = sorted(pending)
     stacks = read_stacks(session, waiting, cells.sources)
     lines = [f"rank {first} failed: {failed[first].error}", "", failed[first].traceback.rstrip()]
+    lines += pdb_quit_hint(failed[first].error).split("\n")[1:]
     others = [r for r in sorted(failed) if r != first]
     if others:
         lines += [
@@ -245,11 +226,7 @@ def show_stacks(stacks: Mapping[int, str]) -> str:
         if not in_cell:
             parts.append(f"rank {rank}: between cells (waiting for the next one)")
             continue
-        paused = any(re.search(r"[/\\](bdb|pdb)\.py\b", line) for line in lines[: in_cell[0]])
-        if paused:  # pdb's own frames say nothing: where it stopped in the cell does
-            lines = lines[in_cell[0] :]
-        state = "paused in pdb" if paused else "running"
-        parts.append(f"rank {rank}, {state} (most recent call first):\n" + "\n".join(lines))
+        parts.append(f"rank {rank}, running (most recent call first):\n" + "\n".join(lines))
     return "\n\n".join(parts) or "no rank answered"
 
 

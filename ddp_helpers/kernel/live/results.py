@@ -12,6 +12,7 @@ from typing import Any
 
 from ddp_helpers.errors import LaunchInterrupted, RankError, ValueNotReturned
 from ddp_helpers.kernel.launcher.cell_output import shown_text
+from ddp_helpers.kernel.launcher.diagnosis import pdb_quit_hint
 from ddp_helpers.rank.live_protocol import Error, Interrupted, Reply, Value
 
 MAX_VALUE_CHARS = 10_000  # a cell's value shown in the notebook: list(range(10**6)) would be 6.9 MB
@@ -134,6 +135,7 @@ def gathered(name: str, replies: dict[int, Reply], targets: list[int]) -> list[A
 def _rank_error(failed: dict[int, Error]) -> RankError:
     first = min(failed)
     message = f"rank {first} failed: {failed[first].error}\n\n{failed[first].traceback}"
+    message += pdb_quit_hint(failed[first].error)
     others = [r for r in sorted(failed) if r != first]
     if others:
         message += "\n\nalso failed on rank(s) " + ", ".join(

@@ -68,8 +68,7 @@ def receive(
             except (EOFError, OSError):
                 reply = None
             yield rank, reply
-            if not isinstance(reply, protocol.Prompt):  # a prompt: the rank is still in the request
-                pending.discard(rank)
+            pending.discard(rank)
         if between is not None:
             between()
 
@@ -171,7 +170,7 @@ class Session:
         """Echo what the ranks wrote to their logs since the last look (`final`: to the end of each file)."""
         self.run.poll_files(final=final)
 
-    def send(self, ranks: Iterable[int], message: Request | Shutdown | protocol.Answer) -> None:
+    def send(self, ranks: Iterable[int], message: Request | Shutdown) -> None:
         for rank in ranks:
             self.links[rank].conn.send(message)
 

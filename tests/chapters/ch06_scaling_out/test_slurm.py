@@ -289,7 +289,7 @@ print("went on past the breakpoint")
 @pytest.mark.timeout(JOB_WITHIN_S + 120)
 def test_dist_breakpoint_in_a_batch_job_has_no_terminal_and_quits(cluster, tmp_path):
     """Notebook 05: under sbatch, torch.distributed.breakpoint's pdb reads end-of-file at its first prompt
-    and quits (BdbQuit): a batch job has no terminal to ask. salloc + srun --pty, or live ranks, instead."""
+    and quits (BdbQuit): a batch job has no terminal to ask. salloc + srun --pty instead."""
     (tmp_path / "worker.py").write_text(BREAKPOINT_WORKER)
     script = tmp_path / "sbatch.sh"
     script.write_text(
