@@ -47,8 +47,10 @@ STDERR_TAIL_LINES = 8
 NO_STDIN_HINT = (
     "pdb quit on this rank: a rank that launch() or start_ranks() starts has no terminal (its stdin is "
     "/dev/null), so breakpoint() read end-of-file. Look inside the ranks instead: on live ranks a cell's "
-    "names stay on each rank for the next %%ranks cell to print, and ranks.where() shows every rank's "
-    "stack. pdb needs torchrun started from a terminal: torch.distributed.breakpoint(rank=0) there."
+    "names stay on each rank for the next %%ranks cell to print, while the ranks survive the failure (a "
+    "rank that failed while the others waited in a collective takes them all down); ranks.where(), called "
+    "from a second thread while a cell blocks, shows every rank's stack. pdb needs torchrun started from a "
+    "terminal: torch.distributed.breakpoint(rank=0) there."
 )
 
 

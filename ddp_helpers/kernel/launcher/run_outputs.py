@@ -60,7 +60,7 @@ def keep_previous_outputs(run_dir: Path) -> Path | None:
     """Move an earlier launch's logs, metrics and summary in `run_dir` to ``run_dir/previous/<n>``.
 
     A launch reads only its own files: a reused run_dir must not report the earlier run's failure,
-    lines or summary. Other files (checkpoints, the magic's cell.py) stay where they are.
+    lines or summary. Other files (checkpoints, scripts) stay where they are.
     """
     found = [run_dir / name for name in RUN_OUTPUTS if (run_dir / name).exists()]
     if not found:
