@@ -16,11 +16,8 @@
   on the ``torch-distributed`` ClusterTrainingRuntime: the job sets the image, torchrun's command (a c10d
   rendezvous at the runtime's master address, ``--max-restarts``), ``numNodes``, ``numProcPerNode`` and
   each node's resources; the runtime sets the ``PET_*`` variables torchrun reads. v2 has no elastic range.
-- `pytorchjob_manifest` (pytorchjob.py): the legacy v1 operator's ``PyTorchJob`` (kubeflow.org/v1) with an
-  ``elasticPolicy`` (c10d rendezvous, ``--nnodes MIN:MAX``, ``--max-restarts``), for clusters that still
-  run the v1 training operator, which Kubeflow now files under "Legacy".
-  The pods run this project's image (docker/Dockerfile), which holds ``ddp_helpers``, and start in
-  the repository's copy inside it, so a relative worker path means the same file as on SLURM.
+  The pods run this project's image (docker/Dockerfile), which holds ``ddp_helpers``, and take a relative
+  worker path from the repository's copy inside it, so it means the same file as on SLURM.
   Everything they write lies on a mounted volume: runs and checkpoints on a ReadWriteMany
   PersistentVolumeClaim that the file declares (`SHARED_MOUNT`), writable by the image's user
   (``fsGroup``), ``/tmp`` and ``/dev/shm`` on emptyDirs.
@@ -48,7 +45,6 @@ from ddp_helpers.chapters.ch06_scaling_out.ch06_job_files import (
     check_job_shape,
     worker_args_for,
 )
-from ddp_helpers.chapters.ch06_scaling_out.ch06_pytorchjob import pytorchjob_manifest
 from ddp_helpers.chapters.ch06_scaling_out.ch06_trainjob import trainjob_manifest
 
 # A port of the job's own for the rendezvous (MASTER_PORT without torchrun): a fixed one such as 29500
@@ -353,12 +349,11 @@ K8S_OPTIONS = SHARED_OPTIONS | {"image", "name", "shared_storage", "storage_clas
 def write_cluster_templates(
     directory: str | os.PathLike[str], worker: str, worker_args: Sequence[object] = (), **options: Any
 ) -> dict[str, Path]:
-    """Write ``sbatch.sh``, ``srun.sh``, ``trainjob.yaml`` and ``pytorchjob-legacy-v1.yaml`` into `directory`;
-    returns their paths (keys ``slurm``, ``srun``, ``kubernetes`` and ``kubernetes_legacy``).
+    """Write ``sbatch.sh``, ``srun.sh`` and ``trainjob.yaml`` into `directory`; returns their paths (keys
+    ``slurm``, ``srun`` and ``kubernetes``).
 
-    ``trainjob.yaml`` is a Kubeflow Trainer v2 ``TrainJob`` (trainjob.py); ``pytorchjob-legacy-v1.yaml`` the
-    v1 operator's ``PyTorchJob``, for clusters that still run it. v2 has no elastic node range, so a
-    `min_nodes` reaches the legacy file only, and the TrainJob says so in a comment.
+    ``trainjob.yaml`` is a Kubeflow Trainer v2 ``TrainJob`` (trainjob.py). v2 has no elastic node range, so a
+    `min_nodes` reaches ``sbatch.sh`` only, and the TrainJob says so in a comment.
 
     `worker` is a path relative to the repository (e.g. ``ddp_helpers/workers/train.py``): the
     SLURM job is submitted from the repository, and the image holds a copy of it. ``srun.sh`` is the
@@ -378,17 +373,15 @@ def write_cluster_templates(
         "slurm": folder / "sbatch.sh",
         "srun": folder / "srun.sh",
         "kubernetes": folder / "trainjob.yaml",
-        "kubernetes_legacy": folder / "pytorchjob-legacy-v1.yaml",
     }
     paths["slurm"].write_text(slurm_script(worker, worker_args, **slurm_options))
     paths["srun"].write_text(srun_script(worker, worker_args, **srun_options))
     trainjob_options = {k: v for k, v in k8s_options.items() if k != "min_nodes"}
     note = (
         f"# min_nodes={k8s_options['min_nodes']} is not here: Kubeflow Trainer v2 runs a fixed numNodes (no elastic\n"
-        "# range); pytorchjob-legacy-v1.yaml has it, for a cluster that runs the v1 training operator.\n"
+        "# range); sbatch.sh has it (torchrun --nnodes MIN:MAX).\n"
         if k8s_options.get("min_nodes") is not None
         else ""
     )
     paths["kubernetes"].write_text(note + trainjob_manifest(worker, worker_args, **trainjob_options))
-    paths["kubernetes_legacy"].write_text(pytorchjob_manifest(worker, worker_args, **k8s_options))
     return paths

@@ -1,6 +1,6 @@
 """What the cluster job files share: the job's shape check, the worker's arguments, torchrun's settings.
 
-`cluster_templates` (SLURM) and `pytorchjob` (Kubernetes) both build on this.
+`cluster_templates` (SLURM) and `trainjob` (Kubernetes) both build on this.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """The Kubeflow Trainer v2 ``TrainJob`` for a notebook's worker (see `trainjob_manifest`).
 
 Kubeflow Trainer v2 (``trainer.kubeflow.org/v1alpha1``, v2.2.0 and later) replaces the v1 training
-operator's framework CRDs (the ``PyTorchJob`` that pytorchjob.py still writes, for clusters that run the
-legacy v1 operator). A ``TrainJob`` names a runtime, here the ``torch-distributed`` ClusterTrainingRuntime
-that the Trainer installs, and sets only what differs for this job. Who owns what, as the Trainer's
-source has it (kubeflow/trainer v2.2.0):
+operator's framework CRDs (such as ``PyTorchJob``). A ``TrainJob`` names a runtime, here the
+``torch-distributed`` ClusterTrainingRuntime that the Trainer installs, and sets only what differs for this
+job. Who owns what, as the Trainer's source has it (kubeflow/trainer v2.2.0):
 
 - the runtime owns the JobSet: one replicated job and one container, both named ``node``
   (``constants.Node``); the torch ML policy; the ``PET_*`` variables torchrun reads (``PET_NNODES``,
@@ -26,6 +25,7 @@ checkpoint on the shared volume.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,17 +38,21 @@ from ddp_helpers.chapters.ch06_scaling_out.ch06_job_files import (
     check_job_shape,
     worker_args_for,
 )
-from ddp_helpers.chapters.ch06_scaling_out.ch06_pytorchjob import (
-    DEFAULT_IMAGE,
-    IMAGE_GID,
-    IMAGE_REPO_DIR,
-    IMAGE_UID,
-    SHARED_MOUNT,
-    SHARED_STORAGE,
-    check_shared,
-    volume_claim,
-)
 from ddp_helpers.run_contract import RUN_DIR_ENV
+
+# Built from docker/Dockerfile (the name docker/compose.yaml gives it). A cluster pulls images from
+# a registry: tag and push it there, then pass image="registry.example.com/you/ddp-workbench:tag".
+DEFAULT_IMAGE = "ddp-workbench:latest"
+# Where docker/Dockerfile copies the repository's package (WORKDIR, then COPY ddp_helpers ./ddp_helpers):
+# a worker path relative to the repository is taken from there.
+IMAGE_REPO_DIR = "/opt/ddp-workbench"
+# The image's user and group (docker/Dockerfile: USER_UID, useradd's group): the pods run as them, and
+# fsGroup makes the volumes they mount writable by that group.
+IMAGE_UID = IMAGE_GID = 1000
+# Where every pod mounts the job's shared ReadWriteMany volume: runs and checkpoints go there, so a
+# restarted pod (and rank 0 in another pod) finds them.
+SHARED_MOUNT = "/shared"
+SHARED_STORAGE = "100Gi"  # the shared volume's size request
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 RUNTIME = "torch-distributed"  # the ClusterTrainingRuntime the Trainer installs (manifests/base/runtimes)
@@ -118,6 +122,33 @@ def trainjob_manifest(
         },
     }
     return yaml.safe_dump_all([volume_claim(claim, shared_storage, storage_class), job], sort_keys=False)
+
+
+def check_shared(checkpoint_dir: str | None) -> None:
+    if checkpoint_dir is not None and not _under(checkpoint_dir, SHARED_MOUNT):
+        raise ValueError(
+            f"checkpoint_dir {checkpoint_dir!r} must lie under {SHARED_MOUNT}, where every pod mounts the "
+            "shared volume: elsewhere a pod's checkpoints are lost with it, and other pods never see them"
+        )
+
+
+def _under(path: str, folder: str) -> bool:
+    normal = os.path.normpath(path)
+    return os.path.isabs(path) and (normal == folder or normal.startswith(folder + "/"))
+
+
+def volume_claim(claim: str, shared_storage: str, storage_class: str | None) -> dict[str, Any]:
+    """The ReadWriteMany claim every pod mounts at `SHARED_MOUNT`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": claim},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],  # every pod, on any node, mounts it read-write
+            **({"storageClassName": storage_class} if storage_class else {}),
+            "resources": {"requests": {"storage": shared_storage}},
+        },
+    }
 
 
 def _trainer(

@@ -1,17 +1,14 @@
 """The generated cluster files: parsed, checked line by line, and their torchrun commands run here.
 
 Here each test plays the scheduler's part in the smallest way: for SLURM, `srun` runs its command
-once (one node; tests/chapters/ch06_scaling_out/test_slurm.py submits the file to a real SLURM); for the PyTorchJob, the
-``PET_*`` variables the training operator sets for a one-pod elastic job, and the manifest is
-validated against the operator's published CRD schema (tests/data). torchrun and the worker are real.
+once (one node; tests/chapters/ch06_scaling_out/test_slurm.py submits the file to a real SLURM);
+test_trainjob.py does the same for the Kubernetes file. torchrun and the worker are real.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
-import shlex
 import signal
 import stat
 import subprocess
@@ -27,13 +24,6 @@ from ddp_helpers.chapters.ch06_scaling_out.ch06_cluster_templates import (
     srun_script,
     this_environment,
     write_cluster_templates,
-)
-from ddp_helpers.chapters.ch06_scaling_out.ch06_pytorchjob import (
-    DEFAULT_IMAGE,
-    IMAGE_REPO_DIR,
-    IMAGE_WORKSPACE,
-    SHARED_MOUNT,
-    pytorchjob_manifest,
 )
 from ddp_helpers.kernel.launcher.machine import free_port
 
@@ -114,12 +104,6 @@ def _job_env(tmp_path: Path, bin_dir: Path, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
-
-
-def _pytorchjob(text: str) -> dict:
-    """The PyTorchJob among the manifest's documents (the other one: the shared volume's claim)."""
-    (job,) = [doc for doc in yaml.safe_load_all(text) if doc["kind"] == "PyTorchJob"]
-    return job
 
 
 # ------------------------------------------------------------------------------------------ SLURM
@@ -314,224 +298,14 @@ def test_sbatch_script_without_a_notice_ends_as_its_step_did_and_stays_out_of_th
     assert "--signal" not in plain and "--requeue" not in plain and "--save-on-sigterm" not in plain
 
 
-# ---------------------------------------------------------------------------------- Kubernetes
-def _dockerfile_copies() -> dict[str, str]:
-    """Image path -> repository path, for docker/Dockerfile's COPY lines (relative to its WORKDIR)."""
-    workdir, copies = "/", {}
-    for line in (REPO / "docker" / "Dockerfile").read_text().splitlines():
-        words = shlex.split(line) if line.startswith(("WORKDIR ", "COPY ")) else []
-        if words[:1] == ["WORKDIR"]:
-            workdir = words[1]
-        elif words[:1] == ["COPY"]:
-            *sources, target = [w for w in words[1:] if not w.startswith("--")]
-            if len(sources) == 1:
-                copies[os.path.normpath(os.path.join(workdir, target))] = sources[0]
-    return copies
-
-
-def _image_has(path_in_image: str) -> bool:
-    for target, source in _dockerfile_copies().items():
-        if path_in_image == target or path_in_image.startswith(target + "/"):
-            return (REPO / source / os.path.relpath(path_in_image, target)).exists()
-    return False
-
-
-def test_pytorchjob_runs_this_projects_image_where_the_worker_exists():
-    job = _pytorchjob(pytorchjob_manifest(TRAIN, ["--epochs", 1], nnodes=3, nproc_per_node=4))
-    assert (job["apiVersion"], job["kind"], job["spec"]["nprocPerNode"]) == (
-        "kubeflow.org/v1",
-        "PyTorchJob",
-        "4",
-    )
-    specs = job["spec"]["pytorchReplicaSpecs"]
-    assert {k: v["replicas"] for k, v in specs.items()} == {"Worker": 3}  # elastic: Worker pods only
-    assert job["spec"]["elasticPolicy"] == {
-        "rdzvBackend": "c10d",
-        "minReplicas": 3,
-        "maxReplicas": 3,
-        "maxRestarts": 3,
-    }
-    compose = yaml.safe_load((REPO / "docker" / "compose.yaml").read_text())
-    assert DEFAULT_IMAGE == compose["services"]["lab"]["image"]  # the image docker/Dockerfile builds
-    for spec in specs.values():
-        (container,) = spec["template"]["spec"]["containers"]
-        assert container["image"] == DEFAULT_IMAGE and container["name"] == "pytorch"
-        command = container["command"]
-        assert command[0] == "torchrun" and command[2:] == ["--epochs", "1"]
-        script = os.path.join(container["workingDir"], command[1])
-        assert _image_has(script), f"{script} is not in the image docker/Dockerfile builds"
-        env = {e["name"]: e["value"] for e in container["env"]}
-        assert env["DDP_RUN_DIR"].startswith(SHARED_MOUNT + "/")  # on the shared volume
-        assert container["resources"]["limits"]["nvidia.com/gpu"] == 4
-        assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
-    assert container["workingDir"] == IMAGE_REPO_DIR
-    dockerfile = (REPO / "docker" / "Dockerfile").read_text()
-    assert re.findall(r"^WORKDIR (\S+)", dockerfile, re.M)[-1] == IMAGE_WORKSPACE
-
-
-def _image_uid() -> int:
-    """The uid docker/Dockerfile's image runs as: its USER, through its ARG's default."""
-    dockerfile = (REPO / "docker" / "Dockerfile").read_text()
-    user = re.findall(r"^USER (\S+)", dockerfile, re.M)[-1]
-    if arg := re.fullmatch(r"\$\{(\w+)\}", user):
-        default = re.search(rf"^ARG {arg[1]}=(\d+)", dockerfile, re.M)
-        assert default, f"no ARG {arg[1]} with a default in docker/Dockerfile"
-        user = default[1]
-    return int(user)
-
-
-def _on_volume(path: str, mounts: dict[str, dict]) -> dict | None:
-    """The volume `path` lies on: the one mounted at its longest mounted prefix, or None."""
-    found = [m for m in mounts if path == m or path.startswith(m.rstrip("/") + "/")]
-    return mounts[max(found, key=len)] if found else None
-
-
-@pytest.mark.parametrize("shape", [{"nnodes": 3}, {"nnodes": 4, "min_nodes": 2, "gpus_per_node": 0}])
-def test_pytorchjob_writes_only_to_mounted_volumes_shared_by_every_pod_and_writable_by_its_user(shape):
-    """The image's user cannot write the container's own folders; a restarted pod loses them anyway.
-    So every path the job writes must be on a volume the pod mounts, and runs and checkpoints on one
-    volume every pod mounts (ReadWriteMany: rank 0 may be another pod after a restart), whose files
-    the image's user (uid 1000) may write: the pods run as that user, and fsGroup gives the volumes
-    to its group."""
-    text = pytorchjob_manifest(TRAIN, ["--epochs", 1], checkpoint_dir=f"{SHARED_MOUNT}/ckpt/run1", **shape)
-    docs = {doc["kind"]: doc for doc in yaml.safe_load_all(text)}
-    assert sorted(docs) == ["PersistentVolumeClaim", "PyTorchJob"]
-    claim, job = docs["PersistentVolumeClaim"], docs["PyTorchJob"]
-    pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
-    (container,) = pod["containers"]
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    mounts = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}  # each names a volume
-    env = {e["name"]: e["value"] for e in container["env"]}
-    command = container["command"]
-    written = {
-        "the run folder (metrics, logs, summary)": env["DDP_RUN_DIR"],
-        "the checkpoints": command[command.index("--checkpoint-dir") + 1],
-        "torchrun's log folder (tempfile, in TMPDIR or /tmp)": env.get("TMPDIR", "/tmp"),
-        "shared memory (DataLoader workers, NCCL)": "/dev/shm",
-    }
-    for what, path in written.items():
-        assert _on_volume(path, mounts) is not None, f"{what}: {path} is on no mounted volume"
-    for what in ("the run folder (metrics, logs, summary)", "the checkpoints"):
-        volume = _on_volume(written[what], mounts)
-        assert volume is not None, what
-        assert volume.get("persistentVolumeClaim") == {"claimName": claim["metadata"]["name"]}, (what, volume)
-    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
-    security = pod["securityContext"]
-    assert security["runAsUser"] == _image_uid() and security["runAsNonRoot"] is True
-    assert security["fsGroup"] == security["runAsGroup"]  # the volumes belong to the process's group
-
-
-def test_pytorchjob_refuses_a_checkpoint_folder_no_pod_shares():
-    with pytest.raises(ValueError, match=f"must lie under {SHARED_MOUNT}"):
-        pytorchjob_manifest(TRAIN, checkpoint_dir="/checkpoints/run1")
-    with pytest.raises(ValueError, match=f"must lie under {SHARED_MOUNT}"):
-        pytorchjob_manifest(TRAIN, checkpoint_dir=f"{SHARED_MOUNT}-other/run1")
-
-
-def test_pytorchjob_without_gpus_and_on_one_node():
-    job = _pytorchjob(pytorchjob_manifest("w.py", nnodes=1, nproc_per_node=2, gpus_per_node=0, image="x:1"))
-    (spec,) = job["spec"]["pytorchReplicaSpecs"].values()
-    (container,) = spec["template"]["spec"]["containers"]
-    assert list(job["spec"]["pytorchReplicaSpecs"]) == ["Worker"] and container["image"] == "x:1"
-    assert "nvidia.com/gpu" not in json.dumps(container)
-
-
-def test_pytorchjob_command_runs_with_the_variables_the_operator_sets(tmp_path):
-    """One pod's container, run here: torchrun reads PET_* as the v1 operator sets them for an elastic job.
-
-    (kubeflow/training-operator v1.9.0, pkg/controller.v1/pytorch/elastic.go: PET_RDZV_BACKEND,
-    PET_RDZV_ENDPOINT = <job>-worker-0:<port>, PET_NNODES = min:max, PET_MAX_RESTARTS; envvar.go:
-    PET_NPROC_PER_NODE.)
-    """
-    job = _pytorchjob(
-        pytorchjob_manifest("worker.py", nnodes=1, nproc_per_node=2, gpus_per_node=0, cpus_per_rank=1)
-    )
-    (container,) = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
-    policy = job["spec"]["elasticPolicy"]
-    image_root = tmp_path / "image"  # stands in for the working folder inside the image
-    image_root.mkdir()
-    (image_root / "worker.py").write_text(WORKER)
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    env.update({e["name"]: e["value"] for e in container["env"]})
-    env.update(
-        DDP_RUN_DIR=str(tmp_path / "runs"),
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
-        PET_NNODES=f"{policy['minReplicas']}:{policy['maxReplicas']}",
-        PET_NPROC_PER_NODE=job["spec"]["nprocPerNode"],
-        PET_RDZV_BACKEND=policy["rdzvBackend"],
-        PET_RDZV_ENDPOINT=f"127.0.0.1:{free_port()}",
-        PET_MAX_RESTARTS=str(policy["maxRestarts"]),
-        TMPDIR=str(tmp_path),  # torchrun's torchelastic_* folder, which it keeps: in the test's own folder
-    )
-    proc = subprocess.run(
-        container["command"], cwd=image_root, env=env, capture_output=True, text=True, timeout=180
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    reports = _reports(tmp_path / "runs")
-    assert [r["rank"] for r in reports] == [0, 1]
-    assert all(r["world"] == 2 and r["sum"] == 3 and r["threads"] == "1" for r in reports)
-
-
 def test_write_cluster_templates_refuses_an_unknown_option(tmp_path):
     paths = write_cluster_templates(tmp_path, TRAIN, nnodes=2, nproc_per_node=2, image="x", cpus_per_rank=2)
     assert "#SBATCH --cpus-per-task=4 " in paths["slurm"].read_text()
-    assert _pytorchjob(paths["kubernetes_legacy"].read_text())["spec"]["nprocPerNode"] == "2"
+    (job,) = [doc for doc in yaml.safe_load_all(paths["kubernetes"].read_text()) if doc["kind"] == "TrainJob"]
+    assert job["spec"]["trainer"]["numProcPerNode"] == 2
     assert "#SBATCH --ntasks-per-node=2 " in paths["srun"].read_text()
     with pytest.raises(TypeError, match="unknown options: gpus"):
         write_cluster_templates(tmp_path, TRAIN, gpus=2)
-
-
-# the PyTorchJob CRD's openAPIV3Schema, from kubeflow/training-operator v1.9.0 (tests/data/README.md)
-CRD_SCHEMA = json.loads((REPO / "tests" / "data" / "kubeflow_pytorchjob_v1_schema.json").read_text())
-
-
-def _unknown_fields(value: object, schema: dict, where: str = "") -> list[str]:
-    """Fields the schema does not name: Kubernetes drops them silently (pruning), so a typo would vanish."""
-    if schema.get("x-kubernetes-preserve-unknown-fields"):
-        return []
-    if isinstance(value, dict) and "properties" in schema:
-        found = []
-        for key, item in value.items():
-            if key in schema["properties"]:
-                found += _unknown_fields(item, schema["properties"][key], f"{where}.{key}")
-            else:
-                found.append(f"{where}.{key}")
-        return found
-    if isinstance(value, dict) and isinstance(schema.get("additionalProperties"), dict):
-        return [
-            f
-            for key, item in value.items()
-            for f in _unknown_fields(item, schema["additionalProperties"], f"{where}.{key}")
-        ]
-    if isinstance(value, list) and "items" in schema:
-        return [
-            f for i, item in enumerate(value) for f in _unknown_fields(item, schema["items"], f"{where}[{i}]")
-        ]
-    return []
-
-
-@pytest.mark.parametrize(
-    "shape",
-    [
-        {"nnodes": 3, "nproc_per_node": 4},
-        {"nnodes": 4, "min_nodes": 2, "gpus_per_node": 0, "checkpoint_dir": "/shared/ckpt"},
-    ],
-)
-def test_pytorchjob_is_valid_against_the_operators_crd_schema(shape):
-    jsonschema = pytest.importorskip("jsonschema")
-    job = _pytorchjob(pytorchjob_manifest(TRAIN, ["--epochs", 1], **shape))
-    jsonschema.validate(job, CRD_SCHEMA)  # types and required fields
-    assert _unknown_fields(job, CRD_SCHEMA) == []
-
-
-def test_the_crd_check_catches_a_misspelt_field_and_a_wrong_type():
-    jsonschema = pytest.importorskip("jsonschema")
-    job = _pytorchjob(pytorchjob_manifest(TRAIN, nnodes=2))
-    job["spec"]["elasticPolicies"] = job["spec"].pop("elasticPolicy")
-    assert _unknown_fields(job, CRD_SCHEMA) == [".spec.elasticPolicies"]
-    job["spec"]["elasticPolicy"] = {**job["spec"].pop("elasticPolicies"), "maxReplicas": "two"}
-    with pytest.raises(jsonschema.ValidationError, match="'two' is not of type 'integer'"):
-        jsonschema.validate(job, CRD_SCHEMA)
 
 
 def test_slurm_scripts_send_every_nodes_flight_recorder_dumps_to_one_shared_folder(tmp_path):

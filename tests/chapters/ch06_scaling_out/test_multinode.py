@@ -11,7 +11,6 @@ import yaml
 
 from ddp_helpers import LaunchFailed, launch
 from ddp_helpers.chapters.ch06_scaling_out.ch06_cluster_templates import slurm_script, write_cluster_templates
-from ddp_helpers.chapters.ch06_scaling_out.ch06_pytorchjob import pytorchjob_manifest
 from ddp_helpers.kernel.launcher.machine import free_port
 
 
@@ -78,37 +77,12 @@ def test_slurm_script_starts_one_agent_per_node_at_a_c10d_rendezvous(tmp_path):
     assert subprocess.run(["bash", "-n", str(tmp_path / "job.sh")]).returncode == 0  # valid shell
 
 
-def _pytorchjob(text: str) -> dict:
-    (job,) = [doc for doc in yaml.safe_load_all(text) if doc["kind"] == "PyTorchJob"]
-    return job
-
-
-def test_pytorchjob_manifest_parses_with_replicas_gpus_and_image():
-    job = _pytorchjob(
-        pytorchjob_manifest("train.py", ["--steps", 5], nnodes=3, nproc_per_node=4, image="img:1")
-    )
-    assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v1", "PyTorchJob")
-    assert job["spec"]["nprocPerNode"] == "4"
-    specs = job["spec"]["pytorchReplicaSpecs"]
-    assert list(specs) == ["Worker"] and specs["Worker"]["replicas"] == 3  # elastic: Worker pods only
-    for spec in specs.values():
-        (container,) = spec["template"]["spec"]["containers"]
-        assert container["name"] == "pytorch" and container["image"] == "img:1"
-        assert container["resources"]["limits"]["nvidia.com/gpu"] == 4
-        assert container["command"] == ["torchrun", "train.py", "--steps", "5"]
-    single = _pytorchjob(pytorchjob_manifest("train.py", nnodes=1, nproc_per_node=2, gpus_per_node=0))
-    assert list(single["spec"]["pytorchReplicaSpecs"]) == ["Worker"]
-    assert (
-        "resources"
-        not in single["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
-    )
-
-
 def test_templates_are_written_side_by_side(tmp_path):
     paths = write_cluster_templates(
         tmp_path, "train.py", ["--epochs", 1], nnodes=2, nproc_per_node=2, image="x"
     )
     assert paths["slurm"].read_text().startswith("#!/bin/bash")
-    assert _pytorchjob(paths["kubernetes_legacy"].read_text())["spec"]["nprocPerNode"] == "2"
+    (job,) = [doc for doc in yaml.safe_load_all(paths["kubernetes"].read_text()) if doc["kind"] == "TrainJob"]
+    assert job["spec"]["trainer"]["numProcPerNode"] == 2
     with pytest.raises(ValueError):
         slurm_script("train.py", nnodes=0)

@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from test_cluster_templates import WORKER, _image_uid, _on_volume, _reports, _unknown_fields
+from test_cluster_templates import WORKER, _reports
 
 from ddp_helpers.chapters.ch06_scaling_out.ch06_cluster_templates import write_cluster_templates
-from ddp_helpers.chapters.ch06_scaling_out.ch06_pytorchjob import SHARED_MOUNT
 from ddp_helpers.chapters.ch06_scaling_out.ch06_trainjob import (
+    DEFAULT_IMAGE,
     IMAGE_REPO_DIR,
     RESERVED_ENV,
+    SHARED_MOUNT,
     trainjob_manifest,
 )
 from ddp_helpers.kernel.launcher.machine import free_port
@@ -40,6 +43,69 @@ SHAPES = [
     {"nnodes": 1, "nproc_per_node": 2, "gpus_per_node": 0, "max_restarts": 0},
     {"nnodes": 4, "nproc_per_node": 4, "gpus_per_node": 4, "cpus_per_rank": 2, "image": "reg.example/x:1"},
 ]
+
+
+def _unknown_fields(value: object, schema: dict, where: str = "") -> list[str]:
+    """Fields the schema does not name: Kubernetes drops them silently (pruning), so a typo would vanish."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    if isinstance(value, dict) and "properties" in schema:
+        found = []
+        for key, item in value.items():
+            if key in schema["properties"]:
+                found += _unknown_fields(item, schema["properties"][key], f"{where}.{key}")
+            else:
+                found.append(f"{where}.{key}")
+        return found
+    if isinstance(value, dict) and isinstance(schema.get("additionalProperties"), dict):
+        return [
+            f
+            for key, item in value.items()
+            for f in _unknown_fields(item, schema["additionalProperties"], f"{where}.{key}")
+        ]
+    if isinstance(value, list) and "items" in schema:
+        return [
+            f for i, item in enumerate(value) for f in _unknown_fields(item, schema["items"], f"{where}[{i}]")
+        ]
+    return []
+
+
+def _dockerfile_copies() -> dict[str, str]:
+    """Image path -> repository path, for docker/Dockerfile's COPY lines (relative to its WORKDIR)."""
+    workdir, copies = "/", {}
+    for line in (REPO / "docker" / "Dockerfile").read_text().splitlines():
+        words = shlex.split(line) if line.startswith(("WORKDIR ", "COPY ")) else []
+        if words[:1] == ["WORKDIR"]:
+            workdir = words[1]
+        elif words[:1] == ["COPY"]:
+            *sources, target = [w for w in words[1:] if not w.startswith("--")]
+            if len(sources) == 1:
+                copies[os.path.normpath(os.path.join(workdir, target))] = sources[0]
+    return copies
+
+
+def _image_has(path_in_image: str) -> bool:
+    for target, source in _dockerfile_copies().items():
+        if path_in_image == target or path_in_image.startswith(target + "/"):
+            return (REPO / source / os.path.relpath(path_in_image, target)).exists()
+    return False
+
+
+def _image_uid() -> int:
+    """The uid docker/Dockerfile's image runs as: its USER, through its ARG's default."""
+    dockerfile = (REPO / "docker" / "Dockerfile").read_text()
+    user = re.findall(r"^USER (\S+)", dockerfile, re.M)[-1]
+    if arg := re.fullmatch(r"\$\{(\w+)\}", user):
+        default = re.search(rf"^ARG {arg[1]}=(\d+)", dockerfile, re.M)
+        assert default, f"no ARG {arg[1]} with a default in docker/Dockerfile"
+        user = default[1]
+    return int(user)
+
+
+def _on_volume(path: str, mounts: dict[str, dict]) -> dict | None:
+    """The volume `path` lies on: the one mounted at its longest mounted prefix, or None."""
+    found = [m for m in mounts if path == m or path.startswith(m.rstrip("/") + "/")]
+    return mounts[max(found, key=len)] if found else None
 
 
 def documents(text: str) -> dict[str, dict]:
@@ -95,6 +161,14 @@ def test_the_job_sets_its_shape_and_leaves_to_the_runtime_what_the_runtime_owns(
     assert f"{IMAGE_REPO_DIR}/{TRAIN}" in command  # the image's copy of the repository holds the worker
 
 
+def test_the_trainjob_runs_this_projects_image_where_the_worker_exists():
+    trainer = documents(trainjob_manifest(TRAIN, ["--epochs", 1]))["TrainJob"]["spec"]["trainer"]
+    compose = yaml.safe_load((REPO / "docker" / "compose.yaml").read_text())
+    assert trainer["image"] == DEFAULT_IMAGE == compose["services"]["lab"]["image"]  # docker/Dockerfile's
+    script = trainer["command"][trainer["command"].index("--epochs") - 1]
+    assert _image_has(script), f"{script} is not in the image docker/Dockerfile builds"
+
+
 def test_the_trainjob_writes_only_to_mounted_volumes_shared_by_every_pod_and_writable_by_its_user():
     docs = documents(trainjob_manifest(TRAIN, ["--epochs", 1], checkpoint_dir=f"{SHARED_MOUNT}/ckpt/run1"))
     claim, job = docs["PersistentVolumeClaim"], docs["TrainJob"]
@@ -123,6 +197,7 @@ def test_the_trainjob_writes_only_to_mounted_volumes_shared_by_every_pod_and_wri
     ("options", "said"),
     [
         ({"checkpoint_dir": "/checkpoints/run1"}, f"must lie under {SHARED_MOUNT}"),
+        ({"checkpoint_dir": f"{SHARED_MOUNT}-other/run1"}, f"must lie under {SHARED_MOUNT}"),
         ({"max_restarts": -1}, "max_restarts must be >= 0"),
         ({"nnodes": 0}, "must be >= 1"),
     ],
@@ -165,12 +240,12 @@ def test_the_trainjob_command_runs_with_the_variables_the_torch_plugin_sets(tmp_
     assert all(r["world"] == 2 and r["sum"] == 3 and r["threads"] == "1" for r in reports)
 
 
-def test_write_cluster_templates_writes_the_trainjob_and_the_legacy_pytorchjob(tmp_path):
+def test_write_cluster_templates_writes_the_trainjob_and_says_it_has_no_min_nodes(tmp_path):
     paths = write_cluster_templates(tmp_path, TRAIN, nnodes=4, nproc_per_node=2, min_nodes=2)
     assert paths["kubernetes"].name == "trainjob.yaml"
     text = paths["kubernetes"].read_text()
     assert "TrainJob" in documents(text) and "min_nodes=2 is not here" in text.splitlines()[0]
-    legacy = documents(paths["kubernetes_legacy"].read_text())["PyTorchJob"]
-    assert legacy["spec"]["elasticPolicy"]["minReplicas"] == 2
+    assert "--nnodes 2:4" in paths["slurm"].read_text()  # sbatch.sh has it
+    assert sorted(paths) == ["kubernetes", "slurm", "srun"]
     plain = write_cluster_templates(tmp_path / "plain", TRAIN, nnodes=2, nproc_per_node=2)
     assert plain["kubernetes"].read_text().startswith("apiVersion: v1")  # no note without min_nodes
