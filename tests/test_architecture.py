@@ -26,8 +26,11 @@ CHAPTERS = PACKAGE / "chapters"
 CHAPTER_OWN = re.compile(r"ch\d\d_|__init__")  # a chapter's plan, views and exercises, its package
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+ROOT = PACKAGE.parent
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -56,29 +59,38 @@ def imports_in(source: str, module: str, is_package: bool = False) -> set[str]:
     return found
 
 
-def package_file(module: str) -> Path | None:
+def package_file(module: str, roots: tuple[Path, ...] = (ROOT,)) -> Path | None:
     """The file of a ddp_helpers module (a package's __init__.py), or None: a name in a module, or not ours."""
-    path = PACKAGE.parent.joinpath(*module.split("."))
-    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
-        if candidate.is_file():
-            return candidate
+    for root in roots:
+        path = root.joinpath(*module.split("."))
+        for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+            if candidate.is_file():
+                return candidate
     return None
 
 
-def kernel_reached_from(start: Path) -> list[str]:
+def kernel_reached_from(start: Path, overlay: Path | None = None) -> list[str]:
     """The import chains from `start` that end in the kernel side, following ddp_helpers' own imports.
 
-    Importing a.b.c runs the packages a.b and a first: their __init__.py files are followed too."""
-    chains, seen, todo = [], {start}, [(start, [module_name(start)])]
+    Importing a.b.c runs the packages a.b and a first: their __init__.py files are followed too.
+    `overlay`: a folder holding planted ddp_helpers/... files, looked up before the package itself (the
+    tests below plant there, never in the package, which other test processes read meanwhile)."""
+    roots = (overlay, ROOT) if overlay else (ROOT,)
+
+    def name(path: Path) -> str:
+        return module_name(path, next(root for root in roots if path.is_relative_to(root)))
+
+    chains, seen, todo = [], {start}, [(start, [name(start)])]
     while todo:
         path, chain = todo.pop()
-        for imported in sorted(m for m in imported_modules(path) if m.startswith("ddp_helpers")):
+        imports = imports_in(path.read_text(), name(path), is_package=path.name == "__init__.py")
+        for imported in sorted(m for m in imports if m.startswith("ddp_helpers")):
             parts = imported.split(".")
             for module in (".".join(parts[:i]) for i in range(2, len(parts) + 1)):
                 if module == KERNEL or module.startswith(KERNEL + "."):
                     chains.append(" -> ".join([*chain, imported]))
                     break
-                found = package_file(module)
+                found = package_file(module, roots)
                 # ddp_helpers/__init__.py loads its names on first use (PEP 562), in the kernel: a rank
                 # importing ddp_helpers.rank.x loads none of them (test_importing_the_rank_side_loads_...)
                 if found is not None and found not in seen:
@@ -127,38 +139,39 @@ def test_the_check_sees_kernel_imports_however_they_are_written():
     assert "ddp_helpers.kernel.live.live_magics" in kernel
 
 
+def _plant(overlay: Path, module: str, source: str) -> Path:
+    """A module's file under `overlay` (ddp_helpers/... as in the package), with `source`."""
+    path = overlay.joinpath(*module.split(".")).with_suffix(".py")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(source)
+    return path
+
+
 def test_a_chain_through_a_chapters_kernel_view_is_followed_to_the_kernel(tmp_path):
     # a rank script that imports a chapter's view (which imports the kernel) is caught two steps away
-    planted = PACKAGE / "rank" / f"planted_{tmp_path.name}.py"
-    planted.write_text(
-        "from ddp_helpers.rank import teardown\nfrom ddp_helpers.chapters.ch05_debugging import ch05_hang_job\n"
+    planted = _plant(
+        tmp_path,
+        "ddp_helpers.rank.planted",
+        "from ddp_helpers.rank import teardown\nfrom ddp_helpers.chapters.ch05_debugging import ch05_hang_job\n",
     )
-    try:
-        chains = kernel_reached_from(planted)
-    finally:
-        planted.unlink()
+    chains = kernel_reached_from(planted, overlay=tmp_path)
     assert any("ch05_hang_job -> ddp_helpers.kernel." in chain for chain in chains), chains
     assert not kernel_reached_from(CHAPTERS / "ch04_checkpointing" / "sum_order.py")
 
 
 def test_a_package_init_on_the_way_is_followed(tmp_path):
     # importing ddp_helpers.chapters.chNN.x runs chNN's __init__.py first: a kernel import there is caught
-    package = CHAPTERS / f"ch99_planted_{tmp_path.name}"
-    package.mkdir()
-    try:
-        (package / "__init__.py").write_text("from ddp_helpers.kernel.launcher import runner\n")
-        (package / "script.py").write_text("import torch\n")
-        planted = PACKAGE / "rank" / f"planted_{tmp_path.name}.py"
-        planted.write_text(f"from ddp_helpers.chapters.{package.name}.script import torch\n")
-        try:
-            chains = kernel_reached_from(planted)
-        finally:
-            planted.unlink()
-    finally:
-        for file in package.iterdir():
-            file.unlink()
-        package.rmdir()
-    assert any(f"{package.name} -> ddp_helpers.kernel." in chain for chain in chains), chains
+    _plant(
+        tmp_path,
+        "ddp_helpers.chapters.ch99_planted.__init__",
+        "from ddp_helpers.kernel.launcher import runner\n",
+    )
+    _plant(tmp_path, "ddp_helpers.chapters.ch99_planted.script", "import torch\n")
+    planted = _plant(
+        tmp_path, "ddp_helpers.rank.planted", "from ddp_helpers.chapters.ch99_planted.script import torch\n"
+    )
+    chains = kernel_reached_from(planted, overlay=tmp_path)
+    assert any("ch99_planted -> ddp_helpers.kernel." in chain for chain in chains), chains
 
 
 def test_importing_the_rank_side_loads_no_kernel_module():
