@@ -6,12 +6,92 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from ddp_helpers.kernel.lab.plan_core import Machine, NotebookPlan, RunPlan, placement, placement_line
-from ddp_helpers.kernel.lab.throughput import throughput_plan
+from ddp_helpers.kernel.lab.plan_core import (
+    Machine,
+    NotebookPlan,
+    RunPlan,
+    by_kind,
+    placement,
+    placement_line,
+)
+
+# ------------------------------------------------------------------ the throughput runs
+# Their rules, tested over GPUs in {0, 1, 2, 4, 8} x nproc in {1, 2, 3, 8} (test_ch02_throughput_plan.py):
+# every run (single, DataParallel, DDP, the sweep) on one device kind; NCCL only where every DDP rank has a
+# GPU of its own, else every run on the CPU with the GPUs hidden (DataParallel would reach for them), one
+# core per process; DataParallel splits over exactly the GPUs DDP uses; the sizes go by the device kind.
+#
+# The CPU's sizes are short steps for a core each (CI times them). A GPU needs steps long enough for DDP's
+# all-reduce to hide behind backward: ResNet-18 at 32 px and batch 32 is a few ms of work on an H100, so DDP
+# looked as if it did not scale there. ResNet-50 at 224 px saves about 82 MiB of fp32 activations per image
+# for backward (42 MiB under bf16 autocast; counted with autograd's saved_tensors_hooks on torch 2.14.1), so
+# 128 images per GPU hold ~11 GiB in fp32, comfortable in 80 GB. 2048 images of 3x224x224 are 1.2 GB of
+# host memory in each rank (the dataset is built in memory).
+THROUGHPUT_SIZES = {
+    "cpu": {"model": "resnet18", "image_size": 32, "num_samples": 2048, "batch_size": 32},
+    "cuda": {"model": "resnet50", "image_size": 224, "num_samples": 2048, "batch_size": 128},
+}
+# smoke mode (CI, on the CPU): the MLP; a GPU keeps its sizes, which it runs in seconds
+SMOKE_SIZES = {"cpu": {**THROUGHPUT_SIZES["cpu"], "model": "mlp"}, "cuda": THROUGHPUT_SIZES["cuda"]}
+
+
+@dataclass(frozen=True)
+class ThroughputPlan:
+    device: str  # every run's device kind
+    line: str  # one sentence that says where the runs go, and why
+    single: RunPlan
+    dp: RunPlan
+    ddp: RunPlan
+    sweep: dict[int, RunPlan]  # processes -> run; 1 and nproc are the single and DDP runs
+    sizes: dict[str, Any]  # model, image_size, num_samples, batch_size
+
+    def runs(self) -> list[RunPlan]:
+        return [self.single, self.dp, self.ddp, *self.sweep.values()]
+
+
+def sweep_points(nproc: int) -> list[int]:
+    """1, 2, 4, ... up to nproc, and nproc itself."""
+    return sorted({n for n in (1, 2, 4, 8, 16, 32) if n <= nproc} | {nproc})
+
+
+def throughput_plan(gpus: int, nproc: int, smoke: bool = False) -> ThroughputPlan:
+    if gpus < 0 or nproc < 1:
+        raise ValueError(f"expected gpus >= 0 and nproc >= 1, got gpus={gpus}, nproc={nproc}")
+    if gpus >= nproc:  # one GPU per rank: NCCL, and DataParallel over the same GPUs
+        device, backend, env, dp_devices = "cuda", "auto", {}, nproc
+        dp_env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(nproc)))} if gpus > nproc else {}
+        line = f"every run on GPUs: DDP with nccl, one GPU per rank ({gpus} visible)."
+    else:  # no GPU at all, or fewer GPUs than ranks (then hidden, and gloo named explicitly)
+        device, backend, dp_devices = "cpu", "gloo" if gpus else "auto", 1
+        env = dp_env = {"OMP_NUM_THREADS": "1", **({"CUDA_VISIBLE_DEVICES": ""} if gpus else {})}
+        line = (
+            f"{nproc} ranks but {gpus} GPU(s): NCCL needs one GPU per rank, so every run (single and "
+            "DataParallel too, with the GPUs hidden) goes to the CPU, one core per process, to compare like "
+            "with like."
+            if gpus
+            else "every run on the CPU with gloo (no GPU here), one core per process."
+        )
+
+    def run(n: int) -> RunPlan:
+        return RunPlan(n, backend, device, n, dict(env))
+
+    return ThroughputPlan(
+        device=device,
+        line=line,
+        single=run(1),
+        dp=RunPlan(1, backend, device, dp_devices, dict(dp_env)),
+        ddp=run(nproc),
+        sweep={n: run(n) for n in sweep_points(nproc)},
+        sizes=by_kind(device, SMOKE_SIZES if smoke else THROUGHPUT_SIZES),
+    )
+
+
+# ------------------------------------------------------------------ the notebook's plan
 
 
 def plan(machine: Machine, smoke: bool) -> NotebookPlan:

@@ -21,7 +21,6 @@ from ddp_helpers.kernel.lab.plan_core import (
     placement,
     placement_line,
 )
-from ddp_helpers.kernel.lab.throughput import ThroughputPlan, sweep_points, throughput_plan
 
 Planner = Callable[..., NotebookPlan]  # plan(machine, smoke, **options)
 
@@ -52,12 +51,9 @@ __all__ = [
     "Machine",
     "NotebookPlan",
     "RunPlan",
-    "ThroughputPlan",
     "by_kind",
     "placement",
     "placement_line",
     "plan_for",
     "planners",
-    "sweep_points",
-    "throughput_plan",
 ]

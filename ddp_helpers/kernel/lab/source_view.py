@@ -14,7 +14,9 @@ from __future__ import annotations
 import ast
 import difflib
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ddp_helpers.workers import worker_path
 
@@ -79,42 +81,36 @@ def source_of(target: str | os.PathLike[str], *names: str) -> str:
     return "\n\n".join(parts)
 
 
+def display_or_print(text: str, rich: Callable[[Any], Any] | None = None) -> None:
+    """In a notebook, display `rich(IPython.display)` (a display object, or a mimebundle dict); elsewhere
+    (a terminal, a test) print `text`."""
+    try:
+        from IPython import display as ipython_display
+        from IPython import get_ipython
+    except ImportError:
+        get_ipython = None  # noqa: N806
+    if rich is None or get_ipython is None or get_ipython() is None:
+        print(text)
+    else:
+        shown = rich(ipython_display)
+        ipython_display.display(shown, raw=isinstance(shown, dict))
+
+
 def show_source(target: str | os.PathLike[str], *names: str) -> None:
     """Display `source_of(target, *names)` with syntax highlighting in a notebook (printed elsewhere)."""
     text = source_of(target, *names)
-    try:
-        from IPython import get_ipython
-        from IPython.display import Code, display
-    except ImportError:
-        get_ipython = None  # noqa: N806
-    if get_ipython is not None and get_ipython() is not None:
-        display(Code(text, language="python"))
-    else:
-        print(text)
-
-
-def added_lines(old: str | os.PathLike[str], new: str | os.PathLike[str]) -> list[str]:
-    """The lines of `new` that `old` does not have (difflib's "+" lines), stripped."""
-    a, b = source_of(old).splitlines(), source_of(new).splitlines()
-    return [line[1:].strip() for line in difflib.ndiff(a, b) if line.startswith("+ ")]
+    display_or_print(text, lambda shown: shown.Code(text, language="python"))
 
 
 def show_diff(old: str | os.PathLike[str], new: str | os.PathLike[str], context: int = 3) -> None:
     """Show two workers (or files) side by side with the changes marked; a unified diff outside IPython."""
-    a_path, b_path = _resolve(old), _resolve(new)
+    (a_path, b_path), n = (_resolve(old), _resolve(new)), context
     a, b = a_path.read_text().splitlines(), b_path.read_text().splitlines()
-    try:
-        from IPython import get_ipython
-        from IPython.display import HTML, display
-    except ImportError:
-        get_ipython = None  # noqa: N806
-    if get_ipython is not None and get_ipython() is not None:
-        table = difflib.HtmlDiff(wrapcolumn=80).make_table(
-            a, b, a_path.name, b_path.name, context=True, numlines=context
-        )
-        display(HTML(_DIFF_STYLE + table))
-    else:
-        print("\n".join(difflib.unified_diff(a, b, a_path.name, b_path.name, lineterm="", n=context)))
+    table = difflib.HtmlDiff(wrapcolumn=80).make_table(
+        a, b, a_path.name, b_path.name, context=True, numlines=n
+    )
+    unified = difflib.unified_diff(a, b, a_path.name, b_path.name, lineterm="", n=n)
+    display_or_print("\n".join(unified), lambda shown: shown.HTML(_DIFF_STYLE + table))
 
 
 # difflib's own colours, and a monospace font so the two columns line up

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddp_helpers.kernel.lab.source_view import PACKAGE_DIR, _resolve
+from ddp_helpers.kernel.lab.source_view import PACKAGE_DIR, _resolve, display_or_print
 
 PACKAGE = PACKAGE_DIR.name  # "ddp_helpers"
 
@@ -137,14 +137,6 @@ def show_helpers(target: str | os.PathLike[str]) -> list[Helper]:
             + ". A copy taken out of the workbench needs them too.",
         ]
     )
-    try:
-        from IPython import get_ipython
-        from IPython.display import display
-    except ImportError:
-        print(text)
-    else:
-        if get_ipython() is None:
-            print(text)
-        else:  # the table in a notebook, the same text where only plain text shows (a terminal IPython)
-            display({"text/markdown": text, "text/plain": text}, raw=True)
+    # the table in a notebook, the same text where only plain text shows (a terminal IPython)
+    display_or_print(text, lambda shown: {"text/markdown": text, "text/plain": text})
     return helpers

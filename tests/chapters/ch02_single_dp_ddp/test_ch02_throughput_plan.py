@@ -1,4 +1,4 @@
-"""Notebook 02's throughput runs (ddp_helpers/kernel/lab/throughput.py) on every one-node shape the notebooks
+"""Notebook 02's throughput runs (ddp_helpers/chapters/ch02_single_dp_ddp/ch02_plan.py) on every one-node shape the notebooks
 must run on (tests/plan_rules.py): GPUs in {0, 1, 2, 4, 8} x nproc in {1, 2, 3, 8}, smoke and full size.
 No GPU here: the GPU shapes are tested by their plans."""
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from plan_rules import ONE_NODE, computes_where_planned, for_each, shape_name, visible_to
 
-from ddp_helpers.kernel.lab.plans import Machine, ThroughputPlan, sweep_points, throughput_plan
+from ddp_helpers.chapters.ch02_single_dp_ddp.ch02_plan import ThroughputPlan, sweep_points, throughput_plan
+from ddp_helpers.kernel.lab.plans import Machine
 
 Case = tuple[Machine, ThroughputPlan]
 RUNS_ON = [(m, smoke) for m in ONE_NODE for smoke in (False, True)]
