@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -32,12 +33,9 @@ class Check:
     advice: str = ""
 
 
-def _version_tuple(version: str) -> tuple[int, ...]:
-    parts = []
-    for piece in version.split("+")[0].split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits or 0))
-    return tuple(parts)
+def _major_minor(version: str) -> tuple[int, ...]:
+    """(2, 7) for "2.7.1+cu128"; (0, 22) for "0.22.0a0"."""
+    return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:2])
 
 
 def shm_bytes(path: str = "/dev/shm") -> int | None:
@@ -84,26 +82,19 @@ def gpu_facts() -> list[dict[str, Any]]:
 
 
 def collect_facts() -> dict[str, Any]:
-    """Everything the checks look at, as plain values (also saved by gpu-check).
-
-    Safe in a notebook kernel: CUDA is queried in a child process (see `cuda_facts`).
-    """
-    cuda = torch.cuda.is_available()
+    """Everything the checks look at, as plain values (also saved by gpu-check); CUDA in a child process."""
     try:
         torchvision_version = metadata.version("torchvision")  # no import: it is slow and may be broken
     except metadata.PackageNotFoundError:
         torchvision_version = None
-    gpu = cuda_facts()
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
         "torch": torch.__version__,
         "torchvision": torchvision_version,
         "cuda_build": torch.version.cuda,
-        "cuda_available": cuda,
-        "cudnn": gpu["cudnn"],
-        "nccl": gpu["nccl"],
-        "gpus": gpu["gpus"],
+        "cuda_available": torch.cuda.is_available(),
+        **cuda_facts(),  # cudnn, nccl, gpus
         "backends": {
             "gloo": dist.is_gloo_available(),
             "nccl": dist.is_nccl_available(),
@@ -117,115 +108,79 @@ def collect_facts() -> dict[str, Any]:
     }
 
 
+def _either(name: str, ok: Any, value: str, advice: str, bad: str = FAIL) -> Check:
+    """PASS, or `bad` with the advice."""
+    return Check(name, PASS, value) if ok else Check(name, bad, value, advice)
+
+
 def check_shm(size: int | None) -> Check:
     if size is None:
         return Check(
             "/dev/shm", INFO, "not present", "only Linux has it; DataLoader workers use other means here"
         )
-    value = f"{size / 2**30:.2f} GiB"
-    if size < SHM_WARN_BYTES:
-        return Check(
-            "/dev/shm",
-            WARN,
-            value,
-            "DataLoader workers and NCCL pass tensors through shared memory; Docker's default of 64 MiB makes "
-            "them crash with 'bus error' or 'No space left on device'. Start the container with --ipc=host "
-            "or --shm-size=8g.",
-        )
-    return Check("/dev/shm", PASS, value)
+    advice = (
+        "DataLoader workers and NCCL pass tensors through shared memory; Docker's default of 64 MiB makes them "
+        "crash with 'bus error' or 'No space left on device'. Start the container with --ipc=host or --shm-size=8g."
+    )
+    return _either("/dev/shm", size >= SHM_WARN_BYTES, f"{size / 2**30:.2f} GiB", advice, WARN)
 
 
 def check_torch(version: str, torchvision: str | None) -> list[Check]:
-    checks = []
-    if _version_tuple(version)[:2] >= MIN_TORCH:
-        checks.append(Check("torch", PASS, version))
-    else:
-        checks.append(
-            Check("torch", FAIL, version, f"this workbench needs torch >= {'.'.join(map(str, MIN_TORCH))}")
-        )
+    need = f"this workbench needs torch >= {'.'.join(map(str, MIN_TORCH))}"
+    checks = [_either("torch", _major_minor(version) >= MIN_TORCH, version, need)]
     if torchvision is None:
-        checks.append(
-            Check("torchvision", FAIL, "not installed", "pip install the torchvision that matches torch")
-        )
-    else:
-        # torchvision 0.(minor+15) goes with torch 2.minor (2.7 <-> 0.22)
-        expected = _version_tuple(version)[1] + 15
-        ok = _version_tuple(torchvision)[:2] == (0, expected)
-        checks.append(
-            Check(
-                "torchvision",
-                PASS if ok else WARN,
-                torchvision,
-                "" if ok else f"torch {version} expects torchvision 0.{expected}.x",
-            )
-        )
-    return checks
+        advice = "pip install the torchvision that matches torch"
+        return [*checks, Check("torchvision", FAIL, "not installed", advice)]
+    expected = (
+        _major_minor(version)[1] + 15
+    )  # torchvision 0.(minor+15) goes with torch 2.minor (2.7 <-> 0.22)
+    matches = _major_minor(torchvision) == (0, expected)
+    advice = f"torch {version} expects torchvision 0.{expected}.x"
+    return [*checks, _either("torchvision", matches, torchvision, advice, WARN)]
 
 
 def check_gpus(facts: dict[str, Any]) -> list[Check]:
     if not facts["cuda_available"]:
-        build = facts["cuda_build"] or "a CPU-only build"
+        value = f"no GPU visible (torch is {facts['cuda_build'] or 'a CPU-only build'})"
         return [
             Check(
-                "CUDA",
-                INFO,
-                f"no GPU visible (torch is {build})",
-                "everything runs on the CPU with gloo; GPU-only sections say so and skip",
+                "CUDA", INFO, value, "everything runs on the CPU with gloo; GPU-only sections say so and skip"
             )
         ]
-    checks = [
+    return [
         Check("CUDA", PASS, f"{facts['cuda_build']}, {len(facts['gpus'])} GPU(s)"),
-        Check("cuDNN", PASS if facts["cudnn"] else WARN, str(facts["cudnn"])),
-        Check(
-            "NCCL",
-            PASS if facts["nccl"] else FAIL,
-            str(facts["nccl"]),
-            "" if facts["nccl"] else "DDP on GPUs needs a torch build with NCCL",
+        _either("cuDNN", facts["cudnn"], str(facts["cudnn"]), "", WARN),
+        _either("NCCL", facts["nccl"], str(facts["nccl"]), "DDP on GPUs needs a torch build with NCCL"),
+        *(
+            Check(
+                f"GPU {g['index']}",
+                PASS,
+                f"{g['name']}, sm {g['capability']}, {g['memory_bytes'] / 2**30:.1f} GiB",
+            )
+            for g in facts["gpus"]
         ),
     ]
-    for gpu in facts["gpus"]:
-        checks.append(
-            Check(
-                f"GPU {gpu['index']}",
-                PASS,
-                f"{gpu['name']}, sm {gpu['capability']}, {gpu['memory_bytes'] / 2**30:.1f} GiB",
-            )
-        )
-    return checks
 
 
 def run_checks(facts: dict[str, Any] | None = None) -> list[Check]:
     """All static checks (no processes started)."""
     facts = facts or collect_facts()
-    py_ok = sys.version_info >= (3, 10)
-    checks = [Check("Python", PASS if py_ok else WARN, facts["python"], "" if py_ok else "tested on 3.11")]
-    checks += check_torch(facts["torch"], facts["torchvision"])
-    checks += check_gpus(facts)
-    backends = facts["backends"]
+    backends, cuda = facts["backends"], facts["cuda_available"]
     names = ", ".join(name for name, ok in backends.items() if ok) or "none"
-    if facts["cuda_available"]:
-        status = PASS if backends["nccl"] else FAIL
-    else:
-        status = PASS if backends["gloo"] else FAIL
-    checks.append(Check("distributed backends", status, names, "" if status == PASS else "no usable backend"))
-    checks.append(
-        Check("CUDA_VISIBLE_DEVICES", INFO, str(facts["CUDA_VISIBLE_DEVICES"] or "unset (all GPUs)"))
-    )
-    checks.append(
-        Check(
-            "OMP_NUM_THREADS",
-            INFO,
-            str(facts["OMP_NUM_THREADS"] or "unset"),
-            f"launch() gives each of N CPU workers {facts['cpu_count']}//N threads unless you set it",
-        )
-    )
-    checks.append(check_shm(facts["shm_bytes"]))
-    if facts["nvidia_smi"]:
-        checks.append(Check("nvidia-smi", PASS, facts["nvidia_smi"]))
-    else:
-        status = WARN if facts["cuda_available"] else INFO
-        checks.append(Check("nvidia-smi", status, "not found", "only needed to watch GPUs from a terminal"))
-    return checks
+    threads = f"launch() gives each of N CPU workers {facts['cpu_count']}//N threads unless you set it"
+    smi = "only needed to watch GPUs from a terminal"
+    return [
+        _either("Python", sys.version_info >= (3, 10), facts["python"], "tested on 3.11", WARN),
+        *check_torch(facts["torch"], facts["torchvision"]),
+        *check_gpus(facts),
+        _either("distributed backends", backends["nccl" if cuda else "gloo"], names, "no usable backend"),
+        Check("CUDA_VISIBLE_DEVICES", INFO, str(facts["CUDA_VISIBLE_DEVICES"] or "unset (all GPUs)")),
+        Check("OMP_NUM_THREADS", INFO, str(facts["OMP_NUM_THREADS"] or "unset"), threads),
+        check_shm(facts["shm_bytes"]),
+        _either(
+            "nvidia-smi", facts["nvidia_smi"], facts["nvidia_smi"] or "not found", smi, WARN if cuda else INFO
+        ),
+    ]
 
 
 def checks_frame(checks: list[Check]):
@@ -240,8 +195,7 @@ def format_checks(checks: list[Check]) -> str:
     lines = []
     for c in checks:
         lines.append(f"{c.status:<5} {c.name:<{width}}  {c.value}")
-        if c.advice and c.status in (WARN, FAIL):
-            lines.append(f"{'':<5} {'':<{width}}  -> {c.advice}")
+        lines += [f"{'':<5} {'':<{width}}  -> {c.advice}"] if c.advice and c.status in (WARN, FAIL) else []
     return "\n".join(lines)
 
 

@@ -6,60 +6,54 @@ from collections.abc import Sequence
 from typing import Any
 
 
-def allreduce_bandwidth(results: Sequence[dict[str, Any]], title: str = "all_reduce bandwidth"):
-    """algbw and busbw (GB/s) against message size, from allreduce_bench's summary["results"]."""
+def _axes(size: tuple[float, float], xlabel: str, ylabel: str, title: str) -> Any:
+    """A new figure's one set of axes, labelled."""
     import matplotlib.pyplot as plt
 
+    _, ax = plt.subplots(figsize=size)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    return ax
+
+
+def _finish(ax: Any) -> Any:
+    """The legend, where anything is labelled, and a tight layout: the figure."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+def allreduce_bandwidth(results: Sequence[dict[str, Any]], title: str = "all_reduce bandwidth"):
+    """algbw and busbw (GB/s) against message size, from allreduce_bench's summary["results"]."""
+    ax = _axes((7, 4), "message size (bytes)", "GB/s", title)
     sizes = [r["bytes"] for r in results]
-    fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(sizes, [r["algbw_gbps"] for r in results], "o-", label="algbw (bytes / time)")
     ax.plot(sizes, [r["busbw_gbps"] for r in results], "s--", label="busbw (algbw x 2(n-1)/n)")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("GB/s")
-    ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    return fig
+    return _finish(ax)
 
 
 def throughput_by_mode(table, title: str = "throughput by mode"):
     """Bar chart of samples/s, one bar per row of a results table (index = mode name)."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    bars = ax.bar(table.index.astype(str), table["samples_per_s"], color="#4c72b0")
-    ax.bar_label(bars, fmt="%.0f")
-    ax.set_ylabel("samples / s")
-    ax.set_title(title)
-    fig.tight_layout()
-    return fig
+    ax = _axes((7, 3.5), "", "samples / s", title)
+    ax.bar_label(ax.bar(table.index.astype(str), table["samples_per_s"], color="#4c72b0"), fmt="%.0f")
+    return _finish(ax)
 
 
 def scaling_curve(nprocs, samples_per_s, title: str = "DDP scaling"):
     """Measured throughput over 1..N processes, with the ideal N x throughput_1 line."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ideal = [n * samples_per_s[0] / nprocs[0] for n in nprocs]
-    ax.plot(nprocs, ideal, "k--", label="ideal (linear)")
+    ax = _axes((6, 4), "processes", "samples / s", title)
+    ax.plot(nprocs, [n * samples_per_s[0] / nprocs[0] for n in nprocs], "k--", label="ideal (linear)")
     ax.plot(nprocs, samples_per_s, "o-", label="measured")
     ax.set_xticks(list(nprocs))
-    ax.set_xlabel("processes")
-    ax.set_ylabel("samples / s")
-    ax.set_title(title)
-    ax.legend()
-    fig.tight_layout()
-    return fig
+    return _finish(ax)
 
 
 def phase_times_per_rank(phases, title: str = "where each rank's step goes"):
     """One stacked bar per rank from `metrics.phase_times`: its own data time, the train step's
     work (forward, backward, communication), and the time it waited for the slowest rank."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 0.6 * len(phases) + 1.8))
+    ax = _axes((7, 0.6 * len(phases) + 1.8), "median ms per step", "", title)
     labels = [f"rank {int(r)}" for r in phases.index]
     work = phases["train_step_ms"] - phases["wait_ms"]
     left = 0 * work
@@ -71,27 +65,18 @@ def phase_times_per_rank(phases, title: str = "where each rank's step goes"):
         ax.barh(labels, values, left=left, label=label, color=color)
         left = left + values
     ax.invert_yaxis()
-    ax.set_xlabel("median ms per step")
-    ax.set_title(title)
     ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.12), ncol=2, fontsize="small", frameon=False)
-    fig.tight_layout()
-    return fig
+    ax.figure.tight_layout()
+    return ax.figure
 
 
 def loss_curves(runs, x: str = "samples_seen", title: str = "training loss"):
     """One line per run: `runs` maps a label to a metrics DataFrame (rank 0's rows are used)."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
+    ax = _axes((7, 4), x.replace("_", " "), "loss", title)
     for label, metrics in runs.items():
         rows = metrics[metrics["rank"] == 0]
         ax.plot(rows[x], rows["loss"], label=label)
-    ax.set_xlabel(x.replace("_", " "))
-    ax.set_ylabel("loss")
-    ax.set_title(title)
-    ax.legend()
-    fig.tight_layout()
-    return fig
+    return _finish(ax)
 
 
 _NOT_SAMPLED = {
@@ -122,9 +107,7 @@ def resource_usage(resources, title: str = "per-rank CPU use", gpus_expected: bo
     A series that was not sampled is written on the figure as "not sampled", with the reason,
     rather than drawn as an empty axis: e.g. `gpus_expected=True` where NVML (nvidia-ml-py) is absent.
     """
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax = _axes((7, 3.5), "seconds since launch", "%", title)
     cpu, gpu = _sampled(resources, "rank"), _sampled(resources, "gpu")
     for rank, rows in cpu.groupby("rank") if cpu is not None else ():
         ax.plot(rows["elapsed_s"], rows["cpu_percent"], label=f"rank {int(rank)} CPU %")
@@ -134,10 +117,4 @@ def resource_usage(resources, title: str = "per-rank CPU use", gpus_expected: bo
     if missing:
         text = "\n".join(_NOT_SAMPLED[kind] for kind in missing)
         ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="#a33")
-    ax.set_xlabel("seconds since launch")
-    ax.set_ylabel("%")
-    ax.set_title(title)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend()
-    fig.tight_layout()
-    return fig
+    return _finish(ax)

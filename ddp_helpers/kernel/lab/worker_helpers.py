@@ -3,14 +3,17 @@
     show_helpers("train")   # a table: each ddp_helpers module train.py imports, the names, what it does
 
 A worker like ``ddp.py`` imports only torch and runs anywhere; ``train.py`` takes its command line,
-data, metrics and checkpoints from the package. The list is computed from the file with `ast`, so it
-follows the worker as it changes.
+data, metrics and checkpoints from the package. The table is read from the file with `ast`, and what
+loading it loads from a fresh interpreter that loads it, so both follow the worker as it changes.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +27,6 @@ class Helper:
     module: str  # "ddp_helpers.workers.train_options"
     names: tuple[str, ...]  # what the worker takes from it ("parse_args", ...); () for `import module`
     purpose: str  # the first sentence of the module's docstring
-    path: Path
 
 
 def module_path(module: str) -> Path:
@@ -42,33 +44,28 @@ def purpose(path: Path) -> str:
     return sentence if sentence.endswith(".") else sentence + "."
 
 
-def package_imports(path: Path, package: str | None = None) -> dict[str, tuple[str, ...]]:
+def package_imports(path: Path) -> dict[str, tuple[str, ...]]:
     """The modules of this package that the file at `path` imports, each with the names it takes.
 
-    `package`: the package the file is in, for its relative imports (a worker copied out has none).
-    """
+    Absolute imports only: a worker copied out of the package has no package for a relative one."""
     taken: dict[str, list[str]] = {}
     for node in _loaded_with_the_file(ast.parse(path.read_text()).body):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.split(".")[0] == PACKAGE:
                     taken.setdefault(alias.name, [])
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                if package is None:
-                    continue
-                parts = package.split(".")
-                parts = parts[: len(parts) - (node.level - 1)]
-                base = ".".join([*parts, *([base] if base else [])])
-            if base.split(".")[0] != PACKAGE:
-                continue
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and node.module
+            and node.module.split(".")[0] == PACKAGE
+        ):
             for alias in node.names:
                 # `from ddp_helpers.rank import teardown` names a module; `from ddp_helpers.rank.data import x` a name in one
-                if module_path(f"{base}.{alias.name}").is_file():
-                    taken.setdefault(f"{base}.{alias.name}", [])
+                if module_path(f"{node.module}.{alias.name}").is_file():
+                    taken.setdefault(f"{node.module}.{alias.name}", [])
                 else:
-                    taken.setdefault(base, []).append(alias.name)
+                    taken.setdefault(node.module, []).append(alias.name)
     return {name: tuple(names) for name, names in sorted(taken.items())}
 
 
@@ -91,34 +88,33 @@ def _loaded_with_the_file(body: list[ast.stmt]) -> list[ast.stmt]:
 
 def package_helpers(target: str | os.PathLike[str]) -> list[Helper]:
     """The ddp_helpers modules a worker (a bundled worker's name, or a file) imports itself."""
-    path = _resolve(target)
     return [
-        Helper(module, names, purpose(module_path(module)), module_path(module))
-        for module, names in package_imports(path).items()
+        Helper(module, names, purpose(module_path(module)))
+        for module, names in package_imports(_resolve(target)).items()
     ]
 
 
+# the file's top level, as torchrun runs it, without calling main(), in a fresh interpreter
+_LOADS = """
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("copied_worker", sys.argv[1])
+spec.loader.exec_module(importlib.util.module_from_spec(spec))
+print(json.dumps(sorted(name for name in sys.modules if name.split(".")[0] == "ddp_helpers")))
+"""
+
+
 def closure(target: str | os.PathLike[str]) -> list[str]:
-    """Every ddp_helpers module that loading the worker loads, sorted: its helpers, what they import in
-    turn, and the packages (``__init__.py``) that Python runs on the way to each."""
-    seen: set[str] = set()
-    todo = [helper.module for helper in package_helpers(target)]
-    while todo:
-        module = todo.pop()
-        if module in seen:
-            continue
-        seen.add(module)
-        path = module_path(module)
-        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-        todo.extend(package_imports(path, package))
-        todo.extend(".".join(module.split(".")[:k]) for k in range(1, module.count(".") + 1))  # its packages
-    return sorted(seen)
+    """Every ddp_helpers module that loading the worker loads, sorted (its helpers, what they import in turn,
+    and the packages on the way), as a fresh interpreter loads it."""
+    command = [sys.executable, "-c", _LOADS, str(_resolve(target))]
+    loaded = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
+    return list(json.loads(loaded.stdout.splitlines()[-1]))
 
 
 def show_helpers(target: str | os.PathLike[str]) -> list[Helper]:
     """Show the table of `package_helpers(target)` (a markdown table in IPython, else text); return them."""
     helpers = package_helpers(target)
-    name = Path(_resolve(target)).name
+    name = _resolve(target).name
     rows = [
         f"| `{h.module}` | {', '.join(f'`{n}`' for n in h.names) or '(the module)'} | {h.purpose} |"
         for h in helpers
