@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from typing import Any
 
 from ddp_helpers.rank.spec import Context, Exercise, Mistake, Seen
@@ -36,10 +37,6 @@ def values_of(world: int, check: str) -> list[float]:
 
 def _number(value: float) -> str:
     return f"{value:.0f}" if float(value).is_integer() else f"{value:g}"
-
-
-def _sum_setup(ctx: Context) -> dict[str, Any]:
-    return {"value": values_of(ctx.world_size, ctx.workdir)[ctx.rank]}
 
 
 def _sum_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
@@ -71,10 +68,6 @@ def _sum_expected(world: int) -> Seen:
     return [{"total": THE_SUM, "kind": "Tensor"} for _ in range(world)]
 
 
-def _values(seen: Seen) -> list[float]:
-    return list(seen[0]["values"])
-
-
 def _close_to(held: list[float] | None, wanted: list[float], tolerance: float = 0.0) -> bool:
     """The distinct values a total held are `wanted`, to `tolerance` (relative: its dtype's rounding)."""
     return (
@@ -84,41 +77,22 @@ def _close_to(held: list[float] | None, wanted: list[float], tolerance: float = 
     )
 
 
-def _totals_are(seen: Seen, wanted: list[list[float]]) -> list[bool]:
-    """Per rank: the distinct values its total held are that rank's `wanted`, to its dtype's rounding."""
-    return [_close_to(s.get("held"), w, s.get("tolerance", 0.0)) for s, w in zip(seen, wanted, strict=True)]
+def _totals(seen: Seen, wanted: Callable[[list[float], int], float]) -> list[bool]:
+    """Per rank r: its total held one value, wanted(every rank's value, r), to its dtype's rounding."""
+    values = list(seen[0]["values"])
+    return [
+        _close_to(s.get("held"), [wanted(values, r)], s.get("tolerance", 0.0)) for r, s in enumerate(seen)
+    ]
 
 
-def _returned_none(seen: Seen, expected: Seen) -> bool:
-    return all(s.get("kind") == "NoneType" for s in seen)
-
-
-def _no_collective(seen: Seen, expected: Seen) -> bool:
-    """No rank called any collective: a total built from what each rank knew alone."""
-    return len(seen) > 1 and all(not s.get("collectives") for s in seen)
+def _every_total(wanted: Callable[[list[float], int], float]) -> Callable[[Seen, Seen], bool]:
+    """A signature: more than one rank, and each rank's total is wanted(every rank's value, its rank)."""
+    return lambda seen, expected: len(seen) > 1 and all(_totals(seen, wanted))
 
 
 def _only_rank_0(seen: Seen, expected: Seen) -> bool:
-    summed = _totals_are(seen, [[sum(_values(seen))]] * len(seen))
+    summed = _totals(seen, lambda values, r: sum(values))
     return len(seen) > 1 and summed[0] and not all(summed)
-
-
-def _largest(seen: Seen, expected: Seen) -> bool:
-    return len(seen) > 1 and all(_totals_are(seen, [[max(_values(seen))]] * len(seen)))
-
-
-def _ranks_summed(seen: Seen, expected: Seen) -> bool:
-    world = len(seen)
-    return world > 1 and all(_totals_are(seen, [[float(sum(range(world)))]] * world))
-
-
-def _averaged(seen: Seen, expected: Seen) -> bool:
-    mean = sum(_values(seen)) / len(seen)
-    return len(seen) > 1 and all(_totals_are(seen, [[mean]] * len(seen)))
-
-
-def _kept_own(seen: Seen, expected: Seen) -> bool:
-    return len(seen) > 1 and all(_totals_are(seen, [[v] for v in _values(seen)]))
 
 
 SUM = Exercise(
@@ -140,11 +114,9 @@ SUM = Exercise(
         "total = torch.tensor([value], dtype=torch.float64, device=device)  # this rank's share\n"
         "dist.all_reduce(total)  # SUM by default, in place: total now holds the sum on every rank\n"
     ),
-    hint=(
-        "One collective gives every rank the same reduced tensor, in place. Its default operation adds; "
-        "each rank hands in its own value."
-    ),
-    setup=_sum_setup,
+    hint="One collective gives every rank the same reduced tensor, in place. Its default operation adds; "
+    "each rank hands in its own value.",
+    setup=lambda ctx: {"value": values_of(ctx.world_size, ctx.workdir)[ctx.rank]},
     observe=_sum_observe,
     expected=_sum_expected,
     mistakes=(
@@ -153,66 +125,54 @@ SUM = Exercise(
             "no rank called a collective: each rank built its total from what it knew alone (its own value, "
             "the pattern of the digits), but every rank's digit is drawn anew for each check and given to that "
             "rank alone, so the others' values reach a rank only through a collective",
-            _no_collective,
-            hint=(
-                "Put this rank's value in a tensor and let the ranks add them: dist.all_reduce(total) on every "
-                "rank leaves the sum of all of them in each rank's tensor."
-            ),
+            lambda seen, expected: len(seen) > 1 and all(not s.get("collectives") for s in seen),
+            hint="Put this rank's value in a tensor and let the ranks add them: dist.all_reduce(total) on every "
+            "rank leaves the sum of all of them in each rank's tensor.",
         ),
         Mistake(
             "00-sum-averaged",
             "every rank holds the mean of the values, not their sum: the answer divided by the world size. "
             "all_reduce adds (its default op is SUM); DDP's gradient is a mean because DDP divides, after it",
-            _averaged,
-            hint=(
-                "Leave the all-reduced tensor as it is: SUM, all_reduce's default op, already leaves the "
-                "total on every rank."
-            ),
+            _every_total(lambda values, r: sum(values) / len(values)),
+            hint="Leave the all-reduced tensor as it is: SUM, all_reduce's default op, already leaves the "
+            "total on every rank.",
         ),
         Mistake(
             "00-sum-returned-none",
             "total is None on every rank: dist.all_reduce changes its tensor in place and returns None "
             "(a work handle only with async_op=True); call it, then keep the tensor you passed",
-            _returned_none,
-            hint=(
-                "Build `total` as a tensor first, then call dist.all_reduce(total) on a line of its own: it "
-                "fills `total` in place."
-            ),
+            lambda seen, expected: all(s.get("kind") == "NoneType" for s in seen),
+            hint="Build `total` as a tensor first, then call dist.all_reduce(total) on a line of its own: it "
+            "fills `total` in place.",
         ),
         Mistake(
             "00-sum-reduce-to-rank-0",
             "only rank 0 holds the sum: dist.reduce delivers the result to one rank (dst); all_reduce "
             "delivers it to every rank",
             _only_rank_0,
-            hint=(
-                "Call dist.all_reduce(total), which leaves the sum on every rank, in place of dist.reduce."
-            ),
+            hint="Call dist.all_reduce(total), which leaves the sum on every rank, in place of dist.reduce.",
         ),
         Mistake(
             "00-sum-max",
             "every rank holds the largest value, not the sum: op=ReduceOp.MAX keeps the biggest; the "
             "default op, SUM, adds",
-            _largest,
+            _every_total(lambda values, r: max(values)),
             hint="Call dist.all_reduce(total) with its default op, SUM, in place of ReduceOp.MAX.",
         ),
         Mistake(
             "00-sum-ranks-not-values",
             "every rank holds 0 + 1 + ... + (n-1), the sum of the rank numbers: each rank handed in its "
             "rank instead of its value, so rank 0 added nothing",
-            _ranks_summed,
-            hint=(
-                "Put this rank's `value` into the tensor that every rank all-reduces, in place of its rank number."
-            ),
+            _every_total(lambda values, r: float(sum(range(len(values))))),
+            hint="Put this rank's `value` into the tensor that every rank all-reduces, in place of its rank number.",
         ),
         Mistake(
             "00-sum-result-discarded",
             "each rank still holds only its own value: the all-reduce ran on another tensor (a copy?), "
             "and total never received the sum",
-            _kept_own,
-            hint=(
-                "All-reduce the very tensor you bind to `total`: dist.all_reduce changes the tensor it is "
-                "given, in place."
-            ),
+            _every_total(lambda values, r: values[r]),
+            hint="All-reduce the very tensor you bind to `total`: dist.all_reduce changes the tensor it is "
+            "given, in place.",
         ),
     ),
 )
@@ -224,10 +184,6 @@ PROBES = (("bfloat16", 3000, 2.5e-6, 3), ("float32", 1 << 12, 1e-5, 4), ("float6
 
 def element_size(dtype: str) -> int:
     return {"bfloat16": 2, "float32": 4, "float64": 8}[dtype]
-
-
-def _busbw_setup(ctx: Context) -> dict[str, Any]:
-    return {"math": math}
 
 
 def _busbw_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
@@ -253,49 +209,25 @@ def _busbw_expected(world: int) -> Seen:
     return [{"gbps": [right_bandwidths(*p) for p in PROBES]} for _ in range(world)]
 
 
-def _ratios(seen: Seen, column: int, reference: list[float]) -> list[float] | None:
-    """Each probe's seen value over `reference`, on rank 0 (every rank computes the same)."""
-    rows = seen[0].get("gbps")
-    if not rows or len(rows) != len(PROBES):
-        return None
-    return [row[column] / want for row, want in zip(rows, reference, strict=True)]
-
-
-def _ratios_are(seen: Seen, column: int, reference: list[float], wanted: list[float]) -> bool:
-    ratios = _ratios(seen, column, reference)
-    return ratios is not None and all(
-        math.isclose(r, w, rel_tol=1e-6) for r, w in zip(ratios, wanted, strict=True)
+def _ratios_are(seen: Seen, algbw: list[float], busbw: list[float] | None = None) -> bool:
+    """Rank 0's algbw (and busbw) over the right ones are, probe by probe, these (every rank computes alike)."""
+    rows = seen[0].get("gbps") or []
+    right = [right_bandwidths(*p) for p in PROBES]
+    return (
+        bool(rows)
+        and len(rows) == len(PROBES)
+        and all(
+            math.isclose(row[column] / want[column], ratio, rel_tol=1e-6)
+            for column, ratios in enumerate((algbw, busbw))
+            if ratios is not None
+            for row, want, ratio in zip(rows, right, ratios, strict=True)
+        )
     )
 
 
-def _right(column: int) -> list[float]:
-    return [right_bandwidths(*p)[column] for p in PROBES]
-
-
-def _counted_elements(seen: Seen, expected: Seen) -> bool:
-    return _ratios_are(seen, 0, _right(0), [1 / element_size(p[0]) for p in PROBES])
-
-
-def _four_bytes(seen: Seen, expected: Seen) -> bool:
-    return _ratios_are(seen, 0, _right(0), [4 / element_size(p[0]) for p in PROBES])
-
-
-def _no_factor(seen: Seen, expected: Seen) -> bool:
-    factors = [2 * (p[3] - 1) / p[3] for p in PROBES]
-    return _ratios_are(seen, 0, _right(0), [1.0] * 3) and _ratios_are(
-        seen, 1, _right(1), [1 / f for f in factors]
-    )
-
-
-def _half_ring(seen: Seen, expected: Seen) -> bool:
-    return _ratios_are(seen, 0, _right(0), [1.0] * 3) and _ratios_are(seen, 1, _right(1), [0.5] * 3)
-
-
-def _gibibytes(seen: Seen, expected: Seen) -> bool:
-    """Both bandwidths in GiB/s (2**30 bytes), where GB/s (10**9) was asked: each 10**9 / 2**30 of the right."""
-    ratio = 1e9 / 2**30
-    return _ratios_are(seen, 0, _right(0), [ratio] * 3) and _ratios_are(seen, 1, _right(1), [ratio] * 3)
-
+SIZES = [element_size(p[0]) for p in PROBES]  # each probe's bytes per element
+RING = [2 * (p[3] - 1) / p[3] for p in PROBES]  # each probe's ring factor, 2(n-1)/n
+GIB = 1e9 / 2**30  # GB/s in GiB/s
 
 BUSBW = Exercise(
     id="00-busbw",
@@ -321,11 +253,9 @@ BUSBW = Exercise(
         "    busbw = algbw * 2 * (world - 1) / world  # reduce-scatter, then all-gather\n"
         "    return algbw, busbw\n"
     ),
-    hint=(
-        "A bandwidth counts bytes: an element of bfloat16 is 2 bytes, of float64 8. In a ring each rank sends "
-        "(n-1)/n of the message to reduce-scatter it, and (n-1)/n again to all-gather the sums."
-    ),
-    setup=_busbw_setup,
+    hint="A bandwidth counts bytes: an element of bfloat16 is 2 bytes, of float64 8. In a ring each rank sends "
+    "(n-1)/n of the message to reduce-scatter it, and (n-1)/n again to all-gather the sums.",
+    setup=lambda ctx: {"math": math},
     observe=_busbw_observe,
     expected=_busbw_expected,
     mistakes=(
@@ -333,41 +263,37 @@ BUSBW = Exercise(
             "00-busbw-four-bytes",
             "right for float32 only: the answer counts 4 bytes per element, but a bfloat16 element is 2 bytes "
             "and a float64 one 8. tensor.element_size() says how many",
-            _four_bytes,
-            hint=(
-                "Multiply numel() by tensor.element_size(), the bytes of one element of the tensor's own "
-                "dtype."
-            ),
+            lambda seen, expected: _ratios_are(seen, [4 / size for size in SIZES]),
+            hint="Multiply numel() by tensor.element_size(), the bytes of one element of the tensor's own "
+            "dtype.",
         ),
         Mistake(
             "00-busbw-elements",
             "algbw is the right one divided by each message's element size (2, 4, 8): it counts elements, "
             "not bytes; numel() * element_size() is the message in bytes",
-            _counted_elements,
+            lambda seen, expected: _ratios_are(seen, [1 / size for size in SIZES]),
             hint="Turn elements into bytes: nbytes = tensor.numel() * tensor.element_size().",
         ),
         Mistake(
             "00-busbw-no-factor",
             "busbw equals algbw at every world: it lacks the ring's factor 2(n-1)/n (1 at 2 ranks only, "
             "which is why the checker asks at 3, 4 and 8)",
-            _no_factor,
-            hint=(
-                "Multiply algbw by 2 * (world - 1) / world: the ring's reduce-scatter and its all-gather each "
-                "send (world - 1) / world of the message."
-            ),
+            lambda seen, expected: _ratios_are(seen, [1.0] * 3, [1 / f for f in RING]),
+            hint="Multiply algbw by 2 * (world - 1) / world: the ring's reduce-scatter and its all-gather each "
+            "send (world - 1) / world of the message.",
         ),
         Mistake(
             "00-busbw-half-ring",
             "busbw is half the right one: (n-1)/n counts the reduce-scatter alone; the all-gather sends "
             "(n-1)/n again, 2(n-1)/n in all",
-            _half_ring,
+            lambda seen, expected: _ratios_are(seen, [1.0] * 3, [0.5] * 3),
             hint="Count both halves of the ring: busbw = algbw * 2 * (world - 1) / world.",
         ),
         Mistake(
             "00-busbw-gibibytes",
             "both bandwidths are 0.931 of the right ones (10**9 / 2**30): they are in GiB/s, 2**30 bytes a "
             "second, where the task asks GB/s, 10**9 bytes a second, the unit nccl-tests reports in",
-            _gibibytes,
+            lambda seen, expected: _ratios_are(seen, [GIB] * 3, [GIB] * 3),  # GiB/s where GB/s was asked
             hint="Divide bytes per second by 1e9 (GB, as link speeds are counted), not by 2**30 (GiB, as "
             "memory sizes are).",
         ),

@@ -12,9 +12,25 @@ unlike the batch per rank, so "lr times world size" and the rule itself give dif
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from ddp_helpers.rank.spec import Context, Exercise, Mistake, Seen, close, field_of
+from ddp_helpers.chapters.ch01_first_program.ch01_exercises import recording_print
+from ddp_helpers.rank.spec import Context, Exercise, Mistake, Seen, close
+
+
+def _number(value: Any) -> float | None:
+    """A number the answer bound (a one-element tensor too) as a float; None for anything else."""
+    if hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:
+        value = value.item()
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _all_close(seen: Seen, name: str, values: list[float] | float) -> bool:
+    """Every rank's `name` is its value in `values` (one for all, or one per rank)."""
+    wanted = values if isinstance(values, list) else [values] * len(seen)
+    return all(s.get(name) is not None and close(s[name], v) for s, v in zip(seen, wanted, strict=True))
+
 
 # ------------------------------------------------------------------ 02-loss-mean
 
@@ -25,28 +41,15 @@ def _losses_of(rank: int) -> list[float]:
 
 
 def _loss_setup(ctx: Context) -> dict[str, Any]:
-    import builtins
-
     import torch
 
     printed: list[str] = []
-
-    def recorded_print(*args: Any, **kwargs: Any) -> None:
-        printed.append(" ".join(str(a) for a in args))
-        builtins.print(*args, **kwargs)  # the line still shows, with the rank's other output
-
     losses = torch.tensor(_losses_of(ctx.rank), dtype=torch.float64, device=ctx.device)
-    return {"losses": losses, "print": recorded_print, "_printed": printed}
+    return {"losses": losses, "print": recording_print(printed), "_printed": printed}
 
 
 def _loss_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    value = ns.get("mean_loss")
-    if value is not None and hasattr(value, "item"):
-        value = value.item() if getattr(value, "numel", lambda: 1)() == 1 else None
-    return {
-        "mean_loss": float(value) if isinstance(value, int | float) else None,
-        "printed": len(ns.get("_printed", [])),
-    }
+    return {"mean_loss": _number(ns.get("mean_loss")), "printed": len(ns.get("_printed", []))}
 
 
 def _all_losses(world: int) -> list[float]:
@@ -59,39 +62,13 @@ def _loss_expected(world: int) -> Seen:
     return [{"mean_loss": mean, "printed": 1 if r == 0 else 0} for r in range(world)]
 
 
-def _every_rank_is(seen: Seen, value: float) -> bool:
-    means = field_of(seen, "mean_loss")
-    return all(m is not None and close(m, value) for m in means)
+def _own_means(world: int) -> list[float]:
+    return [sum(_losses_of(r)) / len(_losses_of(r)) for r in range(world)]
 
 
-def _own_mean(seen: Seen, expected: Seen) -> bool:
-    means = field_of(seen, "mean_loss")
-    return len(seen) > 1 and all(
-        m is not None and close(m, sum(_losses_of(r)) / len(_losses_of(r))) for r, m in enumerate(means)
-    )
-
-
-def _mean_of_means(seen: Seen, expected: Seen) -> bool:
-    world = len(seen)
-    means = [sum(_losses_of(r)) / len(_losses_of(r)) for r in range(world)]
-    return world > 1 and _every_rank_is(seen, sum(means) / world)
-
-
-def _sum_over_world(seen: Seen, expected: Seen) -> bool:
-    world = len(seen)
-    return world > 1 and _every_rank_is(seen, sum(_all_losses(world)) / world)
-
-
-def _sum_not_divided(seen: Seen, expected: Seen) -> bool:
-    return _every_rank_is(seen, sum(_all_losses(len(seen))))
-
-
-def _every_rank_prints(seen: Seen, expected: Seen) -> bool:
-    return len(seen) > 1 and all(s.get("printed") for s in seen)
-
-
-def _rank0_silent(seen: Seen, expected: Seen) -> bool:
-    return not seen[0].get("printed") and not seen[0].get("error")
+def _mean_loss_is(value: Callable[[int], list[float] | float]) -> Callable[[Seen, Seen], bool]:
+    """A signature: more than one rank, and every rank's mean_loss is value(world) (one, or one per rank)."""
+    return lambda seen, expected: len(seen) > 1 and _all_close(seen, "mean_loss", value(len(seen)))
 
 
 LOSS_MEAN = Exercise(
@@ -119,10 +96,8 @@ LOSS_MEAN = Exercise(
         "if rank == 0:  # one log line\n"
         '    print(f"loss {mean_loss:.4f}")\n'
     ),
-    hint=(
-        "A mean of the ranks' means weighs a small batch like a big one. All-reduce (SUM) two numbers "
-        "per rank, its sum of losses and its count, and divide the two totals. Then one rank prints."
-    ),
+    hint="A mean of the ranks' means weighs a small batch like a big one. All-reduce (SUM) two numbers "
+    "per rank, its sum of losses and its count, and divide the two totals. Then one rank prints.",
     setup=_loss_setup,
     observe=_loss_observe,
     expected=_loss_expected,
@@ -131,51 +106,43 @@ LOSS_MEAN = Exercise(
             "02-loss-mean-own-mean",
             "each rank's mean_loss is the mean of its own samples only: nothing was all-reduced, so rank 0 "
             "logs a loss of 1/N of the data",
-            _own_mean,
-            hint=(
-                "All-reduce (SUM) a tensor of two numbers per rank, its losses' sum and its sample count, "
-                "then divide the first total by the second."
-            ),
+            _mean_loss_is(_own_means),
+            hint="All-reduce (SUM) a tensor of two numbers per rank, its losses' sum and its sample count, "
+            "then divide the first total by the second.",
         ),
         Mistake(
             "02-loss-mean-mean-of-means",
             "mean_loss is the mean of the ranks' means: with batches of different sizes that weighs each "
             "rank alike, not each sample. All-reduce the sum and the count, then divide",
-            _mean_of_means,
-            hint=(
-                "All-reduce each rank's sum of losses and its count of samples, in place of its mean; then "
-                "divide the two totals."
-            ),
+            _mean_loss_is(lambda world: sum(_own_means(world)) / world),
+            hint="All-reduce each rank's sum of losses and its count of samples, in place of its mean; then "
+            "divide the two totals.",
         ),
         Mistake(
             "02-loss-mean-divided-by-world",
             "mean_loss is the all-reduced sum divided by the world size: that is a mean per rank, not per "
             "sample. Divide by the all-reduced count of samples",
-            _sum_over_world,
-            hint=(
-                "Divide the all-reduced sum of losses by the all-reduced count of samples (losses.numel(), "
-                "summed over the ranks), in place of world_size."
-            ),
+            _mean_loss_is(lambda world: sum(_all_losses(world)) / world),
+            hint="Divide the all-reduced sum of losses by the all-reduced count of samples (losses.numel(), "
+            "summed over the ranks), in place of world_size.",
         ),
         Mistake(
             "02-loss-mean-not-divided",
             "mean_loss is the sum of the losses, not their mean: divide the summed losses by the summed count",
-            _sum_not_divided,
-            hint=(
-                "Divide the summed losses by the summed count of samples: all-reduce the count beside the "
-                "sum."
-            ),
+            lambda seen, expected: _all_close(seen, "mean_loss", sum(_all_losses(len(seen)))),
+            hint="Divide the summed losses by the summed count of samples: all-reduce the count beside the "
+            "sum.",
         ),
         Mistake(
             "02-loss-mean-every-rank-prints",
             "every rank printed: the log holds N copies of one line. Print from rank 0 only",
-            _every_rank_prints,
+            lambda seen, expected: len(seen) > 1 and all(s.get("printed") for s in seen),
             hint="Keep the all-reduce on every rank, and put the print alone under `if rank == 0:`.",
         ),
         Mistake(
             "02-loss-mean-not-printed",
             "rank 0 printed nothing: the log line is missing",
-            _rank0_silent,
+            lambda seen, expected: not seen[0].get("printed") and not seen[0].get("error"),
             hint="After the all-reduce that every rank runs, let rank 0 print: `if rank == 0: print(...)`.",
         ),
     ),
@@ -198,15 +165,12 @@ def _lr_setup(ctx: Context) -> dict[str, Any]:
 def _lr_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
     import torch
 
-    def number(value: Any) -> float | None:
-        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
     optimizer = ns.get("optimizer")
     used = optimizer.param_groups[0]["lr"] if isinstance(optimizer, torch.optim.Optimizer) else None
     return {
-        "global_batch": number(ns.get("global_batch")),
-        "lr": number(ns.get("lr")),
-        "optimizer_lr": number(used),
+        "global_batch": _number(ns.get("global_batch")),
+        "lr": _number(ns.get("lr")),
+        "optimizer_lr": _number(used),
     }
 
 
@@ -217,7 +181,7 @@ def _lr_expected(world: int) -> Seen:
 
 
 def _optimizer_lr_is(seen: Seen, lr: float) -> bool:
-    return all(s.get("optimizer_lr") is not None and close(s["optimizer_lr"], lr) for s in seen)
+    return _all_close(seen, "optimizer_lr", lr)
 
 
 LR_SCALE = Exercise(
@@ -240,10 +204,8 @@ LR_SCALE = Exercise(
         "lr = base_lr * global_batch / base_batch  # linear rule: the lr grows as the batch does\n"
         "optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)\n"
     ),
-    hint=(
-        "The rule scales the lr by how much bigger the global batch is than the batch base_lr was tuned at. "
-        "The global batch counts every rank's samples."
-    ),
+    hint="The rule scales the lr by how much bigger the global batch is than the batch base_lr was tuned at. "
+    "The global batch counts every rank's samples.",
     setup=_lr_setup,
     observe=_lr_observe,
     expected=_lr_expected,
@@ -253,10 +215,8 @@ LR_SCALE = Exercise(
             "the optimizer runs at base_lr: the global batch is not the one base_lr was tuned at, so the "
             "lr must change with it",
             lambda seen, expected: _optimizer_lr_is(seen, BASE_LR),
-            hint=(
-                "Scale the lr with the batch: lr = base_lr * global_batch / base_batch, with global_batch = "
-                "batch_size * world_size."
-            ),
+            hint="Scale the lr with the batch: lr = base_lr * global_batch / base_batch, with global_batch = "
+            "batch_size * world_size.",
         ),
         Mistake(
             "02-lr-scale-per-rank-batch",
@@ -265,10 +225,8 @@ LR_SCALE = Exercise(
             lambda seen, expected: (
                 len(seen) > 1 and _optimizer_lr_is(seen, BASE_LR * BATCH_PER_RANK / BASE_BATCH)
             ),
-            hint=(
-                "Use the global batch in the rule, batch_size * world_size: lr = base_lr * global_batch / "
-                "base_batch."
-            ),
+            hint="Use the global batch in the rule, batch_size * world_size: lr = base_lr * global_batch / "
+            "base_batch.",
         ),
         Mistake(
             "02-lr-scale-inverted",
@@ -318,12 +276,7 @@ def _throughput_setup(ctx: Context) -> dict[str, Any]:
 
 
 def _throughput_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    def number(value: Any) -> float | None:
-        if hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:
-            value = value.item()
-        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-    return {"samples_per_s": number(ns.get("samples_per_s")), "efficiency": number(ns.get("efficiency"))}
+    return {"samples_per_s": _number(ns.get("samples_per_s")), "efficiency": _number(ns.get("efficiency"))}
 
 
 def _job_samples_per_s(world: int, step_s: float) -> float:
@@ -336,39 +289,15 @@ def _throughput_expected(world: int) -> Seen:
     return [{"samples_per_s": samples_per_s, "efficiency": efficiency} for _ in range(world)]
 
 
-def _samples_per_s_is(seen: Seen, values: list[float]) -> bool:
-    got = field_of(seen, "samples_per_s")
-    return all(g is not None and close(g, v) for g, v in zip(got, values, strict=True))
-
-
-def _own_step(seen: Seen, expected: Seen) -> bool:
-    world = len(seen)
-    return world > 1 and _samples_per_s_is(
-        seen, [_job_samples_per_s(world, _step_s_of(r)) for r in range(world)]
-    )
-
-
-def _mean_step(seen: Seen, expected: Seen) -> bool:
-    world = len(seen)
-    mean = sum(_step_s_of(r) for r in range(world)) / world
-    return world > 1 and _samples_per_s_is(seen, [_job_samples_per_s(world, mean)] * world)
-
-
-def _one_rank_batch(seen: Seen, expected: Seen) -> bool:
-    world = len(seen)
-    slowest = max(_step_s_of(r) for r in range(world))
-    return world > 1 and _samples_per_s_is(seen, [THROUGHPUT_BATCH / slowest] * world)
+def _samples_per_s_is(value: Callable[[int], list[float] | float]) -> Callable[[Seen, Seen], bool]:
+    """A signature: more than one rank, and every rank's samples_per_s is value(world) (one, or per rank)."""
+    return lambda seen, expected: len(seen) > 1 and _all_close(seen, "samples_per_s", value(len(seen)))
 
 
 def _efficiency_not_per_device(seen: Seen, expected: Seen) -> bool:
-    world = len(seen)
     right = expected[0]["samples_per_s"]
-    return (
-        world > 1
-        and _samples_per_s_is(seen, [right] * world)
-        and all(
-            e is not None and close(e, right / SINGLE_SAMPLES_PER_S) for e in field_of(seen, "efficiency")
-        )
+    return _samples_per_s_is(lambda world: right)(seen, expected) and _all_close(
+        seen, "efficiency", right / SINGLE_SAMPLES_PER_S
     )
 
 
@@ -395,10 +324,8 @@ THROUGHPUT = Exercise(
         "samples_per_s = batch_size * world_size / slowest.item()\n"
         "efficiency = samples_per_s / (world_size * single_samples_per_s)\n"
     ),
-    hint=(
-        "DDP's steps are synchronous: every rank waits in the all-reduce for the slowest, so the job's step "
-        "lasts the longest step_s (all_reduce with ReduceOp.MAX). In that time every rank trains its batch."
-    ),
+    hint="DDP's steps are synchronous: every rank waits in the all-reduce for the slowest, so the job's step "
+    "lasts the longest step_s (all_reduce with ReduceOp.MAX). In that time every rank trains its batch.",
     setup=_throughput_setup,
     observe=_throughput_observe,
     expected=_throughput_expected,
@@ -407,21 +334,23 @@ THROUGHPUT = Exercise(
             "02-throughput-own-step",
             "each rank used its own step_s: the ranks disagree, and a fast rank counts time it spent waiting "
             "for the slowest as if it trained. All-reduce the step time with MAX",
-            _own_step,
+            _samples_per_s_is(lambda world: [_job_samples_per_s(world, _step_s_of(r)) for r in range(world)]),
             hint="All-reduce step_s with op=dist.ReduceOp.MAX, and use that slowest step on every rank.",
         ),
         Mistake(
             "02-throughput-mean-step",
             "samples_per_s uses the mean step time: a synchronous step lasts as long as the slowest rank's. "
             "All-reduce with MAX, not a SUM divided by the world size",
-            _mean_step,
+            _samples_per_s_is(
+                lambda world: _job_samples_per_s(world, sum(_step_s_of(r) for r in range(world)) / world)
+            ),
             hint="Reduce step_s with op=dist.ReduceOp.MAX: the slowest rank's step is the job's.",
         ),
         Mistake(
             "02-throughput-one-rank",
             "samples_per_s counts one rank's batch: in each step every rank trains batch_size samples, so "
             "the job trains batch_size x world_size",
-            _one_rank_batch,
+            _samples_per_s_is(lambda world: THROUGHPUT_BATCH / max(_step_s_of(r) for r in range(world))),
             hint="Count every rank's batch: the job trains batch_size * world_size samples per step.",
         ),
         Mistake(
@@ -429,10 +358,8 @@ THROUGHPUT = Exercise(
             "efficiency compares the job with one single process: divide by world_size x "
             "single_samples_per_s, what world_size devices would do alone",
             _efficiency_not_per_device,
-            hint=(
-                "Divide by what world_size lone processes would do: efficiency = samples_per_s / (world_size "
-                "* single_samples_per_s)."
-            ),
+            hint="Divide by what world_size lone processes would do: efficiency = samples_per_s / (world_size "
+            "* single_samples_per_s).",
         ),
     ),
 )

@@ -92,14 +92,16 @@ def _fp16_setup(ctx: Context) -> dict[str, Any]:
     }
 
 
+def _float(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def _fp16_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
     steps = ns["_steps"].after if "_steps" in ns else []
-    norms: list[float | None] = []
-    for norm in ns.get("norms") or []:
-        try:
-            norms.append(float(norm))
-        except (TypeError, ValueError):
-            norms.append(None)
+    norms = [_float(norm) for norm in ns.get("norms") or []]
     return {
         "output_dtypes": list(ns.get("_dtypes", [])),
         "weights": [s["weights"] for s in steps],
@@ -128,34 +130,24 @@ def _fp16_expected(world: int) -> Seen:
     return [dict(row) for _ in range(world)]
 
 
-def _not_fp16(seen: Seen, expected: Seen) -> bool:
-    dtypes = [d for s in seen for d in (s.get("output_dtypes") or [])]
-    return bool(dtypes) and any(d != "torch.float16" for d in dtypes)
+def _output_dtypes(seen: Seen) -> list[str]:
+    return [d for s in seen for d in (s.get("output_dtypes") or [])]
 
 
-def _weights_after(seen: Seen, step: int) -> list[list[float] | None]:
-    return [w[step] if w and len(w) > step else None for w in field_of(seen, "weights")]
+def _after(seen: Seen, name: str, step: int) -> list[Any]:
+    """Every rank's `name` ("weights", "scales") after step `step` (None where it took fewer steps)."""
+    return [w[step] if w and len(w) > step else None for w in field_of(seen, name)]
 
 
-def _scales_after(seen: Seen, step: int) -> list[float | None]:
-    return [s[step] if s and len(s) > step else None for s in field_of(seen, "scales")]
+def _skipped(seen: Seen, step: int, scale: float) -> bool:
+    """Every rank skipped step `step` (its weights still zero), and its scale is then `scale`."""
+    skipped = all(w is not None and not any(w) for w in _after(seen, "weights", step))
+    return skipped and all(s is not None and close(s, scale) for s in _after(seen, "scales", step))
 
 
 def _overflow_applied(seen: Seen, expected: Seen) -> bool:
-    first = _weights_after(seen, 0)
+    first = _after(seen, "weights", 0)
     return all(w is not None for w in first) and any(not math.isfinite(v) for w in first for v in w or [])
-
-
-def _scale_kept(seen: Seen, expected: Seen) -> bool:
-    first, scales = _weights_after(seen, 0), _scales_after(seen, 0)
-    skipped = all(w is not None and not any(w) for w in first)
-    return skipped and all(s is not None and close(s, INIT_SCALE) for s in scales)
-
-
-def _skipped_again(seen: Seen, expected: Seen) -> bool:
-    second, scales = _weights_after(seen, 1), _scales_after(seen, 1)
-    skipped = all(w is not None and not any(w) for w in second)
-    return skipped and all(s is not None and close(s, INIT_SCALE / 4) for s in scales)
 
 
 def _clipped_scaled(seen: Seen, expected: Seen) -> bool:
@@ -167,11 +159,10 @@ def _clipped_scaled(seen: Seen, expected: Seen) -> bool:
 def _updated_before_step(seen: Seen, expected: Seen) -> bool:
     """The first step skipped and the scale halved, then torch's own error at the next unscale_: the step
     that came after update() left the scaler marked as stepped, and no update() came to ready it again."""
-    first, scales = _weights_after(seen, 0), _scales_after(seen, 0)
-    skipped = all(w is not None and not any(w) for w in first)
-    halved = all(s is not None and close(s, INIT_SCALE / 2) for s in scales)
     errors = [s.get("error") or "" for s in seen]
-    return skipped and halved and all("unscale_() is being called after step()" in e for e in errors)
+    return _skipped(seen, 0, INIT_SCALE / 2) and all(
+        "unscale_() is being called after step()" in e for e in errors
+    )
 
 
 FP16_STEP = Exercise(
@@ -212,11 +203,9 @@ FP16_STEP = Exercise(
         "    scaler.step(optimizer)  # skipped if any gradient is inf/NaN: on every rank alike\n"
         "    scaler.update()  # halves the scale after a skip\n"
     ),
-    hint=(
-        "The scaler wraps three calls: scale(loss).backward(), step(optimizer) and update(). unscale_"
-        "(optimizer) goes between backward and the clip, so that the clip measures true gradients. And "
-        "gradients add up across backward() calls until something clears them."
-    ),
+    hint="The scaler wraps three calls: scale(loss).backward(), step(optimizer) and update(). unscale_"
+    "(optimizer) goes between backward and the clip, so that the clip measures true gradients. And "
+    "gradients add up across backward() calls until something clears them.",
     setup=_fp16_setup,
     observe=_fp16_observe,
     expected=_fp16_expected,
@@ -225,52 +214,42 @@ FP16_STEP = Exercise(
             "03-fp16-step-not-fp16",
             "the forward's output was not float16: without torch.autocast(device.type, dtype=torch.float16) "
             "the step is not the fp16 step (the overflow, and what the scaler does about it, never happen)",
-            _not_fp16,
-            hint=(
-                "Run the forward inside `with torch.autocast(device.type, dtype=torch.float16):` (the "
-                "tensors' own device type), and the backward, unscale_, clip, step and update after it."
-            ),
+            lambda seen, expected: any(d != "torch.float16" for d in _output_dtypes(seen)),
+            hint="Run the forward inside `with torch.autocast(device.type, dtype=torch.float16):` (the "
+            "tensors' own device type), and the backward, unscale_, clip, step and update after it.",
         ),
         Mistake(
             "03-fp16-step-optimizer-step",
             "the weights became inf/NaN on the overflowing step: optimizer.step() applies any gradient; "
             "scaler.step(optimizer) skips the step when a gradient is not finite",
             _overflow_applied,
-            hint=(
-                "Step through the scaler: scaler.step(optimizer) in place of optimizer.step(). It finds the "
-                "inf that DDP's average carried to every rank and skips the step on all of them alike."
-            ),
+            hint="Step through the scaler: scaler.step(optimizer) in place of optimizer.step(). It finds the "
+            "inf that DDP's average carried to every rank and skips the step on all of them alike.",
         ),
         Mistake(
             "03-fp16-step-no-update",
             "the step was skipped, yet the scale stayed the same: without scaler.update() the scale never "
             "shrinks after an overflow (and the next unscale_ refuses to run)",
-            _scale_kept,
-            hint=(
-                "Call scaler.update() once per iteration, after scaler.step(optimizer): it halves the scale "
-                "after a skipped step (and grows it after 2000 clean ones)."
-            ),
+            lambda seen, expected: _skipped(seen, 0, INIT_SCALE),  # and the scale kept
+            hint="Call scaler.update() once per iteration, after scaler.step(optimizer): it halves the scale "
+            "after a skipped step (and grows it after 2000 clean ones).",
         ),
         Mistake(
             "03-fp16-step-no-zero-grad",
             "the clean second step was skipped too, and the scale halved twice: the first step's inf/NaN "
             "gradients stayed and the second backward added to them. Clear the gradients every step",
-            _skipped_again,
-            hint=(
-                "Begin each iteration with optimizer.zero_grad(set_to_none=True), so that the skipped "
-                "step's inf gradients are gone before the next backward adds to .grad."
-            ),
+            lambda seen, expected: _skipped(seen, 1, INIT_SCALE / 4),  # the clean step too
+            hint="Begin each iteration with optimizer.zero_grad(set_to_none=True), so that the skipped "
+            "step's inf gradients are gone before the next backward adds to .grad.",
         ),
         Mistake(
             "03-fp16-step-clip-before-unscale",
             "the clip measured a norm the scale times too big: it saw the gradients still multiplied by the "
             "scale, and cut the step by that factor. Call scaler.unscale_(optimizer) before clipping",
             _clipped_scaled,
-            hint=(
-                "Call scaler.unscale_(optimizer) right after scaler.scale(loss).backward() and before "
-                "clip_grad_norm_: the clip then measures true gradients, and scaler.step knows not to unscale "
-                "them again."
-            ),
+            hint="Call scaler.unscale_(optimizer) right after scaler.scale(loss).backward() and before "
+            "clip_grad_norm_: the clip then measures true gradients, and scaler.step knows not to unscale "
+            "them again.",
         ),
         Mistake(
             "03-fp16-step-update-before-step",
@@ -280,11 +259,9 @@ FP16_STEP = Exercise(
             "record of the iteration, so the step after it unscales the gradients again (by the new scale) "
             "and leaves the scaler marked as stepped, with no update() after it to ready the next iteration",
             _updated_before_step,
-            hint=(
-                "Call scaler.step(optimizer) first and scaler.update() after it, last in the iteration: step "
-                "skips or applies the unscaled gradients, and update then sets the scale for the next "
-                "iteration and readies the scaler for its unscale_."
-            ),
+            hint="Call scaler.step(optimizer) first and scaler.update() after it, last in the iteration: step "
+            "skips or applies the unscaled gradients, and update then sets the scale for the next "
+            "iteration and readies the scaler for its unscale_.",
         ),
     ),
     covers=(
@@ -389,7 +366,7 @@ def _autocast_after_forward(seen: Seen, expected: Seen) -> bool:
 
 
 def _outputs_all(seen: Seen, dtype: str) -> bool:
-    dtypes = [d for s in seen for d in (s.get("output_dtypes") or [])]
+    dtypes = _output_dtypes(seen)
     return bool(dtypes) and all(d == dtype for d in dtypes)
 
 
@@ -421,10 +398,8 @@ BF16 = Exercise(
         "loss.backward()  # no scaler: bf16 has fp32's range\n"
         "optimizer.step()\n"
     ),
-    hint=(
-        "torch.autocast takes the device type of the tensors it should act on (device.type) and a dtype. "
-        "Put the loss inside it too: autocast computes it in fp32."
-    ),
+    hint="torch.autocast takes the device type of the tensors it should act on (device.type) and a dtype. "
+    "Put the loss inside it too: autocast computes it in fp32.",
     setup=_bf16_setup,
     observe=_bf16_observe,
     expected=_bf16_expected,
@@ -441,34 +416,26 @@ BF16 = Exercise(
             lambda seen, expected: all(
                 s.get("param_dtype") in ("torch.bfloat16", "torch.float16") for s in seen
             ),
-            hint=(
-                "Leave the model and x as they are (float32) and put the forward and the loss inside "
-                "`with torch.autocast(device.type, dtype=torch.bfloat16):`, which runs the forward's operations "
-                "in bf16 while the weights, their gradients and the step stay float32."
-            ),
+            hint="Leave the model and x as they are (float32) and put the forward and the loss inside "
+            "`with torch.autocast(device.type, dtype=torch.bfloat16):`, which runs the forward's operations "
+            "in bf16 while the weights, their gradients and the step stay float32.",
         ),
         Mistake(
             "03-bf16-fp16",
             "the forward ran in float16, not bfloat16: fp16's narrow range needs a GradScaler; bf16 "
             "(dtype=torch.bfloat16) has fp32's range and needs none",
-            lambda seen, expected: any(
-                d == "torch.float16" for s in seen for d in (s.get("output_dtypes") or [])
-            ),
-            hint=(
-                "Give torch.autocast dtype=torch.bfloat16: bf16 keeps float32's 8-bit exponent, so nothing "
-                "overflows and the step needs no scaler."
-            ),
+            lambda seen, expected: "torch.float16" in _output_dtypes(seen),
+            hint="Give torch.autocast dtype=torch.bfloat16: bf16 keeps float32's 8-bit exponent, so nothing "
+            "overflows and the step needs no scaler.",
         ),
         Mistake(
             "03-bf16-no-autocast",
             "the forward ran in float32: no autocast was active for this device. torch.autocast takes the "
             "tensors' device type, device.type here (torch.autocast('cuda') leaves CPU tensors in fp32)",
             lambda seen, expected: _outputs_all(seen, "torch.float32"),
-            hint=(
-                "Open the block with torch.autocast(device.type, dtype=torch.bfloat16): device.type is the "
-                "type of the device this rank's tensors are on ('cpu' or 'cuda'), and autocast acts on that "
-                "type's tensors only."
-            ),
+            hint="Open the block with torch.autocast(device.type, dtype=torch.bfloat16): device.type is the "
+            "type of the device this rank's tensors are on ('cpu' or 'cuda'), and autocast acts on that "
+            "type's tensors only.",
         ),
         Mistake(
             "03-bf16-loss-outside",
@@ -478,10 +445,8 @@ BF16 = Exercise(
                 _outputs_all(seen, "torch.bfloat16")
                 and all(s.get("loss_dtype") == "torch.bfloat16" for s in seen)
             ),
-            hint=(
-                "Move the F.cross_entropy line into the with block, right under the forward: autocast "
-                "itself picks float32 for the loss, from the bf16 logits."
-            ),
+            hint="Move the F.cross_entropy line into the with block, right under the forward: autocast "
+            "itself picks float32 for the loss, from the bf16 logits.",
         ),
         Mistake(
             "03-bf16-backward-in-autocast",
@@ -491,10 +456,8 @@ BF16 = Exercise(
             "loss included; backward passes under autocast are not recommended (each backward op already "
             "runs in the dtype autocast chose for its forward op)",
             _autocast_after_forward,
-            hint=(
-                "End the with block after the loss: loss.backward() and optimizer.step() go after it, "
-                "unindented, where autocast is off."
-            ),
+            hint="End the with block after the loss: loss.backward() and optimizer.step() go after it, "
+            "unindented, where autocast is off.",
         ),
     ),
     covers=("autocast-bf16",),

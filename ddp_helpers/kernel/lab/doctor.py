@@ -119,8 +119,9 @@ def check_shm(size: int | None) -> Check:
             "/dev/shm", INFO, "not present", "only Linux has it; DataLoader workers use other means here"
         )
     advice = (
-        "DataLoader workers and NCCL pass tensors through shared memory; Docker's default of 64 MiB makes them "
-        "crash with 'bus error' or 'No space left on device'. Start the container with --ipc=host or --shm-size=8g."
+        "DataLoader workers and NCCL pass tensors through shared memory; Docker's default of 64 MiB makes "
+        "them crash with 'bus error' or 'No space left on device'. Start the container with --ipc=host "
+        "or --shm-size=8g."
     )
     return _either("/dev/shm", size >= SHM_WARN_BYTES, f"{size / 2**30:.2f} GiB", advice, WARN)
 

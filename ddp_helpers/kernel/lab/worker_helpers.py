@@ -61,7 +61,7 @@ def package_imports(path: Path) -> dict[str, tuple[str, ...]]:
             and node.module.split(".")[0] == PACKAGE
         ):
             for alias in node.names:
-                # `from ddp_helpers.rank import teardown` names a module; `from ddp_helpers.rank.data import x` a name in one
+                # `from ddp_helpers.rank import teardown` names a module; `...rank.data import x`, a name in one
                 if module_path(f"{node.module}.{alias.name}").is_file():
                     taken.setdefault(f"{node.module}.{alias.name}", [])
                 else:
