@@ -1,7 +1,7 @@
 """Facts about this machine, and the PASS / WARN / FAIL / INFO checks on them.
 
 `python -m ddp_helpers doctor` and notebook 00 both show `run_checks()` as a table; the live all_reduce
-check, which launches a job, is `allreduce_check.live_allreduce`.
+check, which launches a job, is `ch00_allreduce_check.live_allreduce`.
 """
 
 from __future__ import annotations
