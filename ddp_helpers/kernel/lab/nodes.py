@@ -1,14 +1,5 @@
-"""The public tools for several nodes on one machine, and for a real scheduler: what notebook 06 uses.
-
-- `loopback_plan(nnodes, nproc_per_node)`: each pretend node's environment (its own GPUs, if any);
-- `start_elastic_node(...)`: one node's torchrun agent of an elastic job, started as a real node would;
-- `wait_for_line(nodes, pattern, timeout_s)`: the first line of the nodes' logs that matches;
-- `freeze(node)`: stop every process of a node (SIGSTOP), as a machine that froze or lost power;
-- `free_port()`: a port nothing listens on, for a rendezvous;
-- `visible_gpus()`, `visible_gpu_ids(gpus, environ)`: this machine's GPUs, counted without a CUDA
-  context, and their ids as ``CUDA_VISIBLE_DEVICES`` names them (for each loopback node's share);
-- `slurm`: submit a job file to SLURM (`slurm.submit`), follow it (`slurm.follow`), and say why SLURM
-  cannot run here (`slurm.missing_reason`).
+"""What notebook 06 imports for several nodes on one machine, and for a real scheduler: loopback nodes
+(`loopback_plan`, `start_elastic_node`, `wait_for_line`, `freeze`), ports and GPU ids, and `slurm`.
 
 They live in the launcher; this module is the name a notebook imports them by, so the launcher's
 modules stay free to change.
