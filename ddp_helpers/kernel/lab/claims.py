@@ -1,14 +1,8 @@
 """Checks a learner reads: a claim a notebook makes, checked on this machine, with the evidence shown.
 
-A notebook never uses a bare ``assert``. It calls ``check(claim, holds, evidence)``, which prints
-
-    ✓ the two ranks drew disjoint shards: 16 + 16 of 32 samples
-
-when the claim holds, and raises ``ClaimFailed`` with the same words and the evidence when it does not:
-
-    ClaimFailed: ✗ the two ranks drew disjoint shards: 16 + 16 of 32 samples, 4 drawn twice
-
-``check_equal`` is the common case of two values that must be equal; its evidence shows both.
+A notebook never uses a bare ``assert``: ``check(claim, holds, evidence)`` prints
+``✓ the two ranks drew disjoint shards: 16 + 16 of 32 samples`` when the claim holds, and raises
+``ClaimFailed`` with ``✗`` and the same words when it does not. ``check_equal`` shows both values.
 """
 
 from __future__ import annotations

@@ -31,10 +31,8 @@ def step_time_spread(metrics: pd.DataFrame) -> float | None:
 def results_table(runs: dict[str, Any], baseline: str) -> pd.DataFrame:
     """One row per run (LaunchResult-like: .summary and .metrics), with efficiency against `baseline`.
 
-    Everything is per device: DataParallel drives N GPUs from one process, so its throughput is
-    shared by N devices, not by its one process. Scaling efficiency = throughput / (devices x
-    the baseline's throughput per device). Peak memory is the busiest device's (GPU 0 under
-    DataParallel); `devices` falls back to the world size for summaries that do not record it.
+    Per device, not per process: DataParallel drives N GPUs from one process. Peak memory is the busiest
+    device's (GPU 0 under DataParallel); `devices` is the world size where a summary does not record it.
     """
     import pandas as pd
 
