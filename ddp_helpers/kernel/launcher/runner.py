@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 from ddp_helpers.errors import LaunchError, LaunchFailed, LaunchInterrupted
 from ddp_helpers.kernel.launcher.agent_client import reap_stopped_servers_in_background, stop_servers
 from ddp_helpers.kernel.launcher.config import LaunchConfig, make_config
-from ddp_helpers.kernel.launcher.keywords import LaunchKeywords
-from ddp_helpers.kernel.launcher.options import OPTIONS, with_options
+from ddp_helpers.kernel.launcher.options import OPTIONS, LaunchKeywords, with_options
 from ddp_helpers.kernel.launcher.process_tree import ProcessTree
 from ddp_helpers.kernel.launcher.processes import (
     start_run,
