@@ -4,5 +4,5 @@
 stops the run on interrupt, a hang or its end; `run_follower.RunFollower` follows each rank's output and
 metrics and diagnoses a failed rank (live ranks use it too). The process a launch starts (an agent
 forked from a warm server, a fresh agent, or the script alone) is one class each behind
-`run_process.RunProcess`.
+`processes.RunProcess`.
 """

@@ -35,7 +35,6 @@ from ddp_helpers.kernel.launcher.agent_server import (
     AgentRequest,
     RunNews,
 )
-from ddp_helpers.kernel.launcher.run_process import ProcessKind
 from ddp_helpers.kernel.launcher.torchrun_agent import OWNER_FD_ENV
 
 MAX_REQUEST_BYTES = 100_000  # what this end sends: one datagram, well under the socket's ~200 kB
@@ -167,7 +166,7 @@ class ForkedAgent:
 
     def __init__(self, run_socket: socket.socket) -> None:
         self.pid = 0
-        self.kind: ProcessKind = "forked"  # see run_process.RunProcess
+        self.kind = "forked"  # see processes.RunProcess
         self.returncode: int | None = None
         self.status_lost = False  # killed by a signal after its server died: the exit code is unknown
         self.wait_s = 0.0  # how long the launch waited for the fork (a cold server: its import of torch)

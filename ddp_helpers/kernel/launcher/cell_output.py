@@ -78,10 +78,6 @@ class CellEcho:
         self._tokens = float(self.burst)
         self._refilled = self._last_report = self.clock()
 
-    def line(self, label: str, text: str, stderr: bool = False) -> None:
-        """A complete line from the source `label` (e.g. "rank 1")."""
-        self.lines(label, [text], stderr)
-
     def lines(self, label: str, texts: list[str], stderr: bool = False) -> None:
         """Complete lines from `label`: as many as the rate allows are shown, the rest held back."""
         if not texts:

@@ -27,11 +27,3 @@ class CellSyntaxError(Exception):
 
     def _render_traceback_(self) -> list[str]:
         return "".join(traceback.format_exception_only(type(self.error), self.error)).rstrip().splitlines()
-
-
-def check_compiles(code: str, filename: str) -> None:
-    """Raise `CellSyntaxError` where `code` does not compile: before any process is started for it."""
-    try:
-        compile(code, filename, "exec")
-    except SyntaxError as error:
-        raise CellSyntaxError(error) from None

@@ -70,15 +70,6 @@ class FileFollower:
 
 
 @dataclass
-class LogLine:
-    rank: int  # global rank
-    attempt: int
-    stream: str  # "stdout" or "stderr"
-    text: str
-    partial: bool = False  # a live update of a line not finished yet (not kept in the logs)
-
-
-@dataclass
 class LogChunk:
     """What one rank file gained since the last read: handled as a batch (a flood is 100,000s of lines)."""
 
@@ -87,12 +78,6 @@ class LogChunk:
     stream: str
     lines: list[str]  # complete lines
     partial: str | None = None  # the visible text of the line still being written, if it changed
-
-    def log_lines(self) -> list[LogLine]:
-        out = [LogLine(self.rank, self.attempt, self.stream, text) for text in self.lines]
-        if self.partial is not None:
-            out.append(LogLine(self.rank, self.attempt, self.stream, self.partial, partial=True))
-        return out
 
 
 @dataclass
@@ -176,10 +161,6 @@ class RankLogTail:
                 still_waiting.append((local, chunk))
         self._waiting = still_waiting
         return ready
-
-    def read_new(self, final: bool = False) -> list[LogLine]:
-        """`read_chunks`, line by line."""
-        return [line for chunk in self.read_chunks(final) for line in chunk.log_lines()]
 
     def rank_file(self, rank: int, name: str, attempt: int | None = None) -> Path | None:
         """`name` (error.json, stderr.log, ...) of global `rank` in the given attempt, or the latest one."""

@@ -17,6 +17,7 @@ from ddp_helpers.kernel.launcher.config import LaunchConfig, make_config
 from ddp_helpers.kernel.launcher.options import OPTIONS, LaunchKeywords, with_options
 from ddp_helpers.kernel.launcher.process_tree import ProcessTree
 from ddp_helpers.kernel.launcher.processes import (
+    RunProcess,
     start_run,
     stop_despite_interrupts,
     stop_interrupted,
@@ -30,7 +31,6 @@ from ddp_helpers.kernel.launcher.run_outputs import (
     read_metrics,
     read_summary,
 )
-from ddp_helpers.kernel.launcher.run_process import RunProcess
 from ddp_helpers.rank import stack_dumps
 
 __all__ = ["LaunchResult", "launch"]

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddp_helpers.kernel.launcher.cell_output import write_line
+from ddp_helpers.kernel.launcher.log_follow import FileFollower
 
 COMMANDS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo")
 RANK_LINE = re.compile(r"^\[rank(\d+)\]:\s?(.*)$")  # lab/job_files.LOG_LINE_PREFIX
@@ -121,25 +122,6 @@ def in_queue(job_id: int) -> bool:
     return proc.returncode == 0 and bool(proc.stdout.strip())
 
 
-class _LogReader:
-    """Reads the lines a growing log file has gained since the last call."""
-
-    def __init__(self, path: Path) -> None:
-        self.path, self.offset, self.partial = path, 0, ""
-
-    def new_lines(self, final: bool = False) -> list[str]:
-        if not self.path.exists():
-            return []
-        with self.path.open("rb") as f:
-            f.seek(self.offset)
-            chunk = f.read()
-        self.offset += len(chunk)
-        text = self.partial + chunk.decode(errors="replace")
-        lines = text.split("\n")
-        self.partial = "" if final else lines.pop()
-        return [line for line in lines if line or not final]
-
-
 def follow(
     job_id: int, log: str | os.PathLike[str], *, timeout_s: float, echo: bool = True, poll_s: float = 0.5
 ) -> SlurmJob:
@@ -148,7 +130,7 @@ def follow(
     Rank lines are echoed as ``[rank N] text``; the script's own lines as they are.
     Past `timeout_s` the job is cancelled and `SlurmTimeout` raised.
     """
-    reader, lines = _LogReader(Path(log)), []
+    reader, lines = FileFollower(Path(log)), []
     deadline = time.monotonic() + timeout_s
 
     def take(new: list[str]) -> None:
@@ -159,12 +141,12 @@ def follow(
                 write_line(f"[rank {match[1]}] {match[2]}" if match else line)
 
     while in_queue(job_id):
-        take(reader.new_lines())
+        take(reader.read().lines)
         if time.monotonic() > deadline:
             subprocess.run(["scancel", str(job_id)], timeout=QUERY_TIMEOUT_S, check=False)
             raise SlurmTimeout(f"job {job_id} did not end within {timeout_s:g} s: cancelled")
         time.sleep(poll_s)
-    take(reader.new_lines(final=True))
+    take(reader.read(final=True).lines)
     facts = job_facts(job_id)
     rank_lines: dict[int, list[str]] = {}
     for line in lines:
