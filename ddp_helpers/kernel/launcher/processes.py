@@ -27,7 +27,7 @@ from ddp_helpers.kernel.launcher.agent_client import (
     wait_for_stopped_servers,
 )
 from ddp_helpers.kernel.launcher.config import LaunchConfig
-from ddp_helpers.kernel.launcher.process_tree import ProcessTree
+from ddp_helpers.kernel.launcher.process_tree import ProcessTree, reap
 from ddp_helpers.kernel.launcher.torchrun_agent import OWNER_FD_ENV
 from ddp_helpers.run_contract import STDERR_LOG, STDOUT_LOG
 
@@ -58,22 +58,6 @@ class FreshProcess:
     def poll(self) -> int | None:
         self.returncode = reap(self.popen)
         return self.returncode
-
-
-# Popen.poll() and wait() take a lock that CPython's subprocess module leaves held when a KeyboardInterrupt
-# lands between its acquire and its try (seen here: an interrupted launch then waited forever for a
-# torchrun that was already a zombie). This process is the only one that waits for its runs, so it asks
-# the kernel directly, without that lock.
-def reap(popen: subprocess.Popen[bytes]) -> int | None:
-    """`popen`'s exit code (negative: the signal that ended it), or None while it runs; reaps it."""
-    if popen.returncode is None:
-        try:
-            pid, status = os.waitpid(popen.pid, os.WNOHANG)
-        except ChildProcessError:  # already reaped (SIGCHLD ignored): its status is lost, as Popen says
-            pid, status = popen.pid, 0
-        if pid == popen.pid:
-            popen.returncode = os.waitstatus_to_exitcode(status)
-    return popen.returncode
 
 
 _LIFELINES: weakref.WeakKeyDictionary[RunProcess, BinaryIO] = weakref.WeakKeyDictionary()
