@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
@@ -58,15 +56,6 @@ def _start(config: LaunchConfig, env: dict[str, str]) -> RunProcess:
         ) from None
 
 
-@contextlib.contextmanager
-def _stopped_at_exit(tree: ProcessTree, proc: RunProcess, grace_s: float) -> Iterator[None]:
-    """However the block ends, every process of the run is stopped: anything a worker left behind too."""
-    try:
-        yield
-    finally:
-        stop_despite_interrupts(tree, proc, grace_s)
-
-
 def _note_waiting_for_nodes(run: RunFollower) -> None:
     """Across nodes, until this node's workers start: say that the rendezvous is waiting, and how long."""
     now = time.monotonic()
@@ -105,8 +94,7 @@ def _failure(run: RunFollower, proc: RunProcess, returncode: int) -> LaunchError
 
 
 def _frame(rows: list[dict[str, Any]] | None = None) -> pd.DataFrame:
-    """`rows` (the resource samples) as a DataFrame; pandas is imported only here."""
-    import pandas as pd
+    import pandas as pd  # only here: a launch pays for pandas when its result is built
 
     return pd.DataFrame(rows) if rows else pd.DataFrame()
 
@@ -159,7 +147,7 @@ def launch(
 ) -> LaunchResult:
     """Run `script` under torchrun (``torch.distributed.run``) and stream every rank's output live.
 
-    Options (keywords; each is a field of `options.LaunchOptions`, where it is declared once):
+    Options (keywords; each a field of `options.LaunchOptions`, declared once there):
         {options}
 
     Returns:
@@ -177,10 +165,7 @@ def launch(
 
 
 def run_config(config: LaunchConfig, progress: str | None = None) -> LaunchResult:
-    """Run a validated `LaunchConfig` (what `launch` does after checking its arguments).
-
-    Raises `RunDirInUse` (an `InvalidLaunchArguments`) while another launch runs into the same run_dir.
-    """
+    """Run a validated `LaunchConfig`; `RunDirInUse` while another launch runs into the same run_dir."""
     with holding_run_dir(config.out_dir):
         return _run_held(config, progress)
 
@@ -194,13 +179,14 @@ def _run_held(config: LaunchConfig, progress: str | None) -> LaunchResult:
         sampler = ResourceSampler(
             tree, gpus=config.device == "cuda", root_is_worker=config.launcher == "python"
         )
-        with _stopped_at_exit(tree, proc, config.grace_s):
-            try:
-                _follow(config, run, proc, tree, sampler)
-            except KeyboardInterrupt as interrupt:
-                if isinstance(interrupt, LaunchInterrupted):
-                    raise
-                raise stop_interrupted(tree, proc, config) from None
+        try:
+            _follow(config, run, proc, tree, sampler)
+        except KeyboardInterrupt as interrupt:
+            if isinstance(interrupt, LaunchInterrupted):
+                raise
+            raise stop_interrupted(tree, proc, config) from None
+        finally:  # however it ends, every process of the run is stopped: what a worker left behind too
+            stop_despite_interrupts(tree, proc, config.grace_s)
     return _result(config, run, proc, sampler, env, command)
 
 
