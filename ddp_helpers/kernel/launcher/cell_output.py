@@ -1,14 +1,11 @@
-"""What a launch shows in the cell: the ranks' lines, bounded and rate-limited, each written whole.
+"""What a launch shows in the cell: the ranks' lines, bounded and rate-limited, each written whole, and
+the progress bar (`StepProgress`: a widget in JupyterLab, text under papermill and in a terminal).
 
-Ranks can print far faster than anyone reads, and a flood of output trips Jupyter's IOPub data-rate
-limit and freezes the browser. So the cell gets a bounded view: lines pass as they come up to a rate
-(with a burst allowance); past it, lines are held back, counted, and every few seconds the latest
-line of each rank is shown with the count. A line longer than MAX_LINE_CHARS is shown cut, so the bound
-holds in bytes too (``print('y' * 3_000_000)`` is one line). Every line, whole, is still in the log files.
-
-Lines are written whole under one lock, so two launches running in two threads of one kernel never
-write into each other's lines. And the progress bar (`StepProgress`): a widget in JupyterLab, plain
-text under papermill and in a terminal.
+A flood of output trips Jupyter's IOPub data-rate limit and freezes the browser. So lines pass up to a
+rate (with a burst allowance); past it they are held back, counted, and every few seconds each rank's
+latest line is shown with the count. A line longer than MAX_LINE_CHARS is shown cut, so the bound holds
+in bytes too. Every line, whole, is still in the log files. Lines are written whole under one lock, so
+two launches in two threads of one kernel never write into each other's lines.
 """
 
 from __future__ import annotations
@@ -55,10 +52,7 @@ class _Held:
 
 @dataclass
 class CellEcho:
-    """The cell's view of a launch's output.
-
-    `write` is how a line reaches the cell (the progress bar's writer, which keeps a text bar intact).
-    """
+    """The cell's view of a launch's output; `write` is how a line reaches the cell (the progress bar's)."""
 
     where: str  # where every line is kept, for the "held back" note ("result.logs and under <where>")
     write: Callable[[str, bool], None] = write_line
@@ -169,7 +163,7 @@ def resolve_progress(progress: str) -> str:
 def _isatty(stream: Any) -> bool:
     try:
         return bool(stream.isatty())
-    except (AttributeError, ValueError):
+    except (AttributeError, ValueError):  # not a file, or a closed one
         return False
 
 
