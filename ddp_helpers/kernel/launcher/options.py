@@ -263,9 +263,6 @@ class LaunchOptions:
         live=True,
         collect=dict,
     )
-    max_restarts: int = option(
-        0, "torchrun's elastic restarts after a failure", partial(check_int, minimum=0), int
-    )
     show_ranks: str | int | Iterable[int] | None = option(
         "all",
         "which ranks to echo: 'all', 'none', a rank or a list (the flag: 0,2). Every line is kept in "
@@ -273,6 +270,9 @@ class LaunchOptions:
         check_show_ranks,
         parse_show_ranks,
         live=True,
+    )
+    max_restarts: int = option(
+        0, "torchrun's elastic restarts after a failure", partial(check_int, minimum=0), int
     )
     progress: str = option(
         "auto", "progress display: 'auto', 'widget', 'text' or 'off'", one_of(PROGRESS_CHOICES), str
@@ -315,27 +315,6 @@ class LaunchOptions:
     )
 
 
-class LaunchKeywords(TypedDict, total=False):
-    """`launch()`'s keywords for a type checker: `LaunchOptions`' fields, names and types, written out."""
-
-    nproc: int | None
-    backend: str
-    timeout: float | None
-    startup_timeout: float | None
-    run_dir: str | os.PathLike[str] | None
-    env: dict[str, str]
-    max_restarts: int
-    show_ranks: str | int | Iterable[int] | None
-    progress: str
-    grace_s: float
-    nnodes: int
-    node_rank: int
-    rdzv_endpoint: str | None
-    rdzv_timeout: float | None
-    launcher: str
-    python: str
-
-
 class LiveKeywords(TypedDict, total=False):
     """`start_ranks()`'s keywords for a type checker: the fields marked ``live``, names and types."""
 
@@ -346,6 +325,20 @@ class LiveKeywords(TypedDict, total=False):
     run_dir: str | os.PathLike[str] | None
     env: dict[str, str]
     show_ranks: str | int | Iterable[int] | None
+
+
+class LaunchKeywords(LiveKeywords, total=False):
+    """`launch()`'s keywords for a type checker: all of `LaunchOptions`' fields, names and types."""
+
+    max_restarts: int
+    progress: str
+    grace_s: float
+    nnodes: int
+    node_rank: int
+    rdzv_endpoint: str | None
+    rdzv_timeout: float | None
+    launcher: str
+    python: str
 
 
 @dataclass(frozen=True)
