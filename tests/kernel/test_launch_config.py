@@ -196,7 +196,7 @@ def test_a_held_back_source_reports_its_real_last_line_even_after_the_bucket_ref
 
 @pytest.mark.skipif(machine.visible_gpus() > 0, reason="checks the machine without a GPU")
 def test_gpu_sampling_says_not_sampled_without_nvml_or_a_driver():
-    from ddp_helpers.kernel.launcher.process_tree import nvml_handles
+    from ddp_helpers.kernel.launcher.resources import nvml_handles
 
     handles, state = nvml_handles()
     assert handles == [] and state.startswith("not sampled: ")

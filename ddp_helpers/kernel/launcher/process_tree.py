@@ -1,4 +1,4 @@
-"""Track every process a launch started, stop them all, and sample what each rank uses.
+"""Track every process a launch started, and stop them all.
 
 torchrun starts each worker in a session of its own (``start_new_session=True``), so
 signalling the agent's process group does not reach the workers. We therefore remember
@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import time
-from typing import Any
 
 import psutil
 
@@ -106,116 +105,3 @@ def reap(popen: subprocess.Popen[bytes]) -> int | None:
         if pid == popen.pid:
             popen.returncode = os.waitstatus_to_exitcode(status)
     return popen.returncode
-
-
-# ---------------------------------------------------------------------------- what the ranks use
-# CPU and memory per rank process, and each GPU's utilisation and memory through NVML (as gpustat and
-# nvidia-smi do). NVML's Python binding is ``nvidia-ml-py`` (``pynvml``), in the ``lab`` extra; without it,
-# or without a driver, GPUs are "not sampled" and `ResourceSampler.gpu_sampling` says why.
-FULL_DISK_BYTES = 1 << 20  # under this, a failed start is most likely a full disk
-
-
-def full_disk_note(folder: Any) -> str:
-    """A sentence for an error, where the device holding `folder` is (almost) full; else ""."""
-    import shutil
-
-    try:
-        free = shutil.disk_usage(folder).free
-    except OSError:
-        return ""
-    if free >= FULL_DISK_BYTES:
-        return ""
-    return (
-        f" The device that holds {folder} is full ({free} bytes free): no log or result file can be written."
-    )
-
-
-def nvml_handles() -> tuple[list[Any], str]:
-    """NVML handles of every GPU, and "sampled" or the reason there are none ("not sampled: ...")."""
-    try:
-        import pynvml  # from nvidia-ml-py
-    except ImportError:
-        return [], "not sampled: NVML's Python binding is missing (pip install nvidia-ml-py)"
-    try:
-        pynvml.nvmlInit()
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-    except Exception as err:  # noqa: BLE001 - no driver, no library: CPU figures only
-        return [], f"not sampled: NVML did not start ({err})"
-    return handles, "sampled" if handles else "not sampled: NVML sees no GPU"
-
-
-class ResourceSampler:
-    """Collects one row per rank (and per GPU) at each `sample()`, in `rows` (`LaunchResult.resources`)."""
-
-    def __init__(self, tree: ProcessTree, gpus: bool, root_is_worker: bool = False) -> None:
-        self.tree = tree
-        self.root_is_worker = root_is_worker  # launched without an agent: the root is rank 0 itself
-        self.rows: list[dict[str, Any]] = []
-        self._ranks: dict[int, int | None] = {}  # pid -> global rank (None: not a worker)
-        self.local_to_global: dict[int, int] = {}  # what the workers' environments say
-        self._gpus, self.gpu_sampling = nvml_handles() if gpus else ([], "not requested (a CPU run)")
-        self._started = time.monotonic()
-
-    def _rank_of(self, proc: psutil.Process) -> int | None:
-        # Ranks are the agent's direct children (or the root itself without an agent); their DataLoader
-        # workers are not counted apart.
-        if proc.pid not in self._ranks:
-            rank = None
-            try:
-                parent = proc.ppid()
-                is_worker = (
-                    proc.pid == self.tree.root_pid if self.root_is_worker else parent == self.tree.root_pid
-                )
-                if is_worker:
-                    env = proc.environ()
-                    if "RANK" not in env:
-                        # forked but not yet exec'd: the agent's environment shows. Ask again later.
-                        return None
-                    rank = int(env["RANK"])
-                    if "LOCAL_RANK" in env:
-                        self.local_to_global[int(env["LOCAL_RANK"])] = rank
-                    proc.cpu_percent(None)  # the first call only primes the counter
-            except (psutil.Error, OSError, ValueError):
-                rank = None
-            self._ranks[proc.pid] = rank
-        return self._ranks[proc.pid]
-
-    def alive_pids(self) -> dict[int, int]:
-        """The pid of each rank whose worker process still runs."""
-        return {
-            rank: proc.pid for proc in self.tree.alive() if (rank := self._ranks.get(proc.pid)) is not None
-        }
-
-    def sample(self) -> None:
-        elapsed = time.monotonic() - self._started
-        for proc in self.tree.alive():
-            rank = self._rank_of(proc)
-            if rank is None:
-                continue
-            try:
-                self.rows.append(
-                    {
-                        "elapsed_s": elapsed,
-                        "rank": rank,
-                        "cpu_percent": proc.cpu_percent(None),
-                        "rss_bytes": proc.memory_info().rss,
-                    }
-                )
-            except psutil.Error:
-                continue
-        for index, handle in enumerate(self._gpus):
-            try:
-                import pynvml
-
-                util = pynvml.nvmlDeviceGetUtilizationRates(handle)
-                memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            except Exception:
-                continue
-            self.rows.append(
-                {
-                    "elapsed_s": elapsed,
-                    "gpu": index,
-                    "gpu_util_percent": util.gpu,
-                    "gpu_mem_used_bytes": memory.used,
-                }
-            )

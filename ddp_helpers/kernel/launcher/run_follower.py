@@ -21,7 +21,7 @@ from ddp_helpers.kernel.launcher.cell_output import CellEcho, StepProgress, reso
 from ddp_helpers.kernel.launcher.config import LaunchConfig
 from ddp_helpers.kernel.launcher.diagnosis import destroy_deadlock_note, diagnose, strip_rank_prefix
 from ddp_helpers.kernel.launcher.log_follow import FileFollower, LogChunk, RankLogTail
-from ddp_helpers.kernel.launcher.process_tree import full_disk_note
+from ddp_helpers.kernel.launcher.resources import full_disk_note
 from ddp_helpers.rank.metrics import METRICS_DIR, PLAN_FILE
 
 

@@ -13,7 +13,7 @@ from ddp_helpers.errors import LaunchError, LaunchFailed, LaunchInterrupted
 from ddp_helpers.kernel.launcher.agent_client import reap_stopped_servers_in_background, stop_servers
 from ddp_helpers.kernel.launcher.config import LaunchConfig, make_config
 from ddp_helpers.kernel.launcher.options import OPTIONS, LaunchKeywords, with_options
-from ddp_helpers.kernel.launcher.process_tree import ProcessTree, ResourceSampler
+from ddp_helpers.kernel.launcher.process_tree import ProcessTree
 from ddp_helpers.kernel.launcher.processes import (
     RunProcess,
     start_run,
@@ -21,6 +21,7 @@ from ddp_helpers.kernel.launcher.processes import (
     stop_interrupted,
     stop_run,
 )
+from ddp_helpers.kernel.launcher.resources import ResourceSampler
 from ddp_helpers.kernel.launcher.run_follower import RunFollower
 from ddp_helpers.kernel.launcher.run_outputs import (
     holding_run_dir,
