@@ -28,7 +28,6 @@ from ddp_helpers.kernel.launcher.agent_server import (
     AgentRequest,
     RunNews,
 )
-from ddp_helpers.kernel.launcher.process_tree import reap
 from ddp_helpers.kernel.launcher.torchrun_agent import OWNER_FD_ENV
 
 MAX_REQUEST_BYTES = 100_000  # what this end sends: one datagram, well under the socket's ~200 kB
@@ -47,6 +46,22 @@ ServerKey = tuple[str, tuple[tuple[str, str], ...]]  # a Python, and the environ
 
 def _run_time(key: str) -> bool:
     return key in RUN_TIME_KEYS or key.startswith("DDP_")
+
+
+# Popen.poll() and wait() take a lock that CPython's subprocess module leaves held when a KeyboardInterrupt
+# lands between its acquire and its try (seen here: an interrupted launch then waited forever for a
+# torchrun that was already a zombie). This process is the only one that waits for its runs, so it asks
+# the kernel directly, without that lock.
+def reap(popen: subprocess.Popen[bytes]) -> int | None:
+    """`popen`'s exit code (negative: the signal that ended it), or None while it runs; reaps it."""
+    if popen.returncode is None:
+        try:
+            pid, status = os.waitpid(popen.pid, os.WNOHANG)
+        except ChildProcessError:  # already reaped (SIGCHLD ignored): its status is lost, as Popen says
+            pid, status = popen.pid, 0
+        if pid == popen.pid:
+            popen.returncode = os.waitstatus_to_exitcode(status)
+    return popen.returncode
 
 
 class AgentServer:

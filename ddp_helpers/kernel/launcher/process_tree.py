@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 
 import psutil
@@ -89,19 +88,3 @@ def processes_marked(name: str, value: str) -> list[int]:
         except psutil.Error:  # gone, a zombie, or not ours to read
             continue
     return found
-
-
-# Popen.poll() and wait() take a lock that CPython's subprocess module leaves held when a KeyboardInterrupt
-# lands between its acquire and its try (seen here: an interrupted launch then waited forever for a
-# torchrun that was already a zombie). This process is the only one that waits for its runs, so it asks
-# the kernel directly, without that lock.
-def reap(popen: subprocess.Popen[bytes]) -> int | None:
-    """`popen`'s exit code (negative: the signal that ended it), or None while it runs; reaps it."""
-    if popen.returncode is None:
-        try:
-            pid, status = os.waitpid(popen.pid, os.WNOHANG)
-        except ChildProcessError:  # already reaped (SIGCHLD ignored): its status is lost, as Popen says
-            pid, status = popen.pid, 0
-        if pid == popen.pid:
-            popen.returncode = os.waitstatus_to_exitcode(status)
-    return popen.returncode

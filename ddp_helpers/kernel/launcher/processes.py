@@ -21,13 +21,14 @@ from typing import BinaryIO, Literal, Protocol
 
 from ddp_helpers.errors import LaunchInterrupted
 from ddp_helpers.kernel.launcher.agent_client import (
+    reap,
     reap_stopped_servers_in_background,
     start_agent,
     stop_servers,
     wait_for_stopped_servers,
 )
 from ddp_helpers.kernel.launcher.config import LaunchConfig
-from ddp_helpers.kernel.launcher.process_tree import ProcessTree, reap
+from ddp_helpers.kernel.launcher.process_tree import ProcessTree
 from ddp_helpers.kernel.launcher.torchrun_agent import OWNER_FD_ENV
 from ddp_helpers.run_contract import STDERR_LOG, STDOUT_LOG
 

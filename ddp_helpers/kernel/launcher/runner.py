@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
@@ -67,6 +69,15 @@ def _note_waiting_for_nodes(run: RunFollower) -> None:
         f"[ddp_helpers] node {config.node_rank}: waiting for all {config.nnodes} nodes to join at "
         f"{config.rdzv_endpoint}: {now - run.started:.0f}s of {config.rdzv_timeout:g}s (rdzv_timeout)"
     )
+
+
+@contextlib.contextmanager
+def _stopped_at_exit(tree: ProcessTree, proc: RunProcess, grace_s: float) -> Iterator[None]:
+    """However the block ends, every process of the run is stopped: anything a worker left behind too."""
+    try:
+        yield
+    finally:
+        stop_despite_interrupts(tree, proc, grace_s)
 
 
 def _hung(run: RunFollower, now: float) -> bool:
@@ -179,14 +190,13 @@ def _run_held(config: LaunchConfig, progress: str | None) -> LaunchResult:
         sampler = ResourceSampler(
             tree, gpus=config.device == "cuda", root_is_worker=config.launcher == "python"
         )
-        try:
-            _follow(config, run, proc, tree, sampler)
-        except KeyboardInterrupt as interrupt:
-            if isinstance(interrupt, LaunchInterrupted):
-                raise
-            raise stop_interrupted(tree, proc, config) from None
-        finally:  # however it ends, every process of the run is stopped: what a worker left behind too
-            stop_despite_interrupts(tree, proc, config.grace_s)
+        with _stopped_at_exit(tree, proc, config.grace_s):
+            try:
+                _follow(config, run, proc, tree, sampler)
+            except KeyboardInterrupt as interrupt:
+                if isinstance(interrupt, LaunchInterrupted):
+                    raise
+                raise stop_interrupted(tree, proc, config) from None
     return _result(config, run, proc, sampler, env, command)
 
 
