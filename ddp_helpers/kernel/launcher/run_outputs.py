@@ -1,14 +1,7 @@
-"""Read what the ranks wrote (`ddp_helpers.rank.metrics`) after a run (`run_follower` follows it live).
-
-A run_dir used again keeps the earlier launch's outputs aside (`keep_previous_outputs`).
-
-One launch at a time in a run folder: a second launch into a folder in use is refused, never mixed.
-
-Two launches into one `run_dir` would follow each other's log files, echo each other's lines and
-share one ``logs/torchrun.log``. A launch therefore holds an exclusive `flock` on
-``<run_dir>/.launch.lock`` while it runs. The kernel drops the lock when the holding process ends,
-however it ends, so a killed kernel leaves no stale lock behind. The file holds the holder's pid and
-start time, for the message.
+"""A run folder: what the ranks wrote, read after the run; an earlier launch's outputs moved aside; and
+one launch at a time in it (an exclusive `flock` on ``<run_dir>/.launch.lock``, which the OS drops
+however the holder ends: a killed kernel leaves no stale lock). Two launches in one folder would follow
+each other's logs and share one ``logs/torchrun.log``.
 """
 
 from __future__ import annotations
@@ -30,8 +23,6 @@ from ddp_helpers.run_contract import RUN_OUTPUTS
 
 if TYPE_CHECKING:
     import pandas as pd
-
-# What one launch writes into its run_dir; a later launch into the same folder moves them aside.
 
 
 def read_metrics(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
@@ -57,11 +48,8 @@ def read_summary(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def keep_previous_outputs(run_dir: Path) -> Path | None:
-    """Move an earlier launch's logs, metrics and summary in `run_dir` to ``run_dir/previous/<n>``.
-
-    A launch reads only its own files: a reused run_dir must not report the earlier run's failure,
-    lines or summary. Other files (checkpoints, scripts) stay where they are.
-    """
+    """Move an earlier launch's logs, metrics and summary in `run_dir` to ``run_dir/previous/<n>``, so a
+    launch reads only its own files; other files (checkpoints, scripts) stay where they are."""
     found = [run_dir / name for name in RUN_OUTPUTS if (run_dir / name).exists()]
     if not found:
         return None
