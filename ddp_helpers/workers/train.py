@@ -152,7 +152,9 @@ def wrap(args: argparse.Namespace, world: DistInfo, training: Training) -> None:
         on_gpu = world.device.type == "cuda"
         # gradient_as_bucket_view: grads live inside DDP's all-reduce buckets, saving a copy
         training.model = DDP(
-            training.raw_model, device_ids=[world.device] if on_gpu else None, gradient_as_bucket_view=True
+            training.raw_model,
+            device_ids=[world.device] if on_gpu else None,
+            gradient_as_bucket_view=True,
         )
     elif args.mode == "dp":
         gpus = torch.cuda.device_count()
