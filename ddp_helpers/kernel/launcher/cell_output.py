@@ -1,5 +1,6 @@
 """What a launch shows in the cell: the ranks' lines, bounded and rate-limited, each written whole, and
-the progress bar (`StepProgress`: a widget in JupyterLab, text under papermill and in a terminal).
+the progress bar (`StepProgress`: a widget in JupyterLab, text under papermill and in a terminal); and
+a cell magic's code numbered as the learner's editor numbers it, its syntax errors shown plainly.
 
 A flood of output trips Jupyter's IOPub data-rate limit and freezes the browser. So lines pass up to a
 rate (with a burst allowance); past it they are held back, counted, and every few seconds each rank's
@@ -14,6 +15,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -208,3 +210,23 @@ class StepProgress:
             text_tqdm.write(text, file=sys.stderr if stderr else sys.stdout)
         else:
             write_line(text, stderr)  # whole, under a lock: two launches' lines never merge
+
+
+# ---------------------------------------------------------------------------- a cell magic's own code
+# A cell magic receives the cell without its first line (``%%ranks ...``), so the compiler would call the
+# editor's line 2 "line 1": `as_in_editor` puts an empty line in the magic's place.
+def as_in_editor(body: str) -> str:
+    """The cell's code with the magic's line kept as an empty line, so line numbers match the editor."""
+    return "\n" + body
+
+
+class CellSyntaxError(Exception):
+    """A cell that does not compile, shown as Python shows a SyntaxError: IPython would print one raised
+    inside a magic with the magic's whole call stack."""
+
+    def __init__(self, error: SyntaxError) -> None:
+        self.error = error
+        super().__init__(str(error))
+
+    def _render_traceback_(self) -> list[str]:
+        return "".join(traceback.format_exception_only(type(self.error), self.error)).rstrip().splitlines()
