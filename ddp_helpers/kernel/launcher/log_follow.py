@@ -1,12 +1,9 @@
 """Follow files that other processes append to: the one reader of logs, metrics and torchrun's output.
 
-`FileFollower` turns one growing file into lines: bytes are read as they come, a line still being
-written is held (and reported as a live update, so a tqdm bar or ``print(..., end="")`` counts as
-progress), and ``\\r`` updates keep only what a terminal would show.
-
-`RankLogTail` follows the per-rank files torchrun writes with ``--redirects 3 --log-dir``. Each rank
-writes its own files, so lines from two ranks never merge, and every line stays on disk.
-Layout (torch >= 2.0): ``<log_dir>/<run_id>_<rand>/attempt_<k>/<local_rank>/{stdout,stderr}.log``.
+`FileFollower` turns one growing file into lines: a line still being written is held (and reported as
+a live update: a tqdm bar counts as progress), and ``\\r`` updates keep what a terminal would show.
+`RankLogTail` follows the per-rank files of torchrun's ``--redirects 3 --log-dir``, so two ranks' lines
+never merge: ``<log_dir>/<run_id>_<rand>/attempt_<k>/<local_rank>/{stdout,stderr}.log``.
 """
 
 from __future__ import annotations
