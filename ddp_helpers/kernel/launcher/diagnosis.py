@@ -274,18 +274,12 @@ GLOO_DESTROY_FIXED_IN = (2, 8)
 
 def destroy_deadlock_note(stacks: dict[int, str], backend: str, torch_version: str) -> str:
     """Advice for ranks stuck in destroy_process_group() on torch 2.7's gloo, where that is torch's bug."""
-    if backend != "gloo":
-        return ""
-    try:
-        major, minor = (int(part) for part in torch_version.split(".")[:2])
-    except ValueError:
-        return ""
-    if (major, minor) >= GLOO_DESTROY_FIXED_IN:
-        return ""
+    version = re.match(r"(\d+)\.(\d+)", torch_version)
     stuck = [
         r for r, stack in sorted(stacks.items()) if "destroy_process_group" in "".join(stack.splitlines()[:2])
     ]
-    if not stuck:
+    fixed = version is None or tuple(map(int, version.groups())) >= GLOO_DESTROY_FIXED_IN
+    if backend != "gloo" or fixed or not stuck:
         return ""
     return (
         f"rank(s) {', '.join(map(str, stuck))} wait in destroy_process_group(), after their work: on torch "
