@@ -1,6 +1,5 @@
 """The public tools for several nodes on one machine, and for a real scheduler: what notebook 06 uses.
 
-- `loopback_plan(nnodes, nproc_per_node)`: each pretend node's environment (its own GPUs, if any);
 - `start_elastic_node(...)`: one node's torchrun agent of an elastic job, started as a real node would;
 - `wait_for_line(nodes, pattern, timeout_s)`: the first line of the nodes' logs that matches;
 - `freeze(node)`: stop every process of a node (SIGSTOP), as a machine that froze or lost power;
@@ -21,7 +20,6 @@ import signal
 from ddp_helpers.kernel.launcher import slurm
 from ddp_helpers.kernel.launcher.loopback import (
     ElasticNode,
-    loopback_plan,
     start_elastic_node,
     visible_gpu_ids,
     wait_for_line,
@@ -32,7 +30,6 @@ from ddp_helpers.kernel.launcher.process_tree import ProcessTree
 __all__ = [
     "free_port",
     "freeze",
-    "loopback_plan",
     "slurm",
     "start_elastic_node",
     "visible_gpu_ids",
