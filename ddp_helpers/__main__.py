@@ -38,11 +38,11 @@ def _doctor(args: argparse.Namespace) -> int:
 
 def _launch(args: argparse.Namespace) -> int:
     from ddp_helpers.errors import LaunchError, LaunchInterrupted
-    from ddp_helpers.kernel.launcher.options import command_line_options, given_options
+    from ddp_helpers.kernel.launcher.options import OPTIONS, given_options
     from ddp_helpers.kernel.launcher.runner import launch
 
     options = given_options(args)
-    ours = sorted({a.split("=")[0] for a in args.script_args} & {o.flag for o in command_line_options()})
+    ours = sorted({a.split("=")[0] for a in args.script_args} & {o.flag for o in OPTIONS})
     if ours:
         print(
             f"note: {', '.join(ours)} after the script go to the script; launch options go before it",

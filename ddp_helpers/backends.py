@@ -1,7 +1,5 @@
-"""The one rule that picks the backend and the device, shared by the launcher and every worker.
-
-It imports nothing heavy, so the launcher can check its arguments before it pays for ``import torch``.
-"""
+"""The one rule that picks the backend and the device, shared by the launcher and every worker (it
+imports nothing heavy: the launcher checks its arguments before it pays for ``import torch``)."""
 
 from __future__ import annotations
 

@@ -25,14 +25,9 @@ class RanksNotRunning(LaunchError):
 
 
 class WorkerFailed(LaunchError):
-    """A worker process exited with an error.
-
-    The first line of the message names the rank and the exception, for example
-    ``rank 1 failed: ZeroDivisionError: division by zero``. The root-cause traceback
-    follows (from torchelastic's error file when the worker used ``@record``,
-    otherwise from the rank's stderr). A rank that left no traceback (``sys.exit("...")``, an
-    argparse error) is described by the last lines it wrote to stderr.
-    """
+    """A worker process exited with an error: ``rank 1 failed: ZeroDivisionError: division by zero``, then
+    the root-cause traceback (``@record``'s error file, or the rank's stderr), or else the last lines the
+    rank wrote to stderr (``sys.exit("...")``, an argparse error)."""
 
     def __init__(
         self,
@@ -49,15 +44,15 @@ class WorkerFailed(LaunchError):
         traceback_title: str = "root-cause traceback:",
         left_early: list[int] | None = None,
     ) -> None:
-        self.rank = rank
+        self.rank, self.exitcode, self.error, self.traceback, self.hint = (
+            rank,
+            exitcode,
+            error,
+            traceback,
+            hint,
+        )
         self.left_early = left_early or []  # ranks that exited with code 0 while `rank` still waited
-        self.exitcode = exitcode
-        self.error = error
-        self.traceback = traceback
-        self.hint = hint
-        self.run_dir = run_dir
-        self.logs = logs or {}
-        self.stderr_tail = stderr_tail
+        self.run_dir, self.logs, self.stderr_tail = run_dir, logs or {}, stderr_tail
         lines = [headline or f"rank {rank} failed: {error}", f"exit code {exitcode}"]
         if hint:
             lines.append(f"hint: {hint}")
@@ -72,9 +67,7 @@ class WorkerFailed(LaunchError):
 
 class LaunchTimeout(LaunchError):
     """The run made no progress (no output line, no metrics line) within the timeout and was killed.
-
-    `stacks`: where each rank that still ran was waiting, by rank (its Python frames, innermost first,
-    each followed by its source line), for the ranks that could say (see stack_dumps.py)."""
+    `stacks`: where each rank that still ran waited, by rank (its frames, innermost first, with source)."""
 
     def __init__(
         self,
@@ -84,9 +77,7 @@ class LaunchTimeout(LaunchError):
         run_dir: str | None = None,
         stacks: dict[int, str] | None = None,
     ) -> None:
-        self.silent_ranks = silent_ranks
-        self.run_dir = run_dir
-        self.stacks = stacks or {}
+        self.silent_ranks, self.run_dir, self.stacks = silent_ranks, run_dir, stacks or {}
         super().__init__(message)
 
 
@@ -94,45 +85,32 @@ class LaunchFailed(LaunchError):
     """torchrun itself failed, with no worker to blame (e.g. the rendezvous never completed)."""
 
     def __init__(self, message: str, *, returncode: int, output: str = "") -> None:
-        self.returncode = returncode
-        self.output = output
+        self.returncode, self.output = returncode, output
         super().__init__(message)
 
 
 class LaunchInterrupted(LaunchError, KeyboardInterrupt):
-    """The cell was interrupted; every process of the run has been stopped.
-
-    Also a KeyboardInterrupt, so code that stops on an interrupt (``except KeyboardInterrupt``,
-    IPython, pytest) still does.
-    """
+    """The cell was interrupted; every process of the run has been stopped. Also a KeyboardInterrupt, so
+    code that stops on an interrupt (``except KeyboardInterrupt``, IPython, pytest) still does."""
 
     def _render_traceback_(self) -> list[str]:  # IPython shows this instead of a traceback
         return [f"KeyboardInterrupt: {self}"]
 
 
 class RankError(LaunchError):
-    """Code sent to live ranks (`start_ranks`, ``%%ranks``) raised on one or more ranks.
-
-    The first line names the first failing rank and its exception, for example
-    ``rank 1 failed: ZeroDivisionError: division by zero``; that rank's traceback follows. The
-    ranks are still alive, with their state.
-    """
+    """Code sent to live ranks (`start_ranks`, ``%%ranks``) raised on one or more ranks: ``rank 1 failed:
+    ZeroDivisionError: division by zero`` and that rank's traceback. The ranks live on, with their state."""
 
     def __init__(self, message: str, *, errors: dict[int, str]) -> None:
-        self.errors = errors  # rank -> that rank's formatted traceback
-        self.ranks = sorted(errors)
+        self.errors, self.ranks = errors, sorted(errors)  # rank -> that rank's formatted traceback
         super().__init__(message)
 
 
 class ValueNotReturned(LaunchError, TypeError):
-    """A live rank's value could not be brought back to the kernel (`LiveRanks.gather`).
-
-    It cannot be pickled on the rank (a lock, an open file), or unpickled in the kernel (an object of
-    a class defined in a cell, which exists only on the ranks). `reprs` maps each such rank to the
-    value's repr there, which a cell's value would show instead.
-    """
+    """A live rank's value could not be brought back to the kernel (`LiveRanks.gather`): not picklable on
+    the rank (a lock, a file), or not in the kernel (a class defined in a cell exists only on the ranks).
+    `reprs` maps each such rank to the value's repr there."""
 
     def __init__(self, message: str, *, reprs: dict[int, str]) -> None:
-        self.reprs = reprs
-        self.ranks = sorted(reprs)
+        self.reprs, self.ranks = reprs, sorted(reprs)
         super().__init__(message)

@@ -53,10 +53,8 @@ def run_dir_from_env(default: str) -> str:
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
-    """Write `data` as JSON to `path` through a temporary file and a rename.
-
-    Readers poll these files while the run goes on: they never see half a file, and a full disk leaves
-    no temporary file behind and says which folder is full."""
+    """Write `data` as JSON to `path` through a temporary file and a rename: readers polling it never see
+    half a file, and a full disk leaves no temporary file behind and says which folder is full."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:

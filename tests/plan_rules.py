@@ -27,7 +27,7 @@ NODES = (1, 2)
 SHAPES = [Machine(gpus, nproc, nodes) for gpus in GPUS for nproc in NPROCS for nodes in NODES]
 ONE_NODE = [machine for machine in SHAPES if machine.nodes == 1]
 KINDS = ("cpu", "cuda")
-# The train worker's models (workers/train_options.py --model), from the least work per sample to the most
+# The train worker's models (workers/train.py --model), from the least work per sample to the most
 MODELS_BY_WORK = ("mlp", "resnet18", "resnet50")
 
 T = TypeVar("T")

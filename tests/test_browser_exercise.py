@@ -67,8 +67,8 @@ def test_a_wrong_answer_is_named_then_the_right_one_passes(page, lab):
     state = wait_finished(page, timeout_s=300)
     assert not any(c["errors"] for c in state), [c["output"][-800:] for c in state if c["errors"]]
     wrong = state[1]["output"]
-    assert "not yet: 01-shard-no-set-epoch" in wrong and "set_epoch" in wrong, wrong
-    assert "Hint" in wrong and REFERENCE.splitlines()[3].strip() not in wrong, (
+    assert "01-shard: 01-shard-no-set-epoch" in wrong and "set_epoch" in wrong, wrong
+    assert "hint:" in wrong and REFERENCE.splitlines()[3].strip() not in wrong, (
         "the fix shows before it is asked"
     )
     exercise = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell").nth(1)

@@ -1,7 +1,7 @@
 """What a rank writes while it trains: one JSONL file per rank, a plan and a summary.
 
 Workers use `MetricsWriter`. The kernel side follows and reads the files
-(`ddp_helpers.kernel.launcher.run_outputs`); the maths on them is in `ddp_helpers.kernel.lab.measures`.
+(`ddp_helpers.kernel.launcher.runner`); the maths on them is in `ddp_helpers.kernel.lab.measures`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""The state of one train.py run, shared by train.py and the files beside it.
-
-Data and Training are built in train.py, Position says where the run is, and Run holds them with the
-options and the process group; train_checkpoint.py saves and restores them, train_report.py reports on
-them. Here, apart from all three, so that none imports another.
-"""
+"""The state of one train.py run (built in train.py, saved by train_checkpoint.py, reported on by
+train_report.py): here, apart from all three, so that none imports another."""
 
 from __future__ import annotations
 

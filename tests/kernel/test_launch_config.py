@@ -136,9 +136,9 @@ def test_multinode_lines_wait_for_the_workers_own_rank(tmp_path):
     log.parent.mkdir(parents=True)
     log.write_text("hello\n")
     tail = RankLogTail(tmp_path / "logs", rank_offset=0, ranks_known_up_front=False)
-    assert tail.read_new() == []  # node_rank 0 may well hold ranks 2.. under c10d: wait
+    assert tail.read_chunks() == []  # node_rank 0 may well hold ranks 2.. under c10d: wait
     tail.learn_ranks({0: 2})
-    assert [(line.rank, line.text) for line in tail.read_new()] == [(2, "hello")]
+    assert [(chunk.rank, chunk.lines) for chunk in tail.read_chunks()] == [(2, ["hello"])]
     assert tail.rank_file(2, "stdout.log") == log
 
 
@@ -148,7 +148,7 @@ def test_a_ranks_printed_lines_come_before_the_traceback_read_with_them(tmp_path
     (attempt / "stdout.log").write_text("line 0\nline 1\n")
     (attempt / "stderr.log").write_text("Traceback (most recent call last):\nValueError: boom\n")
     tail = RankLogTail(tmp_path / "logs")
-    texts = [line.text for line in tail.read_new()]
+    texts = [text for chunk in tail.read_chunks() for text in chunk.lines]
     assert texts == ["line 0", "line 1", "Traceback (most recent call last):", "ValueError: boom"]
 
 
@@ -169,13 +169,13 @@ def echo_on_a_fake_clock(burst: int) -> tuple[CellEcho, list[str], list[float]]:
 def test_the_echo_is_bounded_and_says_what_it_held_back():
     echo, shown, now = echo_on_a_fake_clock(burst=5)
     for i in range(100):
-        echo.line("rank 0", f"line {i}")
+        echo.lines("rank 0", [f"line {i}"])
     assert shown == [f"[rank 0] line {i}" for i in range(5)]
     now[0] = 10.0
     echo.tick()  # the latest line and the count, then a note on where every line is
     assert shown[5] == "[rank 0] line 99   (95 lines held back)"
     assert "under /runs/x/logs" in shown[6] and echo.held_back == 95
-    echo.line("rank 1", "after the pause")  # the bucket refilled
+    echo.lines("rank 1", ["after the pause"])  # the bucket refilled
     assert shown[-1] == "[rank 1] after the pause"
 
 

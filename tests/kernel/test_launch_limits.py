@@ -14,7 +14,7 @@ from conftest import assert_no_processes_left
 from ddp_helpers import InvalidLaunchArguments, RunDirInUse, launch
 from ddp_helpers.kernel.launcher import machine
 from ddp_helpers.kernel.launcher.config import make_config
-from ddp_helpers.kernel.launcher.run_outputs import LOCK_NAME
+from ddp_helpers.kernel.launcher.runner import LOCK_NAME
 
 # another process (a second kernel) launching tick.py into `run_dir`
 OTHER_KERNEL = textwrap.dedent(
@@ -72,7 +72,7 @@ def test_a_killed_launcher_leaves_no_stale_lock(tmp_path):
         f"""
         import time
         from pathlib import Path
-        from ddp_helpers.kernel.launcher.run_outputs import holding_run_dir
+        from ddp_helpers.kernel.launcher.runner import holding_run_dir
         with holding_run_dir(Path({str(run_dir)!r})):
             print("held", flush=True)
             time.sleep(600)
@@ -81,7 +81,7 @@ def test_a_killed_launcher_leaves_no_stale_lock(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "held"
-    from ddp_helpers.kernel.launcher.run_outputs import holding_run_dir
+    from ddp_helpers.kernel.launcher.runner import holding_run_dir
 
     with pytest.raises(RunDirInUse):
         with holding_run_dir(run_dir):

@@ -8,7 +8,7 @@ import pytest
 from fixtures import module_live_ranks
 from IPython.testing import globalipapp
 
-from ddp_helpers.kernel.launcher.cell_source import CellSyntaxError
+from ddp_helpers.kernel.launcher.cell_output import CellSyntaxError
 from ddp_helpers.kernel.live import live_magics as live_magics
 
 # Its module-scoped fixture starts a job: with `--dist loadgroup` one xdist worker runs the whole

@@ -9,8 +9,7 @@ import time
 import psutil
 
 from ddp_helpers.kernel.launcher.process_tree import ProcessTree
-from ddp_helpers.kernel.launcher.processes import hold_lifeline, stop_run
-from ddp_helpers.kernel.launcher.run_process import FreshProcess
+from ddp_helpers.kernel.launcher.processes import FreshProcess, hold_lifeline, stop_run
 
 STUBBORN = """
 import signal, subprocess, sys, time

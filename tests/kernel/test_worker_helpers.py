@@ -21,7 +21,7 @@ def test_the_modules_loaded_are_the_package_modules_the_worker_imports_and_their
 def test_ddp_py_needs_nothing_and_train_py_names_its_helpers():
     assert package_helpers("ddp") == []  # notebook 01's script: torch only
     helpers = {h.module: h for h in package_helpers("train")}
-    assert "parse_args" in helpers["ddp_helpers.workers.train_options"].names
+    assert "Reporter" in helpers["ddp_helpers.workers.train_report"].names
     assert helpers["ddp_helpers.rank.teardown"].names == ()  # `from ddp_helpers.rank import teardown`
     assert all(h.purpose.endswith(".") and len(h.purpose) > 20 for h in helpers.values())
 
@@ -54,5 +54,5 @@ def test_show_helpers_prints_the_table_outside_ipython(capsys):
     shown = show_helpers("train")
     out = capsys.readouterr().out
     assert f"`train.py` imports {len(shown)} module(s) of `ddp_helpers`" in out
-    assert "| `ddp_helpers.workers.train_options` |" in out
+    assert "| `ddp_helpers.workers.train_report` |" in out
     assert f"loads {len(closure('train'))} module(s)" in out

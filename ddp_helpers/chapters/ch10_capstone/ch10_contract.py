@@ -129,31 +129,10 @@ def script_args(
     data: str | os.PathLike[str], out: str | os.PathLike[str], amp: str, *extra: str
 ) -> list[str]:
     """The contract's flags, each given (the script's own defaults do not matter)."""
-    return [
-        "--data",
-        str(data),
-        "--out",
-        str(out),
-        "--epochs",
-        str(EPOCHS),
-        "--batch-size",
-        str(BATCH),
-        "--lr",
-        str(LR),
-        "--momentum",
-        str(MOMENTUM),
-        "--clip",
-        str(CLIP),
-        "--hidden",
-        str(HIDDEN),
-        "--dropout",
-        str(DROPOUT),
-        "--amp",
-        amp,
-        "--seed",
-        str(SEED),
-        *extra,
-    ]
+    flags = [("data", data), ("out", out), ("epochs", EPOCHS), ("batch-size", BATCH), ("lr", LR)]
+    flags += [("momentum", MOMENTUM), ("clip", CLIP), ("hidden", HIDDEN), ("dropout", DROPOUT)]
+    flags += [("amp", amp), ("seed", SEED)]
+    return [part for name, value in flags for part in (f"--{name}", str(value))] + list(extra)
 
 
 def expected_batches(world: int) -> list[list[list[int]]]:

@@ -1,32 +1,13 @@
 """Notebook 10's capstone check: the learner's whole torchrun script, run under torchrun, watched and judged.
 
-    from ddp_helpers.chapters.ch10_capstone.ch10_exercises import check_script
     verdict = check_script("runs/capstone/my_ddp.py")  # 2 ranks with --amp fp16, then 3 with --amp bf16
-    verdict = check_script("runs/capstone/my_ddp.py", nproc=3)  # 3 ranks with --amp fp16, then with bf16
 
-The contract (what notebook 10 states, and ddp_helpers/chapters/ch10_capstone/capstone.py keeps): the flags in
-`contract.script_args`, the data file `contract.make_data` writes, the model `Net` (two bias-free Linear layers, a tanh, an
-nn.Dropout), rank 0 printing one JSON line per step ({"step", "epoch", "loss"}: the mean over every rank's
-samples), and <out>/ckpt.pt, written by rank 0 alone, through a temporary file and os.replace, holding at
-least "model" (the plain module's state dict). `--stop-at-step K` saves the checkpoint after step K and
-stops, as if the job were killed there; `--resume` continues from <out>/ckpt.pt.
-
-For each check (a world size and an --amp mode, `amp_plan`) the script runs three times: stopped at step K (in the middle of epoch 1), resumed,
-and uninterrupted. Every rank runs inside a small probe (`probe.PROBE`, written next to the runs), which runs
-the script as __main__ and records what the rank did: the samples of each forward pass (the rows the first
-layer saw) and the autocast dtype it ran under, the dropout masks (the probe draws them, as dropout would)
-and the random state before each, the weights after each optimizer step, the loss scale after each
-scaler.update() and the calls of scaler.step(), each torch.save and os.replace, each torch.manual_seed and
-torch.set_rng_state, whether DDP wrapped the model and the loader got a generator, and the seed each
-iter(loader) drew (what its workers would be seeded with). What a right script does
-comes from first principles: DistributedSampler's order written out (`nb01.sampler_order`), and the
-training replayed in one process (`replay.replay`): the same model math on each rank's batch with the masks that
-rank drew, the gradients averaged as DDP averages them, unscaled, clipped, stepped. The first check that
-fails ends the check with a Verdict naming the mistake; a run that trains without DDP never passes.
-
-The modules: `contract` (the sizes, the data, the flags, the hints), `probe` (the rank side), `runs` (one
-launch and what it left), `replay`, `judge` (a check's verdict, a mistake's signature), `checks` (each
-check), `world` (the three runs of one world size, in order) and this one (`ch10_exercises`), the entry point.
+The contract (notebook 10 states it; capstone.py keeps it) is in ch10_contract. For each check (a world size
+and an --amp mode, `amp_plan`) the script runs three times: stopped mid-epoch 1, resumed, uninterrupted
+(ch10_world). Each rank runs inside the probe (ch10_probe), which records what the rank did; what a right
+script does comes from first principles: DistributedSampler's order written out, and the training replayed
+in one process (ch10_replay). Each check (ch10_checks) is judged by ch10_judge; the first that fails ends
+the check with a Verdict naming the mistake.
 """
 
 from __future__ import annotations

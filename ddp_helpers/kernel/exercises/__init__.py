@@ -4,10 +4,8 @@
     verdict = check("01-shard", answer_code, ranks)   # ranks: a LiveRanks
 
 In a notebook, ``%%exercise 01-shard`` checks the cell's code; ``%exercise solution 01-shard`` shows
-the reference answer. The modules: `spec` (what an exercise is), `registry` (every exercise, by id),
-`nb01` ... `nb09` (each notebook's, a package where it has a file per exercise), `observers` and `rank_side` (on the ranks), `checker` and
-`verdict` (in the kernel), `magics` and `cli`, and `capstone` (notebook 10's whole-script check).
-This package's top loads only what the ranks load too.
+the reference answer. What an exercise is (`rank.spec`) and the catalogue (`rank.registry`) load in the
+ranks too; each chapter's exercises are in its folder (chapters/chNN_*/chNN_exercises.py).
 """
 
 from __future__ import annotations

@@ -49,51 +49,12 @@ class Verdict:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
+        """The text, in a box whose edge says passed (green), not written yet (grey) or wrong (red)."""
         colour = "#1a7f37" if self.passed else "#6e7781" if self.diagnosis == UNWRITTEN else "#cf222e"
-        title = (
-            "passed"
-            if self.passed
-            else self.diagnosis
-            if self.diagnosis == UNWRITTEN
-            else f"not yet: {self.diagnosis}"
+        return (
+            f'<pre style="border-left:4px solid {colour};padding:4px 10px;white-space:pre-wrap">'
+            f"{html.escape(self.text())}</pre>"
         )
-        parts = [
-            f'<div style="border-left:4px solid {colour};padding:4px 10px">',
-            f"<b>{html.escape(self.exercise)}: {html.escape(title)}</b>"
-            + (f" ({self.world_size} rank(s))" if self.world_size else ""),
-            f"<p>{html.escape(self.message)}</p>",
-        ]
-        if not self.passed and self.seen:
-            names = list(dict.fromkeys(k for s in self.seen for k in s))
-            wanted = {(d["rank"], d["field"]) for d in self.differences}
-            rows = "".join(
-                "<tr><td>"
-                + str(r)
-                + "</td>"
-                + "".join(
-                    f"<td{' style=color:#cf222e' if (r, k) in wanted else ''}>{html.escape(_short(s.get(k, '')))}</td>"
-                    for k in names
-                )
-                + "</tr>"
-                for r, s in enumerate(self.seen)
-            )
-            header = "".join(f"<th>{html.escape(k)}</th>" for k in names)
-            parts.append(f"<table><tr><th>rank</th>{header}</tr>{rows}</table>")
-        if self.differences:
-            items = "".join(
-                f"<li>rank {d['rank']}: {html.escape(name)} = {html.escape(seen)}, "
-                f"expected {html.escape(expected)}</li>"
-                for d in self.differences[:12]
-                for name, seen, expected in _differing_parts(d, WIDE)
-            )
-            parts.append(f"<p>What differs from a right answer:</p><ul>{items}</ul>")
-        if not self.passed and self.hint:
-            parts.append(f"<p><i>Hint:</i> {html.escape(self.hint)}</p>")
-            parts.append(
-                f"<p>The solution, when you want it: <code>%exercise solution {html.escape(self.exercise)}</code></p>"
-            )
-        parts.append("</div>")
-        return "".join(parts)
 
     def __str__(self) -> str:
         return self.text()

@@ -1,5 +1,5 @@
-"""What notebook 06 imports for several nodes on one machine, and for a real scheduler: loopback nodes
-(`loopback_plan`, `start_elastic_node`, `wait_for_line`, `freeze`), ports and GPU ids, and `slurm`.
+"""What notebook 06 imports for several nodes on one machine, and for a real scheduler: elastic nodes
+(`start_elastic_node`, `wait_for_line`, `freeze`), ports and GPU ids, and `slurm`.
 
 They live in the launcher; this module is the name a notebook imports them by, so the launcher's
 modules stay free to change.
@@ -12,7 +12,6 @@ import signal
 from ddp_helpers.kernel.launcher import slurm
 from ddp_helpers.kernel.launcher.loopback import (
     ElasticNode,
-    loopback_plan,
     start_elastic_node,
     visible_gpu_ids,
     wait_for_line,
@@ -23,7 +22,6 @@ from ddp_helpers.kernel.launcher.process_tree import ProcessTree
 __all__ = [
     "free_port",
     "freeze",
-    "loopback_plan",
     "slurm",
     "start_elastic_node",
     "visible_gpu_ids",

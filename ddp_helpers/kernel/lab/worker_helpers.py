@@ -24,7 +24,7 @@ PACKAGE = PACKAGE_DIR.name  # "ddp_helpers"
 
 @dataclass(frozen=True)
 class Helper:
-    module: str  # "ddp_helpers.workers.train_options"
+    module: str  # "ddp_helpers.workers.train_report"
     names: tuple[str, ...]  # what the worker takes from it ("parse_args", ...); () for `import module`
     purpose: str  # the first sentence of the module's docstring
 

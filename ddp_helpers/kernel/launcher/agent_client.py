@@ -1,20 +1,13 @@
 """The launcher's side of the agent server (agent_server.py): torchrun's agent, forked warm.
 
-`start_agent` asks this process's server to fork a run's agent, starting the server first when there
-is none (`warm_up` starts one ahead, so that its import of torch overlaps other work). It returns None
-where a fork cannot be used (not Linux, a server that died, cannot start or has threads): the launcher
-then starts ``python -m ddp_helpers.kernel.launcher.torchrun_agent`` as a fresh process.
-``DDP_HELPERS_AGENT_SERVER=off`` turns the server off.
-
+`start_agent` asks a server to fork a run's agent, starting one first if needed (`warm_up` starts it
+ahead). It returns None where a fork cannot be used (not Linux, a server that died, cannot start or has
+threads, ``DDP_HELPERS_AGENT_SERVER=off``): the launcher then starts the agent as a fresh process.
 A server serves one Python and one environment, because torch reads some variables when it is imported
-(``LOGLEVEL``, ``TORCH_CPP_LOG_LEVEL``, ``PYTHON*``, ...). Only the variables the launcher sets for each
-run, which are read later, may differ between a server and the runs it forks (`RUN_TIME_KEYS`). A run
-with other variables (``launch(env=...)``) gets a server of its own; the two most recently used are kept.
-
-A server holds no run of its own. It leaves when this process closes its end of the channel (at exit,
-in `stop_servers`, which an interrupted launch calls, or when a third server evicts it) or dies, and
-after `agent_server.IDLE_S` seconds without a run. `AgentServers` owns this process's servers (one
-object, `SERVERS`, as ipyparallel's `Cluster` owns its engines); the module's functions are its methods.
+(``LOGLEVEL``, ``PYTHON*``, ...): only `RUN_TIME_KEYS` may differ between a server and its runs, and a run
+with others gets a server of its own; the two most recently used are kept. A server leaves when this
+process closes its end of the channel (at exit, in `stop_servers`, on eviction), and when idle.
+`AgentServers` owns this process's servers (one object, `SERVERS`); the module's functions are its methods.
 """
 
 from __future__ import annotations
@@ -35,44 +28,40 @@ from ddp_helpers.kernel.launcher.agent_server import (
     AgentRequest,
     RunNews,
 )
-from ddp_helpers.kernel.launcher.run_process import ProcessKind
 from ddp_helpers.kernel.launcher.torchrun_agent import OWNER_FD_ENV
 
 MAX_REQUEST_BYTES = 100_000  # what this end sends: one datagram, well under the socket's ~200 kB
 START_TIMEOUT_S = 300.0  # the first fork waits for the server to import torch: minutes on a slow disk
 
-# Set by the launcher for each run and read only when the run uses them (by torchrun's agent at run
-# time, or by the workers), so a warm server may fork runs that differ in them.
-RUN_TIME_KEYS = frozenset(
-    {
-        "OMP_NUM_THREADS",
-        "MPLBACKEND",
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
-        OWNER_FD_ENV,
-        "PYTEST_CURRENT_TEST",  # pytest names the running test there: a new value for every test
-        # torch.distributed reads it at import (set_debug_level_from_env), but the level is used by process
-        # groups, DDP, FSDP, ZeRO, DeviceMesh and pipelining, which only the workers create (the agent's rendezvous is
-        # a TCPStore); the workers, fresh processes, read it at their own import
-        "TORCH_DISTRIBUTED_DEBUG",
-    }
-)
-RUN_TIME_PREFIX = "DDP_"  # this package's own variables: the grace period, the run's folder, live ranks
+# Set by the launcher for each run and read only when used (by torchrun's agent at run time, or by the
+# workers), so a warm server may fork runs that differ in them; also this package's own DDP_* variables.
+# TORCH_DISTRIBUTED_DEBUG: torch.distributed reads it at import, but only process groups, DDP, FSDP, ZeRO,
+# DeviceMesh and pipelining use the level, and only the workers (fresh processes) create those.
+RUN_TIME_KEYS = {"OMP_NUM_THREADS", "MPLBACKEND", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", OWNER_FD_ENV}
+RUN_TIME_KEYS |= {"PYTEST_CURRENT_TEST", "TORCH_DISTRIBUTED_DEBUG"}  # pytest's: new for every test
 KEEP_SERVERS = 2
-SWITCH_ENV = (
-    "DDP_HELPERS_AGENT_SERVER"  # "off": no server, a fresh agent per launch (as before; for comparing)
-)
-
-
-# a server's Python and the part of its environment read at import: runs that share it share the server
-ServerKey = tuple[str, tuple[tuple[str, str], ...]]
-
-
-def server_key(python: str, env: dict[str, str]) -> ServerKey:
-    return (python, tuple(sorted((k, v) for k, v in env.items() if not _run_time(k))))
+SWITCH_ENV = "DDP_HELPERS_AGENT_SERVER"  # "off": no server, a fresh agent per launch (for comparing)
+ServerKey = tuple[str, tuple[tuple[str, str], ...]]  # a Python, and the environment read at import
 
 
 def _run_time(key: str) -> bool:
-    return key in RUN_TIME_KEYS or key.startswith(RUN_TIME_PREFIX)
+    return key in RUN_TIME_KEYS or key.startswith("DDP_")
+
+
+# Popen.poll() and wait() take a lock that CPython's subprocess module leaves held when a KeyboardInterrupt
+# lands between its acquire and its try (seen here: an interrupted launch then waited forever for a
+# torchrun that was already a zombie). This process is the only one that waits for its runs, so it asks
+# the kernel directly, without that lock.
+def reap(popen: subprocess.Popen[bytes]) -> int | None:
+    """`popen`'s exit code (negative: the signal that ended it), or None while it runs; reaps it."""
+    if popen.returncode is None:
+        try:
+            pid, status = os.waitpid(popen.pid, os.WNOHANG)
+        except ChildProcessError:  # already reaped (SIGCHLD ignored): its status is lost, as Popen says
+            pid, status = popen.pid, 0
+        if pid == popen.pid:
+            popen.returncode = os.waitstatus_to_exitcode(status)
+    return popen.returncode
 
 
 class AgentServer:
@@ -103,17 +92,11 @@ class AgentServer:
         self.channel = ours
         self.lock = threading.Lock()
 
-    def fork(
-        self, argv: list[str], env: dict[str, str], output_fd: int, lifeline_fd: int
-    ) -> ForkedAgent | None:
-        """The run's agent, forked; None for a request too big for one message (an environment of
-        megabytes). Raises `ServerGone` if the server is gone, or went before it answered.
-
+    def fork(self, argv: list[str], env: dict[str, str], output_fd: int, lifeline_fd: int) -> ForkedAgent:
+        """The run's agent, forked; raises `ServerGone` if the server is gone, or went before it answered.
         The request goes with the new agent's own socket first, then its output file and lifeline."""
         request: AgentRequest = {"argv": argv, "env": env, "cwd": os.getcwd()}
         message = json.dumps(request).encode()
-        if len(message) > MAX_REQUEST_BYTES:
-            return None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             with self.lock:
@@ -130,34 +113,14 @@ class AgentServer:
         return agent
 
     def alive(self) -> bool:
-        return self.process.returncode is None and _exit_code_if_ended(self.process) is None
+        return reap(self.process) is None
 
     def stop(self) -> None:
-        """Close the channel: the server takes no new run and leaves when its runs have ended (its
-        owner, `AgentServers`, reaps it then)."""
+        """Close the channel: the server takes no new run and leaves when its runs have ended."""
         with self.lock:
             self.channel.close()
 
-    def kill(self) -> None:
-        """For a server that did not answer: a request it still holds must never be forked."""
-        try:
-            self.process.kill()
-        except ProcessLookupError:
-            pass
 
-
-def _exit_code_if_ended(process: subprocess.Popen[bytes]) -> int | None:
-    """The server's exit code once it has ended (reaping it), None while it runs."""
-    try:
-        pid, status = os.waitpid(process.pid, os.WNOHANG)
-    except ChildProcessError:
-        return process.returncode if process.returncode is not None else 0
-    if pid == process.pid:
-        process.returncode = os.waitstatus_to_exitcode(status)
-    return process.returncode
-
-
-# ------------------------------------------------------------------------------- one run's fork
 class ServerGone(Exception):
     """The server died, left (idle), or did not answer in time: start the run's agent afresh."""
 
@@ -167,12 +130,11 @@ class ForkedAgent:
 
     def __init__(self, run_socket: socket.socket) -> None:
         self.pid = 0
-        self.kind: ProcessKind = "forked"  # see run_process.RunProcess
+        self.kind = "forked"  # see processes.RunProcess
         self.returncode: int | None = None
         self.status_lost = False  # killed by a signal after its server died: the exit code is unknown
         self.wait_s = 0.0  # how long the launch waited for the fork (a cold server: its import of torch)
-        self._socket = run_socket
-        self._buffer = b""
+        self._socket, self._buffer = run_socket, b""
 
     def read_pid(self, timeout_s: float) -> bool:
         """Wait for the server's word that the agent runs; False if it went without saying so."""
@@ -204,8 +166,7 @@ class ForkedAgent:
         return self.returncode
 
     def _take(self, message: RunNews) -> None:
-        if "pid" in message:
-            self.pid = int(message["pid"])
+        self.pid = int(message.get("pid", self.pid))
         if "exit" in message and self.returncode is None:  # the agent's own word, or the server's
             self.returncode = int(message["exit"])
 
@@ -243,35 +204,44 @@ class AgentServers:
         self._lock = threading.Lock()  # running, not_forkable
         self._stopped_lock = threading.Lock()
 
-    def start_agent(
-        self, python: str, argv: list[str], env: dict[str, str], output_fd: int, lifeline_fd: int
-    ) -> ForkedAgent | None:
-        """Fork the run's agent from a warm server (started now if there is none for this Python and
-        environment). None where that cannot be done: start a fresh agent instead."""
-        if not supported() or len(json.dumps([argv, env])) > MAX_REQUEST_BYTES - 4096:  # 4 kB: the folder
+    def _server(self, python: str, env: dict[str, str], start: bool = True) -> AgentServer | None:
+        """The running server for this Python and environment, started now if there is none (and
+        `start`); None where none can serve."""
+        if not supported() or python in self.not_forkable:
             return None
-        if python in self.not_forkable:
-            return None
-        key = server_key(python, env)
+        key = (python, tuple(sorted((k, v) for k, v in env.items() if not _run_time(k))))
         self.reap_stopped()
         with self._lock:
             server = self.running.pop(key, None)
             if server is not None and not server.alive():
                 self._stop(server)
                 server = None
-            if server is None:
+            if server is None and start:
                 try:
                     server = AgentServer(python, env)
                 except OSError:
                     return None
-            self._use(key, server)
+            if server is not None:  # the most recently used; the least beyond KEEP_SERVERS leaves
+                self.running[key] = server
+                while len(self.running) > KEEP_SERVERS:
+                    self._stop(self.running.pop(next(iter(self.running))))
+        return server
+
+    def start_agent(
+        self, python: str, argv: list[str], env: dict[str, str], output_fd: int, lifeline_fd: int
+    ) -> ForkedAgent | None:
+        """Fork the run's agent from a warm server; None where that cannot be done (an environment of
+        megabytes, too big for one message, too): start a fresh agent instead."""
+        too_big = len(json.dumps([argv, env])) > MAX_REQUEST_BYTES - 4096  # 4 kB: the folder
+        server = None if too_big else self._server(python, env)
+        if server is None:
+            return None
         try:
             return server.fork(argv, env, output_fd, lifeline_fd)
         except (ServerGone, KeyboardInterrupt) as error:  # an interrupt while a cold server imports torch
             with self._lock:
-                if self.running.get(key) is server:
-                    del self.running[key]
-            server.kill()
+                self.running = {k: s for k, s in self.running.items() if s is not server}
+            server.process.kill()  # a request it still holds must never be forked
             self._stop(server)
             if server.process.wait() == NOT_FORKABLE:
                 self.not_forkable.add(python)
@@ -282,23 +252,10 @@ class AgentServers:
     def warm_up(self, python: str, env: dict[str, str]) -> bool:
         """Start the server that a launch with this Python and environment will use, without waiting:
         it imports torch while this process does other work. True if a server was started."""
-        if not supported() or python in self.not_forkable:
-            return False
-        key = server_key(python, env)
         with self._lock:
-            if key in self.running:
-                return False
-            try:
-                self._use(key, AgentServer(python, env))
-            except OSError:
-                return False
-        return True
-
-    def _use(self, key: ServerKey, server: AgentServer) -> None:
-        """Make `server` the most recently used; tell the least recently used beyond `KEEP_SERVERS` to leave."""
-        self.running[key] = server
-        while len(self.running) > KEEP_SERVERS:
-            self._stop(self.running.pop(next(iter(self.running))))
+            known = set(self.running.values())
+        server = self._server(python, env)
+        return server is not None and server not in known
 
     def _stop(self, server: AgentServer) -> None:
         server.stop()
@@ -314,7 +271,7 @@ class AgentServers:
     def reap_stopped(self) -> bool:
         """Reap the servers that have left; True if none is left to wait for."""
         with self._stopped_lock:
-            self.stopped[:] = [p for p in self.stopped if _exit_code_if_ended(p) is None]
+            self.stopped[:] = [p for p in self.stopped if reap(p) is None]
             return not self.stopped
 
     def wait_for_stopped(self, timeout_s: float) -> bool:
@@ -328,8 +285,7 @@ class AgentServers:
         return True
 
     def reap_stopped_in_background(self, timeout_s: float = 60.0) -> None:
-        """Reap, from a daemon thread, the servers told to leave that have not left yet (none stays a
-        zombie)."""
+        """Reap, from a daemon thread, the servers told to leave that have not left yet (no zombie)."""
         if not self.reap_stopped():
             threading.Thread(target=self.wait_for_stopped, args=(timeout_s,), daemon=True).start()
 

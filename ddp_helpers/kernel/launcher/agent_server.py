@@ -1,32 +1,21 @@
-"""One process that imports torch once and forks each run's torchrun agent from itself (the launcher
-asks it: agent_client.py).
-
-    python -m ddp_helpers.kernel.launcher.agent_server      (started by the launcher: see agent_client.py)
-
-Every torchrun agent imports torch before it can start a worker: about 3 s on every launch here (2.8 s
-for ``import torch.distributed.run`` with torch 2.14 on 2 cores), on the critical path, before the
-workers import torch in turn. This server pays it once per kernel. Each
-run's agent is a fork of it, with torch and torchrun imported and nothing else done yet: the child puts
-itself in a session of its own, takes the run's output file, lifeline, environment and folder, and runs
-`torchrun_agent.main`, as ``python -m ddp_helpers.kernel.launcher.torchrun_agent`` would.
+"""One process that imports torch once and forks each run's torchrun agent from itself (started and
+asked by agent_client.py): ``import torch.distributed.run`` takes about 3 s on 2 cores, on every launch's
+critical path, and this server pays it once per kernel. A fork puts itself in a session of its own, takes
+the run's output file, lifeline, environment and folder, and runs `torchrun_agent.main`.
 
 The channel is a Unix socket inherited as fd `SERVER_FD_ENV`. A request is one message: JSON
-``{"argv", "env", "cwd"}`` with three file descriptors (SCM_RIGHTS): the run's own socket, its output file
-and the read end of its lifeline. On the run's socket the server writes the agent's pid, then its exit
-code when it ends, and closes it.
+``{"argv", "env", "cwd"}`` with three file descriptors: the run's own socket, its output file and the
+read end of its lifeline. On the run's socket the server writes the agent's pid, then its exit code.
+When the launcher's end of the channel closes, the server takes no new run and leaves once its agents
+have ended (each watches its own lifeline); after `IDLE_S` seconds without a run it leaves too.
 
-When the launcher's end of the channel closes (it stops the server, or it died), the server takes no new
-run and leaves once its agents have ended. It stops none of them: each agent watches its own lifeline,
-so a dead launcher's runs stop by themselves (torchrun_agent.py). After `IDLE_S` seconds without a run
-(``DDP_HELPERS_AGENT_SERVER_IDLE_S``) it leaves too: the next launch starts a fresh one.
-
-Forking is safe here: the server runs one thread (numpy's BLAS pool, which importing torch starts, is
-kept to that thread; a server that finds more threads after its imports leaves with `NOT_FORKABLE`), has
-run no torch operation, and a child never returns into the server's loop.
+Forking is safe here: the server runs one thread (one that finds more after its imports leaves with
+`NOT_FORKABLE`), has run no torch operation, and a child never returns into the server's loop.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -34,7 +23,6 @@ import signal
 import socket
 import sys
 import traceback
-from collections.abc import Callable
 from typing import TypedDict
 
 SERVER_FD_ENV = "DDP_HELPERS_SERVER_FD"
@@ -44,44 +32,14 @@ MAX_REQUEST = 1 << 20  # what the server reads of one request (an environment an
 
 
 class AgentRequest(TypedDict):
-    """One request, as JSON: the run's torchrun command line, its environment and its folder."""
-
-    argv: list[str]
+    argv: list[str]  # the run's torchrun command line, its environment and its folder
     env: dict[str, str]
     cwd: str
 
 
 class RunNews(TypedDict, total=False):
-    """One line on a run's socket: the child's pid first, then its exit code (negative: a signal)."""
-
-    pid: int
+    pid: int  # one line on a run's socket: the child's pid first, then its exit code (negative: a signal)
     exit: int
-
-
-def one_thread() -> bool:
-    """Only this thread runs here: what makes a fork safe."""
-    return len(os.listdir("/proc/self/task")) == 1
-
-
-def fork_child(
-    runs: dict[int, socket.socket], run_fd: int, child: Callable[[], int], close_here: list[int]
-) -> int:
-    """Fork; the child runs `child` and leaves with its code, never returning into the loop here. This
-    process closes `close_here` (the child's own fds), keeps `run_fd`, writes the child's pid there and
-    returns it."""
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            code = child()
-        finally:
-            os._exit(code)
-    for fd in close_here:
-        os.close(fd)
-    run = socket.socket(fileno=run_fd)
-    runs[pid] = run
-    _send(run, {"pid": pid})
-    return pid
 
 
 def report_ended_children(runs: dict[int, socket.socket]) -> None:
@@ -100,10 +58,8 @@ def report_ended_children(runs: dict[int, socket.socket]) -> None:
 
 
 def _send(run: socket.socket, message: RunNews) -> None:
-    try:
+    with contextlib.suppress(OSError):  # the launcher closed its end: nobody waits for this run's news
         run.sendall((json.dumps(message) + "\n").encode())
-    except OSError:  # the launcher closed its end: nobody waits for this run's news
-        pass
 
 
 def serve(channel: socket.socket, idle_s: float) -> None:
@@ -122,12 +78,9 @@ def serve(channel: socket.socket, idle_s: float) -> None:
         if accepting and not readable and not runs:  # idle for idle_s: a request sent meanwhile is
             break  # dropped with the channel, and the launcher starts that run's agent afresh
         if wake_read in readable:
-            while True:
-                try:
-                    if not os.read(wake_read, 4096):
-                        break
-                except BlockingIOError:
-                    break
+            with contextlib.suppress(BlockingIOError):
+                while os.read(wake_read, 4096):
+                    pass
         report_ended_children(runs)
         if channel in readable:
             try:
@@ -148,10 +101,8 @@ def serve(channel: socket.socket, idle_s: float) -> None:
             except Exception:  # noqa: BLE001 - one request failed (a fork refused): serve the next ones
                 traceback.print_exc()  # the launcher reads end-of-file on that run and starts it afresh
                 for fd in fds:
-                    try:
+                    with contextlib.suppress(OSError):
                         os.close(fd)
-                    except OSError:
-                        pass
 
 
 def preload() -> None:
@@ -189,32 +140,28 @@ def become_agent(request: AgentRequest, output_fd: int, lifeline_fd: int, close:
 def start_agent(
     runs: dict[int, socket.socket], request: AgentRequest, fds: list[int], close: list[int]
 ) -> None:
-    """Fork one run's agent; tell the launcher its pid on the run's socket.
-
-    The agent writes its own exit code there too, before it leaves: if this server dies first, the
-    launcher still learns how the run ended (the server's report, from its wait status, covers an
-    agent killed by a signal).
-    """
+    """Fork one run's agent; tell the launcher its pid on the run's socket. The agent writes its own
+    exit code there too before it leaves, so the launcher learns how the run ended if this server
+    dies first (the server's report, from the wait status, covers an agent killed by a signal)."""
     run_fd, output_fd, lifeline_fd = fds
-
-    def agent() -> int:
+    pid = os.fork()
+    if pid == 0:  # the child leaves with its code, never returning into the loop here
         code = 1
         try:
-            # fds that came with a message are inheritable: no worker may hold the launcher's socket
-            os.set_inheritable(run_fd, False)
+            os.set_inheritable(run_fd, False)  # a message's fds are inheritable: not to the workers
             code = become_agent(request, output_fd, lifeline_fd, close)
         except BaseException:  # noqa: BLE001 - reported in the run's log, like a crash at start-up
             traceback.print_exc()
         finally:
-            try:
+            with contextlib.suppress(Exception):  # the log or the socket is gone: the server reports
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os.write(run_fd, (json.dumps({"exit": code}) + "\n").encode())
-            except (OSError, ValueError):  # the log or the launcher's socket is gone: the server reports
-                pass
-        return code
-
-    fork_child(runs, run_fd, agent, close_here=[output_fd, lifeline_fd])
+            os._exit(code)
+    os.close(output_fd)
+    os.close(lifeline_fd)
+    runs[pid] = socket.socket(fileno=run_fd)
+    _send(runs[pid], {"pid": pid})
 
 
 NOT_FORKABLE = 3  # the exit code that tells the launcher not to start servers for this Python again
@@ -223,7 +170,9 @@ NOT_FORKABLE = 3  # the exit code that tells the launcher not to start servers f
 def main() -> None:
     channel = socket.socket(fileno=int(os.environ.pop(SERVER_FD_ENV)))
     preload()
-    if not one_thread():  # something started a thread at import (an MKL numpy, a newer torch): no forks
+    if (
+        len(os.listdir("/proc/self/task")) != 1
+    ):  # something started a thread at import (an MKL numpy, a newer torch): no forks
         sys.exit(NOT_FORKABLE)
     serve(channel, float(os.environ.get(IDLE_ENV, IDLE_S)))
     # Leave at once: finalizing an interpreter that holds torch takes a second or more on a loaded

@@ -1,14 +1,12 @@
-"""What a launch shows in the cell: the ranks' lines, bounded and rate-limited, each written whole.
+"""What a launch shows in the cell: the ranks' lines, bounded and rate-limited, each written whole, and
+the progress bar (`StepProgress`: a widget in JupyterLab, text under papermill and in a terminal); and
+a cell magic's code numbered as the learner's editor numbers it, its syntax errors shown plainly.
 
-Ranks can print far faster than anyone reads, and a flood of output trips Jupyter's IOPub data-rate
-limit and freezes the browser. So the cell gets a bounded view: lines pass as they come up to a rate
-(with a burst allowance); past it, lines are held back, counted, and every few seconds the latest
-line of each rank is shown with the count. A line longer than MAX_LINE_CHARS is shown cut, so the bound
-holds in bytes too (``print('y' * 3_000_000)`` is one line). Every line, whole, is still in the log files.
-
-Lines are written whole under one lock, so two launches running in two threads of one kernel never
-write into each other's lines. And the progress bar (`StepProgress`): a widget in JupyterLab, plain
-text under papermill and in a terminal.
+A flood of output trips Jupyter's IOPub data-rate limit and freezes the browser. So lines pass up to a
+rate (with a burst allowance); past it they are held back, counted, and every few seconds each rank's
+latest line is shown with the count. A line longer than MAX_LINE_CHARS is shown cut, so the bound holds
+in bytes too. Every line, whole, is still in the log files. Lines are written whole under one lock, so
+two launches in two threads of one kernel never write into each other's lines.
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,10 +54,7 @@ class _Held:
 
 @dataclass
 class CellEcho:
-    """The cell's view of a launch's output.
-
-    `write` is how a line reaches the cell (the progress bar's writer, which keeps a text bar intact).
-    """
+    """The cell's view of a launch's output; `write` is how a line reaches the cell (the progress bar's)."""
 
     where: str  # where every line is kept, for the "held back" note ("result.logs and under <where>")
     write: Callable[[str, bool], None] = write_line
@@ -77,10 +73,6 @@ class CellEcho:
     def __post_init__(self) -> None:
         self._tokens = float(self.burst)
         self._refilled = self._last_report = self.clock()
-
-    def line(self, label: str, text: str, stderr: bool = False) -> None:
-        """A complete line from the source `label` (e.g. "rank 1")."""
-        self.lines(label, [text], stderr)
 
     def lines(self, label: str, texts: list[str], stderr: bool = False) -> None:
         """Complete lines from `label`: as many as the rate allows are shown, the rest held back."""
@@ -173,7 +165,7 @@ def resolve_progress(progress: str) -> str:
 def _isatty(stream: Any) -> bool:
     try:
         return bool(stream.isatty())
-    except (AttributeError, ValueError):
+    except (AttributeError, ValueError):  # not a file, or a closed one
         return False
 
 
@@ -218,3 +210,23 @@ class StepProgress:
             text_tqdm.write(text, file=sys.stderr if stderr else sys.stdout)
         else:
             write_line(text, stderr)  # whole, under a lock: two launches' lines never merge
+
+
+# ---------------------------------------------------------------------------- a cell magic's own code
+# A cell magic receives the cell without its first line (``%%ranks ...``), so the compiler would call the
+# editor's line 2 "line 1": `as_in_editor` puts an empty line in the magic's place.
+def as_in_editor(body: str) -> str:
+    """The cell's code with the magic's line kept as an empty line, so line numbers match the editor."""
+    return "\n" + body
+
+
+class CellSyntaxError(Exception):
+    """A cell that does not compile, shown as Python shows a SyntaxError: IPython would print one raised
+    inside a magic with the magic's whole call stack."""
+
+    def __init__(self, error: SyntaxError) -> None:
+        self.error = error
+        super().__init__(str(error))
+
+    def _render_traceback_(self) -> list[str]:
+        return "".join(traceback.format_exception_only(type(self.error), self.error)).rstrip().splitlines()

@@ -1,10 +1,4 @@
-"""`LaunchConfig`: one launch, validated: what to run, where, and how to watch it.
-
-`launch()`, ``python -m ddp_helpers launch`` and live ranks all build a `LaunchConfig` from what the
-user gave and leave the rest to its defaults. Its option fields, their defaults and
-their checks are `options.LaunchOptions`' (it subclasses it). It validates itself on construction, so
-bad input is refused before a process is spawned, and turns into a torchrun command line.
-"""
+"""`LaunchConfig`: one launch, validated (before a process is spawned), and its torchrun command line."""
 
 from __future__ import annotations
 
@@ -14,16 +8,21 @@ import re
 import secrets
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Unpack
 
 from ddp_helpers.backends import resolve_backend  # the one rule, shared with every worker
 from ddp_helpers.errors import InvalidLaunchArguments
-from ddp_helpers.kernel.launcher.keywords import LaunchKeywords
-from ddp_helpers.kernel.launcher.launch_checks import check_int, ranks_outside
 from ddp_helpers.kernel.launcher.machine import check_cpu_ranks, cpu_cores, free_port, visible_gpus
-from ddp_helpers.kernel.launcher.options import OPTION_NAMES, OPTIONS, LaunchOptions
+from ddp_helpers.kernel.launcher.options import (
+    OPTION_NAMES,
+    OPTIONS,
+    LaunchKeywords,
+    LaunchOptions,
+    check_int,
+    ranks_outside,
+)
 from ddp_helpers.rank.stack_dumps import REGISTER_ENV, WORKER_SITE
 from ddp_helpers.run_contract import AGENT_LOG, BACKEND_ENV, DEVICE_ENV, ERROR_FILE, LOGS_DIR, RUN_DIR_ENV
 
@@ -57,13 +56,11 @@ def _check_script_args(args: Iterable[object]) -> list[str]:
 
 @dataclass(frozen=True)
 class LaunchConfig(LaunchOptions):
-    """A validated launch: a script, its arguments and the options (`LaunchOptions`' fields) it runs with.
+    """A script, its arguments and the options (`LaunchOptions`' fields) it runs with, checked.
 
-    Built with the user's options only; every default lives in `LaunchOptions`. On construction, bad
-    input raises `InvalidLaunchArguments` before anything is spawned, an "auto" backend is resolved,
-    and what depends on the machine is set: `gpus`, `device`, `local_world_size` (nproc, or its
-    default), `out_dir` (run_dir, or a new folder) and `shown_ranks`. Then it never changes: a start
-    that needs another folder or more environment (live ranks) runs a copy made by `derive`.
+    Built with the user's options only; on construction bad input raises `InvalidLaunchArguments`,
+    "auto" is resolved and what depends on the machine is set (the fields below). Then it never
+    changes: live ranks run a copy made by `derive`.
     """
 
     script: Path
@@ -97,18 +94,14 @@ class LaunchConfig(LaunchOptions):
         )
 
     def _set(self, name: str, value: Any) -> None:
-        """While validating: the one place a field is written (the dataclass is frozen)."""
-        object.__setattr__(self, name, value)
+        object.__setattr__(self, name, value)  # while validating: the dataclass is frozen
 
     def derive(self, **changes: Any) -> LaunchConfig:
-        """A copy with some fields changed (live ranks: each start's folder, the ranks' address).
-
-        Nothing is checked again: the changes are the launcher's own, never a user's."""
-        unknown = set(changes) - {f.name for f in fields(self)}
-        if unknown:
-            raise TypeError(f"LaunchConfig has no field {sorted(unknown)}")
+        """A copy with some fields changed (live ranks), not checked again: the changes are the launcher's."""
         new = copy.copy(self)
         for name, value in changes.items():
+            if name not in self.__dataclass_fields__:
+                raise TypeError(f"LaunchConfig has no field {name!r}")
             object.__setattr__(new, name, value)
         return new
 
@@ -201,19 +194,11 @@ class LaunchConfig(LaunchOptions):
         cmd = ["--nproc-per-node", str(self.local_world_size)]
         if self.nnodes == 1:
             cmd += ["--standalone"]  # c10d rendezvous on a free localhost port: no clashes
-        else:
-            cmd += [
-                "--nnodes",
-                str(self.nnodes),
-                "--node-rank",
-                str(self.node_rank),
-                "--rdzv-backend",
-                "c10d",
-                "--rdzv-endpoint",
-                str(self.rdzv_endpoint),
-                "--rdzv-conf",
-                f"join_timeout={self.rdzv_timeout:g}",
-            ]
+        else:  # rdzv_endpoint is host:port, checked: no spaces
+            cmd += (
+                f"--nnodes {self.nnodes} --node-rank {self.node_rank} --rdzv-backend c10d "
+                f"--rdzv-endpoint {self.rdzv_endpoint} --rdzv-conf join_timeout={self.rdzv_timeout:g}"
+            ).split()
         # Each rank writes its own stdout/stderr files, which we follow: lines never merge.
         cmd += ["--max-restarts", str(self.max_restarts), "--log-dir", str(self.log_dir), "--redirects", "3"]
         # "--": the script's own options never reach torchrun's parser ("--max" is not "--max-restarts")
@@ -225,26 +210,14 @@ class LaunchConfig(LaunchOptions):
         env = base_environment()
         # torchrun would set 1 thread per worker and warn; share the cores out instead.
         env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(self.local_world_size)))
-        env.update(
-            {
-                BACKEND_ENV: self.backend,
-                DEVICE_ENV: self.device,
-                RUN_DIR_ENV: str(self.out_dir),  # where workers write metrics/ and summary.json
-            }
-        )
+        # RUN_DIR_ENV: where workers write metrics/ and summary.json
+        env.update({BACKEND_ENV: self.backend, DEVICE_ENV: self.device, RUN_DIR_ENV: str(self.out_dir)})
         env[GRACE_ENV] = f"{self.grace_s:g}"
         if self.launcher == "python":
-            # what torchrun would give a world of one, so the same script runs unchanged
-            env.update(
-                RANK="0",
-                LOCAL_RANK="0",
-                WORLD_SIZE="1",
-                LOCAL_WORLD_SIZE="1",
-                GROUP_RANK="0",
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(free_port()),
-                TORCHELASTIC_ERROR_FILE=str(self.direct_log_dir / ERROR_FILE),  # for @record
-            )
+            # what torchrun would give a world of one (and @record's error file): the same script runs
+            env.update(RANK="0", LOCAL_RANK="0", GROUP_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+            env["TORCHELASTIC_ERROR_FILE"] = str(self.direct_log_dir / ERROR_FILE)
         if self.max_restarts > 0:
             # torchrun keeps one shared TCPStore across restart rounds, so restarted workers can read
             # the dead workers' addresses and fail with "connectFullMesh ... Connection refused"
@@ -256,11 +229,8 @@ class LaunchConfig(LaunchOptions):
 
 
 def threads_per_rank(local_world_size: int, cores: int | None = None) -> int:
-    """OMP/MKL threads for each of `local_world_size` ranks on one machine: the cores shared out.
-
-    The same on every backend: a GPU rank's CPU work (data loading, the optimizer on CPU tensors)
-    oversubscribes the cores just as a CPU rank's does.
-    """
+    """OMP/MKL threads for each of `local_world_size` ranks on one machine: the cores shared out (on
+    every backend: a GPU rank's CPU work oversubscribes the cores as a CPU rank's does)."""
     return max(1, (cpu_cores() if cores is None else cores) // max(1, local_world_size))
 
 

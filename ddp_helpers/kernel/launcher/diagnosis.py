@@ -31,17 +31,12 @@ _FAILURE = re.compile(
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?", re.MULTILINE)
 # glog-style lines of torch's C++ logging ("[W1130 04:12:00.123 ...]", "E1130 ..."): noise, not a reason.
 _LOG_NOISE = re.compile(r"^\[?[WEIF]\d{4} \d\d:\d\d:\d\d")
-# Errors a rank gets because *another* rank died first: never the root cause if a better one exists.
-_SECONDARY = (
-    "connection reset by peer",
-    "connection closed by peer",
-    "remote worker",
-    "broken pipe",
-    "communicator was aborted",
-    "failed to recv",
-    "connectfullmesh",
-    "socket closed",
-    "killed by signal sigterm",  # torchrun stops the survivors with SIGTERM once one rank fails
+# Errors a rank gets because *another* rank died first: never the root cause if a better one exists
+# (torchrun stops the survivors with SIGTERM once one rank fails).
+_SECONDARY = re.compile(
+    "connection (reset|closed) by peer|remote worker|broken pipe|communicator was aborted|failed to recv|"
+    "connectfullmesh|socket closed|killed by signal sigterm",
+    re.IGNORECASE,
 )
 STDERR_TAIL_LINES = 8
 NO_STDIN_HINT = (
@@ -111,11 +106,11 @@ def _stderr_tail(stderr_text: str, count: int = STDERR_TAIL_LINES) -> list[str]:
     return meaningful[-count:]
 
 
-def _from_error_file(tail: RankLogTail, rank: int, attempt: int | None) -> tuple[str, str]:
+def _from_error_file(tail: RankLogTail, rank: int) -> tuple[str, str]:
     """The message and Python stack that ``@record`` wrote, read with torchelastic's own reader."""
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-    path = tail.rank_file(rank, ERROR_FILE, attempt)
+    path = tail.rank_file(rank, ERROR_FILE)
     if path is None:
         return "", ""
     try:
@@ -155,8 +150,7 @@ def _hint(error: str, exitcode: int, cuda_available: bool) -> str:
 
 
 def _is_secondary(error: str) -> bool:
-    lowered = error.lower()
-    return any(marker in lowered for marker in _SECONDARY)
+    return bool(_SECONDARY.search(error))
 
 
 @dataclass
@@ -168,13 +162,9 @@ class _RankReport:
 
 def _rank_report(tail: RankLogTail, rank: int, exitcode: int, since: int = 0) -> _RankReport:
     """This rank's exception line and traceback, from its error file or else its stderr (from byte `since`)."""
-    error, traceback = _from_error_file(tail, rank, None)  # the latest attempt made torchrun give up
+    error, traceback = _from_error_file(tail, rank)  # the latest attempt made torchrun give up
     path = tail.rank_file(rank, STDERR_LOG)
-    stderr_text = ""
-    if path is not None:
-        with open(path, "rb") as fh:
-            fh.seek(since)
-            stderr_text = fh.read().decode(errors="replace")
+    stderr_text = path.read_bytes()[since:].decode(errors="replace") if path is not None else ""
     if not traceback:
         traceback, last_line = _last_traceback(stderr_text)
         error = error or last_line
@@ -184,10 +174,7 @@ def _rank_report(tail: RankLogTail, rank: int, exitcode: int, since: int = 0) ->
         what = _cxx_what(stderr_text)
         traceback = _fault_stack(stderr_text)
         error = _signal_text(exitcode) + (f": {what}" if what else "") + _when_no_python_ran(traceback)
-    report = _RankReport(error, traceback)
-    if not error:
-        report.stderr_tail = _stderr_tail(stderr_text)
-    return report
+    return _RankReport(error, traceback, None if error else _stderr_tail(stderr_text))
 
 
 def _cxx_what(stderr_text: str) -> str:
@@ -244,13 +231,16 @@ def diagnose(
         rank = next(iter(exitcodes))  # the one known failure, even without a traceback
     if rank is None:
         return None
-    if _is_secondary(reports[rank].error):
-        # torchrun's "first observed" failure can be a rank that only lost its peer: prefer the one
-        # that failed for a reason of its own (error-file timestamps have one-second resolution)
-        primary = [r for r in candidates if reports[r].error and not _is_secondary(reports[r].error)]
-        if primary:
-            rank = primary[0]
-    left = _left_early(rank, reports, exitcodes, candidates, has_report=match is not None)
+    # torchrun's "first observed" failure can be a rank that only lost its peer: prefer the one that
+    # failed for a reason of its own (error-file timestamps have one-second resolution)
+    primary = [r for r in candidates if reports[r].error and not _is_secondary(reports[r].error)]
+    left: list[int] = []
+    if _is_secondary(reports[rank].error) and primary:
+        rank = primary[0]
+    elif _is_secondary(reports[rank].error) and match:
+        # then the cause is a rank that exited with code 0 and left `rank` waiting: torchrun's report lists
+        # only the ranks that failed (its SubprocessContext._poll counts exit code 0 as done)
+        left = [r for r in candidates if r not in exitcodes and r != rank]
     exitcode = exitcodes.get(rank, 1)
     report = reports[rank]
     error = report.error
@@ -276,26 +266,6 @@ UNEVEN_HINT = (
 )
 
 
-def _left_early(
-    rank: int,
-    reports: dict[int, _RankReport],
-    exitcodes: dict[int, int],
-    candidates: list[int],
-    has_report: bool,
-) -> list[int]:
-    """The ranks that exited with code 0 and left `rank` waiting, when `rank` only lost its peer.
-
-    torchrun's report lists the ranks that failed, and not one that exited with code 0 (its
-    `SubprocessContext._poll` counts exit code 0 as done): a rank missing from the report, while the
-    blamed rank only lost a peer and no rank failed for a reason of its own, is one that left.
-    """
-    if not has_report or not _is_secondary(reports[rank].error):
-        return []
-    if any(reports[r].error and not _is_secondary(reports[r].error) for r in candidates):
-        return []
-    return [r for r in candidates if r not in exitcodes and r != rank]
-
-
 # torch 2.7 destroys a process group (and its ~ProcessGroupGloo, which joins gloo's threads) while it
 # holds the GIL; a gloo thread still freeing a finished collective's tensors (Python no longer holds
 # them) waits for that GIL. pytorch/pytorch#154976 releases it, from torch 2.8.
@@ -304,18 +274,12 @@ GLOO_DESTROY_FIXED_IN = (2, 8)
 
 def destroy_deadlock_note(stacks: dict[int, str], backend: str, torch_version: str) -> str:
     """Advice for ranks stuck in destroy_process_group() on torch 2.7's gloo, where that is torch's bug."""
-    if backend != "gloo":
-        return ""
-    try:
-        major, minor = (int(part) for part in torch_version.split(".")[:2])
-    except ValueError:
-        return ""
-    if (major, minor) >= GLOO_DESTROY_FIXED_IN:
-        return ""
+    version = re.match(r"(\d+)\.(\d+)", torch_version)
     stuck = [
         r for r, stack in sorted(stacks.items()) if "destroy_process_group" in "".join(stack.splitlines()[:2])
     ]
-    if not stuck:
+    fixed = version is None or tuple(map(int, version.groups())) >= GLOO_DESTROY_FIXED_IN
+    if backend != "gloo" or fixed or not stuck:
         return ""
     return (
         f"rank(s) {', '.join(map(str, stuck))} wait in destroy_process_group(), after their work: on torch "

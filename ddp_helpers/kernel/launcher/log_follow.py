@@ -1,12 +1,9 @@
 """Follow files that other processes append to: the one reader of logs, metrics and torchrun's output.
 
-`FileFollower` turns one growing file into lines: bytes are read as they come, a line still being
-written is held (and reported as a live update, so a tqdm bar or ``print(..., end="")`` counts as
-progress), and ``\\r`` updates keep only what a terminal would show.
-
-`RankLogTail` follows the per-rank files torchrun writes with ``--redirects 3 --log-dir``. Each rank
-writes its own files, so lines from two ranks never merge, and every line stays on disk.
-Layout (torch >= 2.0): ``<log_dir>/<run_id>_<rand>/attempt_<k>/<local_rank>/{stdout,stderr}.log``.
+`FileFollower` turns one growing file into lines: a line still being written is held (and reported as
+a live update: a tqdm bar counts as progress), and ``\\r`` updates keep what a terminal would show.
+`RankLogTail` follows the per-rank files of torchrun's ``--redirects 3 --log-dir``, so two ranks' lines
+never merge: ``<log_dir>/<run_id>_<rand>/attempt_<k>/<local_rank>/{stdout,stderr}.log``.
 """
 
 from __future__ import annotations
@@ -70,15 +67,6 @@ class FileFollower:
 
 
 @dataclass
-class LogLine:
-    rank: int  # global rank
-    attempt: int
-    stream: str  # "stdout" or "stderr"
-    text: str
-    partial: bool = False  # a live update of a line not finished yet (not kept in the logs)
-
-
-@dataclass
 class LogChunk:
     """What one rank file gained since the last read: handled as a batch (a flood is 100,000s of lines)."""
 
@@ -87,12 +75,6 @@ class LogChunk:
     stream: str
     lines: list[str]  # complete lines
     partial: str | None = None  # the visible text of the line still being written, if it changed
-
-    def log_lines(self) -> list[LogLine]:
-        out = [LogLine(self.rank, self.attempt, self.stream, text) for text in self.lines]
-        if self.partial is not None:
-            out.append(LogLine(self.rank, self.attempt, self.stream, self.partial, partial=True))
-        return out
 
 
 @dataclass
@@ -176,10 +158,6 @@ class RankLogTail:
                 still_waiting.append((local, chunk))
         self._waiting = still_waiting
         return ready
-
-    def read_new(self, final: bool = False) -> list[LogLine]:
-        """`read_chunks`, line by line."""
-        return [line for chunk in self.read_chunks(final) for line in chunk.log_lines()]
 
     def rank_file(self, rank: int, name: str, attempt: int | None = None) -> Path | None:
         """`name` (error.json, stderr.log, ...) of global `rank` in the given attempt, or the latest one."""

@@ -1,43 +1,33 @@
 """Every launcher option, declared once: a field of `LaunchOptions`, with its default, check, help and flag.
 
-`LaunchOptions` is the one list, and a type checker reads it. From it come `LaunchConfig`'s option
-fields (it subclasses `LaunchOptions`), `OPTIONS` (each field with its metadata), `launch()`'s shown
-signature and the options part of its docstring, the flags of ``python -m ddp_helpers launch``, and
-(for the options marked `live`) `start_ranks`' keywords and ``%ranks start``'s flags. `LaunchKeywords`
-(keywords.py) writes the same names and types out for a checker to hold `launch()`'s keywords to
-(tests/kernel/test_launch_options.py keeps the two equal). Adding an option is one field below, its
-line in `LaunchKeywords`, and the code that acts on it (`LaunchConfig.command` or `environment`).
-Nothing here imports torch: a typo is refused at once.
+From the fields come `LaunchConfig`'s (it subclasses `LaunchOptions`), `launch()`'s shown signature and
+the options part of its docstring, the flags of ``python -m ddp_helpers launch``, and (for the options
+marked `live`) `start_ranks`' keywords and ``%ranks start``'s flags. A type checker reads `launch()`'s
+keywords from `LaunchKeywords`, which writes the same names and types out (a TypedDict cannot be built
+from a dataclass; tests/kernel/test_launch_options.py holds the two equal). Nothing here imports torch:
+a typo is refused at once. Each check takes ``(name, value)`` and returns the value to keep, or raises
+`InvalidLaunchArguments` saying what to change.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import inspect
+import math
 import os
+import re
 import sys
 import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal, TypedDict, TypeVar, overload
 
-from ddp_helpers.kernel.launcher.launch_checks import (
-    LAUNCHERS,
-    PROGRESS_CHOICES,
-    check_backend,
-    check_env,
-    check_optional_text,
-    check_path,
-    check_program,
-    check_show_ranks,
-    int_at_least,
-    one_of,
-    optional_int_at_least,
-    parse_env_item,
-    parse_show_ranks,
-    seconds,
-)
+from ddp_helpers.backends import BACKENDS
+from ddp_helpers.errors import InvalidLaunchArguments
 
 D = TypeVar("D")  # an option's default
 C = TypeVar("C")  # what its check keeps
@@ -48,45 +38,173 @@ F = TypeVar("F", bound=Callable[..., Any])
 # the 600 s a headless notebook cell gets (papermill, CI). timeout=None waits for ever.
 DEFAULT_HANG_TIMEOUT_S = 300.0
 METADATA_KEY = "ddp_helpers.option"  # where a field of LaunchOptions keeps its help, check and flag
+LAUNCHERS = ("torchrun", "python")
+PROGRESS_CHOICES = ("auto", "widget", "text", "off")
+
+# ---------------------------------------------------------------------------- the checks
+
+
+def check_int(name: str, value: object, minimum: int, allow_none: bool = False) -> Any:
+    """`value` if it is an integer >= `minimum` (a bool is not an integer here), or None if allowed."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidLaunchArguments(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise InvalidLaunchArguments(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+@overload
+def check_seconds(
+    name: str, value: object, *, allow_none: Literal[False], allow_zero: bool = False
+) -> float: ...
+@overload
+def check_seconds(
+    name: str, value: object, *, allow_none: bool, allow_zero: bool = False
+) -> float | None: ...
+def check_seconds(name: str, value: object, *, allow_none: bool, allow_zero: bool = False) -> float | None:
+    """The one check of a duration: a finite number of seconds, > 0 (>= 0 with `allow_zero`), or None."""
+    if value is None and allow_none:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+        or (value == 0 and not allow_zero)
+    ):
+        what = ">= 0" if allow_zero else "a positive number of"
+        raise InvalidLaunchArguments(
+            f"{name} must be {what} seconds{' or None' if allow_none else ''}, got {value!r}"
+        )
+    return float(value)
+
+
+def one_of(choices: Sequence[str]) -> Callable[[str, object], str]:
+    def check(name: str, value: object) -> str:
+        if not isinstance(value, str) or value not in choices:
+            raise InvalidLaunchArguments(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+        return value
+
+    return check
+
+
+def check_backend(name: str, value: object) -> str:
+    if not isinstance(value, str) or value not in BACKENDS:
+        raise InvalidLaunchArguments(f"unknown backend {value!r}; choose one of {', '.join(BACKENDS)}")
+    return value
+
+
+def check_env(name: str, value: object) -> dict[str, str]:
+    if not isinstance(value, Mapping | None):
+        raise InvalidLaunchArguments(f"{name} must be a dict of strings, got {value!r}")
+    env = dict(value or {})
+    bad = [k for k, v in env.items() if not isinstance(k, str) or not isinstance(v, str)]
+    if bad:
+        raise InvalidLaunchArguments(f"env keys and values must be strings; check {bad}")
+    return env
+
+
+def check_rank_list(value: object) -> list[int] | None:
+    """A rank or an iterable of ranks as a list; None if `value` is neither."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, Iterable) and not isinstance(value, str | bytes):
+        ranks = list(value)
+        if all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+            return ranks
+    return None
+
+
+def ranks_outside(name: str, ranks: Iterable[int], world_size: int) -> None:
+    """Refuse ranks that this world of `world_size` does not have."""
+    outside = sorted(r for r in ranks if not 0 <= r < world_size)
+    if outside:
+        raise InvalidLaunchArguments(
+            f"{name} {outside} is outside this world of {world_size} rank(s) (0..{world_size - 1})"
+        )
+
+
+def check_show_ranks(name: str, value: object) -> str | list[int]:
+    """ "all", "none" (also for None) or a list of ranks; whether they exist waits for the world size."""
+    if value in ("all", "none", None):
+        return "all" if value == "all" else "none"
+    ranks = check_rank_list(value)
+    if ranks is None:
+        raise InvalidLaunchArguments(
+            f"{name} must be 'all', 'none', a rank or a list of ranks, got {value!r}"
+        )
+    return ranks
+
+
+def check_path(name: str, value: object) -> Path | None:
+    if value is None:
+        return None
+    if not isinstance(value, str | os.PathLike):
+        raise InvalidLaunchArguments(f"{name} must be a path, got {value!r}")
+    path = Path(value).expanduser().resolve()
+    # an ancestor that is a file would surface later as a raw NotADirectoryError
+    folder = next(folder for folder in (path, *path.parents) if folder.exists())
+    if not folder.is_dir():
+        raise InvalidLaunchArguments(f"{name} {path} cannot be created: {folder} is a file")
+    return path
+
+
+def check_endpoint(name: str, value: object) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise InvalidLaunchArguments(f"{name} must be a string, got {value!r}")
+    return value
+
+
+def check_program(name: str, value: object) -> str:
+    path = os.fspath(value) if isinstance(value, str | os.PathLike) else None
+    if not isinstance(path, str) or not path:
+        raise InvalidLaunchArguments(f"{name} must be the path of a Python interpreter, got {value!r}")
+    return path
+
+
+def rank_list(text: str) -> list[int]:
+    """The one parser of a rank list as typed on a command line: ``"0,2"`` -> [0, 2]. Raises ValueError."""
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+def parse_show_ranks(text: str) -> str | list[int]:
+    """``--show-ranks``: "all", "none" or comma-separated ranks."""
+    try:
+        return text if text in ("all", "none") else rank_list(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'all', 'none' or comma-separated ranks, got {text!r}") from None
+
+
+def parse_env_item(text: str) -> tuple[str, str]:
+    """``--env KEY=VALUE`` (repeatable)."""
+    key, equals, value = text.partition("=")
+    if not equals or not key:
+        raise argparse.ArgumentTypeError(f"KEY=VALUE, got {text!r}")
+    return key, value
+
 
 # ---------------------------------------------------------------------------- the declarations
+seconds = partial(check_seconds, allow_none=True)
 
 
 def option(
     default: D,
     help: str,
-    check: Callable[[str, object], C],
-    parse: Callable[[str], Any] | None = None,
+    check: Callable[[str, Any], C],
+    parse: Callable[[str], Any],
     *,
-    more: str = "",
     live: bool = False,
     collect: Callable[[list[Any]], Any] | None = None,
-    metavar: str | None = None,
-    shown_default: str = "",
 ) -> D | C:
-    """A field of `LaunchOptions`: its default, and in its metadata what the front ends need.
+    """A field of `LaunchOptions`: its default, and in its metadata what the front ends need (see `Option`).
 
-    Typed so that a checker holds both the default and what the check keeps to the field's type. The
-    keywords are `Option`'s fields, described there. A mutable default is copied for each config.
-    """
-    metadata = {
-        METADATA_KEY: dict(
-            help=help,
-            check=check,
-            parse=parse,
-            more=more,
-            live=live,
-            collect=collect,
-            metavar=metavar,
-            shown_default=shown_default,
-        )
-    }
+    Typed so that a checker holds the default and what the check keeps to the field's type. A mutable
+    default is copied for each config."""
+    metadata = {METADATA_KEY: dict(help=help, check=check, parse=parse, live=live, collect=collect)}
     if isinstance(default, dict | list):
-
-        def copy() -> D:  # each config gets its own
-            return type(default)(default)
-
-        return field(default_factory=copy, metadata=metadata)
+        return field(default_factory=partial(copy.copy, default), metadata=metadata)
     return field(default=default, metadata=metadata)
 
 
@@ -101,60 +219,60 @@ class LaunchOptions:
     nproc: int | None = option(
         None,
         "processes on this node; None: one per visible GPU, or 2 on the CPU (1 with launcher='python')",
-        optional_int_at_least(1),
+        partial(check_int, minimum=1, allow_none=True),
         int,
         live=True,
     )
     backend: str = option(
         "auto",
-        "'auto' (nccl with GPUs, gloo without), 'gloo' or 'nccl'",
+        "'auto' (nccl with GPUs, gloo without), 'gloo' or 'nccl'. Workers read it from DDP_BACKEND, "
+        "and the device from DDP_DEVICE",
         check_backend,
         str,
-        more="Workers read it from DDP_BACKEND, and the device from DDP_DEVICE.",
         live=True,
     )
     timeout: float | None = option(
         DEFAULT_HANG_TIMEOUT_S,
-        "seconds without progress (any output, or a metrics line) before the "
-        "run counts as hung and is stopped; None waits for ever",
-        seconds(allow_none=True),
+        "seconds without progress (any output, or a metrics line) before the run counts as hung and is "
+        "stopped; None waits for ever",
+        seconds,
         float,
         live=True,
     )
     startup_timeout: float | None = option(
         None,
-        "seconds allowed before the first sign of life; None: timeout",
-        seconds(allow_none=True),
+        "seconds allowed before the first sign of life (importing torch and the rendezvous can be slow "
+        "on a busy machine); None: timeout",
+        seconds,
         float,
         live=True,
-        more="Importing torch and the rendezvous can be slow on a busy machine.",
     )
     run_dir: str | os.PathLike[str] | None = option(
         None,
-        "where logs, metrics and the summary go; None: runs/<time>-<script>-<id>",
+        "where logs, metrics and the summary go; None: runs/<time>-<script>-<id>. A run_dir used "
+        "before keeps the earlier launch's outputs under previous/",
         check_path,
         str,
         live=True,
-        more="A run_dir used before keeps the earlier launch's outputs under previous/.",
     )
     env: dict[str, str] = option(
         {},
-        "extra environment variables for the workers (repeat the flag for each)",
+        "extra environment variables for the workers (the flag: KEY=VALUE, repeated)",
         check_env,
         parse_env_item,
         live=True,
         collect=dict,
-        metavar="KEY=VALUE",
     )
-    max_restarts: int = option(0, "torchrun's elastic restarts after a failure", int_at_least(0), int)
     show_ranks: str | int | Iterable[int] | None = option(
         "all",
-        "which ranks to echo: 'all', 'none', a rank or a list",
+        "which ranks to echo: 'all', 'none', a rank or a list (the flag: 0,2). Every line is kept in "
+        "the result and on disk either way; a flood is shown rate-limited",
         check_show_ranks,
         parse_show_ranks,
         live=True,
-        metavar="all|none|0,2",
-        more="Every line is kept in the result and on disk either way; a flood is shown rate-limited.",
+    )
+    max_restarts: int = option(
+        0, "torchrun's elastic restarts after a failure", partial(check_int, minimum=0), int
     )
     progress: str = option(
         "auto", "progress display: 'auto', 'widget', 'text' or 'off'", one_of(PROGRESS_CHOICES), str
@@ -162,45 +280,65 @@ class LaunchOptions:
     grace_s: float = option(
         5.0,
         "seconds between SIGTERM and SIGKILL when stopping the run",
-        seconds(allow_none=False, allow_zero=True),
+        partial(check_seconds, allow_none=False, allow_zero=True),
         float,
     )
-    nnodes: int = option(1, "nodes in a multi-node job (each node runs its own launch)", int_at_least(1), int)
+    nnodes: int = option(
+        1, "nodes in a multi-node job (each node runs its own launch)", partial(check_int, minimum=1), int
+    )
     node_rank: int = option(
         0,
-        "this node's index, 0..nnodes-1",
-        int_at_least(0),
+        "this node's index, 0..nnodes-1. With nnodes > 1 the c10d rendezvous, not node_rank, decides "
+        "which node gets ranks 0..nproc-1; the result and the echo use each worker's real RANK",
+        partial(check_int, minimum=0),
         int,
-        more="With nnodes > 1 the c10d rendezvous, not node_rank, decides which node gets ranks 0..nproc-1; "
-        "the result and the echo use each worker's real RANK.",
     )
     rdzv_endpoint: str | None = option(
         None,
         "'host:port' of the first node, the same on every node (needed with nnodes > 1)",
-        check_optional_text,
+        check_endpoint,
         str,
     )
     rdzv_timeout: float | None = option(
-        None,
-        "seconds to wait for all nodes to join; None: 120 with nnodes > 1",
-        seconds(allow_none=True),
-        float,
+        None, "seconds to wait for all nodes to join; None: 120 with nnodes > 1", seconds, float
     )
     launcher: str = option(
         "torchrun",
-        "'torchrun', or 'python' for one process without torchrun's agent",
+        "'torchrun', or 'python' for one process without torchrun's agent: the script gets the "
+        "environment torchrun would give a world of one (RANK, WORLD_SIZE, MASTER_PORT, the error "
+        "file), with no agent or rendezvous before it starts",
         one_of(LAUNCHERS),
         str,
-        more="The script gets the environment torchrun would give a world of one (RANK, WORLD_SIZE, "
-        "MASTER_PORT, the error file), with no agent or rendezvous before it starts.",
     )
     python: str = option(
-        sys.executable,
-        "the Python interpreter that runs torchrun and the workers",
-        check_program,
-        str,
-        shown_default="the running interpreter",
+        sys.executable, "the Python interpreter that runs torchrun and the workers", check_program, str
     )
+
+
+class LiveKeywords(TypedDict, total=False):
+    """`start_ranks()`'s keywords for a type checker: the fields marked ``live``, names and types."""
+
+    nproc: int | None
+    backend: str
+    timeout: float | None
+    startup_timeout: float | None
+    run_dir: str | os.PathLike[str] | None
+    env: dict[str, str]
+    show_ranks: str | int | Iterable[int] | None
+
+
+class LaunchKeywords(LiveKeywords, total=False):
+    """`launch()`'s keywords for a type checker: all of `LaunchOptions`' fields, names and types."""
+
+    max_restarts: int
+    progress: str
+    grace_s: float
+    nnodes: int
+    node_rank: int
+    rdzv_endpoint: str | None
+    rdzv_timeout: float | None
+    launcher: str
+    python: str
 
 
 @dataclass(frozen=True)
@@ -212,21 +350,9 @@ class Option:
     annotation: str
     help: str  # one line: the flag's help, and the docstring's entry
     check: Callable[[str, Any], Any]
-    parse: Callable[[str], Any] | None = None  # a command line's text -> a value; None: no flag
-    more: str = ""  # further sentences for the docstring only
+    parse: Callable[[str], Any]  # a command line's text -> a value
     live: bool = False  # also a keyword of start_ranks and a flag of %ranks start
     collect: Callable[[list[Any]], Any] | None = None  # a repeatable flag: its values -> one value
-    metavar: str | None = None  # how the flag's value is written, where its name does not say
-    shown_default: str = ""  # the docstring's words for a default that differs by machine
-
-    @classmethod
-    def of(cls, declared: dataclasses.Field[Any]) -> Option:
-        """The option that a field made by `option()` declares."""
-        if declared.default_factory is not dataclasses.MISSING:
-            default = declared.default_factory()
-        else:
-            default = declared.default
-        return cls(declared.name, default, str(declared.type), **declared.metadata[METADATA_KEY])
 
     @property
     def flag(self) -> str:
@@ -235,96 +361,71 @@ class Option:
 
 def options_of(cls: type) -> tuple[Option, ...]:
     """The options a dataclass declares with `option()`, in its fields' order."""
-    return tuple(Option.of(f) for f in dataclasses.fields(cls) if METADATA_KEY in f.metadata)
+    return tuple(
+        Option(
+            f.name,
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default,
+            str(f.type),
+            **f.metadata[METADATA_KEY],
+        )
+        for f in dataclasses.fields(cls)
+        if METADATA_KEY in f.metadata
+    )
 
 
 OPTIONS: tuple[Option, ...] = options_of(LaunchOptions)
 OPTION_NAMES = tuple(option.name for option in OPTIONS)
 LIVE_OPTIONS = tuple(option for option in OPTIONS if option.live)
 
-
-def command_line_options(options: Iterable[Option] = OPTIONS) -> tuple[Option, ...]:
-    """The options that have a flag (``python -m ddp_helpers launch``, ``%ranks start``)."""
-    return tuple(option for option in options if option.parse is not None)
-
-
 # ---------------------------------------------------------------------------- the front ends built from them
 
 
-def options_signature(
-    leading: list[inspect.Parameter],
-    options: Iterable[Option] = OPTIONS,
-    *,
-    positional: Sequence[str] = (),
-    defaults: Mapping[str, Any] | None = None,
-) -> inspect.Signature:
-    """`leading` parameters, then `positional` options, then every other option as a keyword.
-
-    A function that takes ``**options`` (one source of defaults) gets back the signature that
-    Jupyter's Shift-Tab and `help()` show. `defaults` overrides an option's default for this function.
-    """
-    defaults = defaults or {}
-    by_name = {option.name: option for option in options}
-    params = list(leading)
-    for name in [*positional, *(n for n in by_name if n not in positional)]:
-        option = by_name[name]
-        kind = (
-            inspect.Parameter.POSITIONAL_OR_KEYWORD if name in positional else inspect.Parameter.KEYWORD_ONLY
-        )
-        default = defaults.get(name, option.default)
-        params.append(inspect.Parameter(name, kind, default=default, annotation=option.annotation))
-    return inspect.Signature(params)
-
-
 def options_doc(
-    options: Iterable[Option] = OPTIONS, *, indent: str = "", defaults: Mapping[str, Any] | None = None
+    options: Iterable[Option], indent: str = "", defaults: Mapping[str, Any] | None = None
 ) -> str:
-    """One docstring entry per option: ``name (default X): help. more``, wrapped."""
-    defaults = defaults or {}
-    entries = []
-    for option in options:
-        default = defaults.get(option.name, option.default)
-        shown = (
-            option.shown_default if option.shown_default and option.name not in defaults else repr(default)
+    """One docstring entry per option: ``name (default X): help.``, wrapped."""
+    return "\n".join(
+        textwrap.fill(
+            f"{o.name} (default {(defaults or {}).get(o.name, o.default)!r}): {o.help}.",
+            100,
+            initial_indent=indent,
+            subsequent_indent=indent + "    ",
+            break_on_hyphens=False,
         )
-        text = f"{option.name} (default {shown}): {option.help}." + (f" {option.more}" if option.more else "")
-        entries.append(
-            textwrap.fill(
-                text, 100, initial_indent=indent, subsequent_indent=indent + "    ", break_on_hyphens=False
-            )
-        )
-    return "\n".join(entries)
-
-
-def fill_doc_slot(doc: str | None, slot: str, render: Callable[[str], str]) -> str:
-    """`doc` with its line ``{slot}`` replaced by ``render(indent)``, at that line's indent."""
-    doc = doc or ""
-    line = next((line for line in doc.splitlines() if line.strip() == "{" + slot + "}"), None)
-    if line is None:
-        return doc
-    return doc.replace(line, render(line[: len(line) - len(line.lstrip())]))
+        for o in options
+    )
 
 
 def with_options(
-    options: Iterable[Option] = OPTIONS,
-    leading: list[inspect.Parameter] | None = None,
+    options: Iterable[Option],
+    leading: Sequence[inspect.Parameter] = (),
     *,
     positional: Sequence[str] = (),
     defaults: Mapping[str, Any] | None = None,
 ) -> Callable[[F], F]:
-    """Give a function that takes ``**options`` their signature, and fill its docstring's ``{options}``.
-
-    What `inspect.signature` (Shift-Tab, `help()`) shows; a type checker reads the function's own.
-    """
-    options = tuple(options)
+    """Give a function that takes ``**options`` the signature that Shift-Tab and `help()` show (`leading`
+    parameters, then `positional` options, then the others as keywords, `defaults` overriding theirs), and
+    fill its docstring's ``{options}`` line. A type checker reads the function's own signature."""
+    by_name = {o.name: o for o in options}
+    defaults = defaults or {}
+    params = [*leading] + [
+        inspect.Parameter(
+            name,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD if name in positional else inspect.Parameter.KEYWORD_ONLY,
+            default=defaults.get(name, by_name[name].default),
+            annotation=by_name[name].annotation,
+        )
+        for name in [*positional, *(n for n in by_name if n not in positional)]
+    ]
 
     def apply(func: F) -> F:
         # a function object takes any attribute; the Callable type declares no __signature__
-        func.__signature__ = options_signature(  # type: ignore[attr-defined]
-            leading or [], options, positional=positional, defaults=defaults
-        )
-        func.__doc__ = fill_doc_slot(
-            func.__doc__, "options", lambda indent: options_doc(options, indent=indent, defaults=defaults)
+        func.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        func.__doc__ = re.sub(
+            r"^( *)\{options\}$",
+            lambda slot: options_doc(by_name.values(), slot[1], defaults),
+            func.__doc__ or "",
+            flags=re.MULTILINE,
         )
         return func
 
@@ -334,18 +435,9 @@ def with_options(
 def add_flags(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup, options: Iterable[Option] = OPTIONS
 ) -> None:
-    """One flag per option that has one. Each defaults to None, which leaves the option's own default."""
-    for option in options:
-        if option.parse is None:  # no flag
-            continue
-        parser.add_argument(
-            option.flag,
-            type=option.parse,
-            action="append" if option.collect else "store",
-            default=None,
-            help=option.help,
-            metavar=option.metavar,
-        )
+    """One flag per option. Each defaults to None, which leaves the option's own default."""
+    for o in options:
+        parser.add_argument(o.flag, type=o.parse, action="append" if o.collect else "store", help=o.help)
 
 
 def given_options(
@@ -353,12 +445,8 @@ def given_options(
 ) -> dict[str, Any]:
     """The options a parsed command line set (the flags left at None are left out)."""
     values = namespace if isinstance(namespace, Mapping) else vars(namespace)
-    given = {}
-    for option in command_line_options(options):
-        value = values.get(option.name)
-        if value is not None:
-            given[option.name] = option.collect(value) if option.collect else value
-    return given
+    given = [(o, values.get(o.name)) for o in options]
+    return {o.name: o.collect(v) if o.collect else v for o, v in given if v is not None}
 
 
 def bind_options(
@@ -366,8 +454,7 @@ def bind_options(
 ) -> dict[str, Any]:
     """Every parameter of `func`'s signature, from `args` and `kwargs` with its defaults filled in.
 
-    Raises TypeError for an unknown keyword, as a function with those parameters written out would.
-    """
+    Raises TypeError for an unknown keyword, as a function with those parameters written out would."""
     bound = inspect.signature(func).bind(*args, **kwargs)
     bound.apply_defaults()
     return dict(bound.arguments)

@@ -1,12 +1,8 @@
 """Track every process a launch started, and stop them all.
 
-torchrun starts each worker in a session of its own (``start_new_session=True``), so
-signalling the agent's process group does not reach the workers. We therefore remember
-every descendant we have seen and signal each of them, and their groups, directly.
-
-What a worker starts and orphans between two refreshes (a helper in a session of its own, a
-double fork) is re-parented to the agent, a child subreaper (see `ddp_helpers.kernel.launcher.torchrun_agent`), which
-stops it when torchrun returns; until then the next refresh sees it here too.
+torchrun starts each worker in a session of its own, so signalling the agent's group does not reach
+the workers: every descendant seen is remembered and signalled, with its group, directly. An orphan
+made between two refreshes is re-parented to the agent, a child subreaper (torchrun_agent.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,11 @@
 """The processes of a run: start them so that they die with their owner, and stop them all.
 
-`launch` and live ranks (`ddp_helpers.kernel.live`) start and stop their runs with these two functions.
+`launch` and live ranks (`ddp_helpers.kernel.live`) start and stop their runs with `start_run` and
+`stop_run`. The run's top process is one of three kinds behind one small interface (`RunProcess`):
+``"forked"``, torchrun's agent forked from a warm agent server (`agent_client.ForkedAgent`; its exit code
+comes over the server's socket: it is not our child); ``"fresh"``, torchrun's agent started as a new
+python where no server could fork one, and ``"none"``, the script alone (``launcher="python"``), both a
+`FreshProcess`. A new kind is one more class, not more branches.
 """
 
 from __future__ import annotations
@@ -12,10 +17,11 @@ import sys
 import time
 import weakref
 from collections.abc import Callable
-from typing import BinaryIO
+from typing import BinaryIO, Literal, Protocol
 
 from ddp_helpers.errors import LaunchInterrupted
 from ddp_helpers.kernel.launcher.agent_client import (
+    reap,
     reap_stopped_servers_in_background,
     start_agent,
     stop_servers,
@@ -23,9 +29,37 @@ from ddp_helpers.kernel.launcher.agent_client import (
 )
 from ddp_helpers.kernel.launcher.config import LaunchConfig
 from ddp_helpers.kernel.launcher.process_tree import ProcessTree
-from ddp_helpers.kernel.launcher.run_process import FreshProcess, RunProcess, reap
 from ddp_helpers.kernel.launcher.torchrun_agent import OWNER_FD_ENV
 from ddp_helpers.run_contract import STDERR_LOG, STDOUT_LOG
+
+
+class RunProcess(Protocol):
+    """What the launcher needs of a run's top process."""
+
+    pid: int
+    returncode: int | None  # None while it runs; negative: the signal that ended it
+    kind: str  # "forked", "fresh" or "none"
+    wait_s: float  # how long the launch waited for it to start (a cold server: the rest of its import)
+    status_lost: bool  # it ended, but how is unknown (a forked agent whose server died first)
+
+    def poll(self) -> int | None:
+        """The exit code, or None while it runs; reaps the process once it has ended."""
+        ...
+
+
+class FreshProcess:
+    """A process this one started itself (`subprocess.Popen`): torchrun's agent, or the script alone."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], kind: Literal["fresh", "none"]) -> None:
+        self.popen, self.pid = popen, popen.pid
+        self.kind: str = kind
+        self.returncode: int | None = None
+        self.wait_s, self.status_lost = 0.0, False
+
+    def poll(self) -> int | None:
+        self.returncode = reap(self.popen)
+        return self.returncode
+
 
 _LIFELINES: weakref.WeakKeyDictionary[RunProcess, BinaryIO] = weakref.WeakKeyDictionary()
 

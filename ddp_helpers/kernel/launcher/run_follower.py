@@ -1,13 +1,12 @@
-"""`RunFollower`: one launch in progress, seen from its files: the agent's output, every rank's log, the
-metrics (`MetricsFollower`). It echoes each rank's lines into the cell, tracks progress, and turns a
-silence or an exit into a `LaunchTimeout` or a `LaunchError` that names the rank and why.
-
-Used by `runner.launch` and by live ranks (`ddp_helpers.kernel.live.session`), which echo, diagnose and report
-alike; it starts and stops nothing. `runner` decides when a run hung; this says how.
+"""`RunFollower`: one launch in progress, seen from its files (the agent's output, every rank's log, the
+metrics). It echoes each rank's lines into the cell, tracks progress, and turns a silence or an exit into
+a `LaunchTimeout` or a `LaunchError` that names the rank and why. Used by `runner.launch` and by live
+ranks; it starts and stops nothing (`runner` decides when a run hung; this says how).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -45,12 +44,9 @@ class MetricsFollower:
     def read_new(self) -> list[dict[str, Any]]:
         records: list[dict[str, Any]] = []
         for path in sorted(self.metrics_dir.glob("rank*.jsonl")):
-            follower = self._files.setdefault(path, FileFollower(path))
-            for line in follower.read().lines:  # a line still being written waits
-                try:
+            for line in self._files.setdefault(path, FileFollower(path)).read().lines:  # a part line waits
+                with contextlib.suppress(json.JSONDecodeError):
                     records.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
         return records
 
     def total_steps(self) -> int | None:
@@ -68,11 +64,8 @@ class _RankState:
 
 
 class RunFollower:
-    """One launch in progress: follows the agent's output, the rank logs and the metrics.
-
-    Used by `launch` and by live ranks (`ddp_helpers.kernel.live`), which echo, diagnose and report alike.
-    `progress`: "widget", "text" or "off"; None: the config's (its "auto" resolved). As a context
-    manager (`launch`), it closes the echo and the progress bar when the block ends.
+    """One launch in progress. `progress`: "widget", "text" or "off"; None: the config's (its "auto"
+    resolved). As a context manager (`launch`), it closes the echo and the progress bar when the block ends.
     """
 
     def __init__(self, config: LaunchConfig, progress: str | None) -> None:
@@ -245,13 +238,10 @@ class RunFollower:
         if diagnosis.left_early:  # the cause: ranks that left while this one still waited; say when
             gone = []
             for rank in diagnosis.left_early:
-                state = self.ranks.get(rank, _RankState())
-                last = (
-                    ""
-                    if state.last_heard is None
-                    else f", its last line {state.last_heard - self.started:.1f}s in"
-                )
-                last += f": {state.last_line[:80]!r}" if last and state.last_line else ""
+                state, last = self.ranks.get(rank, _RankState()), ""
+                if state.last_heard is not None:
+                    last = f", its last line {state.last_heard - self.started:.1f}s in"
+                    last += f": {state.last_line[:80]!r}" if state.last_line else ""
                 gone.append(f"rank {rank} exited with code 0{last}")
             headline = (
                 f"rank {diagnosis.rank} failed because {'; '.join(gone)}, while rank {diagnosis.rank} still "

@@ -1,23 +1,29 @@
-"""`launch()`: run a script under torchrun as a subprocess, watch it live, and never leave a process behind."""
+"""`launch()`: run a script under torchrun as a subprocess, watch it live, and never leave a process
+behind; and its run folder: one launch at a time in it, an earlier launch's outputs moved aside, and
+what the ranks wrote, read after the run."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import inspect
+import json
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
 
-from ddp_helpers.errors import LaunchError, LaunchFailed, LaunchInterrupted
+from ddp_helpers.errors import LaunchError, LaunchFailed, LaunchInterrupted, RunDirInUse
 from ddp_helpers.kernel.launcher.agent_client import reap_stopped_servers_in_background, stop_servers
 from ddp_helpers.kernel.launcher.config import LaunchConfig, make_config
-from ddp_helpers.kernel.launcher.keywords import LaunchKeywords
-from ddp_helpers.kernel.launcher.options import OPTIONS, with_options
+from ddp_helpers.kernel.launcher.options import OPTIONS, LaunchKeywords, with_options
 from ddp_helpers.kernel.launcher.process_tree import ProcessTree
 from ddp_helpers.kernel.launcher.processes import (
+    RunProcess,
     start_run,
     stop_despite_interrupts,
     stop_interrupted,
@@ -25,16 +31,11 @@ from ddp_helpers.kernel.launcher.processes import (
 )
 from ddp_helpers.kernel.launcher.resources import ResourceSampler
 from ddp_helpers.kernel.launcher.run_follower import RunFollower
-from ddp_helpers.kernel.launcher.run_outputs import (
-    holding_run_dir,
-    keep_previous_outputs,
-    read_metrics,
-    read_summary,
-)
-from ddp_helpers.kernel.launcher.run_process import RunProcess
 from ddp_helpers.rank import stack_dumps
+from ddp_helpers.rank.metrics import METRICS_DIR, SUMMARY_FILE
+from ddp_helpers.run_contract import RUN_OUTPUTS
 
-__all__ = ["LaunchResult", "launch"]
+__all__ = ["LaunchResult", "holding_run_dir", "launch", "read_metrics", "read_summary"]
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -59,15 +60,6 @@ def _start(config: LaunchConfig, env: dict[str, str]) -> RunProcess:
         ) from None
 
 
-@contextlib.contextmanager
-def _stopped_at_exit(tree: ProcessTree, proc: RunProcess, grace_s: float) -> Iterator[None]:
-    """However the block ends, every process of the run is stopped: anything a worker left behind too."""
-    try:
-        yield
-    finally:
-        stop_despite_interrupts(tree, proc, grace_s)
-
-
 def _note_waiting_for_nodes(run: RunFollower) -> None:
     """Across nodes, until this node's workers start: say that the rendezvous is waiting, and how long."""
     now = time.monotonic()
@@ -79,6 +71,15 @@ def _note_waiting_for_nodes(run: RunFollower) -> None:
         f"[ddp_helpers] node {config.node_rank}: waiting for all {config.nnodes} nodes to join at "
         f"{config.rdzv_endpoint}: {now - run.started:.0f}s of {config.rdzv_timeout:g}s (rdzv_timeout)"
     )
+
+
+@contextlib.contextmanager
+def _stopped_at_exit(tree: ProcessTree, proc: RunProcess, grace_s: float) -> Iterator[None]:
+    """However the block ends, every process of the run is stopped: anything a worker left behind too."""
+    try:
+        yield
+    finally:
+        stop_despite_interrupts(tree, proc, grace_s)
 
 
 def _hung(run: RunFollower, now: float) -> bool:
@@ -106,8 +107,7 @@ def _failure(run: RunFollower, proc: RunProcess, returncode: int) -> LaunchError
 
 
 def _frame(rows: list[dict[str, Any]] | None = None) -> pd.DataFrame:
-    """`rows` (the resource samples) as a DataFrame; pandas is imported only here."""
-    import pandas as pd
+    import pandas as pd  # only here: a launch pays for pandas when its result is built
 
     return pd.DataFrame(rows) if rows else pd.DataFrame()
 
@@ -160,7 +160,7 @@ def launch(
 ) -> LaunchResult:
     """Run `script` under torchrun (``torch.distributed.run``) and stream every rank's output live.
 
-    Options (keywords; each is a field of `options.LaunchOptions`, where it is declared once):
+    Options (keywords; each a field of `options.LaunchOptions`, declared once there):
         {options}
 
     Returns:
@@ -178,10 +178,7 @@ def launch(
 
 
 def run_config(config: LaunchConfig, progress: str | None = None) -> LaunchResult:
-    """Run a validated `LaunchConfig` (what `launch` does after checking its arguments).
-
-    Raises `RunDirInUse` (an `InvalidLaunchArguments`) while another launch runs into the same run_dir.
-    """
+    """Run a validated `LaunchConfig`; `RunDirInUse` while another launch runs into the same run_dir."""
     with holding_run_dir(config.out_dir):
         return _run_held(config, progress)
 
@@ -262,3 +259,77 @@ def _result(
         agent=proc.kind,
         agent_wait_s=proc.wait_s,
     )
+
+
+# ---------------------------------------------------------------------------- the run folder
+def read_metrics(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
+    """All ranks' logged steps as one DataFrame, sorted by rank and step (empty if none)."""
+    import pandas as pd  # here: a launch without a metrics table never pays for pandas
+
+    rows: list[dict[str, Any]] = []
+    for path in sorted((Path(run_dir) / METRICS_DIR).glob("rank*.jsonl")):
+        with open(path) as fh:
+            rows.extend(json.loads(line) for line in fh if line.strip())
+    frame = pd.DataFrame(rows)
+    if not frame.empty and {"rank", "step"} <= set(frame.columns):
+        frame = frame.sort_values(["rank", "step"], kind="stable")
+        # after an elastic restart the steps since the last checkpoint are logged twice: keep the rerun
+        frame = frame.drop_duplicates(subset=["rank", "step"], keep="last").reset_index(drop=True)
+    return frame
+
+
+def read_summary(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The summary rank 0 wrote at the end, or {} if the run never got there."""
+    path = Path(run_dir) / SUMMARY_FILE
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def keep_previous_outputs(run_dir: Path) -> Path | None:
+    """Move an earlier launch's logs, metrics and summary in `run_dir` to ``run_dir/previous/<n>``, so a
+    launch reads only its own files; other files (checkpoints, scripts) stay where they are."""
+    found = [run_dir / name for name in RUN_OUTPUTS if (run_dir / name).exists()]
+    if not found:
+        return None
+    previous = run_dir / "previous"
+    index = 1 + max((int(p.name) for p in previous.glob("*") if p.name.isdigit()), default=0)
+    target = previous / str(index)
+    target.mkdir(parents=True)
+    for path in found:
+        shutil.move(str(path), str(target / path.name))
+    return target
+
+
+# one launch at a time in a run folder: an exclusive flock, which the OS drops however the holder ends
+# (a killed kernel leaves no stale lock); two launches in one folder would follow each other's logs
+LOCK_NAME = ".launch.lock"
+
+
+@contextlib.contextmanager
+def holding_run_dir(run_dir: Path) -> Iterator[None]:
+    """Hold `run_dir` for one launch; raise `RunDirInUse` at once if another launch holds it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)  # no child inherits the lock
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+            raise RunDirInUse(
+                f"run_dir {run_dir} is in use by another launch ({holder}): two runs in one folder would "
+                "mix their logs. Wait for it to end, or give this launch another run_dir (without one, "
+                "each launch gets a new folder)"
+            ) from None
+        os.ftruncate(fd, 0)
+        try:
+            os.pwrite(fd, f"process {os.getpid()}, started {time.strftime('%H:%M:%S')}\n".encode(), 0)
+        except OSError as error:
+            if error.errno != errno.ENOSPC:
+                raise
+            raise LaunchError(
+                f"nothing was started: no space left on the device that holds run_dir {run_dir}, so no log "
+                "or result can be written. Free some space, or give the launch a run_dir on another device"
+            ) from error
+        yield
+    finally:
+        os.close(fd)  # closing the last descriptor releases the lock

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddp_helpers.kernel.launcher.cell_output import write_line
+from ddp_helpers.kernel.launcher.log_follow import FileFollower
 
 COMMANDS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo")
 RANK_LINE = re.compile(r"^\[rank(\d+)\]:\s?(.*)$")  # lab/job_files.LOG_LINE_PREFIX
@@ -44,15 +45,17 @@ class SlurmJob:
     rank_lines: dict[int, list[str]] = field(default_factory=dict)  # rank -> its lines, prefix removed
 
 
+def _ask(*command: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, capture_output=True, text=True, timeout=QUERY_TIMEOUT_S, env=env)
+
+
 def missing_reason() -> str | None:
     """Why no SLURM cluster can take a job from here, or None when one answers."""
     absent = [name for name in COMMANDS if shutil.which(name) is None]
     if absent:
         return f"no SLURM client here ({', '.join(absent)} not on PATH)"
     try:
-        probe = subprocess.run(
-            ["sinfo", "-h", "-o", "%P %a"], capture_output=True, text=True, timeout=QUERY_TIMEOUT_S
-        )
+        probe = _ask("sinfo", "-h", "-o", "%P %a")
     except subprocess.TimeoutExpired:
         return "sinfo found no controller within 15 s"
     if probe.returncode != 0:
@@ -66,10 +69,8 @@ def missing_reason() -> str | None:
 
 
 def job_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment to submit with (sbatch passes it on): this Python's bin folder first on PATH.
-
-    So the job's ``torchrun`` is the one beside this interpreter, with the same torch.
-    """
+    """The environment to submit with (sbatch passes it on): this Python's bin folder first on PATH, so
+    the job's ``torchrun`` is the one beside this interpreter, with the same torch."""
     env = dict(os.environ if environ is None else environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     return env
@@ -79,19 +80,8 @@ def submit(
     script: str | os.PathLike[str], *, chdir: str | os.PathLike[str], log: str | os.PathLike[str]
 ) -> int:
     """``sbatch`` `script`, run from `chdir` (relative worker paths are relative to it); returns the job id."""
-    proc = subprocess.run(
-        [
-            "sbatch",
-            "--parsable",
-            f"--chdir={Path(chdir).resolve()}",
-            f"--output={Path(log).resolve()}",
-            str(Path(script).resolve()),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=QUERY_TIMEOUT_S,
-        env=job_environment(),
-    )
+    where = f"--chdir={Path(chdir).resolve()}", f"--output={Path(log).resolve()}"
+    proc = _ask("sbatch", "--parsable", *where, str(Path(script).resolve()), env=job_environment())
     if proc.returncode != 0:
         raise RuntimeError(f"sbatch refused the job: {proc.stderr.strip()}")
     return int(proc.stdout.strip().split(";")[0])
@@ -99,45 +89,14 @@ def submit(
 
 def job_facts(job_id: int) -> dict[str, str]:
     """``scontrol show job -o``, as a dict (empty once the controller has forgotten the job)."""
-    proc = subprocess.run(
-        ["scontrol", "show", "job", "-o", str(job_id)],
-        capture_output=True,
-        text=True,
-        timeout=QUERY_TIMEOUT_S,
-    )
-    if proc.returncode != 0:
-        return {}
-    return dict(re.findall(r"(\w[\w:/]*)=(\S*)", proc.stdout))
+    proc = _ask("scontrol", "show", "job", "-o", str(job_id))
+    return dict(re.findall(r"(\w[\w:/]*)=(\S*)", proc.stdout)) if proc.returncode == 0 else {}
 
 
 def in_queue(job_id: int) -> bool:
     """Whether ``squeue`` still lists the job (pending, running or completing)."""
-    proc = subprocess.run(
-        ["squeue", "-h", "-j", str(job_id), "-o", "%T"],
-        capture_output=True,
-        text=True,
-        timeout=QUERY_TIMEOUT_S,
-    )
+    proc = _ask("squeue", "-h", "-j", str(job_id), "-o", "%T")
     return proc.returncode == 0 and bool(proc.stdout.strip())
-
-
-class _LogReader:
-    """Reads the lines a growing log file has gained since the last call."""
-
-    def __init__(self, path: Path) -> None:
-        self.path, self.offset, self.partial = path, 0, ""
-
-    def new_lines(self, final: bool = False) -> list[str]:
-        if not self.path.exists():
-            return []
-        with self.path.open("rb") as f:
-            f.seek(self.offset)
-            chunk = f.read()
-        self.offset += len(chunk)
-        text = self.partial + chunk.decode(errors="replace")
-        lines = text.split("\n")
-        self.partial = "" if final else lines.pop()
-        return [line for line in lines if line or not final]
 
 
 def follow(
@@ -148,7 +107,7 @@ def follow(
     Rank lines are echoed as ``[rank N] text``; the script's own lines as they are.
     Past `timeout_s` the job is cancelled and `SlurmTimeout` raised.
     """
-    reader, lines = _LogReader(Path(log)), []
+    reader, lines = FileFollower(Path(log)), []
     deadline = time.monotonic() + timeout_s
 
     def take(new: list[str]) -> None:
@@ -159,12 +118,12 @@ def follow(
                 write_line(f"[rank {match[1]}] {match[2]}" if match else line)
 
     while in_queue(job_id):
-        take(reader.new_lines())
+        take(reader.read().lines)
         if time.monotonic() > deadline:
             subprocess.run(["scancel", str(job_id)], timeout=QUERY_TIMEOUT_S, check=False)
             raise SlurmTimeout(f"job {job_id} did not end within {timeout_s:g} s: cancelled")
         time.sleep(poll_s)
-    take(reader.new_lines(final=True))
+    take(reader.read(final=True).lines)
     facts = job_facts(job_id)
     rank_lines: dict[int, list[str]] = {}
     for line in lines:

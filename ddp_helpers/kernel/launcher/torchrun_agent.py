@@ -2,27 +2,23 @@
 
     python -m ddp_helpers.kernel.launcher.torchrun_agent [torchrun options] -- script.py [args]
 
-A worker may start a helper that leaves its session (``start_new_session=True``) or double-forks, then
-exit: the helper is re-parented to init and escapes any tree or process group the launcher knows. So
-this process, which runs torchrun's own ``main`` in-process, first makes itself a *child subreaper*
-(Linux ``prctl(PR_SET_CHILD_SUBREAPER)``): every orphan of the run is re-parented to it instead of init.
-When torchrun returns, whatever is still a child here is stopped: SIGTERM, then SIGKILL after the grace
-period (``DDP_HELPERS_GRACE_S``). Elsewhere than Linux it is plain torchrun.
+A worker's helper that leaves its session or double-forks is re-parented to init and escapes the
+launcher. So this process, which runs torchrun's own ``main``, first makes itself a *child subreaper*
+(Linux ``prctl(PR_SET_CHILD_SUBREAPER)``): every orphan of the run comes here instead, and whatever is
+still a child when torchrun returns is stopped (SIGTERM, then SIGKILL after ``DDP_HELPERS_GRACE_S``).
 
-The agent must not outlive its owner either (a kernel killed by the OOM killer, a CLI whose terminal
-closed). The owner passes the read end of a pipe (``DDP_HELPERS_OWNER_FD``) and keeps the only write
-end: when the owner dies, however it dies, the read sees end-of-file, and the agent stops the run as a
-SIGTERM would. A pipe rather than ``PR_SET_PDEATHSIG``, which fires when the parent *thread* that
-started us exits (a kernel may launch from a thread that ends long before the run), and exists on Linux only.
+The agent must not outlive its owner either (a kernel killed, a CLI whose terminal closed). The owner
+passes the read end of a pipe (``DDP_HELPERS_OWNER_FD``) and keeps the only write end: when it dies, the
+read sees end-of-file and the agent stops the run as a SIGTERM would. (``PR_SET_PDEATHSIG`` fires when
+the parent *thread* exits: a kernel may launch from a thread that ends long before the run.)
 
-The workers are torchrun's own: each a fresh ``python -u script.py``, started by torchrun's code. The
-one change made to torchrun (`tolerate_half_written_error_files`) falls back to torchrun as it is if
-torch's class changes. Imports only the standard library, torch and its own package (the agent is on
-every launch's critical path).
+The workers are torchrun's own fresh ``python -u script.py``. The one change made to torchrun
+(`tolerate_half_written_error_files`) falls back to torchrun as it is if torch's class changes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -52,17 +48,14 @@ def become_subreaper() -> bool:
 def children(pid: int) -> list[int]:
     """The live direct children of `pid`, from /proc."""
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/stat", "rb") as fh:
                 stat = fh.read()
         except OSError:
             continue
-        # the command name may hold spaces and parentheses: fields follow the last ')'
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if int(fields[1]) == pid and fields[0] != b"Z":
+        state, parent = stat[stat.rfind(b")") + 2 :].split()[:2]  # the name may hold spaces and ')'
+        if int(parent) == pid and state != b"Z":
             found.append(int(entry))
     return found
 
@@ -99,13 +92,8 @@ def stop_children(grace_s: float) -> list[int]:
 
 
 def _signal(pid: int, sig: int) -> None:
-    try:
-        if os.getpgid(pid) == pid:  # a group leader: its own helpers share the group
-            os.killpg(pid, sig)
-        else:
-            os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # a group leader's helpers share its group
+        os.killpg(pid, sig) if os.getpgid(pid) == pid else os.kill(pid, sig)
 
 
 class OwnerGone(Exception):
@@ -120,11 +108,9 @@ def _stop_on_sigterm(signum: int, frame: object) -> None:
 
 def watch_owner(fd: int, grace_s: float) -> None:
     """Block until the owner's end of the pipe closes, then stop the run (in a daemon thread)."""
-    try:
+    with contextlib.suppress(OSError):
         while os.read(fd, 4096):  # the owner never writes: only end-of-file (its death) returns b""
             pass
-    except OSError:
-        pass
     log.warning("[ddp_helpers] the launcher that owns this run is gone: stopping the run")
     os.kill(os.getpid(), signal.SIGTERM)  # torchrun stops its workers as on any SIGTERM
     # If torchrun's own shutdown waits longer than the grace period (a worker that ignores SIGTERM
@@ -148,11 +134,10 @@ def _watch_owner_if_asked(grace_s: float) -> None:
 def tolerate_half_written_error_files() -> None:
     """Read a rank's half-written error file as none, instead of failing the whole run.
 
-    torchrun reads each failed rank's error file (what ``@record`` wrote) with ``json.load``, and lets a
-    decoding error end the agent. A rank that torchrun stops with SIGTERM while ``@record`` writes leaves
-    the file empty: seen here after another rank's SIGABRT, as "torchrun exited with code 1" and a
-    JSONDecodeError instead of the failed rank. Such a file is read as missing: torchrun then reports the
-    rank by its exit code or signal, as it does for a script without ``@record``.
+    torchrun reads each failed rank's ``@record`` file with ``json.load``, and a decoding error ends the
+    agent. A rank stopped by SIGTERM while ``@record`` writes leaves it empty (seen after another rank's
+    SIGABRT: "torchrun exited with code 1" instead of the failed rank). Read as missing, torchrun reports
+    the rank by its exit code or signal, as for a script without ``@record``.
     """
     try:
         from torch.distributed.elastic.multiprocessing.errors import ProcessFailure

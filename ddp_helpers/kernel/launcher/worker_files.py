@@ -14,10 +14,10 @@ def _line_number(lines: list[str], where: int | str, start: int = 1) -> int:
     """A 1-based line number, or the first line from `start` on that contains the text `where`."""
     if isinstance(where, int):
         return where
-    for number, line in enumerate(lines[start - 1 :], start=start):
-        if where in line:
-            return number
-    raise ValueError(f"no line contains {where!r}")
+    found = (number for number, line in enumerate(lines[start - 1 :], start=start) if where in line)
+    if (number := next(found, None)) is None:
+        raise ValueError(f"no line contains {where!r}")
+    return number
 
 
 def _display_code(path: Path, highlight: tuple[int | str, int | str] | None) -> None:
@@ -48,13 +48,10 @@ def _stamp(target: Path) -> Path:
 
 def _edited_by_hand(target: Path, new_text: str) -> bool:
     """True when `target` holds text that neither `new_text` nor write_worker's last copy had."""
-    if not target.is_file():
-        return False
-    current = target.read_text()
-    if current == new_text:
-        return False
+    current = target.read_text() if target.is_file() else new_text
     stamp = _stamp(target)
-    return not (stamp.is_file() and stamp.read_text().strip() == _digest(current))
+    written = stamp.read_text().strip() if stamp.is_file() else None
+    return current != new_text and written != _digest(current)
 
 
 def write_worker(
@@ -96,7 +93,7 @@ def write_worker(
         target = target_dir / origin.name
         text = origin.read_text()
         if origin.resolve() == target.resolve():
-            pass
+            pass  # the packaged file itself: nothing to copy
         elif _edited_by_hand(target, text) and not overwrite:
             warnings.warn(
                 f"{target} was edited since it was written: keeping your version and running it. "

@@ -23,9 +23,8 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import ArgDecorator, argument, magic_arguments
 
 from ddp_helpers.errors import InvalidLaunchArguments, RanksNotRunning
-from ddp_helpers.kernel.launcher.cell_source import CellSyntaxError, as_in_editor
-from ddp_helpers.kernel.launcher.launch_checks import rank_list
-from ddp_helpers.kernel.launcher.options import LIVE_OPTIONS, add_flags, given_options
+from ddp_helpers.kernel.launcher.cell_output import CellSyntaxError, as_in_editor
+from ddp_helpers.kernel.launcher.options import LIVE_OPTIONS, add_flags, given_options, rank_list
 from ddp_helpers.kernel.live.ranks import LiveRanks, not_running_message, shown_value, start_ranks
 
 _current: LiveRanks | None = None

@@ -32,9 +32,14 @@ from typing import Any, Unpack
 
 from ddp_helpers.errors import InvalidLaunchArguments, RankError, RanksNotRunning
 from ddp_helpers.kernel.launcher.config import LaunchConfig, default_run_dir, make_config
-from ddp_helpers.kernel.launcher.keywords import LiveKeywords
-from ddp_helpers.kernel.launcher.launch_checks import check_rank_list, check_seconds
-from ddp_helpers.kernel.launcher.options import LIVE_OPTIONS, bind_options, with_options
+from ddp_helpers.kernel.launcher.options import (
+    LIVE_OPTIONS,
+    LiveKeywords,
+    bind_options,
+    check_rank_list,
+    check_seconds,
+    with_options,
+)
 from ddp_helpers.kernel.live.calls import request
 from ddp_helpers.kernel.live.cells import CellLog
 from ddp_helpers.kernel.live.recovery import RESTART_HINT, where

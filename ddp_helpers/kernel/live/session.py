@@ -24,9 +24,8 @@ from ddp_helpers.errors import LaunchInterrupted, LaunchTimeout
 from ddp_helpers.kernel.launcher.config import LaunchConfig
 from ddp_helpers.kernel.launcher.diagnosis import STDERR_TAIL_LINES
 from ddp_helpers.kernel.launcher.process_tree import ProcessTree
-from ddp_helpers.kernel.launcher.processes import exit_code, start_run, stop_run, wait_for_exit
+from ddp_helpers.kernel.launcher.processes import RunProcess, exit_code, start_run, stop_run, wait_for_exit
 from ddp_helpers.kernel.launcher.run_follower import RunFollower
-from ddp_helpers.kernel.launcher.run_process import RunProcess
 from ddp_helpers.rank import live_protocol as protocol
 from ddp_helpers.rank.live_protocol import Hello, Reply, Request, Shutdown
 from ddp_helpers.run_contract import STDERR_LOG
