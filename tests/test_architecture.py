@@ -152,10 +152,10 @@ def test_a_chain_through_a_chapters_kernel_view_is_followed_to_the_kernel(tmp_pa
     planted = _plant(
         tmp_path,
         "ddp_helpers.rank.planted",
-        "from ddp_helpers.rank import teardown\nfrom ddp_helpers.chapters.ch05_debugging import ch05_hang_job\n",
+        "from ddp_helpers.rank import teardown\nfrom ddp_helpers.chapters.ch05_debugging import ch05_hang_tools\n",
     )
     chains = kernel_reached_from(planted, overlay=tmp_path)
-    assert any("ch05_hang_job -> ddp_helpers.kernel." in chain for chain in chains), chains
+    assert any("ch05_hang_tools -> ddp_helpers.kernel." in chain for chain in chains), chains
     assert not kernel_reached_from(CHAPTERS / "ch04_checkpointing" / "sum_order.py")
 
 
