@@ -37,15 +37,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ddp_helpers.chapters.ch06_scaling_out.ch06_job_files import (
+from ddp_helpers.chapters.ch06_scaling_out.ch06_trainjob import (
     CPUS_PER_RANK,
     FRESH_STORE_LINES,
     LOG_LINE_PREFIX,
     MAX_RESTARTS,
     check_job_shape,
+    trainjob_manifest,
     worker_args_for,
 )
-from ddp_helpers.chapters.ch06_scaling_out.ch06_trainjob import trainjob_manifest
 
 # A port of the job's own for the rendezvous (MASTER_PORT without torchrun): a fixed one such as 29500
 # collides when two jobs share a node. 20000-29999 lies below Linux's ephemeral ports (32768-60999), so
