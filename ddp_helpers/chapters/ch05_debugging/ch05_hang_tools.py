@@ -27,7 +27,6 @@ import pickle
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -42,6 +41,7 @@ import psutil
 from ddp_helpers import run_contract
 from ddp_helpers.chapters.ch05_debugging.ch05_pitfall_runs import printed
 from ddp_helpers.kernel.launcher.config import default_run_dir
+from ddp_helpers.kernel.launcher.machine import free_port
 from ddp_helpers.kernel.launcher.process_tree import ProcessTree
 from ddp_helpers.rank import stack_dumps
 
@@ -128,12 +128,6 @@ def missing_for_debug_server() -> list[str]:
     return missing
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
-
-
 def rank_pids(agent_pid: int) -> dict[int, int]:
     """Each rank's pid, by rank: the agent's descendants whose environment holds RANK (what a learner
     reads with ``ps`` and ``/proc/PID/environ``). A rank's own children (the debug server's page) have
@@ -187,7 +181,7 @@ def planted_hang(
         # old name, TORCH_NCCL_TRACE_BUFFER_SIZE (torch 2.7: NCCL only, off by default), warns there
         ranks_env["TORCH_FR_BUFFER_SIZE"] = "2000"
         if debug_server_available() and not missing_for_debug_server():
-            port = _free_port()
+            port = free_port()
             ranks_env["DEBUG_SERVER_PORT"] = str(port)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}"]
     logs = [f"--log-dir={run_dir / run_contract.LOGS_DIR}", "--redirects=3"]  # each rank's own files
@@ -324,9 +318,13 @@ def py_spy_waits(dumps: Mapping[int, str], worker: Path) -> dict[int, Wait]:
     for rank, dump in dumps.items():
         dump = _ANSI_COLOUR.sub("", dump)  # a terminal's colours, where py-spy printed them
         main = dump.split('"MainThread"', 1)[-1].split("\nThread ", 1)[0]
-        frames = [m for m in map(_PY_SPY_FRAME.match, main.splitlines()) if m]
-        waits[rank] = _wait([(m["func"], m["file"], int(m["line"])) for m in frames], worker)
+        waits[rank] = _wait(_frames(_PY_SPY_FRAME, main), worker)
     return waits
+
+
+def _frames(frame: re.Pattern[str], text: str) -> list[tuple[str, str, int]]:
+    """(function, file, line) of each line of `text` that `frame` matches, in order."""
+    return [(m["func"], m["file"], int(m["line"])) for m in map(frame.match, text.splitlines()) if m]
 
 
 def _wait(frames: list[tuple[str, str, int]], worker: Path) -> Wait:
@@ -441,11 +439,7 @@ def faulthandler_waits(stacks: Mapping[int, str], worker: Path) -> dict[int, Wai
         threads = re.split(
             r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$", dump, flags=re.M
         )
-        candidates = []
-        for thread in threads:
-            frames = [m for m in map(_FAULTHANDLER_FRAME.match, thread.splitlines()) if m]
-            if frames:
-                candidates.append([(m["func"], m["file"], int(m["line"])) for m in frames])
+        candidates = [frames for thread in threads if (frames := _frames(_FAULTHANDLER_FRAME, thread))]
         main = next((f for f in candidates if any(Path(file).name == worker.name for _, file, _ in f)), [])
         waits[rank] = _wait(main, worker)
     return waits
@@ -464,6 +458,5 @@ def workbench_waits(stacks: Mapping[int, str], worker: Path) -> dict[int, Wait]:
     """Each rank's `Wait` from `workbench_stacks` (innermost first, each frame followed by its source)."""
     waits = {}
     for rank, stack in stacks.items():
-        frames = [m for m in map(_FAULTHANDLER_FRAME.match, stack.splitlines()) if m]
-        waits[rank] = _wait([(m["func"], m["file"], int(m["line"])) for m in frames], worker)
+        waits[rank] = _wait(_frames(_FAULTHANDLER_FRAME, stack), worker)
     return waits
