@@ -34,7 +34,7 @@ import inspect
 import os
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -324,7 +324,7 @@ def _slurm_environment(
     ]
 
 
-def _options(job_file: Any) -> set[str]:
+def _options(job_file: Callable[..., str]) -> set[str]:
     """The options a job file's function takes: its keyword-only parameters."""
     return {n for n, p in inspect.signature(job_file).parameters.items() if p.kind is p.KEYWORD_ONLY}
 
@@ -344,7 +344,7 @@ def write_cluster_templates(
     checkpoint options). A `checkpoint_dir` must lie under `SHARED_MOUNT`, where the pods mount the
     shared volume; call `slurm_script` alone for a folder elsewhere.
     """
-    files = {
+    files: dict[str, tuple[str, Callable[..., str]]] = {
         "slurm": ("sbatch.sh", slurm_script),
         "srun": ("srun.sh", srun_script),
         "kubernetes": ("trainjob.yaml", trainjob_manifest),
