@@ -104,7 +104,7 @@ def memory_plan(gpus: int) -> dict[str, Any]:
     assert run.batch is not None, run  # the plan gives the training job a batch its ranks split
     width, depth, per_rank = plan.sizes["width"], plan.sizes["depth"], run.batch // run.world
     predicted = {}
-    for strategy in ("ddp", "fsdp2"):  # fsdp_peak.PEAK_STRATEGIES, without importing torch here
+    for strategy in ("ddp", "fsdp2"):  # fsdp_footprint.PEAK_STRATEGIES, without importing torch here
         setup = Setup(width=width, depth=depth, batch=per_rank, world=run.world, strategy=strategy)
         predicted[strategy] = max(sum(rank[k] for k in HELD) for rank in predict(setup))
     return {

@@ -76,7 +76,7 @@ EXCERPTS: dict[tuple[str, str | None], str] = {
     # notebook 08
     ("fsdp_model", "BlockMLP"): "self.blocks",
     ("fsdp_model", "shard"): "fully_shard(model, mesh=mesh",
-    ("fsdp_measures", "CollectiveCounter"): "original(*args, **kwargs)",
+    ("fsdp_model", "CollectiveCounter"): "original(*args, **kwargs)",
     ("fsdp_model", "gradient_factor"): "fully_shard(probe, mesh=mesh",
     ("fsdp_model", "divide_gradients"): "set_all_reduce_hook(",
     ("fsdp", "fsdp_versus_one_process"): "divide_gradients(model, probe)",

@@ -30,22 +30,23 @@ rank 0 writes it, and after a restart rank 0 may live on another node.
 
 from __future__ import annotations
 
+import inspect
 import os
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ddp_helpers.chapters.ch06_scaling_out.ch06_job_files import (
+from ddp_helpers.chapters.ch06_scaling_out.ch06_trainjob import (
     CPUS_PER_RANK,
     FRESH_STORE_LINES,
     LOG_LINE_PREFIX,
     MAX_RESTARTS,
     check_job_shape,
+    trainjob_manifest,
     worker_args_for,
 )
-from ddp_helpers.chapters.ch06_scaling_out.ch06_trainjob import trainjob_manifest
 
 # A port of the job's own for the rendezvous (MASTER_PORT without torchrun): a fixed one such as 29500
 # collides when two jobs share a node. 20000-29999 lies below Linux's ephemeral ports (32768-60999), so
@@ -323,27 +324,9 @@ def _slurm_environment(
     ]
 
 
-SHARED_OPTIONS = {
-    "nnodes",
-    "nproc_per_node",
-    "gpus_per_node",
-    "cpus_per_rank",
-    "min_nodes",
-    "max_restarts",
-    "checkpoint_dir",
-}
-SLURM_OPTIONS = SHARED_OPTIONS | {"job_name", "time_limit", "partition", "rdzv_port", "venv"}
-SRUN_OPTIONS = {
-    "nnodes",
-    "nproc_per_node",
-    "gpus_per_node",
-    "cpus_per_rank",
-    "job_name",
-    "time_limit",
-    "partition",
-    "venv",
-}
-K8S_OPTIONS = SHARED_OPTIONS | {"image", "name", "shared_storage", "storage_class"}
+def _options(job_file: Callable[..., str]) -> set[str]:
+    """The options a job file's function takes: its keyword-only parameters."""
+    return {n for n, p in inspect.signature(job_file).parameters.items() if p.kind is p.KEYWORD_ONLY}
 
 
 def write_cluster_templates(
@@ -361,27 +344,24 @@ def write_cluster_templates(
     checkpoint options). A `checkpoint_dir` must lie under `SHARED_MOUNT`, where the pods mount the
     shared volume; call `slurm_script` alone for a folder elsewhere.
     """
-    unknown = set(options) - SLURM_OPTIONS - K8S_OPTIONS
+    files: dict[str, tuple[str, Callable[..., str]]] = {
+        "slurm": ("sbatch.sh", slurm_script),
+        "srun": ("srun.sh", srun_script),
+        "kubernetes": ("trainjob.yaml", trainjob_manifest),
+    }
+    unknown = set(options).difference(*(_options(write) for _, write in files.values()))
     if unknown:
         raise TypeError(f"unknown options: {', '.join(sorted(unknown))}")
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
-    slurm_options = {k: v for k, v in options.items() if k in SLURM_OPTIONS}
-    k8s_options = {k: v for k, v in options.items() if k in K8S_OPTIONS}
-    srun_options = {k: v for k, v in slurm_options.items() if k in SRUN_OPTIONS}
-    paths = {
-        "slurm": folder / "sbatch.sh",
-        "srun": folder / "srun.sh",
-        "kubernetes": folder / "trainjob.yaml",
-    }
-    paths["slurm"].write_text(slurm_script(worker, worker_args, **slurm_options))
-    paths["srun"].write_text(srun_script(worker, worker_args, **srun_options))
-    trainjob_options = {k: v for k, v in k8s_options.items() if k != "min_nodes"}
-    note = (
-        f"# min_nodes={k8s_options['min_nodes']} is not here: Kubeflow Trainer v2 runs a fixed numNodes (no elastic\n"
-        "# range); sbatch.sh has it (torchrun --nnodes MIN:MAX).\n"
-        if k8s_options.get("min_nodes") is not None
-        else ""
-    )
-    paths["kubernetes"].write_text(note + trainjob_manifest(worker, worker_args, **trainjob_options))
+    paths = {}
+    for key, (name, write) in files.items():
+        paths[key] = folder / name
+        text = write(worker, worker_args, **{k: v for k, v in options.items() if k in _options(write)})
+        if key == "kubernetes" and options.get("min_nodes") is not None:
+            text = (
+                f"# min_nodes={options['min_nodes']} is not here: Kubeflow Trainer v2 runs a fixed numNodes (no "
+                "elastic\n# range); sbatch.sh has it (torchrun --nnodes MIN:MAX).\n" + text
+            )
+        paths[key].write_text(text)
     return paths

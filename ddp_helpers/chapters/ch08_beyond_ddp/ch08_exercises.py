@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ddp_helpers.chapters.ch08_beyond_ddp.ch08_memory_calculator import padded_numel, shard_numel
 from ddp_helpers.rank.spec import Context, Exercise, Mistake, Seen
 
 SHAPES = [(6, 4), (6,), (10, 6), (10,), (3, 10), (3,)]  # Linear(4, 6), Linear(6, 10), Linear(10, 3)
@@ -29,21 +30,6 @@ def zero1_owned(world: int, order: Any = None) -> list[list[int]]:
         owner[i] = load.index(min(load))
         load[owner[i]] += NUMEL[i]
     return [sorted(i for i in owner if owner[i] == r) for r in range(world)]
-
-
-def shard_rows(rows: int, rank: int, world: int) -> int:
-    """Rows of dim 0 that `rank` holds, as torch.chunk deals them: ceil(rows / world) each, until they end."""
-    per = math.ceil(rows / world)
-    return max(0, min(per, rows - rank * per))
-
-
-def shard_numel(shape: tuple[int, ...], rank: int, world: int) -> int:
-    return shard_rows(shape[0], rank, world) * math.prod(shape[1:])
-
-
-def padded_numel(shape: tuple[int, ...], world: int) -> int:
-    """What an FSDP2 all-gather moves for one parameter: dim 0 padded up to a multiple of the world."""
-    return math.ceil(shape[0] / world) * world * math.prod(shape[1:])
 
 
 # ------------------------------------------------------------------ 08-zero1

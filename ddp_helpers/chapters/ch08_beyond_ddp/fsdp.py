@@ -11,9 +11,9 @@ so a run on N ranks must follow a single process trained on the whole batch: tha
 Rank 0 writes what it measured to <run-dir>/summary.json: the first part's results, and those of each
 further part under the part's name (summary["save"]).
 
-The model, its sharding and the pytorch#162338 probe are fsdp_model.py's; the measuring (bytes held,
-bytes sent, step times) is fsdp_measures.py's; --part save and resume are fsdp_checkpoint.py's, --part
-peak fsdp_peak.py's.
+The model, its sharding, the pytorch#162338 probe and the measuring (bytes held, bytes sent, step
+times) are fsdp_model.py's; --part save and resume are fsdp_checkpoint.py's, --part peak
+fsdp_footprint.py's.
 """
 
 import argparse
@@ -30,25 +30,23 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_helpers.chapters.ch08_beyond_ddp import fsdp_checkpoint, fsdp_peak
-from ddp_helpers.chapters.ch08_beyond_ddp.fsdp_measures import (
-    CollectiveCounter,
-    flattened,
-    gathered,
-    memory_row,
-    padded_numel,
-    timed_steps,
-)
+from ddp_helpers.chapters.ch08_beyond_ddp import fsdp_checkpoint, fsdp_footprint
 from ddp_helpers.chapters.ch08_beyond_ddp.fsdp_model import (
     BlockMLP,
+    CollectiveCounter,
     build_model,
     checked_fsdp,
     divide_gradients,
     factors_by_reduce,
+    flattened,
+    gathered,
     global_batch,
     gradient_factor,
+    memory_row,
     my_slice,
+    padded_numel,
     shard,
+    timed_steps,
 )
 from ddp_helpers.rank import teardown
 from ddp_helpers.rank.distributed import worker_backend
@@ -287,7 +285,7 @@ def main() -> None:
         "train": part_train,
         "save": fsdp_checkpoint.part_save,
         "resume": fsdp_checkpoint.part_resume,
-        "peak": fsdp_peak.part_peak,
+        "peak": fsdp_footprint.part_peak,
     }
     first, *others = args.part
     result = parts[first](args, mesh, device)

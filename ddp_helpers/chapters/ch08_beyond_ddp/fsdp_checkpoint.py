@@ -29,8 +29,7 @@ try:  # torch >= 2.6 exports FSDP2 here; 2.4-2.5 kept it private
 except ImportError:  # pragma: no cover
     from torch.distributed._composable.fsdp import fully_shard
 
-from ddp_helpers.chapters.ch08_beyond_ddp.fsdp_measures import gathered, local_shard
-from ddp_helpers.chapters.ch08_beyond_ddp.fsdp_model import checked_fsdp, train_steps
+from ddp_helpers.chapters.ch08_beyond_ddp.fsdp_model import checked_fsdp, gathered, local_shard, train_steps
 
 
 def shard_shapes(model: nn.Module) -> dict:

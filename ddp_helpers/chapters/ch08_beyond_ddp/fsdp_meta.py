@@ -17,12 +17,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
 
-from ddp_helpers.chapters.ch08_beyond_ddp.fsdp_measures import flattened, local_shard
 from ddp_helpers.chapters.ch08_beyond_ddp.fsdp_model import (
     BlockMLP,
     build_model,
     checked_fsdp,
+    flattened,
     global_batch,
+    local_shard,
     my_slice,
     shard,
 )
