@@ -208,7 +208,7 @@ def run_one(
 ) -> Outcome:
     outcome = Outcome(mutant, nproc, status="survived")
     start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-", ignore_cleanup_errors=True) as tmp:
         project = Path(tmp) / "project"
         copy_project(project)
         try:

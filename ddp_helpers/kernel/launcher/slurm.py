@@ -22,7 +22,7 @@ from ddp_helpers.kernel.launcher.cell_output import write_line
 from ddp_helpers.kernel.launcher.log_follow import FileFollower
 
 COMMANDS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo")
-RANK_LINE = re.compile(r"^\[rank(\d+)\]:\s?(.*)$")  # lab/job_files.LOG_LINE_PREFIX
+RANK_LINE = re.compile(r"^\[rank(\d+)\]:\s?(.*)$")  # ch06_trainjob.LOG_LINE_PREFIX
 DEFAULT_CONF = "/etc/slurm/slurm.conf"  # where the client looks when SLURM_CONF is not set
 QUERY_TIMEOUT_S = 15  # one sbatch/squeue/scontrol call; the controller answers in milliseconds when up
 
