@@ -94,7 +94,7 @@ def cell_results(replies: dict[int, Reply]) -> RankResults:
 
 def _refuse_interrupted(replies: dict[int, Reply]) -> None:
     stopped = sorted(r for r, reply in replies.items() if isinstance(reply, Interrupted))
-    if stopped:  # not the kernel's Ctrl-C, which `calls.request` handles: the rank's own
+    if stopped:  # not the kernel's Ctrl-C, which `ranks.request` handles: the rank's own
         raise LaunchInterrupted(
             f"interrupted on rank(s) {', '.join(map(str, stopped))}: the cell raised KeyboardInterrupt there "
             "(or the rank got a SIGINT). The ranks are still running, with their state."
@@ -133,6 +133,12 @@ def gathered(name: str, replies: dict[int, Reply], targets: list[int]) -> list[A
 
 
 def _rank_error(failed: dict[int, Error]) -> RankError:
+    message = failure_text(failed) + "\n\nThe ranks are still running, with their state."
+    return RankError(message, errors={r: reply.traceback for r, reply in failed.items()})
+
+
+def failure_text(failed: dict[int, Error]) -> str:
+    """The first failed rank's error and traceback, then the others' first lines."""
     first = min(failed)
     message = f"rank {first} failed: {failed[first].error}\n\n{failed[first].traceback}"
     message += pdb_quit_hint(failed[first].error)
@@ -141,8 +147,7 @@ def _rank_error(failed: dict[int, Error]) -> RankError:
         message += "\n\nalso failed on rank(s) " + ", ".join(
             f"{r} ({failed[r].error.splitlines()[0]})" for r in others
         )
-    message += "\n\nThe ranks are still running, with their state."
-    return RankError(message, errors={r: reply.traceback for r, reply in failed.items()})
+    return message
 
 
 def _decode(reply: Value) -> Any:
