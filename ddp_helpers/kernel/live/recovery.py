@@ -1,14 +1,8 @@
 """When a cell does not end by itself: a kernel interrupt, a hang, a rank that died.
 
-Each function turns one of these into the launcher's error family (`LaunchInterrupted`,
-`LaunchTimeout`, `WorkerFailed`) and leaves the ranks either usable (the cell ended on every rank and
-a barrier still completes) or stopped, never in between.
-
-Where a stuck rank waits: a live rank registers for stack dumps as every worker does
-(`stack_dumps.register`, through `setup_distributed`): a real-time signal makes faulthandler write each
-thread's stack to the run's ``logs/stacks/<host>-<pid>.txt``, from the signal handler itself, so a rank
-blocked inside a collective (in C++, where no Python code runs) still answers. `read_stacks` formats
-the main thread's frames with the cells' lines.
+Each turns into the launcher's errors (`LaunchInterrupted`, `LaunchTimeout`, `WorkerFailed`) and leaves the
+ranks usable (the cell ended on every rank and a barrier completes) or stopped, never in between. Where a
+stuck rank waits comes from its stack dump (`rank/stack_dumps.py`), shown with the cells' lines.
 """
 
 from __future__ import annotations

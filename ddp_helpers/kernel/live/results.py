@@ -1,8 +1,5 @@
-"""What comes back from the ranks, as the notebook sees it: values, their display, and the errors.
-
-The ranks reply with `protocol.Value` (the value pickled, and its repr on the rank) or
-`protocol.Error`; this module turns a set of replies into `RankResults`, a gathered list, a
-`RankError` or a `ValueNotReturned`.
+"""What comes back from the ranks (`Value` or `Error` replies), as the notebook sees it: `RankResults`,
+a gathered list, a `RankError` or a `ValueNotReturned`.
 """
 
 from __future__ import annotations
@@ -114,9 +111,10 @@ def gathered(name: str, replies: dict[int, Reply], targets: list[int]) -> list[A
     for rank in targets:
         reply = replies[rank]
         assert isinstance(reply, Value)  # an error or an interrupt was raised above, an exit by `request`
+        if reply.data is None:
+            reprs[rank], reasons[rank] = reply.text, NOT_PICKLED
+            continue
         try:
-            if reply.data is None:
-                raise pickle.PicklingError(NOT_PICKLED)
             values.append(pickle.loads(reply.data))
         except Exception as error:  # noqa: BLE001 - any unpickling failure means the same thing here
             reprs[rank], reasons[rank] = reply.text, _why_not_returned(error)
@@ -160,8 +158,6 @@ def _decode(reply: Value) -> Any:
 
 
 def _why_not_returned(error: Exception) -> str:
-    if isinstance(error, pickle.PicklingError) and str(error) == NOT_PICKLED:
-        return str(error)
     if isinstance(error, AttributeError | ModuleNotFoundError | ImportError):
         # pickle stores a class by name: one defined in a cell exists only on the ranks
         return f"its class is not importable in the kernel ({error}): a class defined in a cell exists only on the ranks"
