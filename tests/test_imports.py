@@ -3,7 +3,7 @@
 A cycle works by luck of order (or under `TYPE_CHECKING` only), and it hides a worse fault: a worker
 file run as ``python fsdp.py`` is the module ``__main__``; a helper that imports
 ``ddp_helpers.chapters.ch08_beyond_ddp.fsdp`` back loads the same file a second time, with a second copy of each of its
-globals. Shared types live in a module of their own (``train_state``, ``fsdp_model``, ``live/cells``).
+globals. Shared types live in a module of their own (``train_state``, ``fsdp_model``, ``live_protocol``).
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Rank side: run one answer in a fresh namespace, with the probe inputs and observers, and report.
 
-The checker sends each live rank ``run(ID, CODE, WORKDIR)``, then asks for `LAST`, the result: plain
-values only (lists, numbers, strings), so that the kernel can show and compare them. Where the answer
-raised, `run` raises it again once the result is kept: the live ranks then see a failed cell, and one
-that raised while the others wait for it in a collective ends the cell in seconds, not at the timeout.
-
-The live ranks share one machine, where LOCAL_RANK equals RANK. An exercise that declares `nodes=2` runs
-its answer as ranks of two nodes instead (`node_layout`): torchrun's per-node variables in `os.environ`,
-and `local_rank` in the namespace, are those of such a job while the answer runs, then restored. The
-process group, `rank`, `world_size` and `device` stay the rank's own.
+The checker sends each live rank ``run(ID, CODE, WORKDIR)``, then asks for `LAST`: plain values only.
+Where the answer raised, `run` raises it again once the result is kept, so that a rank that raised while
+the others wait for it in a collective ends the cell in seconds, not at the timeout. An exercise with
+`nodes=2` runs its answer as ranks of two nodes (`node_layout`); the process group stays the rank's own.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
-"""One live rank: join the process group, then run the code the notebook sends, cell after cell.
+"""One live rank, started by torchrun: join the process group, connect back to the kernel over an
+authenticated Unix socket, then run each cell it receives in a namespace that persists between cells.
 
-torchrun starts this file once per rank (see `ddp_helpers.kernel.live.ranks`). Each rank:
-
-1. joins the process group with `setup_distributed()` (nccl + cuda:LOCAL_RANK on GPUs, gloo on the CPU);
-2. connects to the notebook kernel over an authenticated Unix socket (`multiprocessing.connection`,
-   a random key per session, given in the environment);
-3. runs each cell it receives in a namespace of its own that persists between cells, and replies with
-   the value of the cell's last expression, or the traceback.
-
-Output is not sent over the socket: print() goes to the rank's log file, as in any torchrun job, and the
-notebook follows those files. The rank exits when the kernel says so, or when its socket closes
-(the kernel died), so no rank outlives its notebook.
+Output is not sent over the socket: print() goes to the rank's log file, which the notebook follows. The
+rank exits when the kernel says so, or when its socket closes, so no rank outlives its notebook.
 """
 
 from __future__ import annotations

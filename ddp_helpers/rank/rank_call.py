@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import builtins
 import importlib
-import os
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
+
+from ddp_helpers.rank.spec import environment
 
 PAYLOAD = "_ddp_helpers_call"  # the pushed name: one the learner's cells would not choose
 
@@ -69,13 +70,5 @@ def invoke(namespace: MutableMapping[str, Any]) -> Any:
         return namespace[value.name]
 
     function = resolve(namespace, target)
-    saved = {name: os.environ.get(name) for name in environ}
-    os.environ.update(environ)
-    try:
+    with environment(environ):
         return function(*map(local, args), **{k: local(v) for k, v in kwargs.items()})
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value

@@ -1,9 +1,8 @@
-"""What an exercise is: the learner's task, the reference answer, the probe, and the known mistakes.
+"""What an exercise is: the task, the reference answer, the probe, and the known mistakes.
 
-Both sides load this module. On each rank, `setup` builds the probe inputs that the answer's code sees
-and `observe` reads what the answer did; in the kernel, `expected` says what a right answer does,
-computed from first principles (never by running the reference), and each `Mistake` recognises one
-wrong answer by its signature in what the ranks saw. It imports torch and nothing of the kernel side.
+Both sides load it: on each rank `setup` and `observe` run around the answer; in the kernel `expected`
+(from first principles, never by running the reference) and each `Mistake`'s signature judge what the
+ranks saw.
 """
 
 from __future__ import annotations

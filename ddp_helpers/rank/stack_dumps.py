@@ -1,21 +1,13 @@
 """Where a hung worker waits: its Python stack, asked for with a signal before the run is stopped.
 
-Rank side: imports no torch and nothing of the launcher, which calls `ask`.
+Rank side: imports no torch and nothing of the launcher, which calls `ask`. A worker that calls `register`
+(every rank the launcher starts, through worker_site/sitecustomize.py, and live ranks, through
+`setup_distributed`) has faulthandler write each Python thread's stack to ``logs/stacks/<host>-<pid>.txt``
+on `STACK_SIGNAL`, from the signal handler itself, so a worker blocked in C++ (a collective) answers too.
 
-A worker that calls `register` (every rank the launcher starts does, before its script's first line: see
-worker_site/sitecustomize.py; so does `distributed.setup_distributed`, for runs started elsewhere) has
-faulthandler write the stack of each of its Python threads to
-``logs/stacks/<host>-<pid>.txt`` when it receives `STACK_SIGNAL`. faulthandler writes from the signal
-handler itself, so a worker blocked in C++ (a collective, a destructor, a lock) answers too: it is how
-a run that the launcher stops for a hang says where each rank was waiting.
-
-A worker is signalled only when its file exists: the file gets its name once the handler is in place,
-because the signal's default action ends a process. The file's first line also records when its process
-started, so a file left by an earlier worker whose pid a new one reuses (a restart round) never gets
-the new one signalled before it has registered. Live ranks register the same way (their server joins
-through `setup_distributed`): there is one mechanism, and SIGUSR1 stays free. The signal is a real-time one, which SLURM,
-Lightning and torchrun leave alone by default (SLURM's ``--signal`` and Lightning's requeue use
-SIGUSR1 or SIGUSR2). A script that installs its own handler for it gives no stack, and nothing else.
+A worker is signalled only once its file exists (the signal's default action ends a process), and only if
+the file's first line records its own start time (a reused pid is not the registered worker). The signal
+is a real-time one: SLURM, Lightning and torchrun use SIGUSR1 and SIGUSR2.
 """
 
 from __future__ import annotations

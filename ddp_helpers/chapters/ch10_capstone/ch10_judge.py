@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 from ddp_helpers.chapters.ch10_capstone.ch10_contract import EXERCISE, HINTS, RUN_TIMEOUT_S
 from ddp_helpers.chapters.ch10_capstone.ch10_runs import Run
 from ddp_helpers.kernel.exercises.verdict import HUNG, RAISED, UNKNOWN, Verdict
-from ddp_helpers.rank.spec import close
+from ddp_helpers.rank.spec import differences
 
 
 @dataclass(frozen=True)
@@ -53,14 +53,8 @@ class World:
         tolerance: float = 1e-9,
     ) -> None:
         """Raise Failed with a verdict unless every expected field equals the seen one."""
-        diffs = []
-        for rank, want in enumerate(expected):
-            got = seen[rank] if rank < len(seen) else {}
-            for name, value in want.items():
-                if name not in got or not close(got[name], value, tolerance):
-                    diffs.append(
-                        {"rank": rank, "field": name, "seen": got.get(name, "(missing)"), "expected": value}
-                    )
+        found = differences(seen, expected, tolerance)
+        diffs = [{"rank": r, "field": f, "seen": s, "expected": e} for r, f, s, e in found]
         if not diffs:
             self.say(f"  ✓ {check}")
             return

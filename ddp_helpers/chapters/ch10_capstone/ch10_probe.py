@@ -26,7 +26,7 @@ record = {"rank": RANK, "forwards": [], "steps": [], "scales": [], "saves": [], 
           "events": [], "seeds": [], "scaler_steps": 0, "iters": []}
 
 
-def digest(device=None):
+def digest():
     """Each generator's state, by name: the CPU's, and the current GPU's where CUDA is in use (dropout on a
     GPU draws from the GPU's generator), so that the check can say which one a resume did not restore."""
     states = {"cpu": hashlib.sha1(bytes(torch.get_rng_state().tolist())).hexdigest()[:12]}

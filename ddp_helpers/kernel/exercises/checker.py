@@ -1,11 +1,6 @@
-"""Kernel side: run an answer on live ranks, then judge it against what a right answer does.
-
-    verdict = check("01-shard", answer_code, ranks)
-
-The answer runs on every live rank in a fresh namespace (`rank_side.run`), never in the ranks' own, so
-a wrong answer leaves nothing behind. The verdict is "passed" only when every rank's observations
-equal the exercise's expected ones. Otherwise the first catalogued mistake whose signature matches
-names the error; failing that, an exception or the fields that differ are shown.
+"""Kernel side: run an answer on live ranks (in a fresh namespace, `rank/answer_runner.py`), then judge
+it: "passed" only when every rank's observations equal the expected ones; else the first catalogued
+mistake whose signature matches, an exception, or the fields that differ.
 """
 
 from __future__ import annotations

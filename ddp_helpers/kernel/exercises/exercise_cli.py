@@ -130,10 +130,8 @@ def _check(args: argparse.Namespace) -> int:
 def _check_script(args: argparse.Namespace) -> int:
     _nproc(args.nproc)
     script = Path(args.script)
-    if not script.is_file():
-        raise InvalidLaunchArguments(f"no such file: {args.script}")
     try:
-        compile(script.read_text(), str(script), "exec")
+        compile(_read(args.script), str(script), "exec")
     except SyntaxError as error:
         raise InvalidLaunchArguments(
             f"{args.script}: syntax error at line {error.lineno}: {error.msg}"

@@ -1,9 +1,5 @@
-"""An answer not written yet is not a wrong answer: say which TODO is still open, and run nothing.
-
-A starter marks each place the learner writes with ``...`` and a ``# TODO`` comment. Run as it is, that
-``...`` would reach the ranks as Python's Ellipsis and fail with "'ellipsis' object is not iterable", a
-message about Python, not about DDP. So before any rank runs an answer, the checker asks here whether it
-is still the starter, empty, or holds a ``...`` placeholder, and if so names the open TODOs.
+"""An answer not written yet (the starter, an empty cell, a ``...`` placeholder) is not a wrong answer:
+name the open TODOs and run nothing, rather than let Python's Ellipsis fail on the ranks.
 """
 
 from __future__ import annotations

@@ -62,16 +62,21 @@ class Verdict:
     __repr__ = __str__  # what a terminal, papermill's text output and a log show
 
 
+def _floats(value: Any, change: Any) -> Any:
+    """`value` with `change` applied to every float in it (tuples become lists)."""
+    if isinstance(value, float):
+        return change(value)
+    if isinstance(value, list | tuple):
+        return [_floats(v, change) for v in value]
+    if isinstance(value, dict):
+        return {k: _floats(v, change) for k, v in value.items()}
+    return value
+
+
 def _json_safe(value: Any) -> Any:
     """NaN and the infinities as the strings "nan", "inf" and "-inf": JSON has no such numbers (json.dumps
     would write NaN, which strict readers refuse, and some writers turn it into null)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(float(value))
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    return value
+    return _floats(value, lambda x: x if math.isfinite(x) else repr(float(x)))
 
 
 WIDE = 110  # a line of the text longer than this is broken: one item per line
@@ -166,10 +171,4 @@ def _rank_lines(seen: list[dict[str, Any]]) -> list[str]:
 
 
 def _rounded(value: Any) -> Any:
-    if isinstance(value, float):
-        return float(f"{value:.6g}")
-    if isinstance(value, list | tuple):
-        return [_rounded(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _rounded(v) for k, v in value.items()}
-    return value
+    return _floats(value, lambda x: float(f"{x:.6g}"))

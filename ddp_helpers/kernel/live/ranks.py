@@ -5,16 +5,9 @@
     ranks.gather("x")                            # [tensor([3.]), tensor([3.])]
     ranks.shutdown()
 
-Built from the launcher's parts: the ranks run under torchrun in a session of their own, their output
-goes to torchrun's per-rank log files, which are echoed as ``[rank N]`` lines, and failures are
-diagnosed as `launch` diagnoses them. Each rank runs `ddp_helpers.rank.live_server`, which takes code over
-an authenticated Unix socket. The ranks exit by themselves when that socket closes, so a killed
-kernel leaves nothing behind.
-
-`LiveRanks` is the notebook's handle; the work is done by the modules beside it: `session` (start,
-connections, the one receive loop, stop), `calls` (one request, from send to every reply), `cells`
-(each request's id and code), `results` (values and errors), `recovery` (interrupts, hangs,
-deaths, and where a stuck rank waits).
+Each rank runs `ddp_helpers.rank.live_server`, which takes code over an authenticated Unix socket and
+exits when that socket closes, so a killed kernel leaves nothing behind. Output and failures are the
+launcher's: per-rank log files echoed as ``[rank N]`` lines, diagnosed as `launch` diagnoses them.
 """
 
 from __future__ import annotations
@@ -40,24 +33,25 @@ from ddp_helpers.kernel.launcher.options import (
     check_seconds,
     with_options,
 )
-from ddp_helpers.kernel.live.calls import request
-from ddp_helpers.kernel.live.cells import CellLog
-from ddp_helpers.kernel.live.recovery import RESTART_HINT, where
+from ddp_helpers.kernel.live import recovery
 from ddp_helpers.kernel.live.results import RankResults, cell_results, check_syntax, gathered, shown_value
-from ddp_helpers.kernel.live.session import RANK_SERVER, Session
-from ddp_helpers.rank.live_protocol import Gather, Push, Reply, Run
+from ddp_helpers.kernel.live.session import RANK_SERVER, CellLog, Session
+from ddp_helpers.rank.live_protocol import Error, Exited, Gather, Push, Reply, Request, Run
 from ddp_helpers.rank.rank_call import PAYLOAD, OnRank
 
 __all__ = ["LiveRanks", "OnRank", "RankResults", "shown_value", "start_ranks"]
 
 STARTUP_TIMEOUT_S = 180.0  # importing torch and the rendezvous, on a loaded 2-core machine
+# after a rank raised, how long the others get to finish the cell by themselves: a rank that raised
+# before a collective leaves the others waiting in it until the group's timeout (30 minutes by default)
+PEER_FAILED_WAIT_S = 3.0
 
 
 def not_running_message() -> str:
     """One story wherever stopped ranks are used: what happened, and the advice that works."""
     return (
         "the live ranks are not running (stopped after a failure, a hang or an interrupt, or by %ranks stop), "
-        f"and the variables they held are gone: {RESTART_HINT}"
+        f"and the variables they held are gone: {recovery.RESTART_HINT}"
     )
 
 
@@ -105,10 +99,6 @@ class LiveRanks:
         self._session = None
         self._session = Session(self._config, self._startup_timeout)
 
-    def _stop(self) -> None:
-        if self._session is not None:
-            self._session.stop()
-
     def shutdown(self) -> None:
         """Ask every rank to exit, then make sure that every process is gone."""
         if self._session is not None and not self._session.closed:
@@ -116,7 +106,8 @@ class LiveRanks:
 
     def restart(self) -> LiveRanks:
         """Stop the ranks, whatever their state, and start fresh ones (new namespaces, new group)."""
-        self._stop()
+        if self._session is not None:
+            self._session.stop()
         self._start()
         return self
 
@@ -200,7 +191,7 @@ class LiveRanks:
         """
         if self._session is None or not self.alive:
             raise RanksNotRunning(not_running_message())
-        return where(self._session, self._cells)
+        return recovery.where(self._session, self._cells)
 
     def gather(self, name: str, ranks: Iterable[int] | int | None = None) -> list[Any]:
         """The value bound to `name` on each rank, in rank order (tensors moved to the CPU).
@@ -256,7 +247,7 @@ class LiveRanks:
         """Send `message` to `targets` (checked by `_targets`); `timeout` ``...``: the ranks' own."""
         if self._session is None:
             raise RanksNotRunning(not_running_message())
-        seconds = _check_timeout(self.timeout if timeout is ... else timeout)
+        seconds = check_seconds("timeout", self.timeout if timeout is ... else timeout, allow_none=True)
         return request(self._session, self._cells, message, targets, seconds)
 
     def _targets(self, ranks: Iterable[int] | int | None) -> list[int]:
@@ -271,6 +262,55 @@ class LiveRanks:
                 f"ranks must be among 0..{self.world_size - 1} (world size {self.world_size}), got {ranks!r}"
             )
         return sorted(set(chosen))
+
+
+def request(
+    session: Session,
+    cells: CellLog,
+    message: Request,
+    targets: list[int],
+    timeout: float | None,
+) -> dict[int, Reply]:
+    """Send `message` to `targets` and return each rank's reply once all have replied.
+
+    Whatever ends the cell early is turned into an error by `recovery`: a death (`WorkerFailed`), a rank
+    silent for `timeout` (`LaunchTimeout`), Ctrl-C (`LaunchInterrupted`), and a rank that raised while
+    the others still run the cell after PEER_FAILED_WAIT_S (`RankError`).
+    """
+    session.begin_cell(after_cell=cells.last_sent)
+    cells.last_sent = message.cell_id
+    session.send(targets, message)
+    pending = set(targets)
+    replies: dict[int, Reply] = {}
+    started = time.monotonic()
+    failed_at: float | None = None  # when the first rank's error came back
+
+    def watch() -> None:  # between two waits: echo, and notice a dead torchrun or a silent rank
+        session.follow()
+        if session.agent_exit_code() is not None:
+            raise recovery.died(session, None)
+        if timeout is not None and pending:
+            now = time.monotonic()
+            stuck = [r for r in sorted(pending) if now - session.last_heard(r, started) > timeout]
+            if stuck:
+                raise recovery.hung(session, cells, stuck, sorted(set(replies)), timeout)
+        if failed_at is not None and pending and time.monotonic() - failed_at > PEER_FAILED_WAIT_S:
+            raise recovery.peer_failed(session, cells, pending, replies)
+
+    try:
+        for rank, reply in session.replies(pending, between=watch):
+            if reply is None:
+                raise recovery.died(session, rank)
+            if isinstance(reply, Exited):  # the cell called os._exit(code)
+                raise recovery.died(session, rank, exitcode=reply.code)
+            replies[rank] = reply
+            if isinstance(reply, Error) and failed_at is None:
+                failed_at = time.monotonic()
+    except KeyboardInterrupt:
+        pending.difference_update(replies)  # a reply taken just before the interrupt is not pending
+        raise recovery.interrupted(session, cells, pending, replies) from None
+    session.end_cell()
+    return replies
 
 
 _COLLECTIVE = re.compile(
@@ -292,10 +332,6 @@ def warn_partial_collective(code: str, targets: list[int], world_size: int) -> N
             "so it waits until the cell's timeout (then each rank's stack is shown). Run it on every rank.",
             flush=True,
         )
-
-
-def _check_timeout(timeout: Any) -> float | None:
-    return check_seconds("timeout", timeout, allow_none=True)
 
 
 def _shutdown_quietly(ref: weakref.ref[LiveRanks]) -> None:

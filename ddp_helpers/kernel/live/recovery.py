@@ -1,14 +1,8 @@
 """When a cell does not end by itself: a kernel interrupt, a hang, a rank that died.
 
-Each function turns one of these into the launcher's error family (`LaunchInterrupted`,
-`LaunchTimeout`, `WorkerFailed`) and leaves the ranks either usable (the cell ended on every rank and
-a barrier still completes) or stopped, never in between.
-
-Where a stuck rank waits: a live rank registers for stack dumps as every worker does
-(`stack_dumps.register`, through `setup_distributed`): a real-time signal makes faulthandler write each
-thread's stack to the run's ``logs/stacks/<host>-<pid>.txt``, from the signal handler itself, so a rank
-blocked inside a collective (in C++, where no Python code runs) still answers. `read_stacks` formats
-the main thread's frames with the cells' lines.
+Each turns into the launcher's errors (`LaunchInterrupted`, `LaunchTimeout`, `WorkerFailed`) and leaves the
+ranks usable (the cell ended on every rank and a barrier completes) or stopped, never in between. Where a
+stuck rank waits comes from its stack dump (`rank/stack_dumps.py`), shown with the cells' lines.
 """
 
 from __future__ import annotations
@@ -21,9 +15,8 @@ from collections.abc import Mapping
 import psutil
 
 from ddp_helpers.errors import LaunchError, LaunchInterrupted, LaunchTimeout, RankError, WorkerFailed
-from ddp_helpers.kernel.launcher.diagnosis import pdb_quit_hint
-from ddp_helpers.kernel.live.cells import CellLog
-from ddp_helpers.kernel.live.session import POLL_S, Session
+from ddp_helpers.kernel.live.results import failure_text
+from ddp_helpers.kernel.live.session import POLL_S, CellLog, Session
 from ddp_helpers.rank import stack_dumps
 from ddp_helpers.rank.live_protocol import Check, Error, Reply, Value
 
@@ -84,67 +77,56 @@ def where(session: Session, cells: CellLog) -> str:
     return show_stacks(read_stacks(session, sorted(session.links), cells.sources))
 
 
-# ------------------------------------------------------------------ a rank raised, the others wait
+# ------------------------------------------------------------------ a rank raised, or some ranks hang
 def peer_failed(session: Session, cells: CellLog, pending: set[int], replies: dict[int, Reply]) -> RankError:
     """Some ranks raised and the rest still run the cell (most often waiting for them in a collective):
     say where the rest wait, then interrupt them, and keep the ranks if the group survived; else stop them
     (the caller starts fresh ones)."""
     failed = {r: reply for r, reply in replies.items() if isinstance(reply, Error)}
-    first = min(failed)
     waiting = sorted(pending)
-    stacks = read_stacks(session, waiting, cells.sources)
-    lines = [f"rank {first} failed: {failed[first].error}", "", failed[first].traceback.rstrip()]
-    lines += pdb_quit_hint(failed[first].error).split("\n")[1:]
-    others = [r for r in sorted(failed) if r != first]
-    if others:
-        lines += [
-            "",
-            "also failed on rank(s) " + ", ".join(f"{r} ({failed[r].error.splitlines()[0]})" for r in others),
-        ]
-    for rank in waiting:
-        where = f"rank {rank} was still in the cell, waiting here (most recent call first):"
-        lines += ["", where, stacks.get(rank, "  (no stack)")]
-    if interrupt(session, set(waiting), {}):
-        lines += ["", check_group(session, cells, f"Rank(s) {', '.join(map(str, waiting))} were interrupted")]
-    else:
-        session.stop()
-        lines += [
-            "",
-            f"Rank(s) {', '.join(map(str, waiting))} did not answer an interrupt within {INTERRUPT_WAIT_S:g}s "
-            "(blocked inside a collective that the failed rank never joined), so every rank was stopped.",
-        ]
+    lines = [failure_text(failed)]
+    who = f"Rank(s) {', '.join(map(str, waiting))}"
+    why = "blocked inside a collective that the failed rank never joined"
+    lines += _waiting_then_interrupted(session, cells, waiting, "was still in the cell, waiting", who, why)[0]
     return RankError("\n".join(lines), errors={r: reply.traceback for r, reply in failed.items()})
 
 
-# ------------------------------------------------------------------ hangs
 def hung(
     session: Session, cells: CellLog, stuck: list[int], finished: list[int], timeout: float
 ) -> LaunchTimeout:
     """Ranks silent in the cell for `timeout`: show where each waits, then interrupt them, or stop all."""
-    stacks = read_stacks(session, stuck, cells.sources)
     lines = [
         f"the cell hung: rank(s) {', '.join(map(str, stuck))} printed nothing for {timeout:g}s "
         f"and did not finish the cell.",
         f"ranks that finished the cell: {', '.join(map(str, finished)) or 'none'}",
     ]
-    for rank in stuck:
-        lines += [
-            "",
-            f"rank {rank} is waiting here (most recent call first):",
-            stacks.get(rank, "  (no stack)"),
-        ]
-    if interrupt(session, set(stuck), {}):
-        lines += ["", check_group(session, cells, "The stuck ranks were interrupted")]
+    why = "they are blocked inside a collective"
+    more, stacks = _waiting_then_interrupted(
+        session, cells, stuck, "is waiting", "The stuck ranks", why, RESTART_HINT
+    )
+    return LaunchTimeout(
+        "\n".join(lines + more), silent_ranks=stuck, run_dir=str(session.config.out_dir), stacks=stacks
+    )
+
+
+def _waiting_then_interrupted(
+    session: Session, cells: CellLog, ranks: list[int], waits: str, who: str, why: str, hint: str = ""
+) -> tuple[list[str], dict[int, str]]:
+    """Where each of `ranks` waits, then the outcome of interrupting them: usable ranks, or every rank stopped."""
+    stacks = read_stacks(session, ranks, cells.sources)
+    lines = []
+    for rank in ranks:
+        lines += ["", f"rank {rank} {waits} here (most recent call first):", stacks.get(rank, "  (no stack)")]
+    if interrupt(session, set(ranks), {}):
+        lines += ["", check_group(session, cells, f"{who} were interrupted")]
     else:
         session.stop()
         lines += [
             "",
-            f"The stuck ranks did not answer an interrupt within {INTERRUPT_WAIT_S:g}s (they are blocked "
-            f"inside a collective), so every rank was stopped. {RESTART_HINT}",
+            f"{who} did not answer an interrupt within {INTERRUPT_WAIT_S:g}s ({why}), so every rank was "
+            f"stopped. {hint}".rstrip(),
         ]
-    return LaunchTimeout(
-        "\n".join(lines), silent_ranks=stuck, run_dir=str(session.config.out_dir), stacks=stacks
-    )
+    return lines, stacks
 
 
 # ------------------------------------------------------------------ deaths

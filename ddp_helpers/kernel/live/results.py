@@ -1,8 +1,5 @@
-"""What comes back from the ranks, as the notebook sees it: values, their display, and the errors.
-
-The ranks reply with `protocol.Value` (the value pickled, and its repr on the rank) or
-`protocol.Error`; this module turns a set of replies into `RankResults`, a gathered list, a
-`RankError` or a `ValueNotReturned`.
+"""What comes back from the ranks (`Value` or `Error` replies), as the notebook sees it: `RankResults`,
+a gathered list, a `RankError` or a `ValueNotReturned`.
 """
 
 from __future__ import annotations
@@ -94,7 +91,7 @@ def cell_results(replies: dict[int, Reply]) -> RankResults:
 
 def _refuse_interrupted(replies: dict[int, Reply]) -> None:
     stopped = sorted(r for r, reply in replies.items() if isinstance(reply, Interrupted))
-    if stopped:  # not the kernel's Ctrl-C, which `calls.request` handles: the rank's own
+    if stopped:  # not the kernel's Ctrl-C, which `ranks.request` handles: the rank's own
         raise LaunchInterrupted(
             f"interrupted on rank(s) {', '.join(map(str, stopped))}: the cell raised KeyboardInterrupt there "
             "(or the rank got a SIGINT). The ranks are still running, with their state."
@@ -114,9 +111,10 @@ def gathered(name: str, replies: dict[int, Reply], targets: list[int]) -> list[A
     for rank in targets:
         reply = replies[rank]
         assert isinstance(reply, Value)  # an error or an interrupt was raised above, an exit by `request`
+        if reply.data is None:
+            reprs[rank], reasons[rank] = reply.text, NOT_PICKLED
+            continue
         try:
-            if reply.data is None:
-                raise pickle.PicklingError(NOT_PICKLED)
             values.append(pickle.loads(reply.data))
         except Exception as error:  # noqa: BLE001 - any unpickling failure means the same thing here
             reprs[rank], reasons[rank] = reply.text, _why_not_returned(error)
@@ -133,6 +131,12 @@ def gathered(name: str, replies: dict[int, Reply], targets: list[int]) -> list[A
 
 
 def _rank_error(failed: dict[int, Error]) -> RankError:
+    message = failure_text(failed) + "\n\nThe ranks are still running, with their state."
+    return RankError(message, errors={r: reply.traceback for r, reply in failed.items()})
+
+
+def failure_text(failed: dict[int, Error]) -> str:
+    """The first failed rank's error and traceback, then the others' first lines."""
     first = min(failed)
     message = f"rank {first} failed: {failed[first].error}\n\n{failed[first].traceback}"
     message += pdb_quit_hint(failed[first].error)
@@ -141,8 +145,7 @@ def _rank_error(failed: dict[int, Error]) -> RankError:
         message += "\n\nalso failed on rank(s) " + ", ".join(
             f"{r} ({failed[r].error.splitlines()[0]})" for r in others
         )
-    message += "\n\nThe ranks are still running, with their state."
-    return RankError(message, errors={r: reply.traceback for r, reply in failed.items()})
+    return message
 
 
 def _decode(reply: Value) -> Any:
@@ -155,8 +158,6 @@ def _decode(reply: Value) -> Any:
 
 
 def _why_not_returned(error: Exception) -> str:
-    if isinstance(error, pickle.PicklingError) and str(error) == NOT_PICKLED:
-        return str(error)
     if isinstance(error, AttributeError | ModuleNotFoundError | ImportError):
         # pickle stores a class by name: one defined in a cell exists only on the ranks
         return f"its class is not importable in the kernel ({error}): a class defined in a cell exists only on the ranks"

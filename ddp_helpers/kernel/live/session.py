@@ -1,9 +1,6 @@
-"""One start of the live ranks: torchrun in a session of its own, a connection to each rank, their logs.
-
-A `Session` is what `LiveRanks` holds between two restarts. It starts torchrun with `rank/live_server.py` on each
-rank (through the launcher's `start_run`), accepts each rank's connection, follows the ranks' log
-files with the launcher's `RunFollower` (the ``[rank N]`` echo, the failure diagnosis), and stops
-every process with the launcher's `stop_run`. `receive` is the one loop that reads the ranks' replies.
+"""One start of the live ranks (what `LiveRanks` holds between two restarts): torchrun with
+`rank/live_server.py` on each rank, a connection to each, their logs echoed as ``[rank N]`` lines, and
+`receive`, the one loop that reads the ranks' replies. `CellLog` outlives the starts.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 from pathlib import Path
 
@@ -34,6 +31,23 @@ POLL_S = 0.02
 RANK_SERVER = (
     Path(__file__).resolve().parents[2] / "rank" / "live_server.py"
 )  # what torchrun runs on each rank
+
+
+@dataclass
+class CellLog:
+    """Every request's id and code, for the life of a `LiveRanks` (ids go on across restarts).
+
+    A stuck rank's stack names its cell by id (``<cell 3>``); the code shows the line it waits on.
+    """
+
+    sources: dict[int, str] = field(default_factory=dict)
+    last_id: int = 0  # the id given last
+    last_sent: int = 0  # the id of the last request sent
+
+    def new(self, code: str) -> int:
+        self.last_id += 1
+        self.sources[self.last_id] = code
+        return self.last_id
 
 
 @dataclass
