@@ -1,14 +1,7 @@
 """Notebook 00's exercises: sum one number from every rank (all_reduce), then compute algbw and busbw.
 
-Probe inputs make each mistake leave its own mark. In 00-sum rank r holds d * 10**r, its digit d drawn
-for each check (2 to 9, a different digit on each rank where there are 8 ranks or fewer): the sum's decimal
-digits say which ranks contributed, and no rank can rebuild the others' values without a collective (a
-total made from the rank's own value and the pattern alone is named for it). A MAX gives the last rank's
-value, the ranks' own numbers give 0 + 1 + 2 = 3, a reduce to rank 0 leaves the others without the sum, and
-a discarded result leaves each rank its own value. In 00-busbw the learner's function is called with
-messages of three dtypes (2, 4 and 8 bytes an element) and worlds of 3, 4 and 8 ranks (at 2 ranks the
-ring's factor is 1 and hides a missing one), so that elements for bytes, a missing factor and half of it
-each give their own ratios.
+Probe inputs make each mistake leave its own mark: 00-sum's digits say which ranks contributed; 00-busbw
+calls the answer with 2-, 4- and 8-byte elements and worlds of 3, 4 and 8 (where the ring's factor is not 1).
 """
 
 from __future__ import annotations
@@ -25,11 +18,7 @@ THE_SUM = "the sum of every rank's value"
 
 
 def values_of(world: int, check: str) -> list[float]:
-    """Every rank's value in one check of 00-sum: rank r holds d * 10**r, one digit d (2 to 9) per rank.
-
-    The digits are drawn from `check` (the check's own folder, fresh each check and the same on every rank),
-    so each rank's probe knows every value, while the answer is given its own rank's only. No digit is 1
-    (the sum is never 11...1) and, up to 8 ranks, no two ranks share one."""
+    """Rank r holds d * 10**r, d drawn (2 to 9, distinct up to 8 ranks) from `check`, the check's folder."""
     draw = random.Random(f"00-sum {check}")
     digits = draw.sample(range(2, 10), world) if world <= 8 else [draw.randint(2, 9) for _ in range(world)]
     return [float(d * 10**r) for r, d in enumerate(digits)]
@@ -48,10 +37,8 @@ def _sum_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
     total = ns["total"]
     if not isinstance(total, torch.Tensor):
         return {"total": f"{total!r}"[:60], "kind": type(total).__name__, "held": None, "values": values}
-    # the distinct values in the tensor: a right answer holds the sum in every element, whatever its shape
     held = sorted(set(total.detach().to("cpu", torch.float64).flatten().tolist()))
-    # to float32's rounding at most, which a sum of 8 ranks' digits (up to 10**8) meets: a half-precision
-    # total, whose rounding could hide a wrong one (a MAX can be within 3 % of the sum at 8 ranks), is held to it
+    # float32's rounding at most: a half-precision total's could hide a MAX (within 3 % at 8 ranks)
     tolerance = 0.0
     if total.is_floating_point():
         tolerance = min(torch.finfo(total.dtype).eps, torch.finfo(torch.float32).eps) * ctx.world_size
@@ -69,7 +56,6 @@ def _sum_expected(world: int) -> Seen:
 
 
 def _close_to(held: list[float] | None, wanted: list[float], tolerance: float = 0.0) -> bool:
-    """The distinct values a total held are `wanted`, to `tolerance` (relative: its dtype's rounding)."""
     return (
         held is not None
         and len(held) == len(wanted)
@@ -78,7 +64,6 @@ def _close_to(held: list[float] | None, wanted: list[float], tolerance: float = 
 
 
 def _totals(seen: Seen, wanted: Callable[[list[float], int], float]) -> list[bool]:
-    """Per rank r: its total held one value, wanted(every rank's value, r), to its dtype's rounding."""
     values = list(seen[0]["values"])
     return [
         _close_to(s.get("held"), [wanted(values, r)], s.get("tolerance", 0.0)) for r, s in enumerate(seen)
@@ -86,7 +71,6 @@ def _totals(seen: Seen, wanted: Callable[[list[float], int], float]) -> list[boo
 
 
 def _every_total(wanted: Callable[[list[float], int], float]) -> Callable[[Seen, Seen], bool]:
-    """A signature: more than one rank, and each rank's total is wanted(every rank's value, its rank)."""
     return lambda seen, expected: len(seen) > 1 and all(_totals(seen, wanted))
 
 
@@ -99,12 +83,7 @@ SUM = Exercise(
     id="00-sum",
     notebook="00",
     title="Every rank gets the sum of every rank's value",
-    task=(
-        "Each rank holds `value`, a number of its own, drawn anew for each check: one digit at the rank's "
-        "decimal place (rank 0 holds 2 to 9, rank 1 a multiple of 10, rank 2 of 100, ...), so the sum's digits "
-        "show who took part, and no rank knows another's value unless they communicate. Make `total`, a "
-        "tensor on `device`, that holds the sum of every rank's value, on every rank."
-    ),
+    task="Make `total`, a tensor on `device` holding the sum of every rank's `value`, on every rank.",
     given="`value` (this rank's number), `rank`, `world_size`, `device`, `torch`, `dist`",
     starter=(
         "total = ...  # TODO: a tensor on `device` holding this rank's value\n"
@@ -114,65 +93,53 @@ SUM = Exercise(
         "total = torch.tensor([value], dtype=torch.float64, device=device)  # this rank's share\n"
         "dist.all_reduce(total)  # SUM by default, in place: total now holds the sum on every rank\n"
     ),
-    hint="One collective gives every rank the same reduced tensor, in place. Its default operation adds; "
-    "each rank hands in its own value.",
+    hint="One collective leaves every rank the sum of every rank's tensor, in place.",
     setup=lambda ctx: {"value": values_of(ctx.world_size, ctx.workdir)[ctx.rank]},
     observe=_sum_observe,
     expected=_sum_expected,
     mistakes=(
         Mistake(
             "00-sum-no-collective",
-            "no rank called a collective: each rank built its total from what it knew alone (its own value, "
-            "the pattern of the digits), but every rank's digit is drawn anew for each check and given to that "
-            "rank alone, so the others' values reach a rank only through a collective",
+            "No rank called a collective: the others' values are drawn anew for each check and reach a rank "
+            "only through one.",
             lambda seen, expected: len(seen) > 1 and all(not s.get("collectives") for s in seen),
-            hint="Put this rank's value in a tensor and let the ranks add them: dist.all_reduce(total) on every "
-            "rank leaves the sum of all of them in each rank's tensor.",
+            hint="Put this rank's value in a tensor and call dist.all_reduce(total) on every rank.",
         ),
         Mistake(
             "00-sum-averaged",
-            "every rank holds the mean of the values, not their sum: the answer divided by the world size. "
-            "all_reduce adds (its default op is SUM); DDP's gradient is a mean because DDP divides, after it",
+            "Every rank holds the mean, not the sum: the answer divided by the world size.",
             _every_total(lambda values, r: sum(values) / len(values)),
-            hint="Leave the all-reduced tensor as it is: SUM, all_reduce's default op, already leaves the "
-            "total on every rank.",
+            hint="Leave the all-reduced tensor as it is: SUM is all_reduce's default op.",
         ),
         Mistake(
             "00-sum-returned-none",
-            "total is None on every rank: dist.all_reduce changes its tensor in place and returns None "
-            "(a work handle only with async_op=True); call it, then keep the tensor you passed",
+            "total is None: dist.all_reduce works in place and returns None.",
             lambda seen, expected: all(s.get("kind") == "NoneType" for s in seen),
-            hint="Build `total` as a tensor first, then call dist.all_reduce(total) on a line of its own: it "
-            "fills `total` in place.",
+            hint="Build `total` first, then call dist.all_reduce(total) on a line of its own.",
         ),
         Mistake(
             "00-sum-reduce-to-rank-0",
-            "only rank 0 holds the sum: dist.reduce delivers the result to one rank (dst); all_reduce "
-            "delivers it to every rank",
+            "Only rank 0 holds the sum: dist.reduce delivers to one rank.",
             _only_rank_0,
-            hint="Call dist.all_reduce(total), which leaves the sum on every rank, in place of dist.reduce.",
+            hint="Call dist.all_reduce(total), which delivers to every rank.",
         ),
         Mistake(
             "00-sum-max",
-            "every rank holds the largest value, not the sum: op=ReduceOp.MAX keeps the biggest; the "
-            "default op, SUM, adds",
+            "Every rank holds the largest value, not the sum: op=ReduceOp.MAX.",
             _every_total(lambda values, r: max(values)),
-            hint="Call dist.all_reduce(total) with its default op, SUM, in place of ReduceOp.MAX.",
+            hint="Use all_reduce's default op, SUM.",
         ),
         Mistake(
             "00-sum-ranks-not-values",
-            "every rank holds 0 + 1 + ... + (n-1), the sum of the rank numbers: each rank handed in its "
-            "rank instead of its value, so rank 0 added nothing",
+            "Every rank holds 0 + 1 + ... + (n-1): each rank handed in its rank, not its value.",
             _every_total(lambda values, r: float(sum(range(len(values))))),
-            hint="Put this rank's `value` into the tensor that every rank all-reduces, in place of its rank number.",
+            hint="Put `value` into the tensor, not the rank number.",
         ),
         Mistake(
             "00-sum-result-discarded",
-            "each rank still holds only its own value: the all-reduce ran on another tensor (a copy?), "
-            "and total never received the sum",
+            "Each rank still holds its own value: the all-reduce ran on another tensor.",
             _every_total(lambda values, r: values[r]),
-            hint="All-reduce the very tensor you bind to `total`: dist.all_reduce changes the tensor it is "
-            "given, in place.",
+            hint="All-reduce the very tensor you bind to `total`.",
         ),
     ),
 )
@@ -210,7 +177,7 @@ def _busbw_expected(world: int) -> Seen:
 
 
 def _ratios_are(seen: Seen, algbw: list[float], busbw: list[float] | None = None) -> bool:
-    """Rank 0's algbw (and busbw) over the right ones are, probe by probe, these (every rank computes alike)."""
+    """Rank 0's algbw (and busbw) over the right ones are, probe by probe, these."""
     rows = seen[0].get("gbps") or []
     right = [right_bandwidths(*p) for p in PROBES]
     return (
@@ -233,11 +200,7 @@ BUSBW = Exercise(
     id="00-busbw",
     notebook="00",
     title="algbw and busbw from one timed all-reduce",
-    task=(
-        "Write `bandwidths(tensor, seconds, world)`: `tensor` is the message each rank all-reduced, "
-        "`seconds` how long the slowest rank took, `world` the number of ranks. Return (algbw, busbw) "
-        "in GB/s (10**9 bytes a second)."
-    ),
+    task="Write `bandwidths(tensor, seconds, world)` returning (algbw, busbw) in GB/s (10**9 bytes a second).",
     given="`torch`, `math`; the checker calls your function with messages of several dtypes and worlds",
     starter=(
         "def bandwidths(tensor, seconds, world):\n"
@@ -253,49 +216,40 @@ BUSBW = Exercise(
         "    busbw = algbw * 2 * (world - 1) / world  # reduce-scatter, then all-gather\n"
         "    return algbw, busbw\n"
     ),
-    hint="A bandwidth counts bytes: an element of bfloat16 is 2 bytes, of float64 8. In a ring each rank sends "
-    "(n-1)/n of the message to reduce-scatter it, and (n-1)/n again to all-gather the sums.",
+    hint="Count bytes, not elements; a ring sends (n-1)/n of the message to reduce-scatter and again to all-gather.",
     setup=lambda ctx: {"math": math},
     observe=_busbw_observe,
     expected=_busbw_expected,
     mistakes=(
         Mistake(
             "00-busbw-four-bytes",
-            "right for float32 only: the answer counts 4 bytes per element, but a bfloat16 element is 2 bytes "
-            "and a float64 one 8. tensor.element_size() says how many",
+            "Right for float32 only: the answer counts 4 bytes per element whatever the dtype.",
             lambda seen, expected: _ratios_are(seen, [4 / size for size in SIZES]),
-            hint="Multiply numel() by tensor.element_size(), the bytes of one element of the tensor's own "
-            "dtype.",
+            hint="Multiply numel() by tensor.element_size().",
         ),
         Mistake(
             "00-busbw-elements",
-            "algbw is the right one divided by each message's element size (2, 4, 8): it counts elements, "
-            "not bytes; numel() * element_size() is the message in bytes",
+            "algbw is off by each message's element size (2, 4, 8): it counts elements, not bytes.",
             lambda seen, expected: _ratios_are(seen, [1 / size for size in SIZES]),
-            hint="Turn elements into bytes: nbytes = tensor.numel() * tensor.element_size().",
+            hint="nbytes = tensor.numel() * tensor.element_size().",
         ),
         Mistake(
             "00-busbw-no-factor",
-            "busbw equals algbw at every world: it lacks the ring's factor 2(n-1)/n (1 at 2 ranks only, "
-            "which is why the checker asks at 3, 4 and 8)",
+            "busbw equals algbw at every world: the ring's factor 2(n-1)/n is missing.",
             lambda seen, expected: _ratios_are(seen, [1.0] * 3, [1 / f for f in RING]),
-            hint="Multiply algbw by 2 * (world - 1) / world: the ring's reduce-scatter and its all-gather each "
-            "send (world - 1) / world of the message.",
+            hint="Multiply algbw by 2 * (world - 1) / world.",
         ),
         Mistake(
             "00-busbw-half-ring",
-            "busbw is half the right one: (n-1)/n counts the reduce-scatter alone; the all-gather sends "
-            "(n-1)/n again, 2(n-1)/n in all",
+            "busbw is half the right one: (n-1)/n counts the reduce-scatter alone.",
             lambda seen, expected: _ratios_are(seen, [1.0] * 3, [0.5] * 3),
-            hint="Count both halves of the ring: busbw = algbw * 2 * (world - 1) / world.",
+            hint="Count the all-gather too: busbw = algbw * 2 * (world - 1) / world.",
         ),
         Mistake(
             "00-busbw-gibibytes",
-            "both bandwidths are 0.931 of the right ones (10**9 / 2**30): they are in GiB/s, 2**30 bytes a "
-            "second, where the task asks GB/s, 10**9 bytes a second, the unit nccl-tests reports in",
+            "Both bandwidths are 0.931 of the right ones: GiB/s (2**30), where GB/s (10**9) was asked.",
             lambda seen, expected: _ratios_are(seen, [GIB] * 3, [GIB] * 3),  # GiB/s where GB/s was asked
-            hint="Divide bytes per second by 1e9 (GB, as link speeds are counted), not by 2**30 (GiB, as "
-            "memory sizes are).",
+            hint="Divide bytes per second by 1e9, not by 2**30.",
         ),
     ),
 )

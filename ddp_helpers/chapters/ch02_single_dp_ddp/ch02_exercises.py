@@ -1,13 +1,7 @@
-"""Notebook 02's exercises: the loss you log is the big batch's (all ranks' samples), logged once; the
-learning rate that goes with the global batch (the linear rule); and the job's throughput from each rank's
-own clock (a synchronous step lasts the slowest rank's).
+"""Notebook 02's exercises: the loss logged over every rank's samples, the linear lr rule, the job's throughput.
 
-Probe inputs make each mistake leave its own mark. In 02-loss-mean rank r holds r + 2 per-sample losses,
-each worth r + 1: the ranks' counts differ, so the mean of all samples, the mean of the ranks' means, the
-sum divided by the world size and the ranks' own means differ (on some rank at least: with an odd
-world the middle rank's own mean equals the mean of means). `print` is recorded
-on each rank, so the checker sees who logged. In 02-lr-scale the base learning rate was tuned at a batch
-unlike the batch per rank, so "lr times world size" and the rule itself give different answers.
+Probe inputs make each mistake leave its own mark: in 02-loss-mean the ranks' batch sizes differ, in
+02-lr-scale the batch per rank is not the tuned one, in 02-throughput each rank's clock differs.
 """
 
 from __future__ import annotations
@@ -32,9 +26,12 @@ def _all_close(seen: Seen, name: str, values: list[float] | float) -> bool:
     return all(s.get(name) is not None and close(s[name], v) for s, v in zip(seen, wanted, strict=True))
 
 
+def _is(name: str, value: Callable[[int], list[float] | float]) -> Callable[[Seen, Seen], bool]:
+    """A signature: more than one rank, and every rank's `name` is value(world) (one, or one per rank)."""
+    return lambda seen, expected: len(seen) > 1 and _all_close(seen, name, value(len(seen)))
+
+
 # ------------------------------------------------------------------ 02-loss-mean
-
-
 def _losses_of(rank: int) -> list[float]:
     """Rank r's per-sample losses: r + 2 samples (a count that differs per rank), each worth r + 1."""
     return [float(rank + 1)] * (rank + 2)
@@ -48,42 +45,26 @@ def _loss_setup(ctx: Context) -> dict[str, Any]:
     return {"losses": losses, "print": recording_print(printed), "_printed": printed}
 
 
-def _loss_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    return {"mean_loss": _number(ns.get("mean_loss")), "printed": len(ns.get("_printed", []))}
-
-
 def _all_losses(world: int) -> list[float]:
     return [v for r in range(world) for v in _losses_of(r)]
 
 
 def _loss_expected(world: int) -> Seen:
     every = _all_losses(world)
-    mean = sum(every) / len(every)
-    return [{"mean_loss": mean, "printed": 1 if r == 0 else 0} for r in range(world)]
+    return [{"mean_loss": sum(every) / len(every), "printed": 1 if r == 0 else 0} for r in range(world)]
 
 
 def _own_means(world: int) -> list[float]:
     return [sum(_losses_of(r)) / len(_losses_of(r)) for r in range(world)]
 
 
-def _mean_loss_is(value: Callable[[int], list[float] | float]) -> Callable[[Seen, Seen], bool]:
-    """A signature: more than one rank, and every rank's mean_loss is value(world) (one, or one per rank)."""
-    return lambda seen, expected: len(seen) > 1 and _all_close(seen, "mean_loss", value(len(seen)))
-
-
 LOSS_MEAN = Exercise(
     id="02-loss-mean",
     notebook="02",
     title="Log the loss of every rank's samples, once",
-    task=(
-        "Each rank holds `losses`, the per-sample losses of its own batch; the ranks' batches are of "
-        "different sizes. Set `mean_loss` (a float, the same on every rank) to the mean over every sample "
-        "of every rank, then let rank 0 alone `print` it."
-    ),
-    given=(
-        "`losses` (float64: rank r holds r + 2 samples, each worth r + 1), `dist`, `rank`, `device`; "
-        "`print` is recorded, so the checker sees which ranks printed"
-    ),
+    task="Set `mean_loss` (a float, the same on every rank) to the mean over every sample of every rank; "
+    "rank 0 alone prints it.",
+    given="`losses` (rank r holds r + 2 samples, each worth r + 1), `dist`, `rank`, `device`; `print` is recorded",
     starter=(
         "# TODO: this rank's sum of losses and sample count, summed over every rank\n"
         "mean_loss = ...  # TODO: the mean over every sample of every rank, a float\n"
@@ -96,54 +77,49 @@ LOSS_MEAN = Exercise(
         "if rank == 0:  # one log line\n"
         '    print(f"loss {mean_loss:.4f}")\n'
     ),
-    hint="A mean of the ranks' means weighs a small batch like a big one. All-reduce (SUM) two numbers "
-    "per rank, its sum of losses and its count, and divide the two totals. Then one rank prints.",
+    hint="All-reduce (SUM) each rank's sum of losses and its count, divide the totals, print on rank 0.",
     setup=_loss_setup,
-    observe=_loss_observe,
+    observe=lambda ns, ctx: {
+        "mean_loss": _number(ns.get("mean_loss")),
+        "printed": len(ns.get("_printed", [])),
+    },
     expected=_loss_expected,
     mistakes=(
         Mistake(
             "02-loss-mean-own-mean",
-            "each rank's mean_loss is the mean of its own samples only: nothing was all-reduced, so rank 0 "
-            "logs a loss of 1/N of the data",
-            _mean_loss_is(_own_means),
-            hint="All-reduce (SUM) a tensor of two numbers per rank, its losses' sum and its sample count, "
-            "then divide the first total by the second.",
+            "Each rank's mean_loss is its own samples' mean: nothing was all-reduced.",
+            _is("mean_loss", _own_means),
+            hint="All-reduce (SUM) each rank's sum of losses and count, then divide the totals.",
         ),
         Mistake(
             "02-loss-mean-mean-of-means",
-            "mean_loss is the mean of the ranks' means: with batches of different sizes that weighs each "
-            "rank alike, not each sample. All-reduce the sum and the count, then divide",
-            _mean_loss_is(lambda world: sum(_own_means(world)) / world),
-            hint="All-reduce each rank's sum of losses and its count of samples, in place of its mean; then "
-            "divide the two totals.",
+            "mean_loss is the mean of the ranks' means: it weighs each rank alike, not each sample.",
+            _is("mean_loss", lambda world: sum(_own_means(world)) / world),
+            hint="All-reduce each rank's sum and count, not its mean; then divide the two totals.",
         ),
         Mistake(
             "02-loss-mean-divided-by-world",
-            "mean_loss is the all-reduced sum divided by the world size: that is a mean per rank, not per "
-            "sample. Divide by the all-reduced count of samples",
-            _mean_loss_is(lambda world: sum(_all_losses(world)) / world),
-            hint="Divide the all-reduced sum of losses by the all-reduced count of samples (losses.numel(), "
-            "summed over the ranks), in place of world_size.",
+            "mean_loss is the summed losses over the world size: a mean per rank, not per sample.",
+            _is("mean_loss", lambda world: sum(_all_losses(world)) / world),
+            hint="Divide by the all-reduced count of samples, not by world_size.",
         ),
         Mistake(
             "02-loss-mean-not-divided",
-            "mean_loss is the sum of the losses, not their mean: divide the summed losses by the summed count",
+            "mean_loss is the sum of the losses, not their mean.",
             lambda seen, expected: _all_close(seen, "mean_loss", sum(_all_losses(len(seen)))),
-            hint="Divide the summed losses by the summed count of samples: all-reduce the count beside the "
-            "sum.",
+            hint="Divide the summed losses by the summed count of samples.",
         ),
         Mistake(
             "02-loss-mean-every-rank-prints",
-            "every rank printed: the log holds N copies of one line. Print from rank 0 only",
+            "Every rank printed: the log holds N copies of one line.",
             lambda seen, expected: len(seen) > 1 and all(s.get("printed") for s in seen),
-            hint="Keep the all-reduce on every rank, and put the print alone under `if rank == 0:`.",
+            hint="Keep the all-reduce on every rank; put only the print under `if rank == 0:`.",
         ),
         Mistake(
             "02-loss-mean-not-printed",
-            "rank 0 printed nothing: the log line is missing",
+            "Rank 0 printed nothing.",
             lambda seen, expected: not seen[0].get("printed") and not seen[0].get("error"),
-            hint="After the all-reduce that every rank runs, let rank 0 print: `if rank == 0: print(...)`.",
+            hint="After the all-reduce, `if rank == 0: print(...)`.",
         ),
     ),
     covers=("loss-mean", "rank0-logs"),
@@ -180,19 +156,15 @@ def _lr_expected(world: int) -> Seen:
     return [{"global_batch": float(global_batch), "lr": lr, "optimizer_lr": lr} for _ in range(world)]
 
 
-def _optimizer_lr_is(seen: Seen, lr: float) -> bool:
-    return _all_close(seen, "optimizer_lr", lr)
+def _lr_is(lr: Callable[[int], float]) -> Callable[[Seen, Seen], bool]:
+    return lambda seen, expected: _all_close(seen, "optimizer_lr", lr(len(seen)))
 
 
 LR_SCALE = Exercise(
     id="02-lr-scale",
     notebook="02",
     title="The learning rate for the global batch: the linear rule",
-    task=(
-        "`base_lr` was tuned for one process at a batch of `base_batch`. Each DDP rank now takes "
-        "`batch_size` samples per step. Set `global_batch`, the samples one DDP step trains on, and `lr`, "
-        "`base_lr` scaled by the linear rule; the optimizer line then uses it."
-    ),
+    task="Set `global_batch` (the samples one DDP step trains on) and `lr`, `base_lr` scaled by the linear rule.",
     given="`base_lr` (0.1), `base_batch` (256), `batch_size` (96 per rank), `world_size`, `model`",
     starter=(
         "global_batch = ...  # TODO: the samples one step trains on, over all ranks\n"
@@ -204,54 +176,42 @@ LR_SCALE = Exercise(
         "lr = base_lr * global_batch / base_batch  # linear rule: the lr grows as the batch does\n"
         "optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)\n"
     ),
-    hint="The rule scales the lr by how much bigger the global batch is than the batch base_lr was tuned at. "
-    "The global batch counts every rank's samples.",
+    hint="Scale base_lr by global_batch / base_batch; the global batch counts every rank's samples.",
     setup=_lr_setup,
     observe=_lr_observe,
     expected=_lr_expected,
     mistakes=(
         Mistake(
             "02-lr-scale-not-scaled",
-            "the optimizer runs at base_lr: the global batch is not the one base_lr was tuned at, so the "
-            "lr must change with it",
-            lambda seen, expected: _optimizer_lr_is(seen, BASE_LR),
-            hint="Scale the lr with the batch: lr = base_lr * global_batch / base_batch, with global_batch = "
-            "batch_size * world_size.",
+            "The optimizer runs at base_lr, tuned for another batch.",
+            _lr_is(lambda world: BASE_LR),
+            hint="lr = base_lr * global_batch / base_batch, with global_batch = batch_size * world_size.",
         ),
         Mistake(
             "02-lr-scale-per-rank-batch",
-            "the lr was scaled by one rank's batch only: the global batch is batch_size x world_size, "
-            "every rank's samples",
+            "The lr was scaled by one rank's batch, not the global batch of every rank's samples.",
             lambda seen, expected: (
-                len(seen) > 1 and _optimizer_lr_is(seen, BASE_LR * BATCH_PER_RANK / BASE_BATCH)
+                len(seen) > 1 and _lr_is(lambda w: BASE_LR * BATCH_PER_RANK / BASE_BATCH)(seen, expected)
             ),
-            hint="Use the global batch in the rule, batch_size * world_size: lr = base_lr * global_batch / "
-            "base_batch.",
+            hint="Use global_batch = batch_size * world_size in the rule.",
         ),
         Mistake(
             "02-lr-scale-inverted",
-            "the lr shrank as the batch grew: the linear rule multiplies base_lr by global_batch / "
-            "base_batch, not by its inverse",
-            lambda seen, expected: _optimizer_lr_is(
-                seen, BASE_LR * BASE_BATCH / (BATCH_PER_RANK * len(seen))
-            ),
+            "The lr shrank as the batch grew: the ratio is upside down.",
+            _lr_is(lambda world: BASE_LR * BASE_BATCH / (BATCH_PER_RANK * world)),
             hint="Put the global batch on top: lr = base_lr * global_batch / base_batch.",
         ),
         Mistake(
             "02-lr-scale-times-world",
-            "the lr is base_lr x world_size: that is the rule only when each rank's batch equals the batch "
-            "base_lr was tuned at; here it does not. Scale by global_batch / base_batch",
-            lambda seen, expected: len(seen) > 1 and _optimizer_lr_is(seen, BASE_LR * len(seen)),
-            hint="Scale by global_batch / base_batch: lr = base_lr * batch_size * world_size / base_batch.",
+            "The lr is base_lr x world_size: right only when each rank's batch is base_batch, not here.",
+            lambda seen, expected: len(seen) > 1 and _lr_is(lambda world: BASE_LR * world)(seen, expected),
+            hint="Scale by global_batch / base_batch.",
         ),
         Mistake(
             "02-lr-scale-square-root",
-            "the lr follows the square-root rule, base_lr x sqrt(global_batch / base_batch), which is often "
-            "used with Adam; the task asks for the linear rule that goes with SGD (Goyal et al.)",
-            lambda seen, expected: _optimizer_lr_is(
-                seen, BASE_LR * (BATCH_PER_RANK * len(seen) / BASE_BATCH) ** 0.5
-            ),
-            hint="Scale by the ratio itself, not its square root: lr = base_lr * global_batch / base_batch.",
+            "The lr follows the square-root rule (used with Adam); SGD's is the linear rule (Goyal et al.).",
+            _lr_is(lambda world: BASE_LR * (BATCH_PER_RANK * world / BASE_BATCH) ** 0.5),
+            hint="Scale by the ratio itself, not its square root.",
         ),
     ),
     covers=("lr-scaled",),
@@ -267,18 +227,6 @@ def _step_s_of(rank: int) -> float:
     return 0.1 * (rank + 1)
 
 
-def _throughput_setup(ctx: Context) -> dict[str, Any]:
-    return {
-        "step_s": _step_s_of(ctx.rank),
-        "batch_size": THROUGHPUT_BATCH,
-        "single_samples_per_s": SINGLE_SAMPLES_PER_S,
-    }
-
-
-def _throughput_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    return {"samples_per_s": _number(ns.get("samples_per_s")), "efficiency": _number(ns.get("efficiency"))}
-
-
 def _job_samples_per_s(world: int, step_s: float) -> float:
     return THROUGHPUT_BATCH * world / step_s
 
@@ -289,14 +237,9 @@ def _throughput_expected(world: int) -> Seen:
     return [{"samples_per_s": samples_per_s, "efficiency": efficiency} for _ in range(world)]
 
 
-def _samples_per_s_is(value: Callable[[int], list[float] | float]) -> Callable[[Seen, Seen], bool]:
-    """A signature: more than one rank, and every rank's samples_per_s is value(world) (one, or per rank)."""
-    return lambda seen, expected: len(seen) > 1 and _all_close(seen, "samples_per_s", value(len(seen)))
-
-
 def _efficiency_not_per_device(seen: Seen, expected: Seen) -> bool:
     right = expected[0]["samples_per_s"]
-    return _samples_per_s_is(lambda world: right)(seen, expected) and _all_close(
+    return _is("samples_per_s", lambda world: right)(seen, expected) and _all_close(
         seen, "efficiency", right / SINGLE_SAMPLES_PER_S
     )
 
@@ -305,14 +248,10 @@ THROUGHPUT = Exercise(
     id="02-throughput",
     notebook="02",
     title="The job's samples per second, from each rank's own clock",
-    task=(
-        "Each rank timed its own step, `step_s`. Set `samples_per_s`, the whole job's samples per second "
-        "(the same on every rank), and `efficiency`, that throughput against `world_size` single processes."
-    ),
-    given=(
-        "`step_s` (this rank's seconds per step: rank r took 0.1 x (r + 1)), `batch_size` (32 per rank), "
-        "`single_samples_per_s` (200, one process alone), `dist`, `rank`, `world_size`, `device`"
-    ),
+    task="Set `samples_per_s`, the job's samples per second (the same on every rank), and `efficiency`, "
+    "against `world_size` single processes.",
+    given="`step_s` (rank r took 0.1 x (r + 1)), `batch_size` (32 per rank), `single_samples_per_s` (200), "
+    "`dist`, `rank`, `world_size`, `device`",
     starter=(
         "# TODO: the job's step time, from every rank's step_s\n"
         "samples_per_s = ...  # TODO: every rank's samples, per second of the job's step\n"
@@ -324,42 +263,42 @@ THROUGHPUT = Exercise(
         "samples_per_s = batch_size * world_size / slowest.item()\n"
         "efficiency = samples_per_s / (world_size * single_samples_per_s)\n"
     ),
-    hint="DDP's steps are synchronous: every rank waits in the all-reduce for the slowest, so the job's step "
-    "lasts the longest step_s (all_reduce with ReduceOp.MAX). In that time every rank trains its batch.",
-    setup=_throughput_setup,
-    observe=_throughput_observe,
+    hint="A synchronous step lasts the slowest rank's step_s (all_reduce with ReduceOp.MAX); every rank "
+    "trains its batch in it.",
+    setup=lambda ctx: {
+        "step_s": _step_s_of(ctx.rank),
+        "batch_size": THROUGHPUT_BATCH,
+        "single_samples_per_s": SINGLE_SAMPLES_PER_S,
+    },
+    observe=lambda ns, ctx: {
+        "samples_per_s": _number(ns.get("samples_per_s")),
+        "efficiency": _number(ns.get("efficiency")),
+    },
     expected=_throughput_expected,
     mistakes=(
         Mistake(
             "02-throughput-own-step",
-            "each rank used its own step_s: the ranks disagree, and a fast rank counts time it spent waiting "
-            "for the slowest as if it trained. All-reduce the step time with MAX",
-            _samples_per_s_is(lambda world: [_job_samples_per_s(world, _step_s_of(r)) for r in range(world)]),
-            hint="All-reduce step_s with op=dist.ReduceOp.MAX, and use that slowest step on every rank.",
+            "Each rank used its own step_s: the ranks disagree, and a fast rank counts its wait as training.",
+            _is("samples_per_s", lambda w: [_job_samples_per_s(w, _step_s_of(r)) for r in range(w)]),
+            hint="All-reduce step_s with op=dist.ReduceOp.MAX and use that on every rank.",
         ),
         Mistake(
             "02-throughput-mean-step",
-            "samples_per_s uses the mean step time: a synchronous step lasts as long as the slowest rank's. "
-            "All-reduce with MAX, not a SUM divided by the world size",
-            _samples_per_s_is(
-                lambda world: _job_samples_per_s(world, sum(_step_s_of(r) for r in range(world)) / world)
-            ),
-            hint="Reduce step_s with op=dist.ReduceOp.MAX: the slowest rank's step is the job's.",
+            "samples_per_s uses the mean step time; a synchronous step lasts the slowest rank's.",
+            _is("samples_per_s", lambda w: _job_samples_per_s(w, sum(_step_s_of(r) for r in range(w)) / w)),
+            hint="Reduce step_s with op=dist.ReduceOp.MAX, not a SUM over the world size.",
         ),
         Mistake(
             "02-throughput-one-rank",
-            "samples_per_s counts one rank's batch: in each step every rank trains batch_size samples, so "
-            "the job trains batch_size x world_size",
-            _samples_per_s_is(lambda world: THROUGHPUT_BATCH / max(_step_s_of(r) for r in range(world))),
-            hint="Count every rank's batch: the job trains batch_size * world_size samples per step.",
+            "samples_per_s counts one rank's batch; each step trains every rank's.",
+            _is("samples_per_s", lambda w: THROUGHPUT_BATCH / max(_step_s_of(r) for r in range(w))),
+            hint="Count batch_size * world_size samples per step.",
         ),
         Mistake(
             "02-throughput-efficiency-not-per-device",
-            "efficiency compares the job with one single process: divide by world_size x "
-            "single_samples_per_s, what world_size devices would do alone",
+            "efficiency compares the job with one single process, not with world_size of them.",
             _efficiency_not_per_device,
-            hint="Divide by what world_size lone processes would do: efficiency = samples_per_s / (world_size "
-            "* single_samples_per_s).",
+            hint="efficiency = samples_per_s / (world_size * single_samples_per_s).",
         ),
     ),
 )
