@@ -1,12 +1,6 @@
 """Notebook 01's exercises: make the single-device training DDP (01-convert), deal the shards of a resumed
-run (01-shard), then make ranks that start apart agree, train and save (01-wrap).
-
-Probe inputs make each mistake leave its own mark. The datasets record which indices each pass over a
-loader drew. 01-convert's training is replayed here, in one process, as DDP computes it (every rank's
-gradient on its own batch, averaged), so a right answer's weights are known without running it. 01-wrap's
-model is a bias-free float64 Linear that sees a one-hot input per rank: after each SGD step with lr 1,
-coordinate r of the weight has moved by minus rank r's share of the gradient, so an average, a sum, an
-unshared gradient and gradients that pile up across steps all look different.
+run (01-shard), make ranks that start apart agree, train and save (01-wrap). The datasets record the indices
+each pass drew; 01-wrap's one-hot input per rank makes an average, a sum and an unshared gradient differ.
 """
 
 from __future__ import annotations
@@ -44,15 +38,13 @@ def _not_saved(seen: Seen, expected: Seen) -> bool:
 
 
 def node_layouts(seen: Seen) -> list[dict[str, int]] | None:
-    """Each rank's place on the pretend nodes its answer ran on (rank_side.node_layout: LOCAL_RANK,
-    LOCAL_WORLD_SIZE, GROUP_RANK ...), or None where the answer ran as the machine is, on one node."""
+    """Each rank's LOCAL_RANK, LOCAL_WORLD_SIZE ... on the pretend nodes, or None on one node."""
     layouts = field_of(seen, "node layout")
     return layouts if len(seen) > 1 and all(layouts) else None
 
 
 def _first_of_each_node(name: str) -> Any:
-    """The ranks that did `name` (saved, printed) are the first of each node, LOCAL_RANK 0: a guard on
-    LOCAL_RANK, where RANK belongs. Named apart from "every rank" only where a node holds two ranks."""
+    """The ranks that did `name` are the first of each node (of several ranks): a guard on LOCAL_RANK."""
 
     def matches(seen: Seen, expected: Seen) -> bool:
         layouts = node_layouts(seen)
@@ -67,8 +59,7 @@ def _first_of_each_node(name: str) -> Any:
 def sampler_order(
     size: int, world: int, rank: int, epoch: int, seed: int = 0, *, shuffle: bool = True
 ) -> list[int]:
-    """DistributedSampler's indices for `rank`, written out: a permutation seeded with seed + epoch (0, 1, ...
-    with shuffle=False), padded with its own start to a multiple of the world, then every world-th from `rank`."""
+    """DistributedSampler's indices for `rank`: seeded with seed + epoch, padded, every world-th from `rank`."""
     import torch
 
     generator = torch.Generator().manual_seed(seed + epoch)
@@ -79,19 +70,18 @@ def sampler_order(
 
 
 def recording_print(printed: list[str]) -> Callable[..., None]:
-    """A `print` for the answer's namespace that also writes each line into `printed` (who logged)."""
+    """A `print` for the answer's namespace that also records each line in `printed`."""
     import builtins
 
     def print_(*args: Any, **kwargs: Any) -> None:
         printed.append(" ".join(map(str, args)))
-        builtins.print(*args, **kwargs)  # the line still shows, with the rank's other output
+        builtins.print(*args, **kwargs)
 
     return print_
 
 
 def _model_and_file(ns: dict[str, Any], ctx: Context, name: str) -> dict[str, Any]:
-    """Whether `name` is DDP-wrapped, the plain model's weights, and (rank 0) the keys saved at save_path.
-    ("saved", the count of torch.save calls, comes from the observers.)"""
+    """Whether `name` is DDP-wrapped, the plain model's weights, and (rank 0) the keys saved at save_path."""
     import os
 
     import torch
@@ -157,14 +147,14 @@ def _convert_model() -> Any:
     import torch
 
     model = torch.nn.Linear(CONVERT_FEATURES, CONVERT_CLASSES, bias=False, dtype=torch.float64)
-    with torch.no_grad():  # the same start on every rank, from a fixed seed, whatever the rank's RNG holds
-        model.weight.copy_(0.1 * torch.randn(model.weight.shape, generator=torch.Generator().manual_seed(2),
-                                             dtype=torch.float64))  # fmt: skip
+    start = torch.Generator().manual_seed(2)  # the same start on every rank, whatever its RNG holds
+    with torch.no_grad():
+        model.weight.copy_(0.1 * torch.randn(model.weight.shape, generator=start, dtype=torch.float64))
     return model
 
 
 def replay_convert(world: int) -> list[float]:
-    """The weights a right answer ends with: each step, every rank's gradient on its own batch, averaged."""
+    """The weights a right answer ends with: each step, the ranks' gradients on their own batches, averaged."""
     import torch
     import torch.nn.functional as F
 
@@ -211,17 +201,9 @@ CONVERT = Exercise(
     id="01-convert",
     notebook="01",
     title="Make single_device.py's training DDP",
-    task=(
-        "The cell holds `single_device.py`'s training, as every rank runs it. Make it DDP: this process's "
-        "rank from the environment torchrun set, a `DistributedSampler` for the loader (and a new order "
-        "each epoch), the model wrapped in DDP, and printing and saving on rank 0 only (the plain model's "
-        "weights). On the CPU the checker runs your answer as the ranks of 2 nodes (`LOCAL_RANK` and "
-        "`local_rank` as torchrun sets them there), where only one rank of the job has RANK 0."
-    ),
-    given=(
-        "`make_dataset()` (45 samples), `make_model()`, `epochs` (2), `batch_size`, `lr`, `save_path`, "
-        "`device`, `local_rank`, `os`, `DDP`, `DistributedSampler`, `DataLoader`"
-    ),
+    task="Make the training DDP, one edit per TODO. The checker runs it as 2 nodes: one rank has RANK 0.",
+    given="`make_dataset()` (45 samples), `make_model()`, `epochs` (2), `batch_size`, `lr`, `save_path`, "
+    "`device`, `local_rank`, `os`, `DDP`, `DistributedSampler`, `DataLoader`",
     starter=(
         "rank = ...  # TODO 1: this process's rank, from the environment torchrun set\n"
         "dataset = make_dataset()\n"
@@ -257,93 +239,65 @@ CONVERT = Exercise(
         "if rank == 0:  # one process saves\n"
         "    torch.save(model.module.state_dict(), save_path)  # .module: keys without 'module.'\n"
     ),
-    hint=(
-        "Six small edits: RANK from os.environ; sampler=DistributedSampler(dataset) instead of shuffle=True; "
-        "DDP(...) around the model (device_ids only on a GPU); sampler.set_epoch(epoch) first in each epoch; "
-        "`if rank == 0:` before the print and the save, which saves model.module's weights."
-    ),
+    hint="RANK from os.environ; a DistributedSampler; DDP(...); set_epoch; `if rank == 0:` to print and save.",
     setup=_convert_setup,
     observe=_convert_observe,
     expected=_convert_expected,
     mistakes=(
         Mistake(
             "01-convert-whole-dataset",
-            "every rank drew all 45 samples each epoch: the loader shuffles by itself, with no "
-            "DistributedSampler, so the ranks train on the same data and the job does N times the work",
+            "Every rank drew all 45 samples each epoch: no DistributedSampler dealt the data.",
             _every_rank_drew_all(CONVERT_SIZE),
-            hint="Give the loader a DistributedSampler over the dataset (its sampler= argument), kept in a "
-            "name for set_epoch, and drop shuffle=True: the sampler deals each rank its own shard, shuffled.",
+            hint="Pass sampler=DistributedSampler(dataset) to the loader, in place of shuffle=True.",
         ),
         Mistake(
             "01-convert-no-set-epoch",
-            "epoch 1 drew exactly epoch 0's order on every rank: the sampler shuffles with seed + epoch, and "
-            "learns the epoch only from sampler.set_epoch(epoch)",
+            "Epoch 1 drew exactly epoch 0's order: the sampler never learned the epoch.",
             _epochs_repeat,
-            hint="sampler.set_epoch(epoch), first in each epoch, before the batches.",
+            hint="Call sampler.set_epoch(epoch) first in each epoch.",
         ),
         Mistake(
             "01-convert-not-wrapped",
-            "the model is not a DDP model, and the ranks' weights now differ: each rank followed the "
-            "gradients of its own shard, and nobody averaged them",
+            "The model is not wrapped in DDP: the ranks' weights differ, nobody averaged the gradients.",
             _models_apart,
-            hint='model = DDP(make_model().to(device), device_ids=[local_rank] if device.type == "cuda" else '
-            "None): each backward() through it averages the gradients over the ranks.",
+            hint='model = DDP(make_model().to(device), device_ids=[local_rank] if device.type == "cuda" else None).',
         ),
         Mistake(
             "01-convert-local-rank",
-            "the first rank of every node printed and saved (the probe ran as 2 nodes: rank 0 and the first "
-            "rank of node 1, below): `rank` holds LOCAL_RANK, a process's place on its own node, so a job of "
-            "N nodes prints every line N times and has N writers of one file",
+            "The first rank of every node printed and saved: `rank` holds LOCAL_RANK, a place on one node.",
             lambda seen, expected: any(
                 _first_of_each_node(name)(seen, expected) for name in ("printed", "saved")
             ),
-            hint="Read `rank` from RANK in os.environ: RANK counts the processes of every node, and one "
-            "process of the job has RANK 0. LOCAL_RANK (`local_rank`) picks the node's GPU only.",
+            hint="Read `rank` from os.environ['RANK'], counted over every node; LOCAL_RANK picks the GPU.",
         ),
         Mistake(
             "01-convert-every-rank-prints",
-            "every rank printed: N copies of each line, each about one rank's own batch; print on rank 0 only "
-            "(RANK 0: LOCAL_RANK is 0 on the first rank of every node, so on every rank where each node holds "
-            "one, as the probe's 2 nodes do at 2 ranks)",
+            "Every rank printed: N copies of each line (at 2 ranks on 2 nodes, LOCAL_RANK is 0 on both).",
             _every_rank("printed"),
-            hint="Put the print under `if rank == 0:`, with `rank` read from RANK, the job's rank (LOCAL_RANK "
-            "is 0 on every node's first rank; in the probe's 2 nodes at 2 ranks, on both).",
+            hint="Print under `if rank == 0:`, `rank` read from RANK.",
         ),
         Mistake(
             "01-convert-every-rank-saves",
-            "every rank called torch.save on the one file: N writers race, and the file can end up as none "
-            "of their saves; save on rank 0 only (RANK 0, not LOCAL_RANK 0, which is one rank per node)",
+            "Every rank saved to the one file: N writers race (at 2 ranks on 2 nodes, LOCAL_RANK is 0 on both).",
             _every_rank("saved"),
-            hint="Put the save under `if rank == 0:`, with `rank` read from RANK, the job's rank (LOCAL_RANK "
-            "is 0 on every node's first rank; in the probe's 2 nodes at 2 ranks, on both).",
+            hint="Save under `if rank == 0:`, `rank` read from RANK.",
         ),
         Mistake(
             "01-convert-module-keys",
-            "the saved keys start with 'module.': that is the DDP wrapper's state_dict, which a plain model "
-            "refuses to load. Save model.module.state_dict()",
+            "The saved keys start with 'module.': the DDP wrapper's state_dict, which a plain model refuses.",
             _module_keys,
-            hint="model.module is the plain model inside the DDP wrapper: save its state_dict().",
+            hint="Save model.module.state_dict().",
         ),
         Mistake(
             "01-convert-not-saved",
-            "rank 0 wrote no file at save_path: is `rank` this process's rank (int(os.environ['RANK']))?",
+            "Rank 0 wrote no file at save_path: is `rank` this process's rank?",
             _not_saved,
-            hint="`rank` is RANK from os.environ (0 to WORLD_SIZE - 1); under `if rank == 0:`, save the "
-            "plain model's state_dict() to save_path itself.",
+            hint="rank = int(os.environ['RANK']); under `if rank == 0:`, save to save_path.",
         ),
     ),
     nodes=2,
-    covers=(
-        "rank-world",
-        "sampler",
-        "loader-sampler",
-        "set-epoch",
-        "ddp-wrap",
-        "rank0-logs",
-        "rank0-writes",
-        "save-module",
-        "optimizer-params",
-    ),  # fmt: skip
+    covers=("rank-world", "sampler", "loader-sampler", "set-epoch", "ddp-wrap", "rank0-logs", "rank0-writes")
+    + ("save-module", "optimizer-params"),
     timeout_s=60.0,
 )
 
@@ -367,7 +321,7 @@ def _shard_setup(ctx: Context) -> dict[str, Any]:
         "first_epoch": SHARD_FIRST_EPOCH,
         "seed": SHARD_SEED,
         "train_step": lambda xb, yb: None,  # the probe needs only the indices drawn
-        # nothing here runs on a GPU: the answer runs as ranks of 2 nodes on GPU machines too (nodes=2)
+        # on the CPU even on GPU machines: the answer runs as 2 nodes there too
         "device": torch.device("cpu"),
     }
 
@@ -390,9 +344,7 @@ def _same_shard_everywhere(seen: Seen, expected: Seen) -> bool:
 
 
 def _dealt_by_local_rank(seen: Seen, expected: Seen) -> bool:
-    """Each rank drew the shard of its LOCAL_RANK, of WORLD_SIZE shards or of LOCAL_WORLD_SIZE (then at 2
-    ranks, one per node, every rank draws all). Where every node holds one rank, rank=LOCAL_RANK alone is
-    rank=0 everywhere, and named so: 01-shard-same-shard."""
+    """Each rank drew its LOCAL_RANK's shard, of WORLD_SIZE or of LOCAL_WORLD_SIZE shards."""
     layouts = node_layouts(seen)
     if layouts is None:
         return False
@@ -416,7 +368,7 @@ def _not_shuffled(seen: Seen, expected: Seen) -> bool:
 
 
 def _same_order_again(seen: Seen, expected: Seen) -> bool:
-    """Each epoch repeated the first one's shuffled order (an order never shuffled is 01-shard-no-shuffle)."""
+    """Each epoch repeated the first one's shuffled order."""
     return _epochs_repeat(seen, expected) and not _not_shuffled(seen, expected)
 
 
@@ -432,13 +384,7 @@ SHARD = Exercise(
     id="01-shard",
     notebook="01",
     title="Deal the shards of a resumed run",
-    task=(
-        "A run resumes at epoch `first_epoch` (3) for `epochs` (2) more epochs, and shuffles with its own "
-        "`seed` (7). Build `sampler` over `dataset` and write the epoch loop so that every rank draws its "
-        "shard of exactly the order that epoch 3, then epoch 4, of this run deals. The checker runs your "
-        "answer as the ranks of 2 nodes (`LOCAL_RANK` and `local_rank` as torchrun sets them there), where a "
-        "process's place on its node is not its place in the job."
-    ),
+    task="Build `sampler` and the epoch loop so that every rank draws its shard of epochs 3 and 4, seed 7.",
     given="`dataset` (11 samples), `first_epoch` (3), `epochs` (2), `seed` (7), `train_step(x, y)`",
     starter=(
         "sampler = ...  # TODO: a DistributedSampler over `dataset`, with the run's seed\n"
@@ -456,74 +402,53 @@ SHARD = Exercise(
         "    for x, y in loader:\n"
         "        train_step(x, y)\n"
     ),
-    hint=(
-        "The sampler asks the process group for its rank and the world size; pass neither. It shuffles "
-        "with seed + epoch: the seed is a constructor argument, and the epoch comes from one call only."
-    ),
+    hint="The sampler asks the process group for rank and world size; it shuffles with seed + epoch.",
     setup=_shard_setup,
     observe=_shard_observe,
     expected=_shard_expected,
     mistakes=(
         Mistake(
             "01-shard-local-rank",
-            "the shards were dealt by LOCAL_RANK, a process's place on its own node: the probe ran as 2 "
-            "nodes, and the ranks of node 1 drew the samples that the ranks of node 0 drew (node 1's first "
-            "rank drew what rank 0 drew, below), so every node trains on the same samples and the rest of "
-            "the data is never seen",
+            "The shards were dealt by LOCAL_RANK: every node drew the same samples (node 1's first rank drew "
+            "rank 0's).",
             _dealt_by_local_rank,
-            hint="Deal by RANK over WORLD_SIZE: a DistributedSampler given no rank= and no num_replicas= "
-            "asks the process group for both. LOCAL_RANK picks a GPU on the node, never a shard.",
+            hint="Pass no rank= and no num_replicas=: the sampler asks the process group.",
         ),
         Mistake(
             "01-shard-whole-dataset",
-            "every rank drew every sample: no DistributedSampler dealt the data (the loader has none, or it "
-            "was told of one replica), so each rank trains on the whole dataset and an epoch does world-size "
-            "times the work",
+            "Every rank drew every sample: no DistributedSampler dealt the data.",
             _every_rank_drew_all(SHARD_SIZE),
-            hint="Give the loader a DistributedSampler (its sampler= argument, with the run's seed and no "
-            "num_replicas=), and no shuffle=True: the sampler deals each rank its own shard, and shuffles it.",
+            hint="Pass sampler=DistributedSampler(dataset, seed=seed) to the loader.",
         ),
         Mistake(
             "01-shard-same-shard",
-            "every rank drew the same indices, rank 0's shard: the sampler was given one rank for all "
-            "(rank=0; or LOCAL_RANK, which is 0 on every rank when each node holds one, as the probe's 2 "
-            "nodes do at 2 ranks), so the ranks train on one shard and the rest of the data is never seen",
+            "Every rank drew rank 0's shard: the sampler was given one rank for all (rank=0, or LOCAL_RANK).",
             _same_shard_everywhere,
-            hint="Pass no rank=: the sampler asks the process group for this process's RANK, counted over "
-            "every node. LOCAL_RANK numbers the processes of one node only.",
+            hint="Pass no rank=: the sampler asks the process group for RANK.",
         ),
         Mistake(
             "01-shard-no-shuffle",
-            "every rank drew its shard in the dataset's own order (0, 1, 2, ... dealt one each in turn), the "
-            "same in both epochs: the sampler was built with shuffle=False, so set_epoch changes nothing and "
-            "every epoch trains on the same batches in the same order",
+            "Every rank drew its shard in the dataset's order, both epochs: shuffle=False.",
             _not_shuffled,
-            hint="Leave out shuffle=False: DistributedSampler shuffles by default, with seed + the epoch "
-            "that set_epoch gives it. A resumed run stays reproducible through the seed and the epoch.",
+            hint="Leave out shuffle=False: the seed and the epoch keep the order reproducible.",
         ),
         Mistake(
             "01-shard-no-set-epoch",
-            "the second epoch drew exactly the first one's order on every rank: without "
-            "sampler.set_epoch(epoch) the sampler shuffles with the same seed + epoch every time",
+            "The second epoch drew exactly the first one's order: no sampler.set_epoch(epoch).",
             _same_order_again,
-            hint="Call sampler.set_epoch(epoch) first in each epoch, before the batches, with the resumed "
-            "run's own epoch number.",
+            hint="Call sampler.set_epoch(epoch) first in each epoch.",
         ),
         Mistake(
             "01-shard-from-epoch-0",
-            "the ranks drew the orders of epochs 0 and 1, not 3 and 4: the loop counted from 0, so the "
-            "resumed run repeats the orders it trained on before it stopped",
+            "The ranks drew the orders of epochs 0 and 1, not 3 and 4: the loop counted from 0.",
             _drew_as(0, SHARD_SEED),
-            hint="Count the loop from first_epoch: range(first_epoch, first_epoch + epochs), so that "
-            "set_epoch gets 3, then 4.",
+            hint="Loop over range(first_epoch, first_epoch + epochs).",
         ),
         Mistake(
             "01-shard-default-seed",
-            "the ranks drew the orders of the default seed (0), not the run's seed 7: pass seed=seed to "
-            "the sampler (the same value on every rank)",
+            "The ranks drew the orders of the default seed 0, not the run's seed 7.",
             _drew_as(SHARD_FIRST_EPOCH, 0),
-            hint="Pass seed=seed when you build the sampler: the seed is a constructor argument, and "
-            "set_epoch adds the epoch to it.",
+            hint="Pass seed=seed when you build the sampler.",
         ),
     ),
     nodes=2,
@@ -547,7 +472,6 @@ def _wrap_setup(ctx: Context) -> dict[str, Any]:
 
 
 def _moved(width: int, start: float, by: float, ranks: range) -> list[float]:
-    """The weight after the steps: `start` everywhere, moved `by` at the coordinates of `ranks`."""
     return [start + (by if i in ranks else 0.0) for i in range(width)]
 
 
@@ -585,13 +509,8 @@ WRAP = Exercise(
     id="01-wrap",
     notebook="01",
     title="Make ranks that start apart agree, train, and save from rank 0",
-    task=(
-        "Every rank's `model` starts from different weights (rank r's are all r). Wrap it in DDP as "
-        "`ddp_model`, make an SGD optimizer (lr 1.0), and train `steps` (2) steps on this rank's `x`, "
-        "with the loss `ddp_model(x).sum()`. Then rank 0 alone saves the plain model's `state_dict()` "
-        "to `save_path`. On the CPU the checker runs your answer as the ranks of 2 nodes (`LOCAL_RANK` and "
-        "`local_rank` as torchrun sets them there), where only one rank of the job has RANK 0."
-    ),
+    task="Wrap `model` as `ddp_model`, train `steps` SGD steps (lr 1.0) on `ddp_model(x).sum()`, then rank 0 "
+    "alone saves the plain model's `state_dict()` to `save_path`.",
     given="`model` (a Linear), `x` (this rank's sample), `steps` (2), `save_path`, `rank`, `local_rank`, `device`",
     starter=(
         "ddp_model = ...  # TODO: wrap `model` in DDP\n"
@@ -607,87 +526,64 @@ WRAP = Exercise(
         "if rank == 0:  # one writer of the file\n"
         "    torch.save(ddp_model.module.state_dict(), save_path)  # .module: keys without 'module.'\n"
     ),
-    hint=(
-        "The wrap copies rank 0's weights to every rank; DDP averages gradients only for a forward that "
-        "went through the wrapper. Clear the gradients each step. Save the model inside the wrapper, from "
-        "one rank."
-    ),
+    hint="Forward through the wrapper, clear the gradients each step, save ddp_model.module from rank 0.",
     setup=_wrap_setup,
     observe=lambda ns, ctx: _model_and_file(ns, ctx, "ddp_model"),
     expected=_wrap_expected,
     mistakes=(
         Mistake(
             "01-wrap-never-wrapped",
-            "each rank kept its own start (rank r's weights still hold r) and moved by its own gradient: "
-            "without DDP(...) nothing copied rank 0's weights and nothing averaged the gradients",
+            "Each rank kept its own start and its own gradient: the model was never wrapped.",
             _own_steps(float),
-            hint="ddp_model = DDP(model, ...): the wrap copies rank 0's weights to every rank, and each "
-            "backward through it averages the gradients.",
+            hint="ddp_model = DDP(model, ...) copies rank 0's weights and averages the gradients.",
         ),
         Mistake(
             "01-wrap-not-averaged",
-            "the ranks started from rank 0's weights (the wrap happened), but each moved by its own gradient "
-            "only: the forward went around the wrapper (model(x), not ddp_model(x)), so DDP averaged nothing",
+            "The ranks started alike but each moved by its own gradient: the forward went around the wrapper.",
             _own_steps(lambda r: 0.0),
-            hint="Run each step's forward through the wrapper, ddp_model(x): DDP averages the gradients only "
-            "of a forward it ran.",
+            hint="Call ddp_model(x), not model(x).",
         ),
         Mistake(
             "01-wrap-summed",
-            "each step used the SUM of the ranks' gradients, world-size times the average: DDP already "
-            "averages, so a gradient all-reduced again steps too far",
+            "Each step used the SUM of the ranks' gradients: an all-reduce on top of DDP's average.",
             _every_coordinate_moved(lambda world: -float(WRAP_STEPS)),
-            hint="Leave the gradients to DDP: its backward has averaged them when optimizer.step() runs, "
-            "with no all-reduce of your own.",
+            hint="Leave the gradients to DDP: no all-reduce of your own.",
         ),
         Mistake(
             "01-wrap-divided-by-world",
-            "each step moved the weights by the average gradient divided by the world size once more "
-            "(1/world of a right step, below): the loss was divided by the world size, but DDP's backward "
-            "already averages the gradients over the ranks (their sum, divided by the world size), so the "
-            "average is taken twice",
+            "Each step was 1/world of a right one: the loss was divided by the world size, and DDP averages too.",
             _every_coordinate_moved(lambda world: -WRAP_STEPS / world / world),
-            hint="Backward the loss as it is, ddp_model(x).sum(), with no division by the world size: DDP "
-            "all-reduces the gradients and divides them by the world size itself.",
+            hint="Backward ddp_model(x).sum() as it is, with no division by the world size.",
         ),
         Mistake(
             "01-wrap-grads-pile-up",
-            "the weights moved by 1 + 2 = 3 averaged gradients in 2 steps: without optimizer.zero_grad() "
-            "each backward() adds to the gradient the last step left",
+            "The weights moved by 1 + 2 = 3 gradients in 2 steps: the gradients piled up.",
             _every_coordinate_moved(lambda world: -WRAP_STEPS * (WRAP_STEPS + 1) / 2 / world),
-            hint="Call optimizer.zero_grad() at the start of each step, before the backward.",
+            hint="Call optimizer.zero_grad() at the start of each step.",
         ),
         Mistake(
             "01-wrap-local-rank-writer",
-            "two ranks saved, one per node (the probe ran as 2 nodes: rank 0 and the first rank of node 1, "
-            "`saved` below): `local_rank == 0` holds for the first rank of every node, so a job of N nodes "
-            "has N writers of one file, which race, and on a shared filesystem can leave it torn",
+            "Two ranks saved, one per node: `local_rank == 0` holds once per node.",
             _first_of_each_node("saved"),
-            hint="Guard the save with `if rank == 0:`: RANK counts the processes of every node, so one process "
-            "of the job has RANK 0. LOCAL_RANK is 0 once per node: it picks the node's GPU.",
+            hint="Guard the save with `if rank == 0:`: RANK counts over every node.",
         ),
         Mistake(
             "01-wrap-every-rank-saves",
-            "every rank called torch.save: N writers of one file race, and on a shared filesystem the "
-            "file can end up torn; save from rank 0 only (RANK 0: LOCAL_RANK is 0 on the first rank of every "
-            "node, so on every rank where each node holds one, as the probe's 2 nodes do at 2 ranks)",
+            "Every rank saved: N writers of one file race (at 2 ranks on 2 nodes, LOCAL_RANK is 0 on both).",
             _every_rank("saved"),
-            hint="Guard the save with `if rank == 0:`, where rank is RANK, the job's rank (LOCAL_RANK is 0 on "
-            "every node's first rank; in the probe's 2 nodes at 2 ranks, on both).",
+            hint="Save under `if rank == 0:`, rank being RANK.",
         ),
         Mistake(
             "01-wrap-module-keys",
-            "the saved keys start with 'module.': that is the DDP wrapper's state_dict; a model without DDP "
-            "refuses it. Save ddp_model.module.state_dict()",
+            "The saved keys start with 'module.': the wrapper's state_dict, which a plain model refuses.",
             _module_keys,
-            hint="ddp_model.module is the model inside the wrapper: its state_dict() has the plain keys.",
+            hint="Save ddp_model.module.state_dict().",
         ),
         Mistake(
             "01-wrap-not-saved",
-            "rank 0 wrote no file at save_path",
+            "Rank 0 wrote no file at save_path.",
             _not_saved,
-            hint="On rank 0 (`if rank == 0:`, rank being RANK), torch.save(ddp_model.module.state_dict(), "
-            "save_path): to save_path itself.",
+            hint="Under `if rank == 0:`, torch.save(ddp_model.module.state_dict(), save_path).",
         ),
     ),
     nodes=2,
