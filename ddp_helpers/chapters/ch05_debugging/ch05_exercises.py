@@ -1,19 +1,6 @@
-"""Notebook 05's exercises: skip a step on every rank when any rank's loss is not finite, and find the
-rank whose loss went bad first.
-
-05-nan-skip: a bias-free float64 Linear, wrapped in DDP, starts at zero; at step s rank r's sample is the
-one-hot of r times 10**s, so the weights say which steps were taken. The last rank's sample is NaN at step
-1 and infinite at step 4 (its loss is -inf; the last step, so that no later step reads weights it spoilt),
-rank 0's NaN at step 3. Hooks record the steps at which each
-rank's optimizer stepped: a check of the local loss only, a flag taken from rank 0 alone, a test for NaN
-that misses inf, no check at all, and a skipped step whose NaN gradients were never zeroed each leave their
-own pattern.
-
-05-first-bad: each rank holds its own list of per-step losses. The last rank's turns infinite at step 9;
-rank 0's turns infinite at step 10 and NaN at step 11. The right answer, (9, last rank), is none of what
-each wrong way of looking gives: rank 0's own view, NaN only, the first bad rank instead of the first
-bad step, or (rank, step) for (step, rank) (step 9 is no rank's number, up to 9 ranks, so the two orders
-never coincide).
+"""Notebook 05's exercises: skip a step on every rank when any rank's loss is not finite (05-nan-skip),
+and find the rank whose loss went bad first (05-first-bad). 05-nan-skip's one-hot samples of 10**step make
+the weights say which steps were taken; 05-first-bad's losses make each wrong way of looking differ.
 """
 
 from __future__ import annotations
@@ -45,7 +32,7 @@ def _skip_setup(ctx: Context) -> dict[str, Any]:
     batches = []
     for step in range(STEPS):
         x = torch.zeros(1, width, dtype=torch.float64, device=ctx.device)
-        x[0, ctx.rank] = 10.0**step  # the weights show which steps were taken
+        x[0, ctx.rank] = 10.0**step
         last = ctx.rank == ctx.world_size - 1
         if last and step == LAST_RANK_INF:
             x[0, ctx.rank] = float("inf")  # the weight there is not 0 by then: the loss is -inf
@@ -104,7 +91,6 @@ def _followed_rank0(seen: Seen, expected: Seen) -> bool:
 
 
 def _nan_only(seen: Seen, expected: Seen) -> bool:
-    """The NaN steps skipped on every rank, the infinite one taken."""
     steps = _steps(seen)
     return all(
         isinstance(s, list) and LAST_RANK_INF in s and RANK0_BAD not in s and LAST_RANK_NAN not in s
@@ -127,15 +113,9 @@ NAN_SKIP = Exercise(
     id="05-nan-skip",
     notebook="05",
     title="Skip a step on every rank when any rank's loss is not finite",
-    task=(
-        "Train `ddp_model` on `batches`, one step each, but skip `optimizer.step()` on EVERY rank when ANY "
-        "rank's loss is NaN or infinite. Every rank runs `backward()` every time: DDP's all-reduce of the "
-        "gradients is a collective that every rank must join. Then the ranks agree on one flag."
-    ),
-    given=(
-        "`ddp_model` (DDP around a Linear), `optimizer` (SGD over it), `batches` (this rank's samples, one per "
-        "step; one rank's loss is NaN at some step), `torch`, `dist`, `device`"
-    ),
+    task="Skip `optimizer.step()` on EVERY rank when ANY rank's loss is not finite; every rank still "
+    "runs `backward()`.",
+    given="`ddp_model`, `optimizer` (SGD), `batches` (one per step), `torch`, `dist`, `device`",
     starter=(
         "for x in batches:\n"
         "    optimizer.zero_grad()\n"
@@ -156,68 +136,40 @@ NAN_SKIP = Exercise(
         "    if bad.item() == 0:  # the same answer on every rank: all step, or none\n"
         "        optimizer.step()\n"
     ),
-    hint=(
-        "A rank's own loss says nothing about the others'. Make the flag a tensor, all-reduce it with an op "
-        "that lets any one rank's 1 win (SUM or MAX), and decide from the reduced value. A NaN gradient left "
-        "in `.grad` by a skipped step is still there at the next `backward()` unless it is zeroed."
-    ),
+    hint="All-reduce a 0/1 flag tensor (SUM or MAX) and decide from the reduced value on every rank.",
     setup=_skip_setup,
     observe=_skip_observe,
     expected=_skip_expected,
     mistakes=(
         Mistake(
             "05-nan-skip-local-only",
-            "the ranks stepped at different steps: each decided from its own loss. DDP had already averaged "
-            "the bad rank's NaN gradient into every rank's, so the ranks that stepped now hold NaN weights "
-            "and the one that skipped does not: the replicas have parted",
+            "The ranks stepped at different steps: each decided from its own loss, and the replicas parted.",
             _ranks_disagree,
-            hint=(
-                "Make the flag a tensor, all-reduce it (SUM or MAX) so that every rank holds the same count of "
-                "bad losses, and let every rank decide from that reduced value."
-            ),
+            hint="All-reduce the flag so that every rank decides from the same value.",
         ),
         Mistake(
             "05-nan-skip-rank0-only",
-            "every rank skipped the step where rank 0's loss was NaN, and took the one where another rank's "
-            "was: the ranks agreed, but on rank 0's flag alone (a broadcast from rank 0?). Reduce every "
-            "rank's flag",
+            "The ranks skipped only where rank 0's loss was NaN: they agreed on rank 0's flag alone.",
             _followed_rank0,
-            hint=(
-                "Let every rank's flag count: dist.all_reduce(bad) (SUM, or op=dist.ReduceOp.MAX) in place of "
-                "taking rank 0's; the bad loss may be on any rank."
-            ),
+            hint="dist.all_reduce(bad), not a broadcast from rank 0: the bad loss may be on any rank.",
         ),
         Mistake(
             "05-nan-skip-nan-only",
-            f"every rank skipped the steps where a loss was NaN, and took step {LAST_RANK_INF}, where the last rank's loss "
-            "was -inf: the flag tested for NaN only (torch.isnan, or loss != loss), which an infinite loss "
-            "passes, and its infinite gradient reached every rank's weights. Test with torch.isfinite",
+            f"Step {LAST_RANK_INF}, where the last rank's loss was -inf, was taken: the flag tested for NaN only.",
             _nan_only,
-            hint=(
-                "Flag a loss for which torch.isfinite(loss) is False: that covers NaN, inf and -inf at once."
-            ),
+            hint="Flag a loss for which torch.isfinite(loss) is False.",
         ),
         Mistake(
             "05-nan-skip-never-skipped",
-            "every rank took every step, also those where a rank's loss was NaN: nothing skipped them (or "
-            "the flag was reduced with MIN or PRODUCT, where one bad rank does not win), and the NaN "
-            "gradient that DDP averaged into every rank made every rank's weights NaN",
+            "Every rank took every step, the NaN ones too (nothing skipped, or a MIN or PRODUCT reduce).",
             _never_skipped,
-            hint=(
-                "All-reduce the flag with SUM or MAX, so that one rank's 1 wins, and call optimizer.step() "
-                "only when the reduced flag is 0."
-            ),
+            hint="Reduce with SUM or MAX and step only when the reduced flag is 0.",
         ),
         Mistake(
             "05-nan-skip-stale-grad",
-            "the right steps were skipped, yet the weights are NaN: the skipped step's NaN gradients stayed "
-            "in .grad and were added into the next step's. Zero the gradients at the top of every step, "
-            "skipped ones too",
+            "The right steps were skipped, yet the weights are NaN: a skipped step's NaN gradients stayed.",
             _stale_gradients,
-            hint=(
-                "Call optimizer.zero_grad() first in every iteration, before the forward, so that a skipped "
-                "step's NaN gradients are gone before the next backward adds to .grad."
-            ),
+            hint="Call optimizer.zero_grad() first in every iteration, skipped ones too.",
         ),
     ),
     covers=("nan-skip-all",),
@@ -230,8 +182,7 @@ FIRST_BAD_STEP = 9
 
 
 def losses_of(rank: int, world: int) -> list[float]:
-    """Rank `rank`'s per-step losses: finite, but for the last rank's inf at step 9 and rank 0's inf at
-    step 10 and NaN at step 11 (on one rank, rank 0 is the last rank and has all three)."""
+    """Finite, but for the last rank's inf at step 9 and rank 0's inf at step 10 and NaN at step 11."""
     losses = [round(1.0 / (1 + step) + 0.01 * rank, 6) for step in range(LOSS_STEPS)]
     if rank == world - 1:
         losses[FIRST_BAD_STEP] = float("inf")
@@ -277,11 +228,8 @@ FIRST_BAD = Exercise(
     id="05-first-bad",
     notebook="05",
     title="Find the rank whose loss went bad first",
-    task=(
-        "Each rank holds `losses`, its own loss at every step. Bind `first_bad`, on EVERY rank, to "
-        "`(step, rank)`: the earliest step at which any rank's loss was not finite (NaN, inf or -inf), "
-        "and at that step the lowest such rank; `None` if every loss was finite."
-    ),
+    task="Bind `first_bad` on every rank to `(step, rank)` of the earliest non-finite loss (lowest rank on a "
+    "tie), or `None`.",
     given="`losses` (this rank's list of floats, one per step), `rank`, `world_size`, `dist`, `math`",
     starter=(
         "histories = ...  # TODO: every rank's `losses`, in rank order, on every rank\n"
@@ -294,62 +242,45 @@ FIRST_BAD = Exercise(
         "       for step, loss in enumerate(history) if not math.isfinite(loss)]  # NaN and +-inf\n"
         "first_bad = min(bad) if bad else None  # the earliest step first; then the lowest rank\n"
     ),
-    hint=(
-        "One rank's list tells nothing of the others': gather them all, on every rank (all_gather_object). "
-        "math.isnan misses inf. Sort by step before rank: the first rank with a bad loss need not be the "
-        "one that went bad first."
-    ),
+    hint="Gather every rank's list on every rank, test with math.isfinite, take the smallest (step, rank).",
     setup=_first_bad_setup,
     observe=_first_bad_observe,
     expected=_first_bad_expected,
     mistakes=(
         Mistake(
             "05-first-bad-own-view",
-            "the ranks disagree, each naming itself (or nothing): each looked at its own losses only. "
-            "Gather every rank's list before looking",
+            "The ranks disagree, each naming itself or nothing: each looked at its own losses only.",
             _own_view,
-            hint=(
-                "Gather every rank's list onto every rank with dist.all_gather_object(histories, losses) "
-                "(histories = [None] * world_size), then search all the lists."
-            ),
+            hint="dist.all_gather_object(histories, losses), then search every list.",
         ),
         Mistake(
             "05-first-bad-rank0-only",
-            "rank 0 found it, and the other ranks have nothing: the lists were gathered to rank 0 alone. "
-            "Every rank must know, to stop (or skip) together: all_gather_object",
+            "Rank 0 found it; the others have nothing: the lists were gathered to rank 0 alone.",
             _rank0_alone,
-            hint=(
-                "Use dist.all_gather_object, which gives every rank every list, in place of a gather to rank 0."
-            ),
+            hint="Use dist.all_gather_object, so that every rank gets every list.",
         ),
         Mistake(
             "05-first-bad-nan-only",
-            f"every rank names rank 0 at step {FIRST_BAD_STEP + 2}, its NaN: an infinite loss went unnoticed (math.isnan, or "
-            "loss != loss, is blind to inf). Test with math.isfinite",
+            f"Every rank names rank 0 at step {FIRST_BAD_STEP + 2}, its NaN: the earlier inf went unnoticed.",
             lambda seen, expected: all(f == [FIRST_BAD_STEP + 2, 0] for f in field_of(seen, "first_bad")),
-            hint="Test each loss with math.isfinite(loss): it is False for NaN, inf and -inf alike.",
+            hint="Test each loss with math.isfinite(loss).",
         ),
         Mistake(
             "05-first-bad-rank-order",
-            f"every rank names rank 0 at step {FIRST_BAD_STEP + 1}: the first bad loss in rank order, not in time. Another "
-            "rank's loss went bad a step earlier: take the earliest step first",
+            f"Every rank names rank 0 at step {FIRST_BAD_STEP + 1}: the first bad loss in rank order, not in time.",
             lambda seen, expected: (
                 len(seen) > 1 and all(f == [FIRST_BAD_STEP + 1, 0] for f in field_of(seen, "first_bad"))
             ),
-            hint=(
-                "Collect every bad loss as a (step, rank) pair from every rank's list, and take the smallest "
-                "pair: the earliest step first, the lowest rank only to break a tie."
-            ),
+            hint="Collect every bad loss as a (step, rank) pair and take the smallest.",
         ),
         Mistake(
             "05-first-bad-swapped",
-            "every rank found the right loss, but bound (rank, step): the task asks for (step, rank), the "
-            "step first, as the search sorts them",
+            "The right loss, but bound as (rank, step), not (step, rank).",
             lambda seen, expected: all(
                 f == list(reversed(e["first_bad"]))
                 for f, e in zip(field_of(seen, "first_bad"), expected, strict=True)
             ),
-            hint="Bind the pair step first: first_bad = (step, rank).",
+            hint="first_bad = (step, rank).",
         ),
     ),
 )
