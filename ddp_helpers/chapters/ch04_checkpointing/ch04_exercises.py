@@ -1,15 +1,6 @@
-"""Notebook 04's exercises: save a checkpoint that resumes exactly, choose it on rank 0, and resume from it.
-
-04-save: every rank's random state gathered, rank 0 alone writes the whole state to a temporary file that
-`os.replace` puts over the previous checkpoint, then a barrier. The setup leaves an older checkpoint at
-the path: `os.replace` gives the path a new inode, a write in place keeps the old one.
-04-choose: each rank sees another listing of the folder (the newest file has not reached rank 1's view
-yet); rank 0 chooses, every rank loads its choice onto its own device, into the raw model, then wraps.
-04-resume: from a checkpoint written mid-epoch, the run must continue as the uninterrupted one did. The
-uninterrupted run is written out here in plain torch math (`simulate`): a bias-free float64 Linear that
-starts at zero, one-hot samples, a dropout-like mask drawn from the global CPU generator at each step,
-SGD with momentum. Each missing piece of the resume (optimizer state, RNG, the loader's generator, the
-skipped batches) moves the masks, the weights or the samples trained in its own way.
+"""Notebook 04's exercises: save a checkpoint that resumes exactly (04-save), choose it on rank 0 (04-choose),
+resume from it (04-resume). `simulate` writes out the uninterrupted run in plain torch math, so that each
+missing piece of a resume (optimizer, RNG, loader generator, skipped batches) leaves its own mark.
 """
 
 from __future__ import annotations
@@ -29,7 +20,6 @@ _previous_inode: dict[str, int] = {}  # rank 0: the older checkpoint's inode, by
 
 
 def _generator(state_or_seed: Any) -> Any:
-    """A generator itself; or a new one, seeded or in a saved state."""
     import torch
 
     if isinstance(state_or_seed, torch.Generator):
@@ -183,7 +173,6 @@ def _new_content(seen: Seen) -> bool:
 
 
 def _written(seen: Seen) -> bool:
-    """Something new is at `path`: a new file renamed there, or the new checkpoint written into the old."""
     return bool(seen[0].get("replaced")) or _new_content(seen)
 
 
@@ -191,20 +180,10 @@ SAVE = Exercise(
     id="04-save",
     notebook="04",
     title="Save everything an exact resume needs, atomically, from rank 0",
-    task=(
-        "Gather every rank's random state (`dist.all_gather_object`, or `dist.gather_object` to rank 0): a dict "
-        '`{"torch": torch.get_rng_state(), "loader": generator_at_epoch_start}` from each rank, in rank order. '
-        "Then rank 0 alone writes one checkpoint dict to `path`, with the keys `model` (the plain model's "
-        "`state_dict()`), `optimizer`, `scaler`, `epoch`, `batch_in_epoch` and `rng` (the gathered list), "
-        "atomically: `torch.save` to a temporary file in the same folder, then `os.replace` it over `path`. "
-        "Every rank then waits at a barrier. On the CPU the checker runs your answer as the ranks of 2 nodes "
-        "(`LOCAL_RANK` and `local_rank` as torchrun sets them there), where only one rank of the job has RANK 0."
-    ),
-    given=(
-        "`ddp_model`, `optimizer` (SGD with momentum, one step taken), `scaler` (a `GradScaler`), `loader`, "
-        "`epoch` (1), `batch_in_epoch` (3), `generator_at_epoch_start` (the loader generator's state, kept "
-        "before this epoch's `iter(loader)`), `path` (an older checkpoint is there)"
-    ),
+    task="Gather every rank's random states; rank 0 alone saves the checkpoint to `path` atomically "
+    "(a temporary file, then `os.replace`); every rank waits. The checker runs it as 2 nodes.",
+    given="`ddp_model`, `optimizer`, `scaler`, `loader`, `epoch` (1), `batch_in_epoch` (3), "
+    "`generator_at_epoch_start`, `path` (an older checkpoint is there)",
     starter=(
         "mine = ...  # TODO: this rank's random states, as a dict\n"
         "states = [None] * world_size\n"
@@ -238,90 +217,68 @@ SAVE = Exercise(
         "    os.replace(tmp, path)  # atomic: a reader sees the old file or the new, never half of one\n"
         "dist.barrier()  # no rank runs ahead while rank 0 writes\n"
     ),
-    hint=(
-        "Every rank has its own random state, so every rank must take part in the gather; only rank 0 "
-        "writes. A write straight to `path` leaves a torn file if the job dies in the middle: write a "
-        "temporary file beside it, then rename it over `path`."
-    ),
+    hint="Every rank joins the gather; rank 0 writes a temporary file beside `path`, then renames it over.",
     setup=_save_setup,
     observe=_save_observe,
     expected=_save_expected,
     mistakes=(
         Mistake(
             "04-save-local-rank-writer",
-            "two ranks wrote the checkpoint, one per node (the probe ran as 2 nodes: rank 0 and the first rank "
-            "of node 1, `saved` below): `local_rank == 0` holds for the first rank of every node, so a job of "
-            "N nodes has N writers of one checkpoint, which race",
+            "Two ranks wrote the checkpoint, one per node: `local_rank == 0` holds once per node.",
             _first_of_each_node("saved"),
-            hint="Write under `if rank == 0:`: RANK counts the processes of every node, so one process of the "
-            "job has RANK 0; LOCAL_RANK is 0 once per node. Every rank still joins the gather and the barrier.",
+            hint="Write under `if rank == 0:`: RANK counts over every node.",
         ),
         Mistake(
             "04-save-every-rank-writes",
-            "a rank other than 0 called torch.save: N writers of one checkpoint race, and the file can end up "
-            "torn or one rank's; only rank 0 writes (RANK 0: LOCAL_RANK is 0 on the first rank of every node, "
-            "so on every rank where each node holds one, as the probe's 2 nodes do at 2 ranks)",
+            "A rank other than 0 called torch.save: N writers of one checkpoint race.",
             lambda seen, expected: len(seen) > 1 and any(s.get("saved") for s in seen[1:]),
-            hint="Put the torch.save and the os.replace under `if rank == 0:`, rank being RANK (LOCAL_RANK is 0 "
-            "on every node's first rank); every rank still joins the gather and the barrier.",
+            hint="Put the torch.save and the os.replace under `if rank == 0:`, rank being RANK.",
         ),
         Mistake(
             "04-save-not-replaced",
-            "the new checkpoint never reached `path`: a temporary file is left in the folder, and `path` still "
-            "holds the previous checkpoint. os.replace(tmp, path) puts it in place",
+            "The new checkpoint never reached `path`: a temporary file is left, `path` holds the old one.",
             lambda seen, expected: (
                 seen[0].get("files", ["last.pt"]) != ["last.pt"] and not _new_content(seen)
             ),
-            hint="After torch.save has written the temporary file, os.replace(tmp, path): the rename puts the "
-            "new checkpoint at `path`, over the old one, and leaves no temporary file behind.",
+            hint="After torch.save to the temporary file, call os.replace(tmp, path).",
         ),
         Mistake(
             "04-save-in-place",
-            "the new checkpoint was written into the old file (its inode is the old one): a job killed during "
-            "that write leaves neither the old checkpoint nor the new. Write a temporary file, then os.replace",
+            "The checkpoint was written into the old file (same inode): a kill mid-write leaves neither.",
             lambda seen, expected: seen[0].get("replaced") is False and _new_content(seen),
-            hint="torch.save to a temporary file in the same folder (a name of your own beside `path`), then "
-            "os.replace(tmp, path): a reader then sees the old file or the new, never half of one.",
+            hint="torch.save to a temporary file in the same folder, then os.replace(tmp, path).",
         ),
         Mistake(
             "04-save-incomplete",
-            "the checkpoint lacks a part an exact resume needs (missing_keys, below): without the optimizer "
-            "the momentum restarts, without the scaler the loss scale, without the position the epoch",
+            "The checkpoint lacks a part an exact resume needs (missing_keys).",
             lambda seen, expected: bool(seen[0].get("missing_keys")) and _written(seen),
-            hint="Put each missing key in the dict: optimizer.state_dict(), scaler.state_dict(), epoch, "
-            "batch_in_epoch, and under rng the gathered list.",
+            hint="Save optimizer and scaler state_dict()s, epoch, batch_in_epoch and rng.",
         ),
         Mistake(
             "04-save-rank0-rng-only",
-            "the checkpoint holds rank 0's random state only: every rank draws its own dropout masks, so each "
-            "needs its own state back. Gather them all (every rank calls all_gather_object)",
+            "The checkpoint holds rank 0's random state only; each rank needs its own back.",
             lambda seen, expected: (
                 len(seen) > 1
                 and bool(seen[0].get("rng_draws"))
                 and all(d == expected[0]["rng_draws"][0] for d in seen[0]["rng_draws"])
             ),
-            hint="Every rank calls dist.all_gather_object(states, mine) (or gather_object to rank 0), outside "
-            "the `if rank == 0:`; then rng holds `states`, one entry per rank, each rank's own.",
+            hint="Every rank calls dist.all_gather_object(states, mine), outside `if rank == 0:`.",
         ),
         Mistake(
             "04-save-generator-after-iter",
-            "the loader generator's state in the checkpoint is the one after this epoch's iter(loader): a "
-            "resume calls iter() again and would draw the next seed. Save the state kept before the iter()",
+            "The saved loader state is the one after this epoch's iter(loader): a resume draws the next seed.",
             lambda seen, expected: (
                 seen[0].get("loader_draws") == [_seeds(SAVE_LOADER_SEED + r, 2)[1] for r in range(len(seen))]
             ),
-            hint="Under loader, store generator_at_epoch_start, the state the loop kept before this epoch's "
-            "iter(loader), not the generator's state now.",
+            hint="Save generator_at_epoch_start, not the generator's state now.",
         ),
         Mistake(
             "04-save-no-barrier",
-            "no rank waited at a barrier after the save: the other ranks run ahead (to read the file, to "
-            "resume, to exit) while rank 0 is still writing it",
+            "No rank waited at a barrier after the save: the others run ahead while rank 0 writes.",
             lambda seen, expected: (
                 len(seen) > 1 and _written(seen) and all(not s.get("ends at a barrier") for s in seen)
             ),
-            hint="End with dist.barrier() on every rank, after the `if rank == 0:` block (not in it: the "
-            "other ranks would never reach it).",
+            hint="End with dist.barrier() on every rank, after the `if rank == 0:` block.",
         ),
     ),
     nodes=2,
@@ -362,7 +319,6 @@ def _choose_setup(ctx: Context) -> dict[str, Any]:
     seen_here = paths if ctx.rank == 0 else paths[:-1]  # the newest has not reached this rank's view yet
 
     def list_checkpoints() -> list[str]:
-        """This rank's listing of the checkpoint folder, oldest first."""
         return list(seen_here)
 
     model = torch.nn.Linear(CHOOSE_WIDTH, 1, bias=False, dtype=torch.float64).to(ctx.device)
@@ -410,7 +366,6 @@ def _each_rank_chose(seen: Seen, expected: Seen) -> bool:
 
 
 def _broadcast_unused(seen: Seen, expected: Seen) -> bool:
-    """The choice was broadcast, yet the ranks loaded different steps: each loaded its own listing's."""
     told = all(any("broadcast" in c for c in s.get("collectives") or []) for s in seen)
     return told and _each_rank_chose(seen, expected)
 
@@ -424,12 +379,8 @@ CHOOSE = Exercise(
     id="04-choose",
     notebook="04",
     title="Rank 0 chooses the checkpoint; every rank loads it, then wraps",
-    task=(
-        "Resume from the newest checkpoint, the same on every rank: `list_checkpoints()` gives this rank's "
-        "listing of the folder (oldest first), and the ranks' listings can differ. Let rank 0's choice reach "
-        'every rank, load it as `ckpt` onto this rank\'s own `device`, put `ckpt["model"]` into the raw '
-        "`model`, and only then wrap it in DDP as `ddp_model`."
-    ),
+    task="Let rank 0's choice reach every rank, load it as `ckpt` onto `device`, put it into `model`, then "
+    "wrap it as `ddp_model`.",
     given="`model` (a plain `Linear`, its own weights on each rank), `list_checkpoints()`, `device`, `local_rank`",
     starter=(
         "newest = list_checkpoints()[-1]\n"
@@ -445,53 +396,37 @@ CHOOSE = Exercise(
         'model.load_state_dict(ckpt["model"])  # into the raw model: plain keys\n'
         'ddp_model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)  # then wrap\n'
     ),
-    hint=(
-        "A listing is this rank's view of the folder. One rank chooses and tells the others "
-        "(`dist.broadcast_object_list`). The checkpoint holds plain keys, the raw model's: load before "
-        "`DDP(...)`, which then starts every rank from rank 0's weights."
-    ),
+    hint="Rank 0 chooses and broadcasts (`dist.broadcast_object_list`); load into the raw model, then wrap.",
     setup=_choose_setup,
     observe=_choose_observe,
     expected=_choose_expected,
     mistakes=(
         Mistake(
             "04-choose-broadcast-unused",
-            "rank 0's choice reached every rank (a broadcast ran), yet the ranks resumed from different "
-            "steps: each then loaded the newest of its own listing. Load the broadcast value, the one "
-            "rank 0 put in the list",
+            "A broadcast ran, yet the ranks resumed from different steps: each loaded its own listing's newest.",
             _broadcast_unused,
-            hint="After dist.broadcast_object_list(choice, src=0), load the list's entry, choice[0], which now "
-            "holds rank 0's path on every rank; `newest` is still this rank's own listing.",
+            hint="Load choice[0], the broadcast value, not `newest`.",
         ),
         Mistake(
             "04-choose-each-rank",
-            "the ranks resumed from different checkpoints (step, below): each chose from its own listing. "
-            "DDP's wrap gives every rank rank 0's weights, but the optimizer, the position and the random "
-            "states come from different steps. Let rank 0 choose and broadcast its choice",
+            "The ranks resumed from different checkpoints (step): each chose from its own listing.",
             _each_rank_chose,
-            hint="Put `newest` in a list, call dist.broadcast_object_list(that list, src=0) on every rank, and "
-            "load the path the list then holds: rank 0's.",
+            hint="Put `newest` in a list, broadcast_object_list(it, src=0), load what it then holds.",
         ),
         Mistake(
             "04-choose-no-map-location",
-            "every rank loaded the right checkpoint, but torch.load had no map_location: it then puts each "
-            "tensor back on the device it was saved from, so on GPUs every rank loads rank 0's cuda:0 tensors "
-            "onto GPU 0 (memory there, and a copy later). On the CPU nothing shows but the call itself: give "
-            "map_location=device",
+            "torch.load had no map_location: on GPUs every rank would load rank 0's tensors onto GPU 0.",
             lambda seen, expected: all(
                 s.get("step") == e["step"] and s.get("torch.load given a map_location") is False
                 for s, e in zip(seen, expected, strict=True)
             ),
-            hint="Give torch.load map_location=device: each rank's tensors then land on its own device, "
-            "whatever device they were saved from.",
+            hint="Give torch.load map_location=device.",
         ),
         Mistake(
             "04-choose-into-wrapper",
-            "the checkpoint's plain keys went into the DDP wrapper, whose keys start with 'module.': load "
-            "into the raw model, before DDP(...) wraps it",
+            "The plain keys went into the DDP wrapper, whose keys start with 'module.'.",
             _loaded_into_wrapper,
-            hint='Load ckpt["model"] into the raw `model` first (its load_state_dict); only then wrap it, '
-            "ddp_model = DDP(model, ...), which copies rank 0's weights to every rank.",
+            hint='model.load_state_dict(ckpt["model"]) first, then ddp_model = DDP(model, ...).',
         ),
     ),
     covers=("rank0-chooses", "load-map-location", "load-before-wrap"),
@@ -507,7 +442,7 @@ RESUME_LR, RESUME_MOMENTUM = 1.0, 0.9
 
 
 class _Run:
-    """The uninterrupted run's state on every rank, stepped in plain torch math (see `simulate`)."""
+    """The uninterrupted run's state on every rank."""
 
     def __init__(self, world: int) -> None:
         import torch
@@ -541,7 +476,6 @@ class _Run:
         self.weight = self.weight - RESUME_LR * self.buffer
 
     def to_checkpoint(self) -> dict[str, Any]:
-        """The first run, up to the checkpoint; what the checkpoint holds."""
         loader_at_epoch_start = [g.get_state() for g in self.loader_rng]
         for epoch in range(RESUME_EPOCH + 1):
             loader_at_epoch_start = [g.get_state() for g in self.loader_rng]
@@ -567,12 +501,8 @@ def simulate(
     skip_done: bool = True,
     skip_every_epoch: bool = False,
 ) -> dict[str, Any]:
-    """The run from the start to the checkpoint, then the resumed run, in plain torch math.
-
-    Returns the checkpoint ("weight", "buffer", "rng", "loader": per-rank states) and, per rank, what the
-    resumed run did: "trained" (sample indices), "batches_per_epoch" ("epoch E" -> batches trained), "masks"
-    (one string of 0/1 a step), "weight" (final) and "next_seed" (the next number the loader's generator
-    gives; None without one). The flags make one piece of the resume wrong, as a wrong answer would."""
+    """The run to the checkpoint, then the resumed run, in plain torch math: the checkpoint and, per rank,
+    what the resume did. Each flag makes one piece of the resume wrong, as a wrong answer would."""
     import torch
 
     run = _Run(world)
@@ -640,7 +570,6 @@ def _resume_setup(ctx: Context) -> dict[str, Any]:
     masks: list[str] = []
 
     def train_step(x: Any, y: Any) -> None:
-        """One step: a dropout-like mask from the global CPU generator, forward, backward, SGD step."""
         mask = (torch.rand(RESUME_SIZE, dtype=torch.float64) < 0.5).double()
         optimizer.zero_grad()
         ddp_model(x.to(device) * mask.to(device)).sum().backward()
@@ -685,7 +614,7 @@ def _resume_expected(world: int) -> Seen:
 
 
 def _like(name: str, **wrong: bool) -> Any:
-    """A signature: every rank's `name` is what the resume with one piece wrong gives (weights to 1e-9)."""
+    """Every rank's `name` is what the resume with one piece wrong gives."""
 
     def matches(seen: Seen, expected: Seen) -> bool:
         variant = simulate(len(seen), **wrong)["ranks"]
@@ -696,7 +625,6 @@ def _like(name: str, **wrong: bool) -> Any:
 
 
 def _from_epoch_0(seen: Seen, expected: Seen) -> bool:
-    """Every rank's resumed run began with epoch 0's batches (whole, or less the checkpoint's done ones)."""
     world = len(seen)
     for rank, s in enumerate(seen):
         order = sampler_order(RESUME_SIZE, world, rank, 0)
@@ -711,20 +639,10 @@ RESUME = Exercise(
     id="04-resume",
     notebook="04",
     title="Resume mid-epoch, as if nothing had happened",
-    task=(
-        "`ckpt` was saved in epoch 1 after its first batch (04-save's format), and its weights are already "
-        "in `ddp_model`. Build `loader` over `dataset` with `sampler` (batch size 1) and a `generator=` of "
-        "its own, seeded `seed + rank`. Restore the optimizer, this rank's own random state and the loader "
-        "generator's, then train from the checkpoint's epoch to `epochs`, calling `train_step(x, y)` on each "
-        "batch, and skip the batches of the resumed epoch that were already trained. The checker compares "
-        "each rank's samples, dropout masks and final weights with the run that was never interrupted."
-    ),
-    given=(
-        "`ckpt` (keys `model`, `optimizer`, `epoch`, `batch_in_epoch`, `rng`: one "
-        '`{"torch": ..., "loader": ...}` per rank, on `device` as `map_location` put them), `ddp_model`, '
-        "`optimizer` (SGD with momentum, fresh), `dataset`, `sampler`, `train_step(x, y)` (draws a dropout "
-        "mask from the global generator), `epochs` (3), `seed`"
-    ),
+    task="Build `loader` with a generator seeded `seed + rank`, restore the optimizer and this rank's random "
+    "states, and train from the checkpoint's epoch, skipping the batches already trained.",
+    given="`ckpt` (04-save's format, on `device`), `ddp_model`, `optimizer` (fresh), `dataset`, `sampler`, "
+    "`train_step(x, y)`, `epochs` (3), `seed`",
     starter=(
         "generator = torch.Generator().manual_seed(seed + rank)\n"
         "loader = DataLoader(dataset, batch_size=1, sampler=sampler)  # TODO: its own generator\n"
@@ -750,82 +668,58 @@ RESUME = Exercise(
         "            continue\n"
         "        train_step(x, y)\n"
     ),
-    hint=(
-        "An exact resume puts back every state the next steps read: the momentum, each rank's generator, "
-        "the loader's generator, and the position (epoch and batch). Without `generator=`, `iter(loader)` "
-        "draws its seed from the global generator, the one the dropout masks come from."
-    ),
+    hint="Put back the momentum, this rank's generator, the loader's generator, and the epoch and batch.",
     setup=_resume_setup,
     observe=_resume_observe,
     expected=_resume_expected,
     mistakes=(
         Mistake(
             "04-resume-epoch-restarted",
-            "the resumed epoch trained its first batches again (trained, below): skip the checkpoint's "
-            "batch_in_epoch batches, in the resumed epoch only",
+            "The resumed epoch trained its first batches again (trained).",
             _like("trained", skip_done=False),
-            hint='In the checkpoint\'s epoch, `continue` while `i < ckpt["batch_in_epoch"]`: those batches were '
-            "trained before the checkpoint. Later epochs start at their first batch.",
+            hint='In the checkpoint\'s epoch, `continue` while `i < ckpt["batch_in_epoch"]`.',
         ),
         Mistake(
             "04-resume-skip-every-epoch",
-            "every epoch after the resume skipped its first batch_in_epoch batches, not only the resumed "
-            "epoch: each later epoch trained fewer batches than the sampler deals each rank "
-            "(batches_per_epoch, below), and the samples skipped there are never trained",
+            "Every epoch after the resume skipped batches, not only the resumed one (batches_per_epoch).",
             _like("trained", skip_every_epoch=True),
-            hint="Skip only in the epoch the checkpoint was taken in: "
-            '`done = ckpt["batch_in_epoch"] if epoch == ckpt["epoch"] else 0`, and `continue` while `i < done`; '
-            "every later epoch starts at its first batch.",
+            hint='Skip only when epoch == ckpt["epoch"].',
         ),
         Mistake(
             "04-resume-from-epoch-0",
-            "the resumed run began again with epoch 0's batches (trained, below): the loop started at epoch "
-            "0, not at the checkpoint's epoch, so the epochs before the checkpoint are trained twice",
+            "The resumed run began again with epoch 0's batches (trained).",
             _from_epoch_0,
             hint='Start the loop at the checkpoint\'s epoch: `for epoch in range(ckpt["epoch"], epochs)`.',
         ),
         Mistake(
             "04-resume-rank0-rng",
-            "every rank drew rank 0's dropout masks: each rank restored rank 0's random state. "
-            'Restore ckpt["rng"][rank], each its own',
+            "Every rank drew rank 0's dropout masks: each restored rank 0's random state.",
             lambda seen, expected: len(seen) > 1 and _like("masks", rng_of_rank0=True)(seen, expected),
-            hint='Index the saved states by this rank, `ckpt["rng"][rank]`: each rank drew its own masks, so '
-            "each restores its own state.",
+            hint='Restore ckpt["rng"][rank], each rank its own.',
         ),
         Mistake(
             "04-resume-rng-not-restored",
-            "the dropout masks after the resume are a fresh job's, not the uninterrupted run's: this rank's "
-            "random state was not restored (torch.set_rng_state)",
+            "The dropout masks after the resume are a fresh job's: the random state was not restored.",
             _like("masks", restore_rng=False),
-            hint="Put this rank's saved state back with `torch.set_rng_state` (its "
-            '`ckpt["rng"][rank]["torch"]`, on the CPU), after any `torch.manual_seed`: a reseed after it '
-            "replaces the state it restored.",
+            hint='torch.set_rng_state(ckpt["rng"][rank]["torch"].cpu()), after any torch.manual_seed.',
         ),
         Mistake(
             "04-resume-no-loader-generator",
-            "every mask after the resume is shifted by one draw: without generator=, the resumed epoch's "
-            "iter(loader) took its seed from the global generator, one draw the uninterrupted run took "
-            "before the checkpoint. Give the loader a generator of its own",
+            "Every mask is shifted by one draw: without generator=, iter(loader) drew from the global generator.",
             _like("masks", loader_generator=False),
-            hint="Build the loader with `generator=generator` (seeded `seed + rank`), and restore that "
-            "generator's saved state before the loop.",
+            hint="Build the loader with `generator=generator` and restore its state before the loop.",
         ),
         Mistake(
             "04-resume-loader-not-restored",
-            "the loader's generator goes on from its fresh seed, not from the checkpoint: its workers would "
-            "get other seeds than in the uninterrupted run (and other random augmentations)",
+            "The loader's generator goes on from its fresh seed, not from the checkpoint.",
             _like("next_seed", restore_loader=False),
-            hint="Restore the loader generator's state too: "
-            '`generator.set_state(ckpt["rng"][rank]["loader"].cpu())`, the state it had before the '
-            "checkpoint's epoch drew from it.",
+            hint='generator.set_state(ckpt["rng"][rank]["loader"].cpu()).',
         ),
         Mistake(
             "04-resume-no-optimizer",
-            "the weights leave the uninterrupted run's from the first step after the resume: the momentum "
-            "buffers were not restored (optimizer.load_state_dict)",
+            "The weights part from the uninterrupted run's at once: the momentum was not restored.",
             _like("weight", restore_optimizer=False),
-            hint='Load the optimizer\'s saved state, `ckpt["optimizer"]`, with `optimizer.load_state_dict` '
-            "before the first step: it holds the momentum buffers.",
+            hint='optimizer.load_state_dict(ckpt["optimizer"]) before the first step.',
         ),
     ),
     covers=("restore-rng", "skip-done-batches", "loader-generator"),
