@@ -260,7 +260,7 @@ CONVERT = Exercise(
             "01-convert-not-wrapped",
             "The model is not wrapped in DDP: the ranks' weights differ, nobody averaged the gradients.",
             _models_apart,
-            hint='model = DDP(make_model().to(device), device_ids=[local_rank] if device.type == "cuda" else None).',
+            hint="Wrap the model: DDP(..., device_ids=[local_rank]) on a GPU, device_ids=None on the CPU.",
         ),
         Mistake(
             "01-convert-local-rank",
@@ -418,7 +418,7 @@ SHARD = Exercise(
             "01-shard-whole-dataset",
             "Every rank drew every sample: no DistributedSampler dealt the data.",
             _every_rank_drew_all(SHARD_SIZE),
-            hint="Pass sampler=DistributedSampler(dataset, seed=seed) to the loader.",
+            hint="Give the loader a DistributedSampler built with the run's seed, and no shuffle=True.",
         ),
         Mistake(
             "01-shard-same-shard",
@@ -583,7 +583,7 @@ WRAP = Exercise(
             "01-wrap-not-saved",
             "Rank 0 wrote no file at save_path.",
             _not_saved,
-            hint="Under `if rank == 0:`, torch.save(ddp_model.module.state_dict(), save_path).",
+            hint="Under `if rank == 0:`, save ddp_model.module's state_dict() to save_path.",
         ),
     ),
     nodes=2,

@@ -298,7 +298,7 @@ THROUGHPUT = Exercise(
             "02-throughput-efficiency-not-per-device",
             "efficiency compares the job with one single process, not with world_size of them.",
             _efficiency_not_per_device,
-            hint="efficiency = samples_per_s / (world_size * single_samples_per_s).",
+            hint="Divide by world_size * single_samples_per_s.",
         ),
     ),
 )
