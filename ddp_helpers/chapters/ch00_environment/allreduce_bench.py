@@ -1,13 +1,6 @@
-"""Check all_reduce on every rank and measure its bandwidth over a range of message sizes.
+"""Check all_reduce on every rank and measure its bandwidth (nccl-tests' algbw and busbw) over message sizes.
 
-    torchrun --nproc-per-node 2 allreduce_bench.py --min-bytes 1024 --max-bytes 67108864
-
-Bandwidths follow nccl-tests (PERFORMANCE.md there):
-    algbw = bytes / time
-    busbw = algbw * 2(n-1)/n   (what each link carries in a ring; comparable across world sizes)
-Rank 0 writes them to <run-dir>/summary.json. Every rank logs one metrics line per size with what it
-saw itself: the smallest and largest element of its sum, and each timed call, so that a reader can
-check the sum on every rank and recompute each row without trusting this script's own verdict.
+torchrun --nproc-per-node 2 allreduce_bench.py --min-bytes 1024 --max-bytes 67108864
 """
 
 import argparse
@@ -48,8 +41,7 @@ def sizes(min_bytes: int, max_bytes: int) -> Iterator[int]:
 
 
 def bus_bandwidth(algbw: float, world_size: int) -> float:
-    """nccl-tests' all_reduce bus bandwidth: in a ring each rank sends 2(n-1)/n of the message (a
-    reduce-scatter, then an all-gather), so this is what each link carries, comparable across world sizes."""
+    """nccl-tests' bus bandwidth: a ring sends 2(n-1)/n of the message over each link."""
     busbw = algbw * 2 * (world_size - 1) / world_size
     return busbw
 
@@ -57,11 +49,7 @@ def bus_bandwidth(algbw: float, world_size: int) -> float:
 def measure(
     nbytes: int, args: argparse.Namespace, rank: int, world_size: int, device: torch.device
 ) -> tuple[dict, dict]:
-    """One all-reduce size: its sum as this rank sees it, then its time (median of --iters, slowest rank).
-
-    Returns the row for the summary (every rank's view, reduced) and this rank's own row for its
-    metrics file, which holds what it saw: the sum's smallest and largest element, and every timed call.
-    """
+    """One size: the summary's row (every rank's view, reduced) and this rank's own row."""
     numel = nbytes // 4  # float32
     # rank r contributes r+1 everywhere, so the sum is n(n+1)/2 in every element
     tensor = torch.full((numel,), float(rank + 1), device=device)

@@ -1,8 +1,5 @@
-"""Notebook 00: the live all_reduce check and its bandwidth sweep.
-
-One rank moves no data, so the check runs at least two: NCCL where each has a GPU of its own, else
-gloo on the CPU with the GPUs hidden. The sweep's largest message goes by device kind: NVLink's bus
-bandwidth can still be rising at 64 MiB, so GPUs sweep to 1 GiB; a CPU's gloo needs no more than 64 MiB.
+"""Notebook 00: the live all_reduce check (two ranks at least: one moves no data) and its bandwidth sweep,
+to 1 GiB on GPUs (NVLink's busbw can still rise at 64 MiB), to 64 MiB on a CPU.
 """
 
 from __future__ import annotations

@@ -33,8 +33,7 @@ def samples_counted(text: str) -> list[int]:
 
 
 def first_drawn(text: str) -> list[list[int]]:
-    """The first samples a rank drew each epoch, as ddp.py printed them in its log ("rank 1 drew samples [3, 1]
-    first")."""
+    """The first samples a rank drew each epoch, from ddp.py's log lines."""
     return [[int(i) for i in m.split(",")] for m in re.findall(r"drew samples \[([0-9, ]+)\] first", text)]
 
 

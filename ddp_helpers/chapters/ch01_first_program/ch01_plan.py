@@ -1,9 +1,5 @@
-"""Notebook 01: the single-device script, the live ranks that build DDP step by step, and ddp.py whole.
-
-The single-device script and ddp.py are compared (their losses and accuracy side by side), so both run
-on the device kind ddp.py's ranks get: NCCL where every rank has a GPU of its own, else gloo on the CPU
-with the GPUs hidden, from the single script too. The live ranks need a second rank to exchange
-anything, so they run at least two.
+"""Notebook 01: the single-device script and ddp.py, compared on the device kind ddp.py's ranks get, and the
+live ranks (two at least: one rank exchanges nothing).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""single_device.py made DDP: one process per device, started by torchrun.
+"""single_device.py made DDP: one process per device, started by torchrun. Torch only: copy it anywhere.
 
-    torchrun --nproc-per-node 2 ddp.py --epochs 3
-
-Self-contained on purpose (torch only): copy it anywhere. It differs from single_device.py only
-where DDP needs it; each difference has a comment saying why.
+torchrun --nproc-per-node 2 ddp.py --epochs 3
 """
 
 import argparse

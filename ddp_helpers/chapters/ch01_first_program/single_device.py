@@ -1,8 +1,6 @@
-"""Train a small classifier on one device: the program that ddp.py turns into DDP.
+"""Train a small classifier on one device: the program that ddp.py turns into DDP. Torch only: copy it anywhere.
 
-    python single_device.py --epochs 3
-
-Self-contained on purpose (torch only): copy it anywhere. Compare it with ddp.py line by line.
+python single_device.py --epochs 3
 """
 
 import argparse

@@ -169,12 +169,7 @@ def lr_args(smoke: bool) -> list[str]:
 
 
 def train_on_ranks(ranks: Any, *args: Any, run_dir: str | Path, single: bool = False) -> SimpleNamespace:
-    """train.py's main(argv) on live ranks (ranks.import_file(worker, "train") first), into a fresh run_dir.
-
-    These runs compare configurations, not processes: each is a fresh main() of the worker (it seeds and
-    builds all it uses), one after the other on ranks started once. single: a one-process run (--mode
-    single: no process group, no DDP) on rank 0 alone, with WORLD_SIZE=1 as a one-process job has it,
-    while the other ranks wait. Returns the run's run_dir, metrics and summary."""
+    """train.py's main(argv) on live ranks that imported it as `train`, into a fresh run_dir."""
     from ddp_helpers import read_metrics, read_summary
 
     run_dir = Path(run_dir).resolve()

@@ -1,11 +1,5 @@
-"""Notebook 03: the same DDP job in fp32, bf16 and fp16, its convergence runs, and the overflow demo.
-
-The speed runs and the convergence runs each put precisions side by side, so each group runs on one
-device kind: NCCL where every rank has a GPU of its own, else gloo on the CPU. The overflow demo needs
-a second rank (one rank has nobody to disagree with), so with nproc = 1 it runs two, and says where.
-The speed runs' sizes go by device kind: on GPUs, work where tensor cores and compute dominate a step.
-The lesson (notebooks/03_mixed_precision_amp.ipynb) and its companion (notebooks/deeper/03_*.ipynb)
-read every size from here: `plan.sizes`, and the worker arguments `speed_args` and `convergence_args`.
+"""Notebook 03 and its companion: fp32, bf16 and fp16 side by side (each group on one device kind), the
+convergence runs, and the overflow demo (two ranks at least); every size the notebooks use comes from here.
 """
 
 from __future__ import annotations

@@ -1,13 +1,5 @@
-"""Notebook 04 and its companion (notebooks/deeper/04_checkpoint_internals.ipynb): the reference run and
-its resumes, the demos where ranks disagree or fail, and two one-off gloo jobs (a save killed mid-write,
-the order of a sum). The lesson runs "train" (the reference, its resumes), "choose" and "exercise"; the
-companion runs "train" (the preempted run), "crash", "sum-order", "elastic" and "elastic-reference".
-
-The resumes are compared with the reference, so they run exactly where it runs: NCCL where every rank
-has a GPU of its own, else gloo on the CPU with the GPUs hidden. Choosing a checkpoint, the elastic
-restart and the exercise need a second rank (to disagree, to fail), so they run at least two; the
-elastic run is compared with an uninterrupted run of its own shape (the reference where the shapes match),
-on its own device kind: on one GPU with one rank that is the CPU, apart from the reference's GPU.
+"""Notebook 04 and its companion: the reference run and its resumes (where it runs), the demos where ranks
+disagree or fail (two ranks at least), and one-off gloo jobs (a save killed mid-write, the order of a sum).
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""Notebook 04: two checkpoint faults that `load_latest`'s fallback would hide, staged with real processes.
+"""Two checkpoint faults that `load_latest`'s fallback would hide: ranks that see different files, and a save
+killed mid-write (RLIMIT_FSIZE: the kernel kills the process at byte N).
 
     torchrun --nproc-per-node 2 checkpoint_faults.py choose --views DIR
     python checkpoint_faults.py crash --folder DIR --crash-at-byte N
-
-choose: rank r resumes from its own view of one checkpoint folder, DIR/rank{r}, as ranks on a cluster can
-see different files (node-local copies, a stale NFS listing, a save landing between two listings). Rank 0
-writes to <run-dir>/summary.json, for every rank, the step it would choose alone (`load_latest`) and the
-step it resumed from (`load_latest_on_every_rank`, what train.py's resume calls).
-
-crash: saves step 1's checkpoint, then dies in the middle of writing step 2's. The kernel kills the
-process as a file it writes reaches N bytes (RLIMIT_FSIZE, signal SIGXFSZ): a crash at a byte we choose.
 """
 
 import argparse

@@ -1,11 +1,6 @@
-"""Notebook 04: why a resumed run can differ from an uninterrupted one in the last bit, from 3 ranks on.
+"""Why a resumed run can differ in the last bit from 3 ranks on: DDP's rebuilt buckets sum in another layout.
 
-    torchrun --nproc-per-node 3 sum_order.py
-
-After its first step DDP rebuilds its buckets with the parameters in the order their gradients became
-ready, so the all-reduce sums the same numbers in another layout, and gloo's ring adds each chunk's
-numbers in an order that depends on where the chunk falls. Rank 0 writes what every rank saw to
-<run-dir>/summary.json.
+torchrun --nproc-per-node 3 sum_order.py
 """
 
 import os
@@ -50,8 +45,7 @@ def sum_order(rank: int, world: int, device: torch.device) -> None:
     def all_reduced(
         order: list[int], group: dist.ProcessGroup | None = None, size: int = world
     ) -> torch.Tensor:
-        """DDP's sum by hand: every gradient times 1/size (as the Reducer scales it), laid out in
-        one flat buffer in `order`, all-reduced."""
+        """DDP's sum by hand: each gradient times 1/size, flat in `order`, all-reduced."""
         flat = torch.cat([local[i].flatten() * (1.0 / size) for i in order])
         dist.all_reduce(flat, group=group)
         parts = dict(zip(order, flat.split([local[i].numel() for i in order]), strict=True))

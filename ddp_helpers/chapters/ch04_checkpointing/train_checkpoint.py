@@ -1,7 +1,5 @@
-"""train.py's checkpoints: everything needed to continue as if nothing had happened.
-
-`save` and `resume` are called from train.py's loop and main; the file format and its atomic write are
-ddp_helpers/rank/checkpoint.py.
+"""train.py's checkpoints: everything needed to continue as if nothing had happened. The file format and
+its atomic write are ddp_helpers/rank/checkpoint.py.
 """
 
 from __future__ import annotations
@@ -101,12 +99,9 @@ def resume(args: argparse.Namespace, world: DistInfo, training: Training, steps_
 
 
 class Preemption:
-    """--save-on-sigterm: save a checkpoint and stop when the job is told to end.
+    """--save-on-sigterm: a preempted job gets SIGTERM, then SIGKILL a grace period later.
 
-    A scheduler that preempts a job sends SIGTERM first and SIGKILL a grace period later (SLURM's
-    KillWait, Kubernetes' terminationGracePeriodSeconds), and torchrun, signalled, passes SIGTERM on to
-    its workers. The handler only sets a flag. The loop asks `agreed()` on logged steps: an all-reduce
-    of the flags (MAX), so every rank saves at the same step even when one rank heard the signal first.
+    The handler only sets a flag; `agreed()` all-reduces the flags (MAX), so every rank saves at one step.
     """
 
     def __init__(self, enabled: bool) -> None:

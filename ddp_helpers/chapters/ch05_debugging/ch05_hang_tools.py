@@ -1,19 +1,5 @@
-"""The hang tools a learner takes to a cluster, pointed at one planted hang: no workbench launcher.
-
-Kernel side. `planted_hang` starts a case of the pitfalls worker under plain torchrun, in a session of its
-own, through `with_tools.py` (`WITH_TOOLS`, written beside the run: the lines a training script can carry
-so that a hang can be read from outside, a Flight Recorder dump on a signal and torch 2.14's debug server),
-waits until every rank waits, and yields the job with each rank's pid. While the ranks hang, each tool
-reads them the way a learner would on a cluster:
-
-- `py_spy_dumps`: ``py-spy dump --pid PID`` on each rank's pid;
-- `dump_flight_recorder` and `run_fr_trace`: every rank's Flight Recorder record, read with
-  ``python -m torch.distributed.flight_recorder.fr_trace`` (torch 2.14: gloo's collectives too);
-- `debug_server_stacks`: the stacks page of ``torch.distributed.debug.start_debug_server`` (torch 2.14);
-- `workbench_stacks`: the stacks the workbench's own hang report prints (`stack_dumps.ask`).
-
-Each tool's finding is a `Wait` per rank: the innermost Python function and the worker's own line.
-The job is killed, every process of it, when the ``with`` block ends.
+"""The hang tools a learner takes to a cluster (py-spy, Flight Recorder and fr_trace, torch 2.14's debug
+server, the workbench's stacks), pointed at one planted hang under plain torchrun. Kernel side.
 """
 
 from __future__ import annotations
@@ -120,8 +106,7 @@ def debug_server_available() -> bool:
 
 
 def missing_for_debug_server() -> list[str]:
-    """What the debug server needs that is not installed: jinja2 for its pages, tabulate for its Flight
-    Recorder tables (imported with its handlers), aiohttp or requests to ask the ranks."""
+    """What the debug server needs and lacks: jinja2, tabulate, and aiohttp or requests."""
     missing = [name for name in ("jinja2", "tabulate") if importlib.util.find_spec(name) is None]
     if not any(importlib.util.find_spec(name) for name in ("aiohttp", "requests")):
         missing.append("aiohttp")
@@ -129,9 +114,7 @@ def missing_for_debug_server() -> list[str]:
 
 
 def rank_pids(agent_pid: int) -> dict[int, int]:
-    """Each rank's pid, by rank: the agent's descendants whose environment holds RANK (what a learner
-    reads with ``ps`` and ``/proc/PID/environ``). A rank's own children (the debug server's page) have
-    its RANK too: the oldest process with a rank is the rank."""
+    """Each rank's pid, by rank: the oldest descendant of the agent whose environment holds that RANK."""
     found: dict[int, psutil.Process] = {}
     for proc in psutil.Process(agent_pid).children(recursive=True):
         try:
@@ -154,10 +137,9 @@ def planted_hang(
     env: Mapping[str, str] | None = None,
     startup_s: float = 120.0,
 ) -> Iterator[HungJob]:
-    """Run `case` of the pitfalls `worker` on `world` ranks under plain torchrun, on gloo on the CPU
-    (the tools read any backend; gloo runs on every machine), through `WITH_TOOLS` unless `with_tools`
-    is False, and yield once every rank has printed its line and stopped. Every process of the job is
-    killed when the block ends (and when this Python exits, should the block never end)."""
+    """Run `case` of the pitfalls worker under plain torchrun on gloo; yield once every rank hangs.
+
+    Every process of the job is killed when the block ends (or when this Python exits)."""
     run_dir = default_run_dir("hang-tools") if run_dir is None else Path(run_dir)
     if run_dir.exists():
         shutil.rmtree(run_dir)  # an earlier run's dumps and logs would be read as this one's
@@ -226,8 +208,7 @@ def still_running(pids: Mapping[int, int]) -> dict[int, int]:
 
 
 def _wait_until_hung(job: HungJob, tree: ProcessTree, startup_s: float) -> None:
-    """Until every rank has printed a line (the hang case prints one before it waits), then a moment
-    for the waiting ranks to enter the collective; raises if the job ends or never gets there."""
+    """Until every rank has printed its line, then a moment to enter the collective; raises if the job ends."""
     deadline = time.monotonic() + startup_s
     while not all(printed(job.run_dir, rank) for rank in range(job.world)):
         if job.proc.poll() is not None:
@@ -284,8 +265,7 @@ def py_spy() -> str | None:
 
 
 def ptrace_scope() -> str:
-    """Linux's Yama setting for ptrace (py-spy attaches with it): 0 any process of the same user, 1 only
-    descendants (unless CAP_SYS_PTRACE), 2 admins only, 3 none; "" where Yama is off (no such file)."""
+    """Linux's Yama ptrace_scope (py-spy attaches with ptrace); "" where Yama is off."""
     try:
         return Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip()
     except OSError:
@@ -293,8 +273,7 @@ def ptrace_scope() -> str:
 
 
 def py_spy_dumps(job: HungJob) -> dict[int, str]:
-    """``py-spy dump --pid PID`` on each rank, by rank. It attaches with ptrace: the same user, and
-    the capability SYS_PTRACE in a container (Docker: ``--cap-add SYS_PTRACE``)."""
+    """``py-spy dump --pid PID`` on each rank, by rank (in a container it needs SYS_PTRACE)."""
     command = py_spy()
     if command is None:
         raise FileNotFoundError("py-spy is not installed: pip install py-spy")
@@ -312,8 +291,7 @@ def py_spy_dumps(job: HungJob) -> dict[int, str]:
 
 
 def py_spy_waits(dumps: Mapping[int, str], worker: Path) -> dict[int, Wait]:
-    """Each rank's `Wait` from its py-spy dump: the main thread's frames, innermost first, as
-    ``function (file:line)``."""
+    """Each rank's `Wait` from the main thread of its py-spy dump."""
     waits = {}
     for rank, dump in dumps.items():
         dump = _ANSI_COLOUR.sub("", dump)  # a terminal's colours, where py-spy printed them
@@ -328,8 +306,7 @@ def _frames(frame: re.Pattern[str], text: str) -> list[tuple[str, str, int]]:
 
 
 def _wait(frames: list[tuple[str, str, int]], worker: Path) -> Wait:
-    """A `Wait` from (function, file, line) frames, innermost first. A tool may shorten the worker's
-    path (py-spy does): its file is matched by name, and its line read from the worker itself."""
+    """A `Wait` from frames, innermost first; the worker's file is matched by name (py-spy shortens paths)."""
     if not frames:
         return Wait("", "")
     own = next((line for _, file, line in frames if Path(file).name == worker.name), None)
@@ -342,8 +319,7 @@ def _wait(frames: list[tuple[str, str, int]], worker: Path) -> Wait:
 
 
 def dump_flight_recorder(job: HungJob, wait_s: float = 20.0) -> dict[int, Path]:
-    """Signal every rank to write its Flight Recorder record (with_tools.py's SIGRTMIN + 7); returns
-    each rank's file once written. torch 2.7 has no `_dump_fr_trace`: raises there."""
+    """Signal every rank to write its Flight Recorder record; each rank's file once written."""
     if not flight_recorder_dumps_gloo():
         raise RuntimeError("this torch has no _dump_fr_trace: its Flight Recorder records NCCL only")
     files = {rank: job.fr_dir / f"{FR_PREFIX}{rank}" for rank in job.pids}
@@ -359,11 +335,10 @@ def dump_flight_recorder(job: HungJob, wait_s: float = 20.0) -> dict[int, Path]:
 
 
 def name_gloo_groups(fr_dir: Path, out_dir: Path) -> list[str]:
-    """Copy each rank's record into `out_dir`, with its gloo groups' ranks filed under the group's name.
+    """Copy each rank's record into `out_dir` with its gloo groups named; returns the names given.
 
-    torch 2.14's gloo records a group's ranks when the group is built, before its name is set
-    (`_create_gloo_process_group` in torch/distributed/distributed_c10d.py), so they are filed under
-    "": fr_trace then finds no group "0" (KeyError ('0', 0)). Returns the names given."""
+    torch 2.14's gloo files a group's ranks under "" (`_create_gloo_process_group` names it later), so
+    fr_trace finds no group "0"."""
     out_dir.mkdir(parents=True, exist_ok=True)
     named: set[str] = set()
     for path in sorted(fr_dir.glob(f"{FR_PREFIX}*")):
@@ -393,8 +368,7 @@ class FrFinding:
 
 
 def fr_trace_finding(report: str) -> FrFinding | None:
-    """From fr_trace's report: "Not all ranks joining collective ... collective: gloo:all_reduce,
-    missing ranks: {1}"; None if it reports no such collective."""
+    """The collective fr_trace says not every rank joined, and the missing ranks; None if none."""
     block = report.split("Not all ranks joining collective", 1)
     if len(block) < 2:
         return None
@@ -432,8 +406,7 @@ def debug_server_stacks(page: str) -> dict[int, str]:
 
 
 def faulthandler_waits(stacks: Mapping[int, str], worker: Path) -> dict[int, Wait]:
-    """Each rank's `Wait` from a faulthandler dump of every thread: its main thread is the one whose
-    outermost frame is the script's (the server thread that wrote the dump has no Python frame)."""
+    """Each rank's `Wait` from a faulthandler dump: the main thread is the one with the script's frames."""
     waits = {}
     for rank, dump in stacks.items():
         threads = re.split(
@@ -449,8 +422,7 @@ def faulthandler_waits(stacks: Mapping[int, str], worker: Path) -> dict[int, Wai
 
 
 def workbench_stacks(job: HungJob) -> dict[int, str]:
-    """The stacks the workbench's hang report prints, asked of the same ranks the same way
-    (`stack_dumps.ask`: faulthandler on the workbench's signal, registered by `setup_distributed`)."""
+    """The stacks the workbench's hang report prints (`stack_dumps.ask`)."""
     return stack_dumps.ask(job.pids, job.run_dir / run_contract.LOGS_DIR)
 
 

@@ -1,9 +1,5 @@
-"""Notebook 05's plumbing: launch a case of the pitfalls worker, and check that it went wrong the way
-the lesson says, so that a pitfall that stops showing fails the cell instead of carrying on.
-
-Kernel side. The lessons are the worker's cases (ddp_helpers/chapters/ch05_debugging/pitfalls.py) and the notebook's
-own asserts; this module launches the cases, reads what the ranks printed (their log files), their
-tracebacks and their stacks, and refuses a run that shows nothing.
+"""Notebook 05's plumbing: launch a case of the pitfalls worker and check that it went wrong the way the
+lesson says, so that a pitfall that stops showing fails the cell. Kernel side.
 """
 
 from __future__ import annotations
@@ -58,9 +54,7 @@ def line_of_the_worker(stack: str) -> str:
 
 
 def live_cases(live: Any) -> Callable[..., SimpleNamespace]:
-    """`run_live(case, fix=False, **extra)`: run a case that ends well on live ranks that have imported
-    the worker as `cases`. It returns the case's `.logs` (each rank's printed lines) and `.summary`
-    (what the case reported, or None), as a launch's result holds them."""
+    """`run_live(case, fix=False, **extra)` runs a case on live ranks; returns its `.logs` and `.summary`."""
 
     def run_live(case: str, fix: bool = False, **extra: Any) -> SimpleNamespace:
         summary = live.run_dir / SUMMARY_FILE  # the case's report() writes it there, as in a launch
@@ -117,9 +111,7 @@ class PitfallRuns:
     ) -> Any:
         """Launch a case that must fail with `expected`; print the head of the error and return it.
 
-        A run that ends well, or fails another way, raises: the demo would show nothing. A "hang"
-        before every rank has printed its first line is only a slow start-up (importing torch on a
-        very busy machine): then the case runs again with twice the time, and says so."""
+        A hang before every rank printed is a slow start-up: the case runs again with twice the time."""
         timeout = self.failure_timeout if timeout is None else timeout
         # None means no allowance of its own: `timeout` from the launch on, as the launcher reads it
         startup = options.pop("startup_timeout", self.failure_timeout) or timeout
@@ -145,11 +137,7 @@ class PitfallRuns:
         return resolve_backend(backend, visible_gpus())[0] == "nccl"
 
     def check_mismatch(self, hang_timeout: float, **options: Any) -> str:
-        """Run the mismatched all_reduce; print how it went wrong, and raise unless it went wrong there.
-
-        It went wrong at the all_reduce if every rank reached it and a rank that failed or hung did so
-        in that call (its traceback or its stack says so); or if a rank got a wrong sum. Returns
-        "named" (an abort that names the mismatch), "hung" or "wrong sums"."""
+        """Run the mismatched all_reduce; raise unless it went wrong there. "named", "hung" or "wrong sums"."""
         pg_timeout = max(hang_timeout, 10)  # it also bounds the ranks' meeting in init_process_group
         nccl = self.runs_on_nccl(options.get("backend", self.backend))
         extra = ("--pg-timeout", pg_timeout)
@@ -182,13 +170,9 @@ class PitfallRuns:
 
 
 def mismatch_failure(err: WorkerFailed, logs: dict[int, list[str]]) -> str:
-    """A failed mismatch run: "named" (an abort that names the mismatch) or "hung" (a timed-out wait in
-    the all_reduce); raises if the rank failed another way.
+    """A failed mismatch run: "named" (an abort that names it) or "hung"; raises if it failed another way.
 
-    An abort (gloo's size check, NCCL's watchdog) leaves no Python traceback; a timed-out collective
-    does. The rank blamed may be one stuck in the all_reduce, or (3 ranks or more: torchrun's failure
-    times are whole seconds, so a tie goes to the lowest rank) one that got a wrong sum and then timed
-    out in report()'s gather, waiting for a rank still stuck."""
+    A rank that got a wrong sum may be the one blamed: it timed out in report()'s gather."""
     frames = worker_frames(err.traceback)
     named = "mismatch" in err.error or "nbytes" in err.error
     timed_out = "timed out" in err.error.lower() or "watchdog" in str(err).lower()

@@ -1,9 +1,5 @@
-"""Notebook 05: each pitfall as a fresh torchrun job, and the live ranks of its debugger sections.
-
-Every pitfall needs a second rank to disagree with, so the demos run at least two ranks, on
-NCCL where each has a GPU of its own, else on gloo on the CPU. The out-of-memory demo is one rank
-on one GPU, and only where there is a GPU (a CPU runs out of memory through the kernel's OOM killer).
-Nothing is compared across runs: each demo checks its own failure.
+"""Notebook 05: each pitfall as a fresh torchrun job (two ranks at least, to disagree), the out-of-memory
+demo (one GPU, only where there is one), and the live ranks of its debugger sections.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""The DDP pitfalls of notebook 05, each one small enough to read in a minute.
+"""The DDP pitfalls of notebook 05, each small enough to read in a minute; a case that measures writes summary.json.
 
-    torchrun --nproc-per-node 2 pitfalls.py --case hang            # goes wrong
-    torchrun --nproc-per-node 2 pitfalls.py --case hang --fix      # goes right
-
-Cases: crash, hang, monitored_barrier, mismatch, set_epoch, evaluate, unused, batchnorm, uneven,
-slow_save, oom. (Notebook 04's sum_order experiment is sum_order.py.)
-Every case but oom needs two ranks or more; oom needs a GPU. They run on the CPU with gloo and on
-GPUs with nccl, but the two backends fail differently (mismatch and uneven: see the notebook).
-Cases that measure something write what they saw to <run-dir>/summary.json, so the notebook can
-check it rather than trust a printed line.
+torchrun --nproc-per-node 2 pitfalls.py --case hang [--fix]
 """
 
 import argparse
