@@ -84,7 +84,6 @@ SUM = Exercise(
     notebook="00",
     title="Every rank gets the sum of every rank's value",
     task="Make `total`, a tensor on `device` holding the sum of every rank's `value`, on every rank.",
-    given="`value` (this rank's number), `rank`, `world_size`, `device`, `torch`, `dist`",
     starter=(
         "total = ...  # TODO: a tensor on `device` holding this rank's value\n"
         "...  # TODO: one collective, so that every rank's total holds the sum\n"
@@ -201,7 +200,6 @@ BUSBW = Exercise(
     notebook="00",
     title="algbw and busbw from one timed all-reduce",
     task="Write `bandwidths(tensor, seconds, world)` returning (algbw, busbw) in GB/s (10**9 bytes a second).",
-    given="`torch`, `math`; the checker calls your function with messages of several dtypes and worlds",
     starter=(
         "def bandwidths(tensor, seconds, world):\n"
         "    nbytes = ...  # TODO: the message's size in bytes\n"

@@ -202,8 +202,6 @@ CONVERT = Exercise(
     notebook="01",
     title="Make single_device.py's training DDP",
     task="Make the training DDP, one edit per TODO. The checker runs it as 2 nodes: one rank has RANK 0.",
-    given="`make_dataset()` (45 samples), `make_model()`, `epochs` (2), `batch_size`, `lr`, `save_path`, "
-    "`device`, `local_rank`, `os`, `DDP`, `DistributedSampler`, `DataLoader`",
     starter=(
         "rank = ...  # TODO 1: this process's rank, from the environment torchrun set\n"
         "dataset = make_dataset()\n"
@@ -385,7 +383,6 @@ SHARD = Exercise(
     notebook="01",
     title="Deal the shards of a resumed run",
     task="Build `sampler` and the epoch loop so that every rank draws its shard of epochs 3 and 4, seed 7.",
-    given="`dataset` (11 samples), `first_epoch` (3), `epochs` (2), `seed` (7), `train_step(x, y)`",
     starter=(
         "sampler = ...  # TODO: a DistributedSampler over `dataset`, with the run's seed\n"
         "loader = DataLoader(dataset, batch_size=2, sampler=sampler)\n"
@@ -511,7 +508,6 @@ WRAP = Exercise(
     title="Make ranks that start apart agree, train, and save from rank 0",
     task="Wrap `model` as `ddp_model`, train `steps` SGD steps (lr 1.0) on `ddp_model(x).sum()`, then rank 0 "
     "alone saves the plain model's `state_dict()` to `save_path`.",
-    given="`model` (a Linear), `x` (this rank's sample), `steps` (2), `save_path`, `rank`, `local_rank`, `device`",
     starter=(
         "ddp_model = ...  # TODO: wrap `model` in DDP\n"
         "# TODO: an SGD optimizer with lr=1.0, then `steps` steps, then rank 0's save\n"

@@ -64,7 +64,6 @@ LOSS_MEAN = Exercise(
     title="Log the loss of every rank's samples, once",
     task="Set `mean_loss` (a float, the same on every rank) to the mean over every sample of every rank; "
     "rank 0 alone prints it.",
-    given="`losses` (rank r holds r + 2 samples, each worth r + 1), `dist`, `rank`, `device`; `print` is recorded",
     starter=(
         "# TODO: this rank's sum of losses and sample count, summed over every rank\n"
         "mean_loss = ...  # TODO: the mean over every sample of every rank, a float\n"
@@ -165,7 +164,6 @@ LR_SCALE = Exercise(
     notebook="02",
     title="The learning rate for the global batch: the linear rule",
     task="Set `global_batch` (the samples one DDP step trains on) and `lr`, `base_lr` scaled by the linear rule.",
-    given="`base_lr` (0.1), `base_batch` (256), `batch_size` (96 per rank), `world_size`, `model`",
     starter=(
         "global_batch = ...  # TODO: the samples one step trains on, over all ranks\n"
         "lr = ...  # TODO: base_lr, scaled by the linear rule\n"
@@ -250,8 +248,6 @@ THROUGHPUT = Exercise(
     title="The job's samples per second, from each rank's own clock",
     task="Set `samples_per_s`, the job's samples per second (the same on every rank), and `efficiency`, "
     "against `world_size` single processes.",
-    given="`step_s` (rank r took 0.1 x (r + 1)), `batch_size` (32 per rank), `single_samples_per_s` (200), "
-    "`dist`, `rank`, `world_size`, `device`",
     starter=(
         "# TODO: the job's step time, from every rank's step_s\n"
         "samples_per_s = ...  # TODO: every rank's samples, per second of the job's step\n"

@@ -153,8 +153,6 @@ FP16_STEP = Exercise(
     title="The fp16 step: GradScaler, unscale_ before the clip, a skip on every rank",
     task="Write the loop body: zero_grad, fp16 autocast forward, scaled backward, unscale_, clip to `max_norm` "
     "(append the norm to `norms`), step and update through the scaler.",
-    given="`ddp_model` (a Linear at zero, wrapped), `optimizer` (SGD, lr 1), `scaler` (init_scale=32.0), "
-    "`batches` (two), `max_norm` (0.25), `norms` (empty), `device`",
     starter=(
         "for x in batches:\n"
         "    ...  # TODO: clear the gradients of the step before\n"
@@ -327,7 +325,6 @@ BF16 = Exercise(
     title="bf16 autocast around the forward and the loss",
     task="One DDP step: the forward and the loss under bf16 autocast on `device.type`; backward and the "
     "step outside it, with no GradScaler.",
-    given="`ddp_model` (a Linear at zero, wrapped), `optimizer` (SGD, lr 1), `x`, `y`, `device`, `F`",
     starter=(
         "# TODO: the forward and the loss under bf16 autocast\n"
         "logits = ddp_model(x)\n"

@@ -182,8 +182,6 @@ SAVE = Exercise(
     title="Save everything an exact resume needs, atomically, from rank 0",
     task="Gather every rank's random states; rank 0 alone saves the checkpoint to `path` atomically "
     "(a temporary file, then `os.replace`); every rank waits. The checker runs it as 2 nodes.",
-    given="`ddp_model`, `optimizer`, `scaler`, `loader`, `epoch` (1), `batch_in_epoch` (3), "
-    "`generator_at_epoch_start`, `path` (an older checkpoint is there)",
     starter=(
         "mine = ...  # TODO: this rank's random states, as a dict\n"
         "states = [None] * world_size\n"
@@ -381,7 +379,6 @@ CHOOSE = Exercise(
     title="Rank 0 chooses the checkpoint; every rank loads it, then wraps",
     task="Let rank 0's choice reach every rank, load it as `ckpt` onto `device`, put it into `model`, then "
     "wrap it as `ddp_model`.",
-    given="`model` (a plain `Linear`, its own weights on each rank), `list_checkpoints()`, `device`, `local_rank`",
     starter=(
         "newest = list_checkpoints()[-1]\n"
         "# TODO: every rank takes rank 0's choice\n"
@@ -641,8 +638,6 @@ RESUME = Exercise(
     title="Resume mid-epoch, as if nothing had happened",
     task="Build `loader` with a generator seeded `seed + rank`, restore the optimizer and this rank's random "
     "states, and train from the checkpoint's epoch, skipping the batches already trained.",
-    given="`ckpt` (04-save's format, on `device`), `ddp_model`, `optimizer` (fresh), `dataset`, `sampler`, "
-    "`train_step(x, y)`, `epochs` (3), `seed`",
     starter=(
         "generator = torch.Generator().manual_seed(seed + rank)\n"
         "loader = DataLoader(dataset, batch_size=1, sampler=sampler)  # TODO: its own generator\n"

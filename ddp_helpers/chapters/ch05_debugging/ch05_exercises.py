@@ -115,7 +115,6 @@ NAN_SKIP = Exercise(
     title="Skip a step on every rank when any rank's loss is not finite",
     task="Skip `optimizer.step()` on EVERY rank when ANY rank's loss is not finite; every rank still "
     "runs `backward()`.",
-    given="`ddp_model`, `optimizer` (SGD), `batches` (one per step), `torch`, `dist`, `device`",
     starter=(
         "for x in batches:\n"
         "    optimizer.zero_grad()\n"
@@ -230,7 +229,6 @@ FIRST_BAD = Exercise(
     title="Find the rank whose loss went bad first",
     task="Bind `first_bad` on every rank to `(step, rank)` of the earliest non-finite loss (lowest rank on a "
     "tie), or `None`.",
-    given="`losses` (this rank's list of floats, one per step), `rank`, `world_size`, `dist`, `math`",
     starter=(
         "histories = ...  # TODO: every rank's `losses`, in rank order, on every rank\n"
         "first_bad = ...  # TODO: (step, rank) of the earliest loss that is not finite, or None\n"
