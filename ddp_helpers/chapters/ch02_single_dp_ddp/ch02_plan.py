@@ -21,17 +21,10 @@ from ddp_helpers.kernel.lab.plan_core import (
 )
 
 # ------------------------------------------------------------------ the throughput runs
-# Their rules, tested over GPUs in {0, 1, 2, 4, 8} x nproc in {1, 2, 3, 8} (test_ch02_throughput_plan.py):
-# every run (single, DataParallel, DDP, the sweep) on one device kind; NCCL only where every DDP rank has a
-# GPU of its own, else every run on the CPU with the GPUs hidden (DataParallel would reach for them), one
-# core per process; DataParallel splits over exactly the GPUs DDP uses; the sizes go by the device kind.
-#
-# The CPU's sizes are short steps for a core each (CI times them). A GPU needs steps long enough for DDP's
-# all-reduce to hide behind backward: ResNet-18 at 32 px and batch 32 is a few ms of work on an H100, so DDP
-# looked as if it did not scale there. ResNet-50 at 224 px saves about 82 MiB of fp32 activations per image
-# for backward (42 MiB under bf16 autocast; counted with autograd's saved_tensors_hooks on torch 2.14.1), so
-# 128 images per GPU hold ~11 GiB in fp32, comfortable in 80 GB. 2048 images of 3x224x224 are 1.2 GB of
-# host memory in each rank (the dataset is built in memory).
+# Every run on one device kind: NCCL only where every DDP rank has a GPU, else all on the CPU with the GPUs
+# hidden (DataParallel would reach for them). A GPU needs steps long enough for DDP's all-reduce to hide
+# behind backward (ResNet-18 at 32 px is a few ms on an H100): ResNet-50 at 224 px saves ~82 MiB of fp32
+# activations per image (torch 2.14.1), so 128 images hold ~11 GiB; 2048 images are 1.2 GB of host memory.
 THROUGHPUT_SIZES = {
     "cpu": {"model": "resnet18", "image_size": 32, "num_samples": 2048, "batch_size": 32},
     "cuda": {"model": "resnet50", "image_size": 224, "num_samples": 2048, "batch_size": 128},

@@ -33,9 +33,7 @@ CONV_BATCH_SIZE = 32  # per process, in the convergence runs: an epoch of digits
 CONV_LR = 0.05  # the worker's default, which trains the digits MLP
 MAX_GRAD_NORM = 1.0  # every run clips the gradient norm to this (nanoGPT's value), after scaler.unscale_
 OVERFLOW_STEPS = (1, 2, 4)  # fp16 speed runs: rank 1's gradients made inf here, inside the untimed warm-up
-OVERFLOW_RANK = (
-    1  # (tests/chapters/ch03_mixed_precision/test_ch03_plan.py holds every overflow step inside the warm-up)
-)
+OVERFLOW_RANK = 1
 
 
 def speed_sizes(device: str) -> dict[str, Any]:

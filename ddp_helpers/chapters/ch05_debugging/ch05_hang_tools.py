@@ -95,10 +95,6 @@ class HungJob:
     def fr_dir(self) -> Path:
         return self.run_dir / "flight-recorder"
 
-    @property
-    def with_tools(self) -> Path:
-        return self.run_dir / "with_tools.py"
-
 
 def debug_server_available() -> bool:
     """torch 2.14 has `torch.distributed.debug.start_debug_server`; torch 2.7 has no such module."""
@@ -227,9 +223,6 @@ def _wait_until_hung(job: HungJob, tree: ProcessTree, startup_s: float) -> None:
 
 # ---- the tools ------------------------------------------------------------------------------------
 
-FR_TRACE = "torch.distributed.flight_recorder.fr_trace"
-
-
 _PY_SPY_FRAME = re.compile(r"^\s+(?P<func>.+?) \((?P<file>[^()]+):(?P<line>\d+)\)$")
 _ANSI_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 _FAULTHANDLER_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)$')
@@ -354,7 +347,14 @@ def name_gloo_groups(fr_dir: Path, out_dir: Path) -> list[str]:
 
 def run_fr_trace(fr_dir: Path) -> subprocess.CompletedProcess[str]:
     """``python -m torch.distributed.flight_recorder.fr_trace DIR --prefix fr_rank_``, as a learner runs it."""
-    command = [sys.executable, "-m", FR_TRACE, str(fr_dir), "--prefix", FR_PREFIX]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.flight_recorder.fr_trace",
+        str(fr_dir),
+        "--prefix",
+        FR_PREFIX,
+    ]
     # its report goes to its logger, on stderr: one stream, as a terminal shows it
     return subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
 
