@@ -128,12 +128,9 @@ def planted_hang(
     world: int,
     run_dir: str | os.PathLike[str] | None = None,
     *,
-    case: str = "hang",
     with_tools: bool = True,
-    env: Mapping[str, str] | None = None,
-    startup_s: float = 120.0,
 ) -> Iterator[HungJob]:
-    """Run `case` of the pitfalls worker under plain torchrun on gloo; yield once every rank hangs.
+    """Run the pitfalls worker's hang case under plain torchrun on gloo; yield once every rank hangs.
 
     Every process of the job is killed when the block ends (or when this Python exits)."""
     run_dir = default_run_dir("hang-tools") if run_dir is None else Path(run_dir)
@@ -143,7 +140,6 @@ def planted_hang(
     (run_dir / run_contract.LOGS_DIR).mkdir()
     ranks_env = {
         **os.environ,
-        **(env or {}),
         "CUDA_VISIBLE_DEVICES": "",
         run_contract.BACKEND_ENV: "gloo",
         run_contract.DEVICE_ENV: "cpu",
@@ -163,7 +159,7 @@ def planted_hang(
             ranks_env["DEBUG_SERVER_PORT"] = str(port)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}"]
     logs = [f"--log-dir={run_dir / run_contract.LOGS_DIR}", "--redirects=3"]  # each rank's own files
-    command = [*torchrun, *logs, *script, "--case", case, "--pg-timeout", "600"]
+    command = [*torchrun, *logs, *script, "--case", "hang", "--pg-timeout", "600"]
     with open(run_dir / run_contract.LOGS_DIR / run_contract.AGENT_LOG, "wb") as log:
         proc = subprocess.Popen(
             command, env=ranks_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -173,7 +169,7 @@ def planted_hang(
     atexit.register(stop)
     try:
         job = HungJob(Path(worker), world, run_dir, proc, debug_port=port)
-        _wait_until_hung(job, tree, startup_s)
+        _wait_until_hung(job, tree, startup_s=120.0)
         yield job
     finally:
         stop()
