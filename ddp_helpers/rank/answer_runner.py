@@ -1,10 +1,6 @@
 """Rank side: run one answer in a fresh namespace, with the probe inputs and observers, and report.
-
-The checker sends each live rank ``run(ID, CODE, WORKDIR)``, then asks for `LAST`: plain values only.
-Where the answer raised, `run` raises it again once the result is kept, so that a rank that raised while
-the others wait for it in a collective ends the cell in seconds, not at the timeout. An exercise with
-`nodes=2` runs its answer as ranks of two nodes (`node_layout`); the process group stays the rank's own.
-"""
+An answer's exception is raised again once the result is kept in `LAST`, so that the others, waiting in
+a collective, end in seconds rather than at the timeout."""
 
 from __future__ import annotations
 
@@ -59,12 +55,7 @@ def base_namespace(ctx: Context) -> dict[str, Any]:
 
 
 def node_layout(rank: int, world: int, nodes: int) -> dict[str, int] | None:
-    """Where `rank` sits on a job of `nodes` nodes: the variables torchrun sets per node, as numbers.
-
-    The ranks are dealt to the nodes in order, ceil(world / nodes) per node, the last node taking what is
-    left (3 ranks on 2 nodes: ranks 0 and 1 on node 0, rank 2 on node 1): torchrun's agents may each start
-    their own count, and give the global ranks out node after node. None where one node holds every rank.
-    """
+    """Where `rank` sits on a job of `nodes` nodes: the variables torchrun sets per node, as numbers."""
     per_node = -(-world // max(nodes, 1))
     if world < 2 or per_node >= world:
         return None
@@ -80,10 +71,7 @@ def node_layout(rank: int, world: int, nodes: int) -> dict[str, int] | None:
 
 
 def _pretend_layout(nodes: int, ctx: Context, namespace: dict[str, Any]) -> dict[str, int] | None:
-    """The node layout this rank's answer runs in, where the exercise asks for one (`Exercise.nodes`).
-
-    Only where the answer's `device` is the CPU: on GPUs a rank's device is cuda:<its real LOCAL_RANK>,
-    and a right answer that takes its GPU from `local_rank` (DDP's device_ids) must still get its own."""
+    """The node layout this rank's answer runs in, where the exercise asks for one (`Exercise.nodes`)."""
     device = namespace.get("device")
     if nodes < 2 or getattr(device, "type", None) != "cpu":
         return None

@@ -1,18 +1,6 @@
-"""Complete, atomic checkpoints and exact resume.
-
-- Only global rank 0 writes; the caller then meets the other ranks at a barrier.
-- A write goes to a temporary file in the same directory, is fsynced, then renamed over the
-  final name with `os.replace`: a crash at any moment leaves the previous checkpoint whole. That
-  rename is atomic on a local POSIX filesystem; NFS, Lustre and object stores (S3 has no rename)
-  may not promise it, nor that other machines see the new name at once.
-- Under DDP, rank 0 alone chooses the checkpoint to resume from and broadcasts its name
-  (`load_latest_on_every_rank`): ranks that each listed the folder could pick different files.
-- The last `keep` checkpoints are kept; older ones go only after a new one is complete.
-- Loading uses ``weights_only=True`` (torch.load's default since torch 2.6): unpickling an
-  untrusted file can run arbitrary code, and a checkpoint needs nothing beyond tensors and plain
-  Python values. That is why the RNG states are stored as tensors and ints (`capture_rng`): a NumPy
-  array is an object that ``weights_only=True`` refuses to unpickle.
-"""
+"""Complete, atomic checkpoints and exact resume: rank 0 writes a temporary file, fsyncs it and
+`os.replace`s it into place (a crash leaves the previous checkpoint whole); loads use weights_only=True,
+which is why RNG states are stored as tensors and ints, never NumPy arrays."""
 
 from __future__ import annotations
 
@@ -114,13 +102,7 @@ _TEMPORARY = re.compile(r"^\.ckpt-step(\d+)\.pt\.(\d+)\.tmp$")
 
 
 def stale_temporaries(directory: str | os.PathLike[str], step: int) -> list[Path]:
-    """The temporary files of saves that never finished (a writer killed mid-save), up to `step`.
-
-    Once step `step` is complete, a temporary file of that step or an earlier one can never become
-    a checkpoint, unless its writer still runs: every rank saving at once (the mistake notebook 04
-    guards) must fail on its own, not because rank 0 deleted rank 1's file mid-write. The pid in
-    the name is checked on this host only; a shared folder cannot tell other hosts' writers.
-    """
+    """The temporary files of saves that never finished (a writer killed mid-save), up to `step`."""
     found = []
     for path in Path(directory).iterdir():
         match = _TEMPORARY.match(path.name)
@@ -162,14 +144,7 @@ def load_latest(
 def load_latest_on_every_rank(
     directory: str | os.PathLike[str], map_location: Any = "cpu"
 ) -> tuple[dict[str, Any] | None, Path | None]:
-    """`load_latest` for a DDP job: rank 0 chooses, every rank loads the same file.
-
-    Ranks that listed the folder each on their own could pick different checkpoints (a new one
-    appearing between two listings, a shared filesystem that shows it late, a file that only one
-    rank failed to read), and resume from different steps. Every rank must call this (a collective).
-    A rank that cannot read rank 0's choice raises `CheckpointError`: better a failed start than
-    ranks at different steps.
-    """
+    """`load_latest` for a DDP job: rank 0 chooses, every rank loads the same file."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return load_latest(directory, map_location)
     choice: list[str | None] = [None]

@@ -1,8 +1,5 @@
 """Datasets for the workers: synthetic images, a small real dataset that ships with the
-package (UCI handwritten digits), and CIFAR-10 when it is already on disk.
-
-Every builder returns a `DatasetInfo`, so the worker can size its model from the data.
-"""
+package (UCI handwritten digits), and CIFAR-10 when it is already on disk."""
 
 from __future__ import annotations
 
@@ -52,11 +49,7 @@ def synthetic_images(
     seed: int = 0,
     split: str = "train",
 ) -> DatasetInfo:
-    """Random images with a per-class pattern added, so a model can really learn them.
-
-    Generated from `seed` alone: every rank builds the identical dataset without any I/O.
-    The "test" split shares the class patterns but draws other images and labels.
-    """
+    """Random images with a per-class pattern added, so a model can really learn them."""
     if num_samples < 1 or image_size < 1 or num_classes < 2:
         raise ValueError("need num_samples >= 1, image_size >= 1 and num_classes >= 2")
     _check_split(split)
@@ -73,11 +66,7 @@ def synthetic_images(
 
 
 def digits(channels: int = 1, split: str = "train") -> DatasetInfo:
-    """The UCI optical-recognition handwritten digits: 1,797 real 8x8 images, 10 classes, offline.
-
-    A fixed shuffle puts 1,498 images in "train" and 299 in "test". Pixels 0..16 are scaled to
-    zero mean and unit variance. `channels=3` repeats the grey channel for models that expect RGB.
-    """
+    """The UCI optical-recognition handwritten digits: 1,797 real 8x8 images, 10 classes, offline."""
     _check_split(split)
     with gzip.open(DIGITS_FILE, "rt") as fh:
         table = np.loadtxt(fh, delimiter=",", dtype=np.float32)
@@ -123,10 +112,7 @@ def build_dataset(
 
 
 class ResumableDistributedSampler(DistributedSampler):
-    """A DistributedSampler that can begin an epoch part-way through, for an exact mid-epoch resume.
-
-    `start_at(n)` skips this rank's first n indices of the next epoch only, without loading them.
-    """
+    """A DistributedSampler that can begin an epoch part-way through, for an exact mid-epoch resume."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -1,16 +1,4 @@
-"""What the notebook kernel and a live rank agree on: where to connect, and the messages they exchange.
-
-Both sides load this module (the kernel in `ranks`, every rank in `server`), so it imports nothing of
-either side: the standard library only. Each message is a small frozen dataclass, pickled by
-``multiprocessing.connection`` over an authenticated Unix socket.
-
-    kernel                                  rank
-                     <-- Hello                  (once, after joining the process group)
-    Run, Gather,     -->
-    Push, Check      <-- Value | Error | Interrupted
-                     <-- Exited                 (the cell called os._exit: the rank is leaving)
-    Shutdown         -->                        (the rank exits)
-"""
+"""What the notebook kernel and a live rank agree on: where to connect, and the messages they exchange."""
 
 from __future__ import annotations
 

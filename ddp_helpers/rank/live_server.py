@@ -1,9 +1,6 @@
 """One live rank, started by torchrun: join the process group, connect back to the kernel over an
 authenticated Unix socket, then run each cell it receives in a namespace that persists between cells.
-
-Output is not sent over the socket: print() goes to the rank's log file, which the notebook follows. The
-rank exits when the kernel says so, or when its socket closes, so no rank outlives its notebook.
-"""
+print() goes to the rank's log file; the rank exits when its socket closes, so none outlives its kernel."""
 
 from __future__ import annotations
 
@@ -146,10 +143,7 @@ def watch_for_kernel_exit(conn: Connection) -> None:
 
 
 def announce_exits(conn: Connection, cells: Cells) -> None:
-    """Make a cell's ``os._exit(code)`` tell the kernel which cell it left in, and with which code.
-
-    torchrun reports failed workers only: without this, a rank leaving with code 0 is silence.
-    """
+    """Make a cell's ``os._exit(code)`` tell the kernel which cell it left in, and with which code."""
 
     def exit_announced(status: int) -> NoReturn:  # os._exit's own signature
         sys.stdout.flush()

@@ -1,9 +1,4 @@
-"""Rank side: what an answer did, seen from outside its code.
-
-While an answer runs, `Observers` records each collective it calls (by name), each ``torch.save``
-(which file), and, through `RecordingDataset`, which indices each pass over a DataLoader drew. The
-answer's code is not read: only its effects count.
-"""
+"""Rank side: what an answer did, seen from outside its code."""
 
 from __future__ import annotations
 

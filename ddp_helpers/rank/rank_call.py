@@ -1,11 +1,4 @@
-"""The rank side of `LiveRanks.call`: a function called by name with real arguments, not code in a string.
-
-The kernel pushes ``(target, args, kwargs, environ)`` to each rank, then runs ``invoke(globals())``
-there. `target` is a dotted name: looked up in the rank's namespace (and builtins) first (``"train.main"`` after
-`import_file`), else imported (``"ddp_helpers.chapters.ch07_inside_ddp.handmade_ddp.main"``). An argument wrapped in
-`OnRank` is that rank's own variable (a device mesh, a model), which could not travel from the kernel.
-Imports nothing of the kernel side: it runs in every rank.
-"""
+"""The rank side of `LiveRanks.call`: a function called by name with real arguments, not code in a string."""
 
 from __future__ import annotations
 

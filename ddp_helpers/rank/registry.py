@@ -1,8 +1,5 @@
-"""Every exercise, by id, in notebook order. Each notebook's exercises live in a module of their own.
-
-No exercise module imports torch at its top: the catalogue loads in the kernel and the command line
-within a second, so that bad input is refused before torch is imported or any rank starts.
-"""
+"""Every exercise, by id, in notebook order. No exercise module imports torch at its top: bad input is
+refused before torch is imported or any rank starts."""
 
 from __future__ import annotations
 
@@ -10,10 +7,7 @@ from ddp_helpers.rank.spec import Exercise
 
 
 def all_exercises() -> list[Exercise]:
-    """Every exercise, in notebook order: each chapter's chNN_exercises.EXERCISES, in the order it asks them.
-
-    Imported here, not at the top: the kernel's `%%exercise` and the command line load the catalogue
-    only when they need it. The imports are written out so that the side check reads them."""
+    """Every exercise, in notebook order: each chapter's chNN_exercises.EXERCISES, in the order it asks them."""
     from ddp_helpers.chapters.ch00_environment import ch00_exercises
     from ddp_helpers.chapters.ch01_first_program import ch01_exercises
     from ddp_helpers.chapters.ch02_single_dp_ddp import ch02_exercises

@@ -1,9 +1,4 @@
-"""What an exercise is: the task, the reference answer, the probe, and the known mistakes.
-
-Both sides load it: on each rank `setup` and `observe` run around the answer; in the kernel `expected`
-(from first principles, never by running the reference) and each `Mistake`'s signature judge what the
-ranks saw.
-"""
+"""What an exercise is: the task, the reference answer, the probe, and the known mistakes."""
 
 from __future__ import annotations
 
@@ -32,10 +27,7 @@ class Context:
 @dataclass(frozen=True)
 class Mistake:
     """One known wrong answer: its id (a mutant's `diagnosis`), what the learner is told, and its signature.
-
-    `matches(seen, expected)` looks only at what the ranks did, never at the answer's text. `hint`: what
-    to do instead, for this mistake (the exercise's own hint when empty); never what the learner already did.
-    """
+    `matches(seen, expected)` looks only at what the ranks did, never at the answer's text."""
 
     id: str
     message: str

@@ -1,14 +1,6 @@
 """Where a hung worker waits: its Python stack, asked for with a signal before the run is stopped.
-
-Rank side: imports no torch and nothing of the launcher, which calls `ask`. A worker that calls `register`
-(every rank the launcher starts, through worker_site/sitecustomize.py, and live ranks, through
-`setup_distributed`) has faulthandler write each Python thread's stack to ``logs/stacks/<host>-<pid>.txt``
-on `STACK_SIGNAL`, from the signal handler itself, so a worker blocked in C++ (a collective) answers too.
-
-A worker is signalled only once its file exists (the signal's default action ends a process), and only if
-the file's first line records its own start time (a reused pid is not the registered worker). The signal
-is a real-time one: SLURM, Lightning and torchrun use SIGUSR1 and SIGUSR2.
-"""
+faulthandler writes it from the signal handler, so a rank blocked in a collective answers too; a worker is
+signalled only once its file exists and records its start time (the signal's default action kills)."""
 
 from __future__ import annotations
 

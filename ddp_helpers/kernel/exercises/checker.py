@@ -1,7 +1,6 @@
 """Kernel side: run an answer on live ranks (in a fresh namespace, `rank/answer_runner.py`), then judge
 it: "passed" only when every rank's observations equal the expected ones; else the first catalogued
-mistake whose signature matches, an exception, or the fields that differ.
-"""
+mistake whose signature matches, an exception, or the fields that differ."""
 
 from __future__ import annotations
 
@@ -38,10 +37,7 @@ def check(
     workdir: str | os.PathLike[str] | None = None,
     timeout: float | None = None,
 ) -> Verdict:
-    """Run `code` as the answer to `exercise_id` on `ranks` (a `LiveRanks`) and judge what it did.
-
-    `timeout`: seconds a rank may stay silent in the answer before it counts as hung (default: the
-    exercise's own bound)."""
+    """Run `code` as the answer to `exercise_id` on `ranks` (a `LiveRanks`) and judge what it did."""
     exercise = get(exercise_id)
     if not isinstance(code, str):
         raise InvalidLaunchArguments(f"an answer is code in a string, got {type(code).__name__}")
@@ -142,10 +138,7 @@ ONE_SIDED_HINT = (
 
 
 def waits_in_answer(stack: str) -> tuple[str, int] | None:
-    """(the collective, the answer's line) where a stuck rank waits, from its stack (innermost first).
-
-    The collective is torch.distributed's function where one is on the stack; a `backward()` waits in
-    DDP's all-reduce of the gradients, inside autograd's engine, where no such frame shows."""
+    """(the collective, the answer's line) where a stuck rank waits, from its stack (innermost first)."""
     frames = list(_FRAME.finditer(stack))
     names = [f"`{f['name']}`" for f in frames if f["file"].endswith("distributed_c10d.py")]
     if not names and any(f["name"] == "backward" for f in frames):

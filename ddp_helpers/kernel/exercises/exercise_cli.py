@@ -1,17 +1,4 @@
-"""``python -m ddp_helpers exercises``: list, show a solution, check an answer file or a capstone script.
-
-    python -m ddp_helpers exercises list [--json]
-    python -m ddp_helpers exercises solution ID
-    python -m ddp_helpers exercises check ID FILE [--nproc N] [--json]
-    python -m ddp_helpers exercises check-script SCRIPT [--nproc N] [--json]
-
-FILE holds the code of the answer cell (a cell pasted whole, with its ``%%exercise ID`` line, is read as
-the notebook reads it). An answer not written yet (the starter, or a ``...`` still in place) is said to be so
-at once, without starting a rank. With ``--json`` the last line of stdout is one object with
-``exercise``, ``passed``, ``diagnosis`` and ``message``. Bad input (an unknown id, a missing file, a
-syntax error) is refused before torch is imported or any rank starts; exit codes: 0 passed, 1 not
-passed, 2 bad input.
-"""
+"""``python -m ddp_helpers exercises``: list, show a solution, check an answer file or a capstone script."""
 
 from __future__ import annotations
 

@@ -1,17 +1,4 @@
-"""``%%exercise ID`` and ``%exercise``: the learner's answer checked on the live ranks, in a notebook cell.
-
-%%exercise 01-shard                 # the cell is your answer; the verdict shows under it
-sampler = DistributedSampler(dataset)
-...
-%exercise hint 01-shard             # the hint again
-%exercise solution 01-shard         # the reference answer: only when you ask
-%exercise list                      # every exercise, with its notebook and title
-%exercise reference on              # headless runs (papermill, CI): each cell checks the reference
-                                    # answer instead of its own, and a failed check raises
-
-The answer runs on the ranks that ``%ranks start`` started; with none running, the cell starts two
-(or one per GPU, as `start_ranks` chooses) and says so.
-"""
+"""``%%exercise ID`` and ``%exercise``: the learner's answer checked on the live ranks, in a notebook cell."""
 
 from __future__ import annotations
 

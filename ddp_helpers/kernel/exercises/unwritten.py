@@ -1,6 +1,5 @@
 """An answer not written yet (the starter, an empty cell, a ``...`` placeholder) is not a wrong answer:
-name the open TODOs and run nothing, rather than let Python's Ellipsis fail on the ranks.
-"""
+name the open TODOs and run nothing, rather than let Python's Ellipsis fail on the ranks."""
 
 from __future__ import annotations
 
@@ -54,9 +53,7 @@ def open_todos(code: str) -> list[str]:
 
 
 def unwritten_message(exercise: Exercise, code: str) -> str | None:
-    """Why this answer is not written yet, or None when it is written (right or wrong, the ranks judge it).
-
-    The caller has already refused a syntax error."""
+    """Why this answer is not written yet, or None when it is written (right or wrong, the ranks judge it)."""
     if not _has_code(code):
         return f"the cell holds no code yet. The task: {exercise.task}"
     todos = open_todos(code)

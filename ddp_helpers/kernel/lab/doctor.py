@@ -1,8 +1,4 @@
-"""Facts about this machine, and the PASS / WARN / FAIL / INFO checks on them.
-
-`python -m ddp_helpers doctor` and notebook 00 both show `run_checks()` as a table; the live all_reduce
-check, which launches a job, is `ch00_allreduce_check.live_allreduce`.
-"""
+"""Facts about this machine, and the PASS / WARN / FAIL / INFO checks on them."""
 
 from __future__ import annotations
 
@@ -62,10 +58,7 @@ print(json.dumps({"gpus": gpus, "cudnn": torch.backends.cudnn.version(), "nccl":
 
 
 def cuda_facts(timeout: float = 120) -> dict[str, Any]:
-    """GPUs (index, name, capability, memory), cuDNN and NCCL versions, read in a child process.
-
-    Empty where no GPU is visible. This process never initialises CUDA.
-    """
+    """GPUs (index, name, capability, memory), cuDNN and NCCL versions, read in a child process."""
     if not torch.cuda.is_available():  # reads the device count only: no CUDA initialisation
         return {"gpus": [], "cudnn": None, "nccl": None}
     proc = subprocess.run(

@@ -1,9 +1,5 @@
 """What notebook 06 imports for several nodes on one machine, and for a real scheduler: elastic nodes
-(`start_elastic_node`, `wait_for_line`, `freeze`), ports and GPU ids, and `slurm`.
-
-They live in the launcher; this module is the name a notebook imports them by, so the launcher's
-modules stay free to change.
-"""
+(`start_elastic_node`, `wait_for_line`, `freeze`), ports and GPU ids, and `slurm`."""
 
 from __future__ import annotations
 

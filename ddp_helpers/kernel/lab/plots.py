@@ -102,11 +102,7 @@ def not_sampled(resources, gpus_expected: bool = False) -> list[str]:
 
 
 def resource_usage(resources, title: str = "per-rank CPU use", gpus_expected: bool = False):
-    """CPU % per rank over the run, and GPU utilisation per GPU where NVML sampled it.
-
-    A series that was not sampled is written on the figure as "not sampled", with the reason,
-    rather than drawn as an empty axis: e.g. `gpus_expected=True` where NVML (nvidia-ml-py) is absent.
-    """
+    """CPU % per rank over the run, and GPU utilisation per GPU where NVML sampled it."""
     ax = _axes((7, 3.5), "seconds since launch", "%", title)
     cpu, gpu = _sampled(resources, "rank"), _sampled(resources, "gpu")
     for rank, rows in cpu.groupby("rank") if cpu is not None else ():

@@ -1,13 +1,4 @@
-"""Show the learner the code that runs, by function or class name rather than by text anchors.
-
-    show_source("train", "train_step")              # a bundled worker, by name
-    show_source(worker_path, "Trainer._run_batch")  # a file, a method by dotted name
-    show_source("ddp")                              # the whole file
-    show_diff("single_device", "ddp")               # two files side by side, changes marked
-
-Names are found with `ast`, so an excerpt moves with its function when the file changes, and a
-name that no longer exists is an error rather than a silently wrong excerpt.
-"""
+"""Show the learner the code that runs, by function or class name rather than by text anchors."""
 
 from __future__ import annotations
 
@@ -61,12 +52,7 @@ def _child(scope: ast.AST, name: str, dotted: str) -> Definition:
 
 
 def source_of(target: str | os.PathLike[str], *names: str) -> str:
-    """The source of each named function or class in `target` (decorators included), or the whole file.
-
-    `target` is a bundled worker's name ("train"), a module of ddp_helpers by dotted name
-    ("checkpoint", "live.server"), or a path to a ``.py`` file. Raises LookupError for a name the
-    file does not define.
-    """
+    """The source of each named function or class in `target` (decorators included), or the whole file."""
     path = _resolve(target)
     text = path.read_text()
     if not names:

@@ -1,11 +1,4 @@
-"""Which package modules a worker needs, read from its imports: what a learner copies to take it away.
-
-    show_helpers("train")   # a table: each ddp_helpers module train.py imports, the names, what it does
-
-A worker like ``ddp.py`` imports only torch and runs anywhere; ``train.py`` takes its command line,
-data, metrics and checkpoints from the package. The table is read from the file with `ast`, and what
-loading it loads from a fresh interpreter that loads it, so both follow the worker as it changes.
-"""
+"""Which package modules a worker needs, read from its imports: what a learner copies to take it away."""
 
 from __future__ import annotations
 
@@ -45,9 +38,7 @@ def purpose(path: Path) -> str:
 
 
 def package_imports(path: Path) -> dict[str, tuple[str, ...]]:
-    """The modules of this package that the file at `path` imports, each with the names it takes.
-
-    Absolute imports only: a worker copied out of the package has no package for a relative one."""
+    """The modules of this package that the file at `path` imports, each with the names it takes."""
     taken: dict[str, list[str]] = {}
     for node in _loaded_with_the_file(ast.parse(path.read_text()).body):
         if isinstance(node, ast.Import):

@@ -1,15 +1,4 @@
-"""``%ranks`` and ``%%ranks``: live DDP ranks from notebook cells.
-
-%load_ext ddp_helpers
-%ranks start --nproc 2          # binds the LiveRanks object as `ranks` in the notebook
-%%ranks                         # this cell runs on every rank
-x = torch.ones(1) * (rank + 1)
-dist.all_reduce(x)
-x.item()
-%%ranks --rank 0                # on some ranks only
-%ranks where                    # every rank's Python stack now
-%ranks stop
-"""
+"""``%ranks`` and ``%%ranks``: live DDP ranks from notebook cells."""
 
 from __future__ import annotations
 

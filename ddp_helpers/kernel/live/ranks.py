@@ -1,14 +1,4 @@
-"""Live ranks: DDP processes that stay up between notebook cells.
-
-    ranks = start_ranks(nproc=2)                 # torchrun + init_process_group, once
-    ranks.run("x = torch.ones(1) * (rank + 1)\\ndist.all_reduce(x)\\nx.item()")
-    ranks.gather("x")                            # [tensor([3.]), tensor([3.])]
-    ranks.shutdown()
-
-Each rank runs `ddp_helpers.rank.live_server`, which takes code over an authenticated Unix socket and
-exits when that socket closes, so a killed kernel leaves nothing behind. Output and failures are the
-launcher's: per-rank log files echoed as ``[rank N]`` lines, diagnosed as `launch` diagnoses them.
-"""
+"""Live ranks: DDP processes that stay up between notebook cells."""
 
 from __future__ import annotations
 
@@ -131,13 +121,7 @@ class LiveRanks:
         ranks: Iterable[int] | int | None = None,
         timeout: float | None | EllipsisType = ...,
     ) -> RankResults:
-        """Run `code` on `ranks` (default: every rank) and wait until each has finished it.
-
-        Each rank's output streams in as ``[rank N]`` lines. Returns each rank's value of the last
-        expression. Raises `RankError` if the code raised on any rank (the ranks keep running),
-        `LaunchTimeout` if a rank still in the cell printed nothing for `timeout` seconds,
-        `WorkerFailed` if a rank died, and `LaunchInterrupted` on a kernel interrupt.
-        """
+        """Run `code` on `ranks` (default: every rank) and wait until each has finished it."""
         if not isinstance(code, str):
             raise InvalidLaunchArguments(f"code must be a string, got {type(code).__name__}")
         check_syntax(code)  # a syntax error is reported here, before anything is sent
@@ -167,13 +151,7 @@ class LiveRanks:
         **kwargs: Any,
     ) -> RankResults:
         """Call the function named `target` on `ranks` (default: every rank) with these arguments, and
-        return each rank's return value: ``ranks.call("train.main", argv)``.
-
-        The arguments travel pickled; `OnRank("mesh")` stands for the rank's own variable ``mesh``.
-        `target` is a dotted name in each rank's namespace (a module `import_file` bound) or an
-        importable one (``"ddp_helpers.chapters.ch07_inside_ddp.handmade_ddp.main"``). `environ`: variables set on the
-        ranks for the call only. Output, errors, hangs and interrupts are as `run` reports them.
-        """
+        return each rank's return value: ``ranks.call("train.main", argv)``."""
         if not isinstance(target, str) or not all(part.isidentifier() for part in target.split(".")):
             raise InvalidLaunchArguments(f"call takes a function's dotted name, got {target!r}")
         extra = dict(environ or {})
@@ -185,20 +163,13 @@ class LiveRanks:
         return self.run(code, ranks=ranks, timeout=timeout)
 
     def where(self) -> str:
-        """Every rank's Python stack now, without stopping any (the cell's lines shown with its frames).
-
-        It sends nothing over the ranks' connections: a second thread may ask while a cell blocks.
-        """
+        """Every rank's Python stack now, without stopping any (the cell's lines shown with its frames)."""
         if self._session is None or not self.alive:
             raise RanksNotRunning(not_running_message())
         return recovery.where(self._session, self._cells)
 
     def gather(self, name: str, ranks: Iterable[int] | int | None = None) -> list[Any]:
-        """The value bound to `name` on each rank, in rank order (tensors moved to the CPU).
-
-        Raises `NameError` where `name` is unbound, and `ValueNotReturned` (sorted ranks, each
-        value's repr) where a value cannot travel: it does not pickle, or its class was defined in a cell.
-        """
+        """The value bound to `name` on each rank, in rank order (tensors moved to the CPU)."""
         if not isinstance(name, str) or not name.isidentifier():
             raise InvalidLaunchArguments(f"gather takes a variable name, got {name!r}")
         targets = self._targets(ranks)
@@ -218,11 +189,7 @@ class LiveRanks:
 
     def import_file(self, path: str | os.PathLike[str], name: str | None = None) -> None:
         """Import the Python file at `path` on every rank as module `name` (default: the file's stem),
-        bound to `name` in each rank's namespace: e.g. a worker, to call its ``main(argv)`` there.
-
-        It is registered in ``sys.modules`` as ``import name`` would, so that its dataclasses and
-        pickled objects find their module.
-        """
+        bound to `name` in each rank's namespace: e.g. a worker, to call its ``main(argv)`` there."""
         file = Path(path).resolve()
         name = file.stem if name is None else name
         if not file.is_file() or file.suffix != ".py":
@@ -271,12 +238,7 @@ def request(
     targets: list[int],
     timeout: float | None,
 ) -> dict[int, Reply]:
-    """Send `message` to `targets` and return each rank's reply once all have replied.
-
-    Whatever ends the cell early is turned into an error by `recovery`: a death (`WorkerFailed`), a rank
-    silent for `timeout` (`LaunchTimeout`), Ctrl-C (`LaunchInterrupted`), and a rank that raised while
-    the others still run the cell after PEER_FAILED_WAIT_S (`RankError`).
-    """
+    """Send `message` to `targets` and return each rank's reply once all have replied."""
     session.begin_cell(after_cell=cells.last_sent)
     cells.last_sent = message.cell_id
     session.send(targets, message)

@@ -1,9 +1,4 @@
-"""When a cell does not end by itself: a kernel interrupt, a hang, a rank that died.
-
-Each turns into the launcher's errors (`LaunchInterrupted`, `LaunchTimeout`, `WorkerFailed`) and leaves the
-ranks usable (the cell ended on every rank and a barrier completes) or stopped, never in between. Where a
-stuck rank waits comes from its stack dump (`rank/stack_dumps.py`), shown with the cells' lines.
-"""
+"""When a cell does not end by itself: a kernel interrupt, a hang, a rank that died."""
 
 from __future__ import annotations
 
@@ -131,12 +126,9 @@ def _waiting_then_interrupted(
 
 # ------------------------------------------------------------------ deaths
 def died(session: Session, rank: int | None, exitcode: int | None = None) -> LaunchError:
-    """A rank is gone: say who left, with which code, and what this cell wrote; stop the rest.
-
-    `exitcode` is known when the cell called ``os._exit`` (the rank said so). Otherwise torchrun
-    reports a rank that failed, but not one that exited with code 0: when the rank's process is
-    gone and torchrun, still running, has reported nothing, that silence means code 0.
-    """
+    """A rank is gone: say who left, with which code, and what this cell wrote; stop the rest."""
+    # torchrun reports a rank that failed, never one that exited 0: a rank gone while torchrun runs on
+    # and says nothing left with code 0
     if exitcode is None:
         exitcode = _silent_exit(session, rank)
     session.follow(final=True)
@@ -213,10 +205,7 @@ def show_stacks(stacks: Mapping[int, str]) -> str:
 
 
 def format_stack(dump: str, sources: Mapping[int, str]) -> str:
-    """A faulthandler dump, down to the innermost cell frame, each cell frame followed by its line.
-
-    `sources` maps a cell id to its code (a cell's frames are in the file ``<cell N>``).
-    """
+    """A faulthandler dump, down to the innermost cell frame, each cell frame followed by its line."""
     frames = list(_FRAME.finditer(dump))
     cell_frames = [i for i, m in enumerate(frames) if m["file"].startswith("<cell ")]
     if cell_frames:

@@ -1,6 +1,5 @@
 """What comes back from the ranks (`Value` or `Error` replies), as the notebook sees it: `RankResults`,
-a gathered list, a `RankError` or a `ValueNotReturned`.
-"""
+a gathered list, a `RankError` or a `ValueNotReturned`."""
 
 from __future__ import annotations
 
@@ -27,11 +26,7 @@ class _Shown:
 
 
 class RankResults(dict[int, Any]):
-    """The value of a cell's last expression on each rank that ran it: ``{rank: value}``.
-
-    None where the cell ended in a statement. Values that cannot be unpickled in the kernel (an
-    object of a class defined in a cell) are shown by their repr on the rank.
-    """
+    """The value of a cell's last expression on each rank that ran it: ``{rank: value}``."""
 
     wall_s: float = 0.0
 
@@ -74,11 +69,7 @@ def _ipython_syntax(line: str) -> str | None:
 
 
 def cell_results(replies: dict[int, Reply]) -> RankResults:
-    """Each rank's value of the cell.
-
-    Raises `RankError` if the cell raised on any rank, and `LaunchInterrupted` if it raised
-    KeyboardInterrupt on one.
-    """
+    """Each rank's value of the cell."""
     failed = {r: reply for r, reply in replies.items() if isinstance(reply, Error)}
     if failed:
         raise _rank_error(failed)
@@ -99,10 +90,7 @@ def _refuse_interrupted(replies: dict[int, Reply]) -> None:
 
 
 def gathered(name: str, replies: dict[int, Reply], targets: list[int]) -> list[Any]:
-    """The values bound to `name`, in the order of `targets`.
-
-    Raises `NameError` where it is unbound, and `ValueNotReturned` where a value cannot travel.
-    """
+    """The values bound to `name`, in the order of `targets`."""
     missing = {r: reply for r, reply in replies.items() if isinstance(reply, Error)}
     if missing:
         raise NameError(f"{missing[min(missing)].error} on rank(s) {', '.join(map(str, sorted(missing)))}")

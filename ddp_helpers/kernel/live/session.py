@@ -1,7 +1,6 @@
 """One start of the live ranks (what `LiveRanks` holds between two restarts): torchrun with
 `rank/live_server.py` on each rank, a connection to each, their logs echoed as ``[rank N]`` lines, and
-`receive`, the one loop that reads the ranks' replies. `CellLog` outlives the starts.
-"""
+`receive`, the one loop that reads the ranks' replies. `CellLog` outlives the starts."""
 
 from __future__ import annotations
 
@@ -35,10 +34,7 @@ RANK_SERVER = (
 
 @dataclass
 class CellLog:
-    """Every request's id and code, for the life of a `LiveRanks` (ids go on across restarts).
-
-    A stuck rank's stack names its cell by id (``<cell 3>``); the code shows the line it waits on.
-    """
+    """Every request's id and code, for the life of a `LiveRanks` (ids go on across restarts)."""
 
     sources: dict[int, str] = field(default_factory=dict)
     last_id: int = 0  # the id given last
@@ -65,13 +61,7 @@ def receive(
     deadline: float | None = None,
     between: Callable[[], None] | None = None,
 ) -> Iterator[tuple[int, Reply | None]]:
-    """Each reply from the ranks in `pending` as it arrives, ``(rank, reply)``; reply None: the connection closed.
-
-    A rank leaves `pending` once the caller has taken its reply (a caller that stops at a reply, by
-    ``break`` or by raising, leaves that rank pending). Ends when no rank is pending or at `deadline`
-    (``time.monotonic()``; None: no deadline). `between` runs after each wait of up to POLL_S, replies
-    or not: following the logs, noticing a death or a hang (it may raise).
-    """
+    """Each reply from the ranks in `pending` as it arrives, ``(rank, reply)``; reply None: the connection closed."""
     while pending and (deadline is None or time.monotonic() < deadline):
         by_conn = {conns[rank]: rank for rank in pending}
         ready = wait(list(by_conn), timeout=POLL_S)
@@ -203,11 +193,7 @@ class Session:
 
     # ------------------------------------------------------------------ one cell's output
     def begin_cell(self, after_cell: int) -> None:
-        """Close the previous cell's output and start this one's.
-
-        Lines printed since the last cell ended (a thread of an earlier cell) are not this cell's:
-        they are shown first, labelled with the cell they came after.
-        """
+        """Close the previous cell's output and start this one's."""
         self.run.label_note = f" (after cell {after_cell})" if after_cell else ""
         try:
             self.follow(final=True)
