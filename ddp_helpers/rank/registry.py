@@ -3,6 +3,8 @@ refused before torch is imported or any rank starts."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from ddp_helpers.rank.spec import Exercise
 
 
@@ -27,6 +29,15 @@ def all_exercises() -> list[Exercise]:
 # notebook 10: a whole script, checked under torchrun (ddp_helpers/chapters/ch10_capstone/)
 CAPSTONE = "10-capstone"
 CAPSTONE_TITLE = "The whole DDP program, written by you, checked under torchrun"
+
+
+def catalogue() -> list[dict[str, Any]]:
+    """Every exercise's id, notebook, title and the capstone lines it covers; the capstone last."""
+    rows = [
+        {"id": e.id, "notebook": e.notebook, "title": e.title, "covers": list(e.covers)}
+        for e in all_exercises()
+    ]
+    return rows + [{"id": CAPSTONE, "notebook": "10", "title": CAPSTONE_TITLE, "covers": []}]
 
 
 def capstone_reference() -> str:

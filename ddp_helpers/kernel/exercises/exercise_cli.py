@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ddp_helpers.errors import InvalidLaunchArguments
-from ddp_helpers.rank.registry import CAPSTONE, CAPSTONE_TITLE, UnknownExercise, all_exercises, get, solution
+from ddp_helpers.rank.registry import UnknownExercise, catalogue, get, solution
 
 MAX_NPROC = 8
 
@@ -17,24 +17,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("exercises", help="list the exercises, show a solution, check an answer")
     actions = parser.add_subparsers(dest="action", required=True)
     listing = actions.add_parser("list", help="every exercise, with its notebook and title")
-    listing.add_argument("--json", action="store_true")
-    solution = actions.add_parser("solution", help="the reference answer of one exercise")
-    solution.add_argument("id")
+    actions.add_parser("solution", help="the reference answer of one exercise").add_argument("id")
     check = actions.add_parser("check", help="run FILE's code as the answer on live ranks, and judge it")
     check.add_argument("id")
     check.add_argument("file")
     check.add_argument("--nproc", type=int, default=2, help="ranks to check on (1 to 8; default 2)")
-    check.add_argument("--json", action="store_true")
     script = actions.add_parser("check-script", help="check a whole capstone script under torchrun")
     script.add_argument("script")
-    script.add_argument(
-        "--nproc",
-        type=int,
-        default=None,
-        metavar="N",
-        help="check at N ranks, with --amp fp16 then --amp bf16 (default: 2 ranks with fp16, then 3 with bf16)",
+    nproc_help = (
+        "check at N ranks, with --amp fp16 then --amp bf16 (default: 2 ranks with fp16, then 3 with bf16)"
     )
-    script.add_argument("--json", action="store_true")
+    script.add_argument("--nproc", type=int, default=None, metavar="N", help=nproc_help)
+    for action in (listing, check, script):
+        action.add_argument("--json", action="store_true")
     parser.set_defaults(func=run)
 
 
@@ -54,11 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _list(as_json: bool) -> int:
-    rows = [
-        {"id": e.id, "notebook": e.notebook, "title": e.title, "covers": list(e.covers)}
-        for e in all_exercises()
-    ]
-    rows.append({"id": CAPSTONE, "notebook": "10", "title": CAPSTONE_TITLE, "covers": []})
+    rows = catalogue()
     if as_json:
         print(json.dumps(rows))
     else:
@@ -92,24 +83,19 @@ def answer_of(text: str, exercise_id: str) -> str:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from ddp_helpers.kernel.exercises.checker import check_syntax
-    from ddp_helpers.kernel.exercises.unwritten import unwritten_message
-    from ddp_helpers.kernel.exercises.verdict import UNWRITTEN, Verdict
+    from ddp_helpers.kernel.exercises.checker import check, precheck
 
     exercise = get(args.id)
     _nproc(args.nproc)
-    code = answer_of(_read(args.file), exercise.id)
-    check_syntax(exercise, code)  # all refused above, before torch or a rank
-    unwritten = unwritten_message(exercise, code)
-    if unwritten is not None:  # said at once: no rank is started for an answer not written yet
-        verdict = Verdict(exercise.id, False, UNWRITTEN, unwritten, "", args.nproc)
+    # refused or said at once, before torch or a rank: bad input, or an answer not written yet
+    verdict = precheck(exercise, answer_of(_read(args.file), exercise.id), args.nproc)
+    if verdict is not None:
         print(verdict.to_json() if args.json else verdict.text())
         return 1
-    from ddp_helpers.kernel.exercises.checker import check
     from ddp_helpers.kernel.live.ranks import start_ranks
 
     with start_ranks(nproc=args.nproc, show_ranks="none" if args.json else "all") as ranks:
-        verdict = check(exercise.id, code, ranks)
+        verdict = check(exercise.id, answer_of(_read(args.file), exercise.id), ranks)
     print(verdict.to_json() if args.json else verdict.text())
     return 0 if verdict.passed else 1
 
