@@ -4,6 +4,7 @@ which is why RNG states are stored as tensors and ints, never NumPy arrays."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -41,27 +42,18 @@ def list_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
 
 def _fsync_dir(folder: Path) -> None:
     # the rename itself must reach the disk, or a power cut could undo it
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
+    fd = os.open(folder, os.O_RDONLY)
+    with contextlib.suppress(OSError):
         os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    os.close(fd)
 
 
-def no_space_left(error: BaseException) -> bool:
+def no_space_left(error: BaseException | None) -> bool:
     """Whether `error`, or an exception it came from, is a full disk (ENOSPC)."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.errno == errno.ENOSPC:
+    while error is not None:
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
             return True
-        current = current.__cause__ or current.__context__
+        error = error.__cause__ or error.__context__
     return False
 
 
@@ -93,31 +85,24 @@ def save_checkpoint(
     _fsync_dir(folder)
     for old in list_checkpoints(folder)[:-keep]:
         old.unlink(missing_ok=True)
-    for leftover in stale_temporaries(folder, step):
-        leftover.unlink(missing_ok=True)
+    for leftover in folder.iterdir():  # saves that never finished (a writer killed mid-save), up to `step`
+        match = _TEMPORARY.match(leftover.name)
+        if match and int(match[1]) <= step and not _running(int(match[2])):
+            leftover.unlink(missing_ok=True)
     return final
 
 
 _TEMPORARY = re.compile(r"^\.ckpt-step(\d+)\.pt\.(\d+)\.tmp$")
 
 
-def stale_temporaries(directory: str | os.PathLike[str], step: int) -> list[Path]:
-    """The temporary files of saves that never finished (a writer killed mid-save), up to `step`."""
-    found = []
-    for path in Path(directory).iterdir():
-        match = _TEMPORARY.match(path.name)
-        if match and int(match[1]) <= step and not _running(int(match[2])):
-            found.append(path)
-    return sorted(found)
-
-
 def _running(pid: int) -> bool:
+    # a writer still running is another rank saving at once: it must fail on its own, not lose its file
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process
-        return True
+        pass
     return True
 
 
@@ -158,9 +143,6 @@ def load_latest_on_every_rank(
     if dist.get_rank() == 0:
         return state, Path(choice[0])
     return load_checkpoint(choice[0], map_location), Path(choice[0])
-
-
-# ---------------------------------------------------------------------------- RNG
 
 
 def capture_rng() -> dict[str, Any]:
