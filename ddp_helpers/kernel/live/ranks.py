@@ -246,10 +246,7 @@ class LiveRanks:
 
     # ------------------------------------------------------------------ the public calls
     def run(
-        self,
-        code: str,
-        ranks: Iterable[int] | int | None = None,
-        timeout: float | None | EllipsisType = ...,
+        self, code: str, ranks: Iterable[int] | int | None = None, timeout: float | None | EllipsisType = ...
     ) -> RankResults:
         """Run `code` on `ranks` (default: every rank); each rank's value of its last expression.
 
