@@ -41,8 +41,7 @@ def _dump_file(log_dir: Path, pid: int) -> Path:
 
 
 def register(log_dir: Path) -> None:
-    """In a worker: answer `STACK_SIGNAL` with the stack of every Python thread, the main one named.
-    Once per process; a folder that cannot be written leaves the worker as it was."""
+    """In a worker, once: answer `STACK_SIGNAL` with the stack of every Python thread, the main one named."""
     if _registered or STACK_SIGNAL is None:
         return
     path = _dump_file(log_dir, os.getpid())
@@ -59,15 +58,13 @@ def register(log_dir: Path) -> None:
 
 
 def register_in_run() -> None:
-    """`register` in the logs of this worker's run, where ``DDP_RUN_DIR`` names it (the launcher,
-    the cluster job files and the workers set it)."""
+    """`register` in the logs of this worker's run, where ``DDP_RUN_DIR`` names it."""
     if run_contract.RUN_DIR_ENV in os.environ:
         register(Path(os.environ[run_contract.RUN_DIR_ENV]) / run_contract.LOGS_DIR)
 
 
 def ask(pids_by_rank: dict[int, int], log_dir: Path) -> dict[int, str]:
-    """Each registered worker's main-thread stack, by rank (see `where_it_waits`); the others: none.
-    Never raises: it runs on the way to reporting a hang."""
+    """Each registered worker's main-thread stack, by rank (`where_it_waits`). Never raises."""
     stacks = {}
     for rank, dump in ask_dumps(pids_by_rank, log_dir).items():
         where = where_it_waits(dump)
@@ -105,8 +102,7 @@ def ask_dumps(pids_by_rank: dict[int, int], log_dir: Path) -> dict[int, str]:
 
 
 def _start_time(pid: int) -> str:
-    """When process `pid` started, in clock ticks since boot (/proc/PID/stat's 22nd field); "" without
-    /proc. A pid reused by a new process gets a new start time."""
+    """When process `pid` started (/proc/PID/stat's 22nd field), "" without /proc: a reused pid differs."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             stat = fh.read()
@@ -133,9 +129,7 @@ def _wait_until_written(files: dict[int, Path], offsets: dict[int, int]) -> None
 
 
 def where_it_waits(dump: str) -> str:
-    """The main thread's frames from a dump (header line first), innermost first, each with its source
-    line. The frames that started the script (runpy's, for ``python -m``) are left out; where
-    the innermost frames are all a library's, the innermost frame of the script's own code follows."""
+    """The main thread's frames, innermost first, with their lines; then the script's own, if not shown."""
     main = main_thread(dump)
     frames = [m for m in _FRAME.finditer(main) if m["file"] != "<frozen runpy>"]
     shown = frames[:MAX_FRAMES]

@@ -197,8 +197,7 @@ def waits_in_answer(stack: str) -> tuple[str, int] | None:
 
 
 def one_sided_collective(error: LaunchTimeout, world: int) -> str | None:
-    """The hang named, when some ranks finished the answer and every stuck one waits in a collective of
-    it: "rank 0 waits in `barrier` at line 17 of your answer, which rank 1 never called"."""
+    """The hang named, where some ranks finished the answer and every stuck one waits in a collective of it."""
     stuck = sorted(set(error.silent_ranks))
     finished = [r for r in range(world) if r not in stuck]
     waits = {r: w for r in stuck if (w := waits_in_answer(error.stacks.get(r, ""))) is not None}

@@ -71,8 +71,7 @@ def _read(path: str) -> str:
 
 
 def answer_of(text: str, exercise_id: str) -> str:
-    """The answer in FILE: a notebook cell pasted whole starts with its `%%exercise ID` line, which is the
-    cell's magic, not Python. It is taken off, and refused when it names another exercise."""
+    """The answer in FILE, without the `%%exercise ID` line of a cell pasted whole (refused if ID differs)."""
     first, _, rest = text.lstrip("\n").partition("\n")
     if not first.startswith("%%exercise"):
         return text

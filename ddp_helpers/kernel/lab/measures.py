@@ -78,8 +78,7 @@ def phase_times(metrics: pd.DataFrame, skip_steps: int = 0) -> pd.DataFrame:
 
 
 def straggler(phases: pd.DataFrame) -> int | None:
-    """The rank the others wait for: the longest time before the step's collectives, if it is
-    also the rank that waits least (None with one rank, or when the two disagree)."""
+    """The rank with the longest time before the collectives, if it also waits least (else None)."""
     if len(phases) < 2:
         return None
     slowest, least_waiting = int(phases["data_ms"].argmax()), int(phases["wait_ms"].argmin())  # positions

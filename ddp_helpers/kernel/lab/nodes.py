@@ -27,6 +27,5 @@ __all__ = [
 
 
 def freeze(node: ElasticNode) -> None:
-    """Stop the node's agent and every worker it started (SIGSTOP): they stay alive with their sockets
-    open and answer nothing, as on a machine that froze or lost power. `node.stop()` (SIGKILL) ends them."""
+    """SIGSTOP the node's agent and workers: alive, sockets open, silent, as a frozen machine's."""
     ProcessTree(node.process.pid).signal_all(signal.SIGSTOP)

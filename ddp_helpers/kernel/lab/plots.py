@@ -51,8 +51,7 @@ def scaling_curve(nprocs, samples_per_s, title: str = "DDP scaling"):
 
 
 def phase_times_per_rank(phases, title: str = "where each rank's step goes"):
-    """One stacked bar per rank from `metrics.phase_times`: its own data time, the train step's
-    work (forward, backward, communication), and the time it waited for the slowest rank."""
+    """One stacked bar per rank from `measures.phase_times`: data, the step's own work, the wait for the slowest."""
     ax = _axes((7, 0.6 * len(phases) + 1.8), "median ms per step", "", title)
     labels = [f"rank {int(r)}" for r in phases.index]
     work = phases["train_step_ms"] - phases["wait_ms"]

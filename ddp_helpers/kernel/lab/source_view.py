@@ -68,8 +68,7 @@ def source_of(target: str | os.PathLike[str], *names: str) -> str:
 
 
 def display_or_print(text: str, rich: Callable[[Any], Any] | None = None) -> None:
-    """In a notebook, display `rich(IPython.display)` (a display object, or a mimebundle dict); elsewhere
-    (a terminal, a test) print `text`."""
+    """In a notebook, display `rich(IPython.display)` (an object, or a mimebundle dict); elsewhere print `text`."""
     try:
         from IPython import display as ipython_display
         from IPython import get_ipython

@@ -319,8 +319,7 @@ class LiveRanks:
         self._request("", self._targets(None), ..., data)
 
     def import_file(self, path: str | os.PathLike[str], name: str | None = None) -> None:
-        """Import the .py file at `path` on every rank as module `name` (default: its stem), in ``sys.modules``
-        as ``import name`` would (so its dataclasses pickle), bound to `name` in each rank's namespace."""
+        """Import the .py file at `path` on every rank as module `name` (default: its stem), as `import` would."""
         file = Path(path).resolve()
         name = file.stem if name is None else name
         if not file.is_file() or file.suffix != ".py":
@@ -356,10 +355,7 @@ class LiveRanks:
     def _request(
         self, code: str, targets: list[int], timeout: float | None | EllipsisType, values: bytes | None = None
     ) -> dict[int, Reply]:
-        """Send `code` to `targets`; each rank's reply once all have replied (`timeout` ``...``: the ranks' own).
-
-        What ends the cell early becomes an error (`recovery`): a death, a rank silent for `timeout`,
-        Ctrl-C, a rank that raised while the others still run the cell after PEER_FAILED_WAIT_S."""
+        """Send `code` to `targets`; each rank's reply, or what ended the cell early as an error (`recovery`)."""
         seconds = check_seconds("timeout", self.timeout if timeout is ... else timeout, allow_none=True)
         message = Run(self.new_cell(code), code, values)
         self.begin_cell(after_cell=self.last_sent)
@@ -411,8 +407,7 @@ class LiveRanks:
         self.follower.poll_files(final=final)
 
     def begin_cell(self, after_cell: int) -> None:
-        """Close the previous cell's output and start this one's; lines printed between cells come first,
-        labelled with the cell they came after."""
+        """Close the previous cell's output (lines printed between cells first, labelled) and start this one's."""
         self.follower.label_note = f" (after cell {after_cell})" if after_cell else ""
         try:
             self.follow(final=True)

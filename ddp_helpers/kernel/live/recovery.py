@@ -88,8 +88,7 @@ def where(ranks: LiveRanks) -> str:
 
 
 def peer_failed(ranks: LiveRanks, pending: set[int], replies: dict[int, Reply]) -> RankError:
-    """Some ranks raised and the rest still run the cell (most often waiting for them in a collective):
-    say where the rest wait, then interrupt them; keep the ranks if the group survived, else stop them."""
+    """Some ranks raised while the rest still run the cell: where they wait, then interrupt them."""
     failed = {r: reply for r, reply in replies.items() if isinstance(reply, Error)}
     waiting = sorted(pending)
     why = "blocked inside a collective that the failed rank never joined"
@@ -167,8 +166,7 @@ def died(ranks: LiveRanks, rank: int | None, exitcode: int | None = None) -> Lau
 
 
 def _silent_exit(ranks: LiveRanks, rank: int | None) -> int | None:
-    """0 if `rank`'s process is gone while torchrun runs on without a report; None once torchrun has ended
-    (it reports) or after its grace time."""
+    """0 if `rank`'s process is gone while torchrun runs on without a report; else None."""
     pid = ranks.pids.get(rank) if rank is not None else None
     deadline = time.monotonic() + ranks.config.grace_s + 10
     gone_since: float | None = None

@@ -25,8 +25,7 @@ class _Shown:
 
 
 class RankResults(dict[int, Any]):
-    """The value of a cell's last expression on each rank that ran it: ``{rank: value}``; one that cannot
-    be unpickled in the kernel (its class was defined in a cell) shows the rank's repr."""
+    """The value of a cell's last expression on each rank that ran it (the rank's repr where it cannot travel)."""
 
     wall_s: float = 0.0
 
