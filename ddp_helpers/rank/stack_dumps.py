@@ -65,12 +65,8 @@ def register_in_run() -> None:
 
 def ask(pids_by_rank: dict[int, int], log_dir: Path) -> dict[int, str]:
     """Each registered worker's main-thread stack, by rank (`where_it_waits`). Never raises."""
-    stacks = {}
-    for rank, dump in ask_dumps(pids_by_rank, log_dir).items():
-        where = where_it_waits(dump)
-        if where:
-            stacks[rank] = where
-    return stacks
+    stacks = {rank: where_it_waits(dump) for rank, dump in ask_dumps(pids_by_rank, log_dir).items()}
+    return {rank: where for rank, where in stacks.items() if where}
 
 
 def ask_dumps(pids_by_rank: dict[int, int], log_dir: Path) -> dict[int, str]:
