@@ -86,32 +86,29 @@ def _check(args: argparse.Namespace) -> int:
 
     exercise = get(args.id)
     _nproc(args.nproc)
+    code = answer_of(_read(args.file), exercise.id)
     # refused or said at once, before torch or a rank: bad input, or an answer not written yet
-    verdict = precheck(exercise, answer_of(_read(args.file), exercise.id), args.nproc)
-    if verdict is not None:
-        print(verdict.to_json() if args.json else verdict.text())
-        return 1
-    from ddp_helpers.kernel.live.ranks import start_ranks
+    verdict = precheck(exercise, code, args.nproc)
+    if verdict is None:
+        from ddp_helpers.kernel.live.ranks import start_ranks
 
-    with start_ranks(nproc=args.nproc, show_ranks="none" if args.json else "all") as ranks:
-        verdict = check(exercise.id, answer_of(_read(args.file), exercise.id), ranks)
+        with start_ranks(nproc=args.nproc, show_ranks="none" if args.json else "all") as ranks:
+            verdict = check(exercise.id, code, ranks)
     print(verdict.to_json() if args.json else verdict.text())
     return 0 if verdict.passed else 1
 
 
 def _check_script(args: argparse.Namespace) -> int:
     _nproc(args.nproc)
-    script = Path(args.script)
     try:
-        compile(_read(args.script), str(script), "exec")
+        compile(_read(args.script), args.script, "exec")
     except SyntaxError as error:
         raise InvalidLaunchArguments(
             f"{args.script}: syntax error at line {error.lineno}: {error.msg}"
         ) from None
     from ddp_helpers.chapters.ch10_capstone.ch10_exercises import check_script
 
-    verdict = check_script(
-        script, nproc=(2, 3) if args.nproc is None else (args.nproc,), progress=not args.json
-    )
+    nproc = (2, 3) if args.nproc is None else (args.nproc,)
+    verdict = check_script(Path(args.script), nproc=nproc, progress=not args.json)
     print(verdict.to_json() if args.json else verdict.text())
     return 0 if verdict.passed else 1
