@@ -22,12 +22,8 @@ Planner = Callable[..., NotebookPlan]  # plan(machine, smoke, **options)
 
 def planners() -> dict[str, Planner]:
     """Every notebook's planner, by notebook number ("02"): the `plan` of each chapter's chNN_plan module."""
-    found = {}
-    for chapter in pkgutil.iter_modules(chapters.__path__):
-        number = chapter.name[2:4]
-        module = importlib.import_module(f"{chapters.__name__}.{chapter.name}.ch{number}_plan")
-        found[number] = module.plan
-    return dict(sorted(found.items()))
+    names = sorted(chapter.name for chapter in pkgutil.iter_modules(chapters.__path__))
+    return {n[2:4]: importlib.import_module(f"{chapters.__name__}.{n}.ch{n[2:4]}_plan").plan for n in names}
 
 
 def plan_for(
