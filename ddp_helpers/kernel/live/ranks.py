@@ -313,7 +313,13 @@ class LiveRanks:
         """Every rank's Python stack now, without stopping any; it sends nothing, so a second thread may ask."""
         if not self.alive:
             raise RanksNotRunning(not_running_message())
-        return where(self)
+        parts = []  # a rank with no cell frame is between cells
+        for rank, stack in sorted(read_stacks(self, sorted(self.pids)).items()):
+            if 'File "<cell ' not in stack:
+                parts.append(f"rank {rank}: between cells (waiting for the next one)")
+            else:
+                parts.append(f"rank {rank}, running (most recent call first):\n{stack}")
+        return "\n\n".join(parts) or "no rank answered"
 
     def gather(self, name: str, ranks: Iterable[int] | int | None = None) -> list[Any]:
         """The value bound to `name` on each rank, in rank order (tensors moved to the CPU).
@@ -536,17 +542,6 @@ def check_group(ranks: LiveRanks, what: str) -> str:
             f"{RESTART_HINT}"
         )
     return f"{what}; the ranks are still running, with their state, and the process group is usable."
-
-
-def where(ranks: LiveRanks) -> str:
-    """Every rank's Python stack now (`%ranks where`); a rank with no cell frame is between cells."""
-    parts = []
-    for rank, stack in sorted(read_stacks(ranks, sorted(ranks.pids)).items()):
-        if 'File "<cell ' not in stack:
-            parts.append(f"rank {rank}: between cells (waiting for the next one)")
-        else:
-            parts.append(f"rank {rank}, running (most recent call first):\n{stack}")
-    return "\n\n".join(parts) or "no rank answered"
 
 
 def peer_failed(ranks: LiveRanks, pending: set[int], replies: dict[int, Reply]) -> RankError:
