@@ -37,18 +37,14 @@ Definition = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
 
 
 def _find(tree: ast.Module, dotted: str) -> Definition:
-    first, *inner = dotted.split(".")
-    node = _child(tree, first, dotted)
-    for part in inner:
-        node = _child(node, part, dotted)
+    node: ast.AST = tree
+    for name in dotted.split("."):
+        found = [c for c in ast.iter_child_nodes(node) if isinstance(c, Definition) and c.name == name]
+        if not found:
+            raise LookupError(f"no function or class named {dotted!r} (missing: {name!r})")
+        node = found[0]
+    assert isinstance(node, Definition)
     return node
-
-
-def _child(scope: ast.AST, name: str, dotted: str) -> Definition:
-    for child in ast.iter_child_nodes(scope):
-        if isinstance(child, Definition) and child.name == name:
-            return child
-    raise LookupError(f"no function or class named {dotted!r} (missing: {name!r})")
 
 
 def source_of(target: str | os.PathLike[str], *names: str) -> str:
