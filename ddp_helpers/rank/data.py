@@ -44,6 +44,8 @@ def synthetic_images(
     split: str = "train",
 ) -> DatasetInfo:
     """Random images with a per-class pattern added, so a model can really learn them."""
+    if num_samples < 1 or image_size < 1 or num_classes < 2:  # train.py's --num-samples, --image-size
+        raise ValueError("need num_samples >= 1, image_size >= 1 and num_classes >= 2")
     patterns = torch.randn(
         num_classes, channels, image_size, image_size, generator=torch.Generator().manual_seed(seed)
     )
