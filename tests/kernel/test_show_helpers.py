@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddp_helpers.kernel.lab.worker_helpers import package_helpers, package_imports, purpose, show_helpers
+from ddp_helpers.kernel.lab.source_view import package_helpers, package_imports, purpose, show_helpers
 
 
 def test_ddp_py_needs_nothing_and_train_py_names_its_helpers():
