@@ -1,10 +1,6 @@
 """Rank side: run one answer in a fresh namespace, with the probe inputs and observers, and report.
-
-The checker sends each live rank ``run(ID, CODE, WORKDIR)``, then asks for `LAST`: plain values only.
-Where the answer raised, `run` raises it again once the result is kept, so that a rank that raised while
-the others wait for it in a collective ends the cell in seconds, not at the timeout. An exercise with
-`nodes=2` runs its answer as ranks of two nodes (`node_layout`); the process group stays the rank's own.
-"""
+An answer's exception is raised again once the result is kept in `LAST`, so that the others, waiting in
+a collective, end in seconds rather than at the timeout."""
 
 from __future__ import annotations
 
@@ -39,32 +35,8 @@ def context(workdir: str) -> Context:
     return Context(rank, world, local_rank, device, str(backend), workdir)
 
 
-def base_namespace(ctx: Context) -> dict[str, Any]:
-    """What every answer starts with, as the live ranks' own namespace does."""
-    return {
-        "__name__": "__exercise__",
-        "torch": torch,
-        "dist": dist,
-        "nn": nn,
-        "F": F,
-        "DDP": DDP,
-        "DataLoader": DataLoader,
-        "DistributedSampler": DistributedSampler,
-        "os": os,
-        "rank": ctx.rank,
-        "local_rank": ctx.local_rank,
-        "world_size": ctx.world_size,
-        "device": ctx.device,
-    }
-
-
 def node_layout(rank: int, world: int, nodes: int) -> dict[str, int] | None:
-    """Where `rank` sits on a job of `nodes` nodes: the variables torchrun sets per node, as numbers.
-
-    The ranks are dealt to the nodes in order, ceil(world / nodes) per node, the last node taking what is
-    left (3 ranks on 2 nodes: ranks 0 and 1 on node 0, rank 2 on node 1): torchrun's agents may each start
-    their own count, and give the global ranks out node after node. None where one node holds every rank.
-    """
+    """Where `rank` sits on a job of `nodes` nodes: the variables torchrun sets per node, as numbers."""
     per_node = -(-world // max(nodes, 1))
     if world < 2 or per_node >= world:
         return None
@@ -79,17 +51,6 @@ def node_layout(rank: int, world: int, nodes: int) -> dict[str, int] | None:
     }
 
 
-def _pretend_layout(nodes: int, ctx: Context, namespace: dict[str, Any]) -> dict[str, int] | None:
-    """The node layout this rank's answer runs in, where the exercise asks for one (`Exercise.nodes`).
-
-    Only where the answer's `device` is the CPU: on GPUs a rank's device is cuda:<its real LOCAL_RANK>,
-    and a right answer that takes its GPU from `local_rank` (DDP's device_ids) must still get its own."""
-    device = namespace.get("device")
-    if nodes < 2 or getattr(device, "type", None) != "cpu":
-        return None
-    return node_layout(ctx.rank, ctx.world_size, nodes)
-
-
 def run(exercise_id: str, code: str, workdir: str) -> dict[str, Any]:
     """Run `code` as exercise `exercise_id` on this rank; what it did, as plain values (also in `LAST`)."""
     global LAST
@@ -97,9 +58,14 @@ def run(exercise_id: str, code: str, workdir: str) -> dict[str, Any]:
     exercise = get(exercise_id)
     ctx = context(workdir)
     os.makedirs(workdir, exist_ok=True)
-    namespace = base_namespace(ctx)
+    # what every answer starts with, as the live ranks' own namespace does, then the exercise's own names
+    namespace: dict[str, Any] = dict(torch=torch, dist=dist, nn=nn, F=F, DDP=DDP, DataLoader=DataLoader)
+    namespace.update(DistributedSampler=DistributedSampler, os=os, rank=ctx.rank, local_rank=ctx.local_rank)
+    namespace.update(__name__="__exercise__", world_size=ctx.world_size, device=ctx.device)
     namespace.update(exercise.setup(ctx))
-    layout = _pretend_layout(exercise.nodes, ctx, namespace)
+    # pretend nodes (Exercise.nodes) on the CPU only: on GPUs an answer takes its own GPU from `local_rank`
+    on_cpu = getattr(namespace.get("device"), "type", None) == "cpu"
+    layout = node_layout(ctx.rank, ctx.world_size, exercise.nodes) if exercise.nodes > 1 and on_cpu else None
     if layout is not None and isinstance(namespace.get("local_rank"), int):  # 06 gives None: it reads `env`
         namespace["local_rank"] = layout["LOCAL_RANK"]
     # the layout the answer ran in (None: the machine's own), for the signatures of LOCAL_RANK mistakes

@@ -1,21 +1,10 @@
-"""Complete, atomic checkpoints and exact resume.
-
-- Only global rank 0 writes; the caller then meets the other ranks at a barrier.
-- A write goes to a temporary file in the same directory, is fsynced, then renamed over the
-  final name with `os.replace`: a crash at any moment leaves the previous checkpoint whole. That
-  rename is atomic on a local POSIX filesystem; NFS, Lustre and object stores (S3 has no rename)
-  may not promise it, nor that other machines see the new name at once.
-- Under DDP, rank 0 alone chooses the checkpoint to resume from and broadcasts its name
-  (`load_latest_on_every_rank`): ranks that each listed the folder could pick different files.
-- The last `keep` checkpoints are kept; older ones go only after a new one is complete.
-- Loading uses ``weights_only=True`` (torch.load's default since torch 2.6): unpickling an
-  untrusted file can run arbitrary code, and a checkpoint needs nothing beyond tensors and plain
-  Python values. That is why the RNG states are stored as tensors and ints (`capture_rng`): a NumPy
-  array is an object that ``weights_only=True`` refuses to unpickle.
-"""
+"""Complete, atomic checkpoints and exact resume: rank 0 writes a temporary file, fsyncs it and
+`os.replace`s it into place (a crash leaves the previous checkpoint whole); loads use weights_only=True,
+which is why RNG states are stored as tensors and ints, never NumPy arrays."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -53,27 +42,18 @@ def list_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
 
 def _fsync_dir(folder: Path) -> None:
     # the rename itself must reach the disk, or a power cut could undo it
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
+    fd = os.open(folder, os.O_RDONLY)
+    with contextlib.suppress(OSError):
         os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    os.close(fd)
 
 
-def no_space_left(error: BaseException) -> bool:
+def no_space_left(error: BaseException | None) -> bool:
     """Whether `error`, or an exception it came from, is a full disk (ENOSPC)."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.errno == errno.ENOSPC:
+    while error is not None:
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
             return True
-        current = current.__cause__ or current.__context__
+        error = error.__cause__ or error.__context__
     return False
 
 
@@ -105,37 +85,24 @@ def save_checkpoint(
     _fsync_dir(folder)
     for old in list_checkpoints(folder)[:-keep]:
         old.unlink(missing_ok=True)
-    for leftover in stale_temporaries(folder, step):
-        leftover.unlink(missing_ok=True)
+    for leftover in folder.iterdir():  # saves that never finished (a writer killed mid-save), up to `step`
+        match = _TEMPORARY.match(leftover.name)
+        if match and int(match[1]) <= step and not _running(int(match[2])):
+            leftover.unlink(missing_ok=True)
     return final
 
 
 _TEMPORARY = re.compile(r"^\.ckpt-step(\d+)\.pt\.(\d+)\.tmp$")
 
 
-def stale_temporaries(directory: str | os.PathLike[str], step: int) -> list[Path]:
-    """The temporary files of saves that never finished (a writer killed mid-save), up to `step`.
-
-    Once step `step` is complete, a temporary file of that step or an earlier one can never become
-    a checkpoint, unless its writer still runs: every rank saving at once (the mistake notebook 04
-    guards) must fail on its own, not because rank 0 deleted rank 1's file mid-write. The pid in
-    the name is checked on this host only; a shared folder cannot tell other hosts' writers.
-    """
-    found = []
-    for path in Path(directory).iterdir():
-        match = _TEMPORARY.match(path.name)
-        if match and int(match[1]) <= step and not _running(int(match[2])):
-            found.append(path)
-    return sorted(found)
-
-
 def _running(pid: int) -> bool:
+    # a writer still running is another rank saving at once: it must fail on its own, not lose its file
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process
-        return True
+        pass
     return True
 
 
@@ -162,14 +129,7 @@ def load_latest(
 def load_latest_on_every_rank(
     directory: str | os.PathLike[str], map_location: Any = "cpu"
 ) -> tuple[dict[str, Any] | None, Path | None]:
-    """`load_latest` for a DDP job: rank 0 chooses, every rank loads the same file.
-
-    Ranks that listed the folder each on their own could pick different checkpoints (a new one
-    appearing between two listings, a shared filesystem that shows it late, a file that only one
-    rank failed to read), and resume from different steps. Every rank must call this (a collective).
-    A rank that cannot read rank 0's choice raises `CheckpointError`: better a failed start than
-    ranks at different steps.
-    """
+    """`load_latest` for a DDP job: rank 0 chooses, every rank loads the same file."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return load_latest(directory, map_location)
     choice: list[str | None] = [None]
@@ -183,9 +143,6 @@ def load_latest_on_every_rank(
     if dist.get_rank() == 0:
         return state, Path(choice[0])
     return load_checkpoint(choice[0], map_location), Path(choice[0])
-
-
-# ---------------------------------------------------------------------------- RNG
 
 
 def capture_rng() -> dict[str, Any]:

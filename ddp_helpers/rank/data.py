@@ -1,8 +1,5 @@
 """Datasets for the workers: synthetic images, a small real dataset that ships with the
-package (UCI handwritten digits), and CIFAR-10 when it is already on disk.
-
-Every builder returns a `DatasetInfo`, so the worker can size its model from the data.
-"""
+package (UCI handwritten digits), and CIFAR-10 when it is already on disk."""
 
 from __future__ import annotations
 
@@ -26,14 +23,8 @@ SizedDataset: TypeAlias = Union[TensorDataset, "VisionDataset"]
 
 DIGITS_FILE = Path(__file__).parent / "shipped_data" / "digits.csv.gz"
 DATASETS = ("synthetic", "digits", "cifar10")
-SPLITS = ("train", "test")
 DIGITS_TEST = 299  # odd on purpose: 2 ranks cannot split it evenly, so padding would show
 DIGITS_MEAN, DIGITS_STD = 4.884, 6.017  # over all 1,797 images: both splits are scaled alike
-
-
-def _check_split(split: str) -> None:
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
 
 
 @dataclass
@@ -52,14 +43,9 @@ def synthetic_images(
     seed: int = 0,
     split: str = "train",
 ) -> DatasetInfo:
-    """Random images with a per-class pattern added, so a model can really learn them.
-
-    Generated from `seed` alone: every rank builds the identical dataset without any I/O.
-    The "test" split shares the class patterns but draws other images and labels.
-    """
-    if num_samples < 1 or image_size < 1 or num_classes < 2:
+    """Random images with a per-class pattern added, so a model can really learn them."""
+    if num_samples < 1 or image_size < 1 or num_classes < 2:  # train.py's --num-samples, --image-size
         raise ValueError("need num_samples >= 1, image_size >= 1 and num_classes >= 2")
-    _check_split(split)
     patterns = torch.randn(
         num_classes, channels, image_size, image_size, generator=torch.Generator().manual_seed(seed)
     )
@@ -73,12 +59,7 @@ def synthetic_images(
 
 
 def digits(channels: int = 1, split: str = "train") -> DatasetInfo:
-    """The UCI optical-recognition handwritten digits: 1,797 real 8x8 images, 10 classes, offline.
-
-    A fixed shuffle puts 1,498 images in "train" and 299 in "test". Pixels 0..16 are scaled to
-    zero mean and unit variance. `channels=3` repeats the grey channel for models that expect RGB.
-    """
-    _check_split(split)
+    """The UCI optical-recognition handwritten digits: 1,797 real 8x8 images, 10 classes, offline."""
     with gzip.open(DIGITS_FILE, "rt") as fh:
         table = np.loadtxt(fh, delimiter=",", dtype=np.float32)
     order = np.random.default_rng(0).permutation(len(table))
@@ -92,8 +73,6 @@ def digits(channels: int = 1, split: str = "train") -> DatasetInfo:
 def cifar10(root: str | os.PathLike[str] | None = None, split: str = "train") -> DatasetInfo:
     """CIFAR-10 from `root` (default: $DDP_HELPERS_DATA or ./data). Never downloads: this must work offline."""
     from torchvision import datasets, transforms
-
-    _check_split(split)
 
     root = Path(root or os.environ.get("DDP_HELPERS_DATA", "data"))
     transform = transforms.Compose(
@@ -123,10 +102,7 @@ def build_dataset(
 
 
 class ResumableDistributedSampler(DistributedSampler):
-    """A DistributedSampler that can begin an epoch part-way through, for an exact mid-epoch resume.
-
-    `start_at(n)` skips this rank's first n indices of the next epoch only, without loading them.
-    """
+    """A DistributedSampler that can begin an epoch part-way through, for an exact mid-epoch resume."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

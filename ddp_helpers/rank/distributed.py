@@ -1,18 +1,6 @@
-"""One place that chooses the backend and the device, for the launcher and for every worker.
-
-Worker side: imports torch only, never the launcher.
-
-    info = setup_distributed()        # under torchrun: set_device, init_process_group(device_id=...)
-    info.rank, info.local_rank, info.world_size, info.backend, info.device
-
-The rules, shared by `launch()` (which resolves "auto" before spawning) and the workers (which read
-the launcher's choice from ``DDP_BACKEND``, or resolve "auto" themselves under plain torchrun):
-- nccl with one CUDA device per process where GPUs exist, gloo on the CPU otherwise;
-- the device is the rank's own among the GPUs it sees (`gpu_index`): ``cuda:LOCAL_RANK`` where every
-  rank sees all the node's GPUs (torchrun), ``cuda:0`` where SLURM gave each task a GPU of its own
-  (``srun --gpus-per-task=1``); never ``RANK``: on the second machine RANK starts at 8, and ``cuda:8``
-  does not exist there.
-"""
+"""One place that chooses the backend and the device, for the launcher and for every worker: nccl with
+one GPU per rank where GPUs exist, else gloo; the device is cuda:LOCAL_RANK (cuda:0 where SLURM gave the
+task one GPU), never RANK, which on a second machine names a GPU that does not exist."""
 
 from __future__ import annotations
 
@@ -31,11 +19,7 @@ from ddp_helpers.run_contract import BACKEND_ENV, DEVICE_ENV
 
 
 def worker_backend() -> tuple[str, str]:
-    """The backend and device type for this worker: the launcher's choice, else "auto".
-
-    "auto" under a plain torchrun with fewer GPUs than local ranks (two ranks on a one-GPU box) means
-    gloo on the CPU: with nccl, rank 1 would ask for a ``cuda:1`` that does not exist.
-    """
+    """The backend and device type for this worker: the launcher's choice, else "auto"."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     backend = os.environ.get(BACKEND_ENV) or "auto"
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
@@ -52,13 +36,7 @@ def worker_backend() -> tuple[str, str]:
 
 
 def gpu_index(local_rank: int, visible_gpus: int) -> int:
-    """Which of the GPUs this process sees is its own: the index of its ``cuda`` device.
-
-    CUDA numbers the GPUs a process sees from 0, in the order of ``CUDA_VISIBLE_DEVICES``.
-    - Every rank sees all the node's GPUs (torchrun, or srun with ``--gpus-per-node``): ``LOCAL_RANK``.
-    - The process sees one GPU (SLURM's ``--gpus-per-task=1`` sets ``CUDA_VISIBLE_DEVICES`` to the
-      task's own GPU, a different one per task): 0, whatever its ``LOCAL_RANK``.
-    """
+    """Which of the GPUs this process sees is its own: the index of its ``cuda`` device."""
     if 0 <= local_rank < visible_gpus:
         return local_rank
     if visible_gpus == 1:
@@ -95,12 +73,7 @@ def under_torchrun() -> bool:
 
 
 def setup_distributed(backend: str | None = None, timeout: timedelta | None = None) -> DistInfo:
-    """Join the process group torchrun set up, or describe a plain one-process run.
-
-    On GPUs the device is the rank's own (`gpu_index`: ``cuda:LOCAL_RANK``, or ``cuda:0`` where SLURM
-    gave the task one GPU), set before ``init_process_group``, which gets it as ``device_id`` so NCCL
-    connects eagerly (and its watchdog exists before the first collective).
-    """
+    """Join the process group torchrun set up, or describe a plain one-process run."""
     if not under_torchrun():
         use_cuda = torch.cuda.is_available() and os.environ.get(DEVICE_ENV, "cuda") != "cpu"
         device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")

@@ -1,8 +1,4 @@
-"""The lines a whole DDP training script needs (the capstone, notebook 10), each taught by an exercise.
-
-Each exercise's `covers` names the lines it has the learner write; a test checks that the exercises
-of notebooks 01-09 cover every one, and the capstone notebook shows each as code.
-"""
+"""The lines a whole DDP training script needs (the capstone, notebook 10), each taught by an exercise."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
-"""What the notebook kernel and a live rank agree on: where to connect, and the messages they exchange.
-
-Both sides load this module (the kernel in `ranks`, every rank in `server`), so it imports nothing of
-either side: the standard library only. Each message is a small frozen dataclass, pickled by
-``multiprocessing.connection`` over an authenticated Unix socket.
-
-    kernel                                  rank
-                     <-- Hello                  (once, after joining the process group)
-    Run, Gather,     -->
-    Push, Check      <-- Value | Error | Interrupted
-                     <-- Exited                 (the cell called os._exit: the rank is leaving)
-    Shutdown         -->                        (the rank exits)
-"""
+"""The messages between the notebook kernel and a live rank, pickled over an authenticated Unix socket.
+Kernel to rank: a `Run` per request, None to exit; rank to kernel: ``(rank, pid)`` once, then a `Reply`
+per `Run`. The standard library only: both sides load it."""
 
 from __future__ import annotations
 
@@ -20,62 +10,18 @@ ADDRESS_ENV = "DDP_RANKS_ADDRESS"  # the kernel's Unix socket
 AUTHKEY_ENV = "DDP_RANKS_AUTHKEY"  # a random key per start, hex; the rank removes it from its environment
 
 
-# ---------------------------------------------------------------- rank -> kernel, once
-@dataclass(frozen=True)
-class Hello:
-    """A rank has joined the process group and connected back: who it is."""
-
-    rank: int
-    local_rank: int
-    pid: int
-    backend: str
-    device: str
-
-
-# ---------------------------------------------------------------- kernel -> rank: requests
 @dataclass(frozen=True)
 class Run:
-    """Run a cell's code in the rank's namespace; reply with the value of its last expression."""
+    """Bind the pickled dict `values` (if any), run `code`; reply with its last expression's value."""
 
     cell_id: int
     code: str
+    values: bytes | None = None
 
 
-@dataclass(frozen=True)
-class Gather:
-    """Reply with the value bound to `name` in the rank's namespace."""
-
-    cell_id: int
-    name: str
-
-
-@dataclass(frozen=True)
-class Push:
-    """Bind each name of the pickled dict `values` in the rank's namespace."""
-
-    cell_id: int
-    values: bytes
-
-
-@dataclass(frozen=True)
-class Check:
-    """After an interrupt: run a barrier, to tell whether the process group is still usable."""
-
-    cell_id: int
-
-
-@dataclass(frozen=True)
-class Shutdown:
-    """Leave the serve loop: the rank exits."""
-
-
-Request = Run | Gather | Push | Check
-
-
-# ---------------------------------------------------------------- rank -> kernel: replies
 @dataclass(frozen=True)
 class Value:
-    """The request succeeded: the value pickled (None where it cannot be), and its repr on the rank."""
+    """The value pickled (None where it cannot be), and its repr on the rank."""
 
     cell_id: int
     data: bytes | None
@@ -84,7 +30,7 @@ class Value:
 
 @dataclass(frozen=True)
 class Error:
-    """The request raised on the rank: ``"Type: message"``, and the traceback from the cell's frames on."""
+    """The cell raised: ``"Type: message"``, and the traceback from the cell's frames on."""
 
     cell_id: int
     error: str
@@ -93,7 +39,7 @@ class Error:
 
 @dataclass(frozen=True)
 class Interrupted:
-    """A SIGINT ended the request on the rank; the rank keeps its namespace."""
+    """A SIGINT ended the cell on the rank; the rank keeps its namespace."""
 
     cell_id: int
 

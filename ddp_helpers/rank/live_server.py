@@ -1,9 +1,6 @@
 """One live rank, started by torchrun: join the process group, connect back to the kernel over an
 authenticated Unix socket, then run each cell it receives in a namespace that persists between cells.
-
-Output is not sent over the socket: print() goes to the rank's log file, which the notebook follows. The
-rank exits when the kernel says so, or when its socket closes, so no rank outlives its notebook.
-"""
+print() goes to the rank's log file; the rank exits when its socket closes, so none outlives its kernel."""
 
 from __future__ import annotations
 
@@ -29,17 +26,11 @@ from ddp_helpers.rank.distributed import DistInfo, setup_distributed
 from ddp_helpers.rank.live_protocol import (
     ADDRESS_ENV,
     AUTHKEY_ENV,
-    Check,
     Error,
     Exited,
-    Gather,
-    Hello,
     Interrupted,
-    Push,
     Reply,
-    Request,
     Run,
-    Shutdown,
     Value,
 )
 
@@ -75,26 +66,16 @@ class Cells:
     """Runs cells in one persistent namespace, IPython-style: the last expression's value is returned."""
 
     def __init__(self, info: DistInfo) -> None:
-        self.namespace: dict[str, Any] = {
-            "__name__": "__main__",
-            "torch": torch,
-            "dist": dist,
-            "nn": nn,
-            "rank": info.rank,
-            "local_rank": info.local_rank,
-            "world_size": info.world_size,
-            "device": info.device,
-        }
-        # Classes defined in a cell live in this module, so pickle can find them.
+        # a module of its own, named __main__: classes defined in a cell can then be pickled
         module = types.ModuleType("__main__")
-        module.__dict__.update(self.namespace)
+        module.__dict__.update(torch=torch, dist=dist, nn=nn, rank=info.rank, local_rank=info.local_rank)
+        module.__dict__.update(world_size=info.world_size, device=info.device)
         self.namespace = module.__dict__
         sys.modules["__main__"] = module
         self.running = False  # SIGINT raises KeyboardInterrupt only inside a cell
         self.cell_id = 0  # the cell running now (or last run)
 
     def run(self, cell_id: int, code: str) -> Any:
-        """Run a cell; return the value of its last expression (None where it ends in a statement)."""
         self.cell_id = cell_id
         filename = f"<cell {cell_id}>"
         # tracebacks then show the cell's own lines
@@ -119,9 +100,8 @@ def cell_traceback(error: BaseException) -> str:
     """The traceback from the cell's own frames on (the server's frames are noise to the learner)."""
     frames = traceback.extract_tb(error.__traceback__)
     in_cell = [i for i, f in enumerate(frames) if f.filename.startswith("<cell ")]
-    first = in_cell[0] if in_cell else 0
     lines = ["Traceback (most recent call last):\n"]
-    lines += traceback.format_list(frames[first:])
+    lines += traceback.format_list(frames[in_cell[0] if in_cell else 0 :])
     lines += traceback.format_exception_only(type(error), error)
     return "".join(lines).rstrip()
 
@@ -130,8 +110,7 @@ def watch_for_kernel_exit(conn: Connection) -> None:
     """Exit as soon as the kernel's end of the socket closes, even in the middle of a long cell."""
     with socket.socket(fileno=os.dup(conn.fileno())) as sock:
         while True:
-            readable, _, _ = select.select([sock], [], [], 1.0)
-            if readable:
+            if select.select([sock], [], [], 1.0)[0]:
                 try:
                     data = sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
                 except BlockingIOError:
@@ -146,10 +125,8 @@ def watch_for_kernel_exit(conn: Connection) -> None:
 
 
 def announce_exits(conn: Connection, cells: Cells) -> None:
-    """Make a cell's ``os._exit(code)`` tell the kernel which cell it left in, and with which code.
-
-    torchrun reports failed workers only: without this, a rank leaving with code 0 is silence.
-    """
+    """Make a cell's ``os._exit(code)`` tell the kernel which cell it left in, and with which code."""
+    # torchrun reports failed workers only: without this, a rank leaving with code 0 is silence
 
     def exit_announced(status: int) -> NoReturn:  # os._exit's own signature
         sys.stdout.flush()
@@ -163,34 +140,23 @@ def announce_exits(conn: Connection, cells: Cells) -> None:
     os._exit = exit_announced
 
 
-def handle(cells: Cells, request: Request) -> Reply:
+def handle(cells: Cells, request: Run) -> Reply:
     """Answer one request of the kernel."""
-    match request:
-        case Run(cell_id, code):
-            try:
-                value = cells.run(cell_id, code)
-            except BaseException as error:  # SystemExit too: a cell must not end the rank
-                if isinstance(error, KeyboardInterrupt):
-                    return Interrupted(cell_id)
-                # one line in the log; the whole traceback goes to the notebook's RankError
-                print(
-                    f"[cell {cell_id} failed: {type(error).__name__}: {error}]", file=sys.stderr, flush=True
-                )
-                return Error(cell_id, f"{type(error).__name__}: {error}", cell_traceback(error))
-            return encode(cell_id, value)
-        case Gather(cell_id, name):
-            if name not in cells.namespace:
-                return Error(
-                    cell_id, f"name {name!r} is not defined", ""
-                )  # the caller raises it as a NameError
-            return encode(cell_id, cells.namespace[name])
-        case Check(cell_id):  # after an interrupt: is the process group still usable?
-            dist.barrier()
-            return Value(cell_id, None, "None")
-        case Push(cell_id, values):
-            cells.namespace.update(pickle.loads(values))
-            return Value(cell_id, None, "None")
-    raise ValueError(f"unknown request {request!r}")
+    if not isinstance(request, Run):
+        raise ValueError(f"unknown request {request!r}")
+    try:
+        if request.values is not None:
+            cells.namespace.update(pickle.loads(request.values))
+        value = cells.run(request.cell_id, request.code)
+    except KeyboardInterrupt:
+        return Interrupted(request.cell_id)
+    except BaseException as error:  # SystemExit too: a cell must not end the rank
+        failure = f"{type(error).__name__}: {error}"
+        if not request.code.isidentifier():  # a gather of an unbound name is the kernel's NameError alone
+            # one line in the log; the whole traceback goes to the notebook's RankError
+            print(f"[cell {request.cell_id} failed: {failure}]", file=sys.stderr, flush=True)
+        return Error(request.cell_id, failure, cell_traceback(error))
+    return encode(request.cell_id, value)
 
 
 def serve(conn: Connection, cells: Cells) -> None:
@@ -201,7 +167,7 @@ def serve(conn: Connection, cells: Cells) -> None:
             return  # the kernel is gone
         except KeyboardInterrupt:
             continue  # an interrupt that arrived after the cell ended
-        if isinstance(request, Shutdown):
+        if request is None:  # the kernel's shutdown
             return
         try:
             reply = handle(cells, request)
@@ -220,8 +186,7 @@ def main() -> None:
             raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, on_sigint)  # its stack on request: setup_distributed registered it
-
-    conn.send(Hello(info.rank, info.local_rank, os.getpid(), info.backend, str(info.device)))
+    conn.send((info.rank, os.getpid()))
     threading.Thread(target=watch_for_kernel_exit, args=(conn,), daemon=True).start()
     announce_exits(conn, cells)
     try:

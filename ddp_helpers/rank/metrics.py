@@ -1,8 +1,4 @@
-"""What a rank writes while it trains: one JSONL file per rank, a plan and a summary.
-
-Workers use `MetricsWriter`. The kernel side follows and reads the files
-(`ddp_helpers.kernel.launcher.runner`); the maths on them is in `ddp_helpers.kernel.lab.measures`.
-"""
+"""What a rank writes while it trains: one JSONL file per rank, a plan and a summary."""
 
 from __future__ import annotations
 
@@ -51,10 +47,7 @@ class MetricsWriter:
 
 
 def report(rank: int, world: int, **facts: object) -> None:
-    """Gather `facts` from every rank; rank 0 writes them, as a list by rank, to the run's summary.json.
-
-    How the demo workers (notebook 04's sum_order and checkpoint_faults, notebook 05's pitfalls) hand the
-    notebook what each rank saw. Every rank must call it: it is a collective."""
+    """Gather `facts` from every rank; rank 0 writes them, as a list by rank, to the run's summary.json."""
     import torch.distributed as dist  # here, not at the top: the metrics writer imports no torch
 
     gathered: list[dict[str, object] | None] = [None] * world

@@ -1,9 +1,4 @@
-"""Rank side: what an answer did, seen from outside its code.
-
-While an answer runs, `Observers` records each collective it calls (by name), each ``torch.save``
-(which file), and, through `RecordingDataset`, which indices each pass over a DataLoader drew. The
-answer's code is not read: only its effects count.
-"""
+"""Rank side: what an answer did, seen from outside its code."""
 
 from __future__ import annotations
 
@@ -16,16 +11,9 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
 COLLECTIVES = (
-    "all_reduce",
-    "all_gather",
-    "all_gather_into_tensor",
-    "all_gather_object",
-    "broadcast",
-    "broadcast_object_list",
-    "reduce",
-    "reduce_scatter_tensor",
-    "barrier",
+    "all_reduce all_gather all_gather_into_tensor all_gather_object broadcast broadcast_object_list".split()
 )
+COLLECTIVES += ["reduce", "reduce_scatter_tensor", "barrier"]
 
 
 class RecordingDataset(Dataset):

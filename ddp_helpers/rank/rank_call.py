@@ -1,16 +1,10 @@
 """The rank side of `LiveRanks.call`: a function called by name with real arguments, not code in a string.
-
-The kernel pushes ``(target, args, kwargs, environ)`` to each rank, then runs ``invoke(globals())``
-there. `target` is a dotted name: looked up in the rank's namespace (and builtins) first (``"train.main"`` after
-`import_file`), else imported (``"ddp_helpers.chapters.ch07_inside_ddp.handmade_ddp.main"``). An argument wrapped in
-`OnRank` is that rank's own variable (a device mesh, a model), which could not travel from the kernel.
-Imports nothing of the kernel side: it runs in every rank.
-"""
+The kernel pushes ``(target, args, kwargs, environ)``, then runs ``invoke(globals())`` on each rank."""
 
 from __future__ import annotations
 
 import builtins
-import importlib
+import pkgutil
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,26 +26,15 @@ class OnRank:
 
 
 def resolve(namespace: Mapping[str, Any], target: str) -> Callable[..., Any]:
-    """`target` (a dotted name) in `namespace`, else from the longest module path that imports."""
-    parts = target.split(".")
-    if parts[0] in namespace:
-        found, rest = namespace[parts[0]], parts[1:]
-    elif hasattr(builtins, parts[0]):  # len, print: as a cell would see them
-        found, rest = getattr(builtins, parts[0]), parts[1:]
+    """`target` (a dotted name) in `namespace` or builtins, as a cell sees it, else imported."""
+    head, _, rest = target.partition(".")
+    scope = {**vars(builtins), **namespace}
+    if head in scope:
+        found = scope[head]
+        for part in rest.split(".") if rest else ():
+            found = getattr(found, part)
     else:
-        for cut in range(len(parts) - 1, 0, -1):
-            try:
-                found = importlib.import_module(".".join(parts[:cut]))
-            except ModuleNotFoundError:
-                continue
-            rest = parts[cut:]
-            break
-        else:
-            raise NameError(
-                f"{target!r}: {parts[0]!r} is not defined on this rank, nor a module it can import"
-            )
-    for part in rest:
-        found = getattr(found, part)
+        found = pkgutil.resolve_name(target)  # the longest module path that imports, then its attributes
     if not callable(found):
         raise TypeError(f"{target!r} is a {type(found).__name__}, not a function")
     function: Callable[..., Any] = found
@@ -63,11 +46,9 @@ def invoke(namespace: MutableMapping[str, Any]) -> Any:
     target, args, kwargs, environ = namespace.pop(PAYLOAD)
 
     def local(value: Any) -> Any:
-        if not isinstance(value, OnRank):
-            return value
-        if value.name not in namespace:
+        if isinstance(value, OnRank) and value.name not in namespace:
             raise NameError(f"OnRank({value.name!r}): name {value.name!r} is not defined on this rank")
-        return namespace[value.name]
+        return namespace[value.name] if isinstance(value, OnRank) else value
 
     function = resolve(namespace, target)
     with environment(environ):

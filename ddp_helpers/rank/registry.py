@@ -1,19 +1,15 @@
-"""Every exercise, by id, in notebook order. Each notebook's exercises live in a module of their own.
-
-No exercise module imports torch at its top: the catalogue loads in the kernel and the command line
-within a second, so that bad input is refused before torch is imported or any rank starts.
-"""
+"""Every exercise, by id, in notebook order. No exercise module imports torch at its top: bad input is
+refused before torch is imported or any rank starts."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from ddp_helpers.rank.spec import Exercise
 
 
 def all_exercises() -> list[Exercise]:
-    """Every exercise, in notebook order: each chapter's chNN_exercises.EXERCISES, in the order it asks them.
-
-    Imported here, not at the top: the kernel's `%%exercise` and the command line load the catalogue
-    only when they need it. The imports are written out so that the side check reads them."""
+    """Every exercise, in notebook order: each chapter's chNN_exercises.EXERCISES, in the order it asks them."""
     from ddp_helpers.chapters.ch00_environment import ch00_exercises
     from ddp_helpers.chapters.ch01_first_program import ch01_exercises
     from ddp_helpers.chapters.ch02_single_dp_ddp import ch02_exercises
@@ -33,6 +29,15 @@ def all_exercises() -> list[Exercise]:
 # notebook 10: a whole script, checked under torchrun (ddp_helpers/chapters/ch10_capstone/)
 CAPSTONE = "10-capstone"
 CAPSTONE_TITLE = "The whole DDP program, written by you, checked under torchrun"
+
+
+def catalogue() -> list[dict[str, Any]]:
+    """Every exercise's id, notebook, title and the capstone lines it covers; the capstone last."""
+    rows = [
+        {"id": e.id, "notebook": e.notebook, "title": e.title, "covers": list(e.covers)}
+        for e in all_exercises()
+    ]
+    return rows + [{"id": CAPSTONE, "notebook": "10", "title": CAPSTONE_TITLE, "covers": []}]
 
 
 def capstone_reference() -> str:

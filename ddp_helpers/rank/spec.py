@@ -1,9 +1,4 @@
-"""What an exercise is: the task, the reference answer, the probe, and the known mistakes.
-
-Both sides load it: on each rank `setup` and `observe` run around the answer; in the kernel `expected`
-(from first principles, never by running the reference) and each `Mistake`'s signature judge what the
-ranks saw.
-"""
+"""What an exercise is: the task, the reference answer, the probe, and the known mistakes."""
 
 from __future__ import annotations
 
@@ -11,7 +6,7 @@ import contextlib
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 Seen = list[dict[str, Any]]  # one dict per rank, in rank order: what the ranks saw and did
@@ -32,10 +27,7 @@ class Context:
 @dataclass(frozen=True)
 class Mistake:
     """One known wrong answer: its id (a mutant's `diagnosis`), what the learner is told, and its signature.
-
-    `matches(seen, expected)` looks only at what the ranks did, never at the answer's text. `hint`: what
-    to do instead, for this mistake (the exercise's own hint when empty); never what the learner already did.
-    """
+    `matches(seen, expected)` looks only at what the ranks did, never at the answer's text."""
 
     id: str
     message: str
@@ -60,19 +52,9 @@ class Exercise:
     tolerance: float = 1e-9  # floats compared to this (relative and absolute)
     given: str = ""  # the names the answer starts with, said to the learner
     timeout_s: float = 30.0  # a rank silent in the answer this long counts as hung
-    # the probe runs as ranks of this many nodes (rank_side.node_layout): LOCAL_RANK, LOCAL_WORLD_SIZE,
-    # GROUP_RANK and the answer's `local_rank` as torchrun sets them on such a job, so that LOCAL_RANK used
-    # where RANK belongs fails (at 2 ranks each node holds one, so every LOCAL_RANK is 0; from 3 on a node
-    # holds two, and the mistake gets its own name). Only where the answer's `device` is the CPU: a rank's
-    # GPU stays cuda:<its real LOCAL_RANK>, which an answer takes from `local_rank`
+    # the probe runs as ranks of this many nodes (answer_runner.node_layout), so that LOCAL_RANK used where
+    # RANK belongs fails; on the CPU only: a rank's GPU stays cuda:<its real LOCAL_RANK>
     nodes: int = 1
-    notes: Sequence[str] = field(default_factory=tuple)
-
-    def mistake(self, mistake_id: str) -> Mistake:
-        for m in self.mistakes:
-            if m.id == mistake_id:
-                return m
-        raise KeyError(f"{self.id} has no mistake {mistake_id!r}")
 
 
 # ------------------------------------------------------------------ comparing what was seen

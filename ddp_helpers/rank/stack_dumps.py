@@ -1,14 +1,6 @@
 """Where a hung worker waits: its Python stack, asked for with a signal before the run is stopped.
-
-Rank side: imports no torch and nothing of the launcher, which calls `ask`. A worker that calls `register`
-(every rank the launcher starts, through worker_site/sitecustomize.py, and live ranks, through
-`setup_distributed`) has faulthandler write each Python thread's stack to ``logs/stacks/<host>-<pid>.txt``
-on `STACK_SIGNAL`, from the signal handler itself, so a worker blocked in C++ (a collective) answers too.
-
-A worker is signalled only once its file exists (the signal's default action ends a process), and only if
-the file's first line records its own start time (a reused pid is not the registered worker). The signal
-is a real-time one: SLURM, Lightning and torchrun use SIGUSR1 and SIGUSR2.
-"""
+faulthandler writes it from the signal handler, so a rank blocked in a collective answers too; a worker is
+signalled only once its file exists and records its start time (the signal's default action kills)."""
 
 from __future__ import annotations
 
@@ -49,8 +41,7 @@ def _dump_file(log_dir: Path, pid: int) -> Path:
 
 
 def register(log_dir: Path) -> None:
-    """In a worker: answer `STACK_SIGNAL` with the stack of every Python thread, the main one named.
-    Once per process; a folder that cannot be written leaves the worker as it was."""
+    """In a worker, once: answer `STACK_SIGNAL` with the stack of every Python thread, the main one named."""
     if _registered or STACK_SIGNAL is None:
         return
     path = _dump_file(log_dir, os.getpid())
@@ -67,21 +58,15 @@ def register(log_dir: Path) -> None:
 
 
 def register_in_run() -> None:
-    """`register` in the logs of this worker's run, where ``DDP_RUN_DIR`` names it (the launcher,
-    the cluster job files and the workers set it)."""
+    """`register` in the logs of this worker's run, where ``DDP_RUN_DIR`` names it."""
     if run_contract.RUN_DIR_ENV in os.environ:
         register(Path(os.environ[run_contract.RUN_DIR_ENV]) / run_contract.LOGS_DIR)
 
 
 def ask(pids_by_rank: dict[int, int], log_dir: Path) -> dict[int, str]:
-    """Each registered worker's main-thread stack, by rank (see `where_it_waits`); the others: none.
-    Never raises: it runs on the way to reporting a hang."""
-    stacks = {}
-    for rank, dump in ask_dumps(pids_by_rank, log_dir).items():
-        where = where_it_waits(dump)
-        if where:
-            stacks[rank] = where
-    return stacks
+    """Each registered worker's main-thread stack, by rank (`where_it_waits`). Never raises."""
+    stacks = {rank: where_it_waits(dump) for rank, dump in ask_dumps(pids_by_rank, log_dir).items()}
+    return {rank: where for rank, where in stacks.items() if where}
 
 
 def ask_dumps(pids_by_rank: dict[int, int], log_dir: Path) -> dict[int, str]:
@@ -113,8 +98,7 @@ def ask_dumps(pids_by_rank: dict[int, int], log_dir: Path) -> dict[int, str]:
 
 
 def _start_time(pid: int) -> str:
-    """When process `pid` started, in clock ticks since boot (/proc/PID/stat's 22nd field); "" without
-    /proc. A pid reused by a new process gets a new start time."""
+    """When process `pid` started (/proc/PID/stat's 22nd field), "" without /proc: a reused pid differs."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             stat = fh.read()
@@ -141,9 +125,7 @@ def _wait_until_written(files: dict[int, Path], offsets: dict[int, int]) -> None
 
 
 def where_it_waits(dump: str) -> str:
-    """The main thread's frames from a dump (header line first), innermost first, each with its source
-    line. The frames that started the script (runpy's, for ``python -m``) are left out; where
-    the innermost frames are all a library's, the innermost frame of the script's own code follows."""
+    """The main thread's frames, innermost first, with their lines; then the script's own, if not shown."""
     main = main_thread(dump)
     frames = [m for m in _FRAME.finditer(main) if m["file"] != "<frozen runpy>"]
     shown = frames[:MAX_FRAMES]

@@ -40,17 +40,11 @@ def test_a_bad_nproc_is_refused_with_what_was_given(bad):
         chapter_setup("04", bad)
 
 
-def test_loopback_nodes_share_the_gpus_and_a_bad_count_is_refused():
+def test_loopback_nodes_share_the_gpus():
     chapter = chapter_setup("06", 1, smoke=True, nodes=2)
     assert chapter.gpus == visible_gpus() // 2 and chapter.plan.machine.nodes == 2
-    bad: object
-    for bad in (0, 1.5, True):
-        with pytest.raises(ValueError, match="nodes must be"):
-            chapter_setup("06", 1, nodes=bad)  # type: ignore[arg-type]
 
 
-def test_an_unknown_notebook_or_a_string_of_workers_is_refused():
+def test_an_unknown_notebook_is_refused():
     with pytest.raises(ValueError, match="no plan for notebook '42'"):
         chapter_setup("42", 2)
-    with pytest.raises(ValueError, match="list of worker names"):
-        chapter_setup("02", 2, workers="train")

@@ -33,7 +33,7 @@ from ddp_helpers.kernel.launcher.options import (
     with_options,
 )
 from ddp_helpers.kernel.launcher.runner import launch
-from ddp_helpers.kernel.live.live_magics import RanksMagics
+from ddp_helpers.kernel.live import live_magics
 from ddp_helpers.kernel.live.ranks import start_ranks
 
 NAMES = {option.name for option in OPTIONS}
@@ -79,7 +79,7 @@ def test_every_declared_option_reaches_every_front_end():
     assert _documented(_doc(start_ranks)) == LIVE_NAMES
     live_flags = {o.flag for o in LIVE_OPTIONS}
     # and the cell-only flags: which ranks run the cell, and the name that holds the ranks
-    assert _flags(RanksMagics.ranks.parser) == live_flags | {"--rank", "--name"}
+    assert _flags(live_magics.PARSER) == live_flags | {"--rank", "--name"}
 
 
 def test_launch_keywords_are_the_options_names_and_types():
@@ -181,7 +181,7 @@ def test_the_cli_takes_every_declared_option(tmp_path, capsys):
 
 
 def test_the_ranks_magic_takes_the_live_options_as_flags():
-    parser = RanksMagics.ranks.parser  # typed as argparse's in the package: IPython's subclass here
+    parser = live_magics.PARSER
     assert isinstance(parser, MagicArgumentParser), type(parser)
     opts = parser.parse_argstring("start --nproc 2 --env A=1 --env B=2 --show-ranks 0")
     assert given_options(opts, LIVE_OPTIONS) == {"nproc": 2, "env": {"A": "1", "B": "2"}, "show_ranks": [0]}

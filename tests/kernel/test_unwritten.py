@@ -12,9 +12,8 @@ import pytest
 
 from ddp_helpers.errors import InvalidLaunchArguments
 from ddp_helpers.kernel.exercises import all_exercises, get
-from ddp_helpers.kernel.exercises.checker import check
+from ddp_helpers.kernel.exercises.checker import check, open_todos, unwritten_message
 from ddp_helpers.kernel.exercises.exercise_cli import answer_of
-from ddp_helpers.kernel.exercises.unwritten import open_todos, unwritten_message
 from ddp_helpers.kernel.exercises.verdict import UNWRITTEN
 
 

@@ -1,17 +1,4 @@
-"""``python -m ddp_helpers exercises``: list, show a solution, check an answer file or a capstone script.
-
-    python -m ddp_helpers exercises list [--json]
-    python -m ddp_helpers exercises solution ID
-    python -m ddp_helpers exercises check ID FILE [--nproc N] [--json]
-    python -m ddp_helpers exercises check-script SCRIPT [--nproc N] [--json]
-
-FILE holds the code of the answer cell (a cell pasted whole, with its ``%%exercise ID`` line, is read as
-the notebook reads it). An answer not written yet (the starter, or a ``...`` still in place) is said to be so
-at once, without starting a rank. With ``--json`` the last line of stdout is one object with
-``exercise``, ``passed``, ``diagnosis`` and ``message``. Bad input (an unknown id, a missing file, a
-syntax error) is refused before torch is imported or any rank starts; exit codes: 0 passed, 1 not
-passed, 2 bad input.
-"""
+"""``python -m ddp_helpers exercises``: list, show a solution, check an answer file or a capstone script."""
 
 from __future__ import annotations
 
@@ -21,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ddp_helpers.errors import InvalidLaunchArguments
-from ddp_helpers.rank.registry import CAPSTONE, CAPSTONE_TITLE, UnknownExercise, all_exercises, get, solution
+from ddp_helpers.rank.registry import UnknownExercise, catalogue, get, solution
 
 MAX_NPROC = 8
 
@@ -30,24 +17,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("exercises", help="list the exercises, show a solution, check an answer")
     actions = parser.add_subparsers(dest="action", required=True)
     listing = actions.add_parser("list", help="every exercise, with its notebook and title")
-    listing.add_argument("--json", action="store_true")
-    solution = actions.add_parser("solution", help="the reference answer of one exercise")
-    solution.add_argument("id")
+    actions.add_parser("solution", help="the reference answer of one exercise").add_argument("id")
     check = actions.add_parser("check", help="run FILE's code as the answer on live ranks, and judge it")
     check.add_argument("id")
     check.add_argument("file")
     check.add_argument("--nproc", type=int, default=2, help="ranks to check on (1 to 8; default 2)")
-    check.add_argument("--json", action="store_true")
     script = actions.add_parser("check-script", help="check a whole capstone script under torchrun")
     script.add_argument("script")
-    script.add_argument(
-        "--nproc",
-        type=int,
-        default=None,
-        metavar="N",
-        help="check at N ranks, with --amp fp16 then --amp bf16 (default: 2 ranks with fp16, then 3 with bf16)",
+    nproc_help = (
+        "check at N ranks, with --amp fp16 then --amp bf16 (default: 2 ranks with fp16, then 3 with bf16)"
     )
-    script.add_argument("--json", action="store_true")
+    script.add_argument("--nproc", type=int, default=None, metavar="N", help=nproc_help)
+    for action in (listing, check, script):
+        action.add_argument("--json", action="store_true")
     parser.set_defaults(func=run)
 
 
@@ -67,11 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _list(as_json: bool) -> int:
-    rows = [
-        {"id": e.id, "notebook": e.notebook, "title": e.title, "covers": list(e.covers)}
-        for e in all_exercises()
-    ]
-    rows.append({"id": CAPSTONE, "notebook": "10", "title": CAPSTONE_TITLE, "covers": []})
+    rows = catalogue()
     if as_json:
         print(json.dumps(rows))
     else:
@@ -93,8 +71,7 @@ def _read(path: str) -> str:
 
 
 def answer_of(text: str, exercise_id: str) -> str:
-    """The answer in FILE: a notebook cell pasted whole starts with its `%%exercise ID` line, which is the
-    cell's magic, not Python. It is taken off, and refused when it names another exercise."""
+    """The answer in FILE, without the `%%exercise ID` line of a cell pasted whole (refused if ID differs)."""
     first, _, rest = text.lstrip("\n").partition("\n")
     if not first.startswith("%%exercise"):
         return text
@@ -105,41 +82,33 @@ def answer_of(text: str, exercise_id: str) -> str:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from ddp_helpers.kernel.exercises.checker import check_syntax
-    from ddp_helpers.kernel.exercises.unwritten import unwritten_message
-    from ddp_helpers.kernel.exercises.verdict import UNWRITTEN, Verdict
+    from ddp_helpers.kernel.exercises.checker import check, precheck
 
     exercise = get(args.id)
     _nproc(args.nproc)
     code = answer_of(_read(args.file), exercise.id)
-    check_syntax(exercise, code)  # all refused above, before torch or a rank
-    unwritten = unwritten_message(exercise, code)
-    if unwritten is not None:  # said at once: no rank is started for an answer not written yet
-        verdict = Verdict(exercise.id, False, UNWRITTEN, unwritten, "", args.nproc)
-        print(verdict.to_json() if args.json else verdict.text())
-        return 1
-    from ddp_helpers.kernel.exercises.checker import check
-    from ddp_helpers.kernel.live.ranks import start_ranks
+    # refused or said at once, before torch or a rank: bad input, or an answer not written yet
+    verdict = precheck(exercise, code, args.nproc)
+    if verdict is None:
+        from ddp_helpers.kernel.live.ranks import start_ranks
 
-    with start_ranks(nproc=args.nproc, show_ranks="none" if args.json else "all") as ranks:
-        verdict = check(exercise.id, code, ranks)
+        with start_ranks(nproc=args.nproc, show_ranks="none" if args.json else "all") as ranks:
+            verdict = check(exercise.id, code, ranks)
     print(verdict.to_json() if args.json else verdict.text())
     return 0 if verdict.passed else 1
 
 
 def _check_script(args: argparse.Namespace) -> int:
     _nproc(args.nproc)
-    script = Path(args.script)
     try:
-        compile(_read(args.script), str(script), "exec")
+        compile(_read(args.script), args.script, "exec")
     except SyntaxError as error:
         raise InvalidLaunchArguments(
             f"{args.script}: syntax error at line {error.lineno}: {error.msg}"
         ) from None
     from ddp_helpers.chapters.ch10_capstone.ch10_exercises import check_script
 
-    verdict = check_script(
-        script, nproc=(2, 3) if args.nproc is None else (args.nproc,), progress=not args.json
-    )
+    nproc = (2, 3) if args.nproc is None else (args.nproc,)
+    verdict = check_script(Path(args.script), nproc=nproc, progress=not args.json)
     print(verdict.to_json() if args.json else verdict.text())
     return 0 if verdict.passed else 1

@@ -1,17 +1,4 @@
-"""``%%exercise ID`` and ``%exercise``: the learner's answer checked on the live ranks, in a notebook cell.
-
-%%exercise 01-shard                 # the cell is your answer; the verdict shows under it
-sampler = DistributedSampler(dataset)
-...
-%exercise hint 01-shard             # the hint again
-%exercise solution 01-shard         # the reference answer: only when you ask
-%exercise list                      # every exercise, with its notebook and title
-%exercise reference on              # headless runs (papermill, CI): each cell checks the reference
-                                    # answer instead of its own, and a failed check raises
-
-The answer runs on the ranks that ``%ranks start`` started; with none running, the cell starts two
-(or one per GPU, as `start_ranks` chooses) and says so.
-"""
+"""``%%exercise ID`` and ``%exercise``: the learner's answer checked on the live ranks, in a notebook cell."""
 
 from __future__ import annotations
 
@@ -23,19 +10,13 @@ from IPython.display import display
 
 from ddp_helpers.errors import InvalidLaunchArguments
 from ddp_helpers.kernel.exercises.verdict import Verdict
-from ddp_helpers.rank.registry import CAPSTONE, CAPSTONE_TITLE, all_exercises, get, solution
+from ddp_helpers.rank.registry import CAPSTONE, CAPSTONE_TITLE, catalogue, get, solution
 
 _use_reference = False
 
 
 class ExerciseFailed(AssertionError):
     """A reference answer failed its own check (only in reference mode: a broken lesson, or a mutant)."""
-
-
-def use_reference(on: bool) -> None:
-    """Reference mode on or off: on, each ``%%exercise`` cell checks the reference answer, and raises if it fails."""
-    global _use_reference
-    _use_reference = bool(on)
 
 
 def _ranks() -> Any:
@@ -54,7 +35,10 @@ def _ranks() -> Any:
 class ExerciseMagics(Magics):
     @line_cell_magic
     def exercise(self, line: str, cell: str | None = None) -> Any:
-        """Check an answer on the live ranks (cell form), or: hint, solution, list, reference on|off."""
+        """Check an answer on the live ranks (cell form), or: hint, solution, list, reference on|off.
+
+        Reference mode (headless runs): each cell checks the reference answer instead, and a failure raises."""
+        global _use_reference
         words = shlex.split(line)
         if cell is not None:
             if len(words) != 1:
@@ -62,11 +46,11 @@ class ExerciseMagics(Magics):
                     f"%%exercise takes one exercise id, e.g. %%exercise 01-shard; got {line!r}"
                 )
             return self._check(words[0], cell)
-        if not words:
-            raise InvalidLaunchArguments("%exercise takes list, hint ID, solution ID or reference on|off")
-        action, rest = words[0], words[1:]
+        action, rest = (words[0], words[1:]) if words else ("", [])
         if action == "list":
-            return _listing()
+            import pandas as pd
+
+            return pd.DataFrame(catalogue()).drop(columns="covers").set_index("id")
         if action == "solution" and len(rest) == 1:
             title = CAPSTONE_TITLE if rest[0] == CAPSTONE else get(rest[0]).title
             print(f"# the reference answer to {rest[0]}: {title}\n{solution(rest[0])}")
@@ -75,7 +59,7 @@ class ExerciseMagics(Magics):
             print(get(rest[0]).hint)
             return None
         if action == "reference" and rest in (["on"], ["off"]):
-            use_reference(rest[0] == "on")
+            _use_reference = rest[0] == "on"
             return None
         raise InvalidLaunchArguments(
             f"%exercise takes list, hint ID, solution ID or reference on|off; got {line!r}"
@@ -96,14 +80,6 @@ class ExerciseMagics(Magics):
             raise ExerciseFailed(
                 f"the reference answer to {exercise.id} failed: {verdict.diagnosis}: {verdict.message}"
             )
-
-
-def _listing() -> Any:
-    import pandas as pd
-
-    rows = [{"id": e.id, "notebook": e.notebook, "title": e.title} for e in all_exercises()]
-    rows.append({"id": CAPSTONE, "notebook": "10", "title": CAPSTONE_TITLE})
-    return pd.DataFrame(rows).set_index("id")
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -74,8 +74,7 @@ def _floats(value: Any, change: Any) -> Any:
 
 
 def _json_safe(value: Any) -> Any:
-    """NaN and the infinities as the strings "nan", "inf" and "-inf": JSON has no such numbers (json.dumps
-    would write NaN, which strict readers refuse, and some writers turn it into null)."""
+    """NaN and the infinities as the strings "nan", "inf" and "-inf": JSON has no such numbers."""
     return _floats(value, lambda x: x if math.isfinite(x) else repr(float(x)))
 
 
@@ -83,8 +82,7 @@ WIDE = 110  # a line of the text longer than this is broken: one item per line
 
 
 def _short(value: Any, limit: int = 80) -> str:
-    """A value in at most about `limit` characters. A long list keeps its first items and says how many
-    it holds; a list of lists shortens each inner list alike, so that every one of them shows."""
+    """A value in about `limit` characters: a long list's first items and its count; each inner list alike."""
     text = value if isinstance(value, str) else repr(_rounded(value))
     if len(text) <= limit:
         return text
@@ -96,8 +94,7 @@ def _short(value: Any, limit: int = 80) -> str:
 
 
 def _window(values: list[Any], start: int, limit: int) -> str:
-    """`values` from position `start`, as many as fit in `limit`, with "..." for what is left out on
-    either side and the count of them all."""
+    """`values` from `start`, as many as fit in `limit`, "..." for what is left out, and the count."""
     shown: list[str] = []
     used = 0
     for value in values[start:]:
@@ -113,9 +110,7 @@ def _window(values: list[Any], start: int, limit: int) -> str:
 
 
 def _differing_parts(difference: dict[str, Any], limit: int) -> list[tuple[str, str, str]]:
-    """(name, seen, expected) of the parts of a field that differ: in a list of lists, each inner list
-    that differs (drawn[1]: the second epoch); a long flat list from a little before its first difference,
-    the same positions of both, so that the difference shows."""
+    """(name, seen, expected) of each differing part: an inner list (drawn[1]), or a long list near its change."""
     parts: list[tuple[str, Any, Any]] = []
 
     def walk(name: str, seen: Any, expected: Any) -> None:
@@ -156,8 +151,7 @@ def _difference_lines(difference: dict[str, Any]) -> list[str]:
 
 
 def _rank_lines(seen: list[dict[str, Any]]) -> list[str]:
-    """What each rank did: a line per rank, or, where one of those lines is too long to read, a line per
-    field of every rank (alike for all, so that the ranks read side by side)."""
+    """What each rank did: a line per rank, or a line per field of every rank where one would be too long."""
     lines = [
         f"  rank {r}: " + ", ".join(f"{k}={_short(v)}" for k, v in s.items()) for r, s in enumerate(seen)
     ]

@@ -1,8 +1,4 @@
-"""The one call every chapter's setup cell makes: the GPUs here, the ranks, the plan, the workers.
-
-chapter = chapter_setup("04", nproc, smoke=smoke, workers=["train"])
-chapter.gpus, chapter.nproc, chapter.plan, chapter.workers["train"]
-"""
+"""The one call every chapter's setup cell makes: the GPUs here, the ranks, the plan, the workers."""
 
 from __future__ import annotations
 
@@ -28,11 +24,6 @@ class Chapter:
     workers: dict[str, Path] = field(default_factory=dict)  # each worker's copy in runs/workers/<notebook>
 
 
-def worker_dir(notebook: str) -> Path:
-    """Where a notebook's workers are written: one notebook's edit never changes another's run."""
-    return Path("runs") / "workers" / notebook
-
-
 def chapter_setup(
     notebook: str,
     nproc: int | None,
@@ -42,26 +33,13 @@ def chapter_setup(
     workers: Iterable[str] = (),
     **plan_options: Any,
 ) -> Chapter:
-    """Count the GPUs, choose the ranks, plan the notebook, and write the workers it launches.
-
-    `nproc`: the notebook's parameter if given, else one rank per GPU, else 2 on the CPU (the fewest
-    that show DDP at work). `nodes`: loopback nodes sharing this machine's GPUs (notebook 06), so each
-    gets its share. `workers`: bundled workers copied into ``runs/workers/<notebook>`` (a copy the
-    learner edited is kept). `plan_options` go to the notebook's planner.
-
-    Also starts the agent server that the chapter's launches fork torchrun's agent from
-    (launcher/agent_client.py): it imports torch while the next cells run, so the first launch finds it
-    ready.
-    """
+    """Count the GPUs, choose the ranks, plan the notebook, and write the workers it launches."""
     if nproc is not None and (not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1):
         raise ValueError(f"nproc must be a whole number of ranks, at least 1, or None; got {nproc!r}")
-    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
-        raise ValueError(f"nodes must be a whole number of nodes, at least 1; got {nodes!r}")
-    if isinstance(workers, str):
-        raise ValueError(f"workers takes a list of worker names, got the string {workers!r}")
     gpus = visible_gpus() // nodes
     ranks = nproc or gpus or 2
     plan = plan_for(notebook, gpus, ranks, nodes, smoke=smoke, **plan_options)  # checks `notebook` first
     warm_up(sys.executable, base_environment())
-    written = {name: write_worker(name, worker_dir(notebook), show=False) for name in workers}
+    folder = Path("runs") / "workers" / notebook  # one notebook's edit never changes another's run
+    written = {name: write_worker(name, folder, show=False) for name in workers}
     return Chapter(notebook=notebook, gpus=gpus, nproc=ranks, plan=plan, workers=written)

@@ -1,9 +1,4 @@
-"""Checks a learner reads: a claim a notebook makes, checked on this machine, with the evidence shown.
-
-A notebook never uses a bare ``assert``: ``check(claim, holds, evidence)`` prints
-``✓ the two ranks drew disjoint shards: 16 + 16 of 32 samples`` when the claim holds, and raises
-``ClaimFailed`` with ``✗`` and the same words when it does not. ``check_equal`` shows both values.
-"""
+"""Checks a learner reads: a claim a notebook makes, checked on this machine, with the evidence shown."""
 
 from __future__ import annotations
 
@@ -29,12 +24,7 @@ def _say(claim: str, evidence: str) -> str:
 
 
 def check(claim: str, holds: Any, evidence: str = "") -> None:
-    """Print ``✓ claim: evidence`` when ``holds`` is true; raise ``ClaimFailed`` with ``✗ claim: evidence`` else.
-
-    ``claim`` says in plain words what must be true ("every rank holds the same weights"); ``evidence``
-    shows what was measured ("checksums 1.25, 1.25"), whether the claim holds or not, so that the
-    learner sees the numbers the verdict rests on.
-    """
+    """Print ``✓ claim: evidence`` when ``holds`` is true; raise ``ClaimFailed`` with ``✗ claim: evidence`` else."""
     text = _say(claim, evidence)
     if not isinstance(holds, bool):
         holds = bool(holds)  # numpy and torch booleans; a tensor of many values raises here, as it should

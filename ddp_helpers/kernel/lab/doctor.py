@@ -1,8 +1,4 @@
-"""Facts about this machine, and the PASS / WARN / FAIL / INFO checks on them.
-
-`python -m ddp_helpers doctor` and notebook 00 both show `run_checks()` as a table; the live all_reduce
-check, which launches a job, is `ch00_allreduce_check.live_allreduce`.
-"""
+"""Facts about this machine, and the PASS / WARN / FAIL / INFO checks on them."""
 
 from __future__ import annotations
 
@@ -62,10 +58,7 @@ print(json.dumps({"gpus": gpus, "cudnn": torch.backends.cudnn.version(), "nccl":
 
 
 def cuda_facts(timeout: float = 120) -> dict[str, Any]:
-    """GPUs (index, name, capability, memory), cuDNN and NCCL versions, read in a child process.
-
-    Empty where no GPU is visible. This process never initialises CUDA.
-    """
+    """GPUs (index, name, capability, memory), cuDNN and NCCL versions, read in a child process."""
     if not torch.cuda.is_available():  # reads the device count only: no CUDA initialisation
         return {"gpus": [], "cudnn": None, "nccl": None}
     proc = subprocess.run(
@@ -115,9 +108,7 @@ def _either(name: str, ok: Any, value: str, advice: str, bad: str = FAIL) -> Che
 
 def check_shm(size: int | None) -> Check:
     if size is None:
-        return Check(
-            "/dev/shm", INFO, "not present", "only Linux has it; DataLoader workers use other means here"
-        )
+        return Check("/dev/shm", INFO, "not present", "only Linux has it; DataLoader workers use other means")
     advice = (
         "DataLoader workers and NCCL pass tensors through shared memory; Docker's default of 64 MiB makes "
         "them crash with 'bus error' or 'No space left on device'. Start the container with --ipc=host "
@@ -132,9 +123,7 @@ def check_torch(version: str, torchvision: str | None) -> list[Check]:
     if torchvision is None:
         advice = "pip install the torchvision that matches torch"
         return [*checks, Check("torchvision", FAIL, "not installed", advice)]
-    expected = (
-        _major_minor(version)[1] + 15
-    )  # torchvision 0.(minor+15) goes with torch 2.minor (2.7 <-> 0.22)
+    expected = _major_minor(version)[1] + 15  # torchvision 0.(minor+15) goes with torch 2.minor
     matches = _major_minor(torchvision) == (0, expected)
     advice = f"torch {version} expects torchvision 0.{expected}.x"
     return [*checks, _either("torchvision", matches, torchvision, advice, WARN)]
@@ -143,11 +132,7 @@ def check_torch(version: str, torchvision: str | None) -> list[Check]:
 def check_gpus(facts: dict[str, Any]) -> list[Check]:
     if not facts["cuda_available"]:
         value = f"no GPU visible (torch is {facts['cuda_build'] or 'a CPU-only build'})"
-        return [
-            Check(
-                "CUDA", INFO, value, "everything runs on the CPU with gloo; GPU-only sections say so and skip"
-            )
-        ]
+        return [Check("CUDA", INFO, value, "everything runs on the CPU with gloo; GPU-only sections skip")]
     return [
         Check("CUDA", PASS, f"{facts['cuda_build']}, {len(facts['gpus'])} GPU(s)"),
         _either("cuDNN", facts["cudnn"], str(facts["cudnn"]), "", WARN),
@@ -166,10 +151,9 @@ def check_gpus(facts: dict[str, Any]) -> list[Check]:
 def run_checks(facts: dict[str, Any] | None = None) -> list[Check]:
     """All static checks (no processes started)."""
     facts = facts or collect_facts()
-    backends, cuda = facts["backends"], facts["cuda_available"]
+    backends, cuda, smi = facts["backends"], facts["cuda_available"], facts["nvidia_smi"]
     names = ", ".join(name for name, ok in backends.items() if ok) or "none"
     threads = f"launch() gives each of N CPU workers {facts['cpu_count']}//N threads unless you set it"
-    smi = "only needed to watch GPUs from a terminal"
     return [
         _either("Python", sys.version_info >= (3, 10), facts["python"], "tested on 3.11", WARN),
         *check_torch(facts["torch"], facts["torchvision"]),
@@ -179,7 +163,7 @@ def run_checks(facts: dict[str, Any] | None = None) -> list[Check]:
         Check("OMP_NUM_THREADS", INFO, str(facts["OMP_NUM_THREADS"] or "unset"), threads),
         check_shm(facts["shm_bytes"]),
         _either(
-            "nvidia-smi", facts["nvidia_smi"], facts["nvidia_smi"] or "not found", smi, WARN if cuda else INFO
+            "nvidia-smi", smi, smi or "not found", "to watch GPUs from a terminal", WARN if cuda else INFO
         ),
     ]
 

@@ -1,7 +1,4 @@
-"""The maths on measured runs: scaling efficiency, results tables, phase times.
-
-(The all-reduce bus bandwidth is computed where it is measured: chapters/ch00_environment/allreduce_bench.py.)
-"""
+"""The maths on measured runs: scaling efficiency, results tables, phase times."""
 
 from __future__ import annotations
 
@@ -29,11 +26,7 @@ def step_time_spread(metrics: pd.DataFrame) -> float | None:
 
 
 def results_table(runs: dict[str, Any], baseline: str) -> pd.DataFrame:
-    """One row per run (LaunchResult-like: .summary and .metrics), with efficiency against `baseline`.
-
-    Per device, not per process: DataParallel drives N GPUs from one process. Peak memory is the busiest
-    device's (GPU 0 under DataParallel); `devices` is the world size where a summary does not record it.
-    """
+    """One row per run (LaunchResult-like: .summary and .metrics), with efficiency against `baseline`."""
     import pandas as pd
 
     base = runs[baseline].summary
@@ -65,16 +58,7 @@ PHASES = ("data_time_s", "train_step_time_s")
 
 
 def phase_times(metrics: pd.DataFrame, skip_steps: int = 0) -> pd.DataFrame:
-    """Each rank's median phase times (ms) over its timed steps after `skip_steps`.
-
-    Columns: data_ms (waiting for the batch: no collective runs there, so it is the rank's own),
-    train_step_ms (forward, backward with DDP's collectives, optimizer), wait_ms (train_step_ms
-    minus the least train_step_ms of any rank at the same step: the rank that reached the
-    all-reduce last waited least, so the others' excess is time spent waiting for it), and
-    whole_step_ms (data + train step: in synchronous DDP about equal on every rank). The whole
-    step is a mean, not a median: each rank's step ends after its own optimizer step, so one
-    step's boundaries differ between ranks, but over many steps those offsets cancel in a sum.
-    """
+    """Each rank's median phase times (ms) over its timed steps after `skip_steps`."""
     missing = [c for c in ("rank", "step", *PHASES) if c not in metrics]
     if missing:
         raise ValueError(f"no phase timings in these metrics (missing {missing}): train.py writes them")
@@ -94,8 +78,7 @@ def phase_times(metrics: pd.DataFrame, skip_steps: int = 0) -> pd.DataFrame:
 
 
 def straggler(phases: pd.DataFrame) -> int | None:
-    """The rank the others wait for: the longest time before the step's collectives, if it is
-    also the rank that waits least (None with one rank, or when the two disagree)."""
+    """The rank with the longest time before the collectives, if it also waits least (else None)."""
     if len(phases) < 2:
         return None
     slowest, least_waiting = int(phases["data_ms"].argmax()), int(phases["wait_ms"].argmin())  # positions
@@ -103,10 +86,7 @@ def straggler(phases: pd.DataFrame) -> int | None:
 
 
 def loss_start_end(run: Any, last: int = 1) -> tuple[float, float]:
-    """A run's first logged loss and the mean of its `last` logged steps, each averaged over ranks.
-
-    `run` is a LaunchResult (anything with a ``.metrics`` DataFrame of ``step`` and ``loss``).
-    """
+    """A run's first logged loss and the mean of its `last` logged steps, each averaged over ranks."""
     per_step = run.metrics.groupby("step")["loss"].mean()
     if per_step.empty or last < 1:
         raise ValueError(f"need logged losses and last >= 1 (got {len(per_step)} steps, last={last})")

@@ -1,9 +1,5 @@
 """What notebook 06 imports for several nodes on one machine, and for a real scheduler: elastic nodes
-(`start_elastic_node`, `wait_for_line`, `freeze`), ports and GPU ids, and `slurm`.
-
-They live in the launcher; this module is the name a notebook imports them by, so the launcher's
-modules stay free to change.
-"""
+(`start_elastic_node`, `wait_for_line`, `freeze`), ports and GPU ids, and `slurm`."""
 
 from __future__ import annotations
 
@@ -31,6 +27,5 @@ __all__ = [
 
 
 def freeze(node: ElasticNode) -> None:
-    """Stop the node's agent and every worker it started (SIGSTOP): they stay alive with their sockets
-    open and answer nothing, as on a machine that froze or lost power. `node.stop()` (SIGKILL) ends them."""
+    """SIGSTOP the node's agent and workers: alive, sockets open, silent, as a frozen machine's."""
     ProcessTree(node.process.pid).signal_all(signal.SIGSTOP)

@@ -1,15 +1,4 @@
-"""What every notebook's plan is made of: the machine it meets, the runs it starts, the sizes it picks.
-
-A plan is pure: computed from the GPU count, the ranks per node and the nodes, never from a live
-device, so every machine shape is tested here, without a GPU (tests/kernel/test_notebook_plans.py), against
-rules that can fail:
-
-- nothing is compared across device kinds: each group of runs a notebook puts side by side computes
-  on one kind;
-- NCCL only where every local rank has a GPU of its own;
-- sizes are chosen by device kind (a GPU gets GPU-sized work), never by the count of anything;
-- every run fits the world it is given: a global batch that its ranks can split evenly.
-"""
+"""What every notebook's plan is made of: the machine it meets, the runs it starts, the sizes it picks."""
 
 from __future__ import annotations
 
@@ -67,12 +56,7 @@ class NotebookPlan:
 def placement(
     machine: Machine, ranks: int | None = None, *, nodes: int = 1, batch: int | None = None
 ) -> RunPlan:
-    """A demo of `ranks` ranks per node (default: the machine's) on `nodes` nodes, on what the machine has.
-
-    NCCL where every local rank gets a GPU of its own; else gloo on the CPU, with the GPUs hidden so
-    that nothing in the run reaches for one (a demo that needs two ranks still gets two on a one-GPU
-    box, and says so).
-    """
+    """A demo of `ranks` ranks per node (default: the machine's) on `nodes` nodes, on what the machine has."""
     ranks = machine.nproc if ranks is None else ranks
     if ranks < 1:
         raise ValueError(f"a run needs at least one rank per node, got {ranks}")

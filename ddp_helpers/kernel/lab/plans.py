@@ -1,9 +1,4 @@
-"""Each notebook's choices (backend, device, visible GPUs, sizes, the runs it compares), as a pure plan.
-
-`plan_for("04", gpus, nproc)` gives notebook 04's plan for a machine; each notebook's planner lives in
-its chapter's folder, as `ddp_helpers/chapters/chNN_*/chNN_plan.py`'s `plan(machine, smoke) -> NotebookPlan`,
-and is found by that name. plan_core.py holds what plans are made of and the rules they are tested against.
-"""
+"""Each notebook's choices (backend, device, visible GPUs, sizes, the runs it compares), as a pure plan."""
 
 from __future__ import annotations
 
@@ -27,20 +22,14 @@ Planner = Callable[..., NotebookPlan]  # plan(machine, smoke, **options)
 
 def planners() -> dict[str, Planner]:
     """Every notebook's planner, by notebook number ("02"): the `plan` of each chapter's chNN_plan module."""
-    found = {}
-    for chapter in pkgutil.iter_modules(chapters.__path__):
-        number = chapter.name[2:4]
-        module = importlib.import_module(f"{chapters.__name__}.{chapter.name}.ch{number}_plan")
-        found[number] = module.plan
-    return dict(sorted(found.items()))
+    names = sorted(chapter.name for chapter in pkgutil.iter_modules(chapters.__path__))
+    return {n[2:4]: importlib.import_module(f"{chapters.__name__}.{n}.ch{n[2:4]}_plan").plan for n in names}
 
 
 def plan_for(
     notebook: str, gpus: int, nproc: int, nodes: int = 1, *, smoke: bool = False, **options: Any
 ) -> NotebookPlan:
-    """Notebook `notebook`'s plan for a machine of `gpus` GPUs per node, `nproc` ranks per node, `nodes` nodes.
-
-    `options` go to that notebook's planner (notebook 10's ``worlds``)."""
+    """Notebook `notebook`'s plan for a machine of `gpus` GPUs per node, `nproc` ranks per node, `nodes` nodes."""
     known = planners()
     if notebook not in known:
         raise ValueError(f"no plan for notebook {notebook!r}; plans exist for {', '.join(known)}")

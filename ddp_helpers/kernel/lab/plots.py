@@ -51,8 +51,7 @@ def scaling_curve(nprocs, samples_per_s, title: str = "DDP scaling"):
 
 
 def phase_times_per_rank(phases, title: str = "where each rank's step goes"):
-    """One stacked bar per rank from `metrics.phase_times`: its own data time, the train step's
-    work (forward, backward, communication), and the time it waited for the slowest rank."""
+    """One stacked bar per rank from `measures.phase_times`: data, the step's own work, the wait for the slowest."""
     ax = _axes((7, 0.6 * len(phases) + 1.8), "median ms per step", "", title)
     labels = [f"rank {int(r)}" for r in phases.index]
     work = phases["train_step_ms"] - phases["wait_ms"]
@@ -102,11 +101,7 @@ def not_sampled(resources, gpus_expected: bool = False) -> list[str]:
 
 
 def resource_usage(resources, title: str = "per-rank CPU use", gpus_expected: bool = False):
-    """CPU % per rank over the run, and GPU utilisation per GPU where NVML sampled it.
-
-    A series that was not sampled is written on the figure as "not sampled", with the reason,
-    rather than drawn as an empty axis: e.g. `gpus_expected=True` where NVML (nvidia-ml-py) is absent.
-    """
+    """CPU % per rank over the run, and GPU utilisation per GPU where NVML sampled it."""
     ax = _axes((7, 3.5), "seconds since launch", "%", title)
     cpu, gpu = _sampled(resources, "rank"), _sampled(resources, "gpu")
     for rank, rows in cpu.groupby("rank") if cpu is not None else ():

@@ -1,13 +1,5 @@
-"""Show the learner the code that runs, by function or class name rather than by text anchors.
-
-    show_source("train", "train_step")              # a bundled worker, by name
-    show_source(worker_path, "Trainer._run_batch")  # a file, a method by dotted name
-    show_source("ddp")                              # the whole file
-    show_diff("single_device", "ddp")               # two files side by side, changes marked
-
-Names are found with `ast`, so an excerpt moves with its function when the file changes, and a
-name that no longer exists is an error rather than a silently wrong excerpt.
-"""
+"""Show the learner the code that runs, by function or class name rather than by text anchors, and which
+package modules a worker imports at its top level: what a copy of it needs (``show_helpers("train")``)."""
 
 from __future__ import annotations
 
@@ -15,6 +7,7 @@ import ast
 import difflib
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,27 +39,18 @@ Definition = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
 
 
 def _find(tree: ast.Module, dotted: str) -> Definition:
-    first, *inner = dotted.split(".")
-    node = _child(tree, first, dotted)
-    for part in inner:
-        node = _child(node, part, dotted)
+    node: ast.AST = tree
+    for name in dotted.split("."):
+        found = [c for c in ast.iter_child_nodes(node) if isinstance(c, Definition) and c.name == name]
+        if not found:
+            raise LookupError(f"no function or class named {dotted!r} (missing: {name!r})")
+        node = found[0]
+    assert isinstance(node, Definition)
     return node
 
 
-def _child(scope: ast.AST, name: str, dotted: str) -> Definition:
-    for child in ast.iter_child_nodes(scope):
-        if isinstance(child, Definition) and child.name == name:
-            return child
-    raise LookupError(f"no function or class named {dotted!r} (missing: {name!r})")
-
-
 def source_of(target: str | os.PathLike[str], *names: str) -> str:
-    """The source of each named function or class in `target` (decorators included), or the whole file.
-
-    `target` is a bundled worker's name ("train"), a module of ddp_helpers by dotted name
-    ("checkpoint", "live.server"), or a path to a ``.py`` file. Raises LookupError for a name the
-    file does not define.
-    """
+    """The source of each named function or class in `target` (decorators included), or the whole file."""
     path = _resolve(target)
     text = path.read_text()
     if not names:
@@ -82,8 +66,7 @@ def source_of(target: str | os.PathLike[str], *names: str) -> str:
 
 
 def display_or_print(text: str, rich: Callable[[Any], Any] | None = None) -> None:
-    """In a notebook, display `rich(IPython.display)` (a display object, or a mimebundle dict); elsewhere
-    (a terminal, a test) print `text`."""
+    """In a notebook, display `rich(IPython.display)` (an object, or a mimebundle dict); elsewhere print `text`."""
     try:
         from IPython import display as ipython_display
         from IPython import get_ipython
@@ -120,3 +103,64 @@ table.diff td {white-space: pre-wrap; padding: 0 4px}
 .diff_add {background-color: #aaffaa} .diff_chg {background-color: #ffff77} .diff_sub {background-color: #ffaaaa}
 .diff_header {color: #888} .diff_next {display: none}
 </style>"""
+
+
+PACKAGE = PACKAGE_DIR.name  # "ddp_helpers"
+
+
+@dataclass(frozen=True)
+class Helper:
+    module: str  # "ddp_helpers.workers.train_report"
+    names: tuple[str, ...]  # what the worker takes from it ("parse_args", ...); () for a module itself
+    purpose: str  # the first sentence of the module's docstring
+
+
+def module_path(module: str) -> Path:
+    folder = PACKAGE_DIR.joinpath(*module.split(".")[1:])
+    return folder / "__init__.py" if folder.is_dir() else folder.with_suffix(".py")
+
+
+def purpose(path: Path) -> str:
+    """The first sentence of the module's docstring, its lines joined."""
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    sentence = " ".join(doc.split("\n\n")[0].split()).split(". ")[0]
+    return sentence if sentence.endswith(".") else sentence + "."
+
+
+def package_imports(path: Path) -> dict[str, tuple[str, ...]]:
+    """The package's modules the file imports at its top level (absolute imports), with the names it takes."""
+    taken: dict[str, list[str]] = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == PACKAGE:
+                    taken.setdefault(alias.name, [])
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith(PACKAGE):
+            for alias in node.names:
+                # `from ddp_helpers.rank import teardown` names a module; `...rank.data import x`, a name in one
+                if module_path(f"{node.module}.{alias.name}").is_file():
+                    taken.setdefault(f"{node.module}.{alias.name}", [])
+                else:
+                    taken.setdefault(str(node.module), []).append(alias.name)
+    return {name: tuple(names) for name, names in sorted(taken.items())}
+
+
+def package_helpers(target: str | os.PathLike[str]) -> list[Helper]:
+    """The ddp_helpers modules a worker (a bundled worker's name, or a file) imports itself."""
+    imports = package_imports(_resolve(target))
+    return [Helper(module, names, purpose(module_path(module))) for module, names in imports.items()]
+
+
+def show_helpers(target: str | os.PathLike[str]) -> list[Helper]:
+    """Show the table of `package_helpers(target)` (markdown in IPython, text elsewhere); return them."""
+    helpers = package_helpers(target)
+    rows = [
+        f"| `{h.module}` | {', '.join(f'`{n}`' for n in h.names) or '(the module)'} | {h.purpose} |"
+        for h in helpers
+    ]
+    header = f"`{_resolve(target).name}` imports {len(helpers)} module(s) of `{PACKAGE}`, which a copy needs:"
+    text = "\n".join(
+        [header, "", "| module | what it takes | what the module does |", "|---|---|---|", *rows]
+    )
+    display_or_print(text, lambda shown: {"text/markdown": text, "text/plain": text})
+    return helpers

@@ -1,14 +1,6 @@
 """Run by Python in every rank before the script's first line: register the rank for stack dumps.
-
-Python imports a module named ``sitecustomize`` at start-up, wherever ``sys.path`` finds one. The launcher
-puts this folder first on the workers' ``PYTHONPATH`` and sets ``run_contract.STACK_DUMPS_ENV``, so that
-every rank of a run answers the launcher's stack request when the run hangs, a script written elsewhere as well as this
-package's workers (see ddp_helpers/rank/stack_dumps.py). It registers, and does nothing else to the rank.
-
-Only a process that torchrun started as a rank (``LOCAL_RANK`` set) registers, and it removes the variable,
-so that the rank's own children (DataLoader or compile workers) do not. Then the ``sitecustomize`` that
-this one hides on the path, if there is one (Debian's Python has one), runs as it would have.
-"""
+The launcher puts this folder first on the ranks' PYTHONPATH; the variable is removed so a rank's children
+do not register, and the sitecustomize this one hides (Debian's) still runs."""
 
 from __future__ import annotations
 

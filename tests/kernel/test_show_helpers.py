@@ -1,21 +1,8 @@
-"""The package modules a worker needs, read from its imports, and what loading it loads."""
+"""The package modules a worker needs, read from its imports."""
 
 from __future__ import annotations
 
-from ddp_helpers.kernel.lab.worker_helpers import (
-    closure,
-    package_helpers,
-    package_imports,
-    purpose,
-    show_helpers,
-)
-
-
-def test_the_modules_loaded_are_the_package_modules_the_worker_imports_and_theirs():
-    train = closure("train")
-    assert closure("ddp") == []  # notebook 01's script: torch only
-    assert {h.module for h in package_helpers("train")} <= set(train)
-    assert "ddp_helpers.rank.teardown" in train and not any(".kernel" in name for name in train)
+from ddp_helpers.kernel.lab.source_view import package_helpers, package_imports, purpose, show_helpers
 
 
 def test_ddp_py_needs_nothing_and_train_py_names_its_helpers():
@@ -26,14 +13,12 @@ def test_ddp_py_needs_nothing_and_train_py_names_its_helpers():
     assert all(h.purpose.endswith(".") and len(h.purpose) > 20 for h in helpers.values())
 
 
-def test_only_imports_run_at_load_count(tmp_path):
+def test_only_top_level_absolute_imports_count(tmp_path):
     source = tmp_path / "worker.py"
     source.write_text(
-        "from typing import TYPE_CHECKING\n"
         "import ddp_helpers.rank.metrics\n"
         "from ddp_helpers.rank.data import digits, build_dataset\n"
-        "try:\n    from ddp_helpers.rank import teardown\nexcept ImportError:\n    teardown = None\n"
-        "if TYPE_CHECKING:\n    from ddp_helpers.kernel.launcher import runner\n"
+        "from ddp_helpers.rank import teardown\n"
         "def main():\n    from ddp_helpers.rank import checkpoint\n"
         "from . import sibling\n"  # relative: no package to resolve it in a copied-out file
     )
@@ -55,4 +40,3 @@ def test_show_helpers_prints_the_table_outside_ipython(capsys):
     out = capsys.readouterr().out
     assert f"`train.py` imports {len(shown)} module(s) of `ddp_helpers`" in out
     assert "| `ddp_helpers.workers.train_report` |" in out
-    assert f"loads {len(closure('train'))} module(s)" in out
