@@ -1,10 +1,5 @@
-"""Follow files that other processes append to: the one reader of logs, metrics and torchrun's output.
-
-`FileFollower` turns one growing file into lines: a line still being written is held (and reported as
-a live update: a tqdm bar counts as progress), and ``\\r`` updates keep what a terminal would show.
-`RankLogTail` follows the per-rank files of torchrun's ``--redirects 3 --log-dir``, so two ranks' lines
-never merge: ``<log_dir>/<run_id>_<rand>/attempt_<k>/<local_rank>/{stdout,stderr}.log``.
-"""
+"""Follow files other processes append to: `FileFollower` (one file, part lines held, ``\\r`` redraws kept as a
+terminal shows them) and `RankLogTail` (torchrun's ``--redirects 3 --log-dir`` per-rank files)."""
 
 from __future__ import annotations
 
@@ -87,12 +82,7 @@ class _RankFile:
 
 @dataclass
 class RankLogTail:
-    """Reads new lines from every rank's log files, in the order the files grow.
-
-    Global ranks: ``rank_offset + local_rank`` on one node. Across nodes a c10d rendezvous orders the
-    agents its own way (torchrun ignores node_rank there), so the workers' own RANK is the truth:
-    with `ranks_known_up_front` False, a rank's lines wait until `learn_ranks` says who it is.
-    """
+    """Reads new lines from every rank's log files, in the order the files grow."""
 
     log_dir: Path
     rank_offset: int = 0
@@ -135,11 +125,7 @@ class RankLogTail:
         return len({f.attempt for f in self._files.values()})
 
     def read_chunks(self, final: bool = False) -> list[LogChunk]:
-        """What every rank file gained since the last call, one chunk per file, in file order.
-
-        Partial lines come as live updates (``partial``); with `final` they are complete, and
-        ranks still unmapped get ``rank_offset + local_rank``.
-        """
+        """What every rank file gained since the last call, one chunk per file, in file order."""
         self._discover()
         # stdout before stderr: a rank that prints and then dies within one read has its lines shown
         # before its traceback (the files carry no times; a crash's traceback is what comes last)
