@@ -5,6 +5,7 @@ Each rank writes <run-dir>/metrics/rank{R}.jsonl, rank 0 <run-dir>/summary.json.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import signal
 import time
@@ -363,47 +364,36 @@ def add_checkpoints(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps (and at the end)")
     p.add_argument("--keep-checkpoints", type=int, default=3, help="how many recent checkpoints to keep")
     p.add_argument("--resume", action="store_true", help="continue from the latest good checkpoint, if any")
-    p.add_argument(
-        "--resume-ignore", nargs="*", choices=RESUME_PARTS, default=[], help="resume without these"
-    )
+    p.add_argument("--resume-ignore", nargs="*", choices=RESUME_PARTS, default=[], help="not resumed")
     p.add_argument("--stop-at-step", type=int, default=None, help="stop after this step, as if interrupted")
     p.add_argument("--save-on-sigterm", action="store_true", help="on SIGTERM, save at the next logged step")
 
 
 def add_fault_injection(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--overflow-at-steps", type=int, nargs="*", default=[], help="fault injection: inf grads..."
-    )
+    p.add_argument("--overflow-at-steps", type=int, nargs="*", default=[], help="inject inf grads...")
     p.add_argument("--overflow-rank", type=int, default=0, help="...on this rank, at these steps of its own")
     p.add_argument("--fail-at-step", type=int, default=None, help="fault injection: raise at this step...")
     p.add_argument("--fail-rank", type=int, default=0, help="...on this rank (first attempt only)")
     p.add_argument("--sigterm-at-step", type=int, default=None, help="fault injection: SIGTERM...")
     p.add_argument("--sigterm-rank", type=int, default=0, help="...on this rank, after this step")
-    p.add_argument(
-        "--straggler", type=straggler_spec, metavar="RANK:MS", help="fault injection: a slow loader"
-    )
+    p.add_argument("--straggler", type=straggler_spec, metavar="RANK:MS", help="RANK loads MS slower")
 
 
 def check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse options that contradict each other or the launch."""
     under_torchrun = int(os.environ.get("RANK", -1)) != -1
     world_size = int(os.environ.get("WORLD_SIZE", 1))
-    if args.tensorboard and not tensorboard_installed():
+    if args.tensorboard and importlib.util.find_spec("tensorboard") is None:
         p.error("--tensorboard needs the tensorboard package: pip install tensorboard")
     if args.mode in ("single", "dp") and world_size > 1:
         p.error(f"--mode {args.mode} is one process; start it with python, not torchrun --nproc-per-node > 1")
     if args.mode == "ddp" and not under_torchrun:
-        p.error(
-            "--mode ddp needs torchrun, which sets RANK and WORLD_SIZE: torchrun --nproc-per-node 2 train.py"
-        )
+        p.error("--mode ddp needs torchrun, which sets RANK and WORLD_SIZE: torchrun --nproc-per-node 2 ...")
     if args.straggler and args.straggler[0] >= world_size:
-        p.error(
-            f"--straggler {args.straggler[0]}:...: there is no rank {args.straggler[0]} among {world_size}"
-        )
-    if args.resume and not args.checkpoint_dir:
-        p.error("--resume needs --checkpoint-dir")
-    if args.save_on_sigterm and not args.checkpoint_dir:
-        p.error("--save-on-sigterm needs --checkpoint-dir")
+        p.error(f"--straggler: there is no rank {args.straggler[0]} among {world_size}")
+    for flag in ("resume", "save_on_sigterm"):
+        if getattr(args, flag) and not args.checkpoint_dir:
+            p.error(f"--{flag.replace('_', '-')} needs --checkpoint-dir")
     counts = ("batch_size", "epochs", "steps", "stop_at_step", "log_every", "save_every", "keep_checkpoints")
     for name in counts:
         if getattr(args, name) is not None and getattr(args, name) < 1:
@@ -418,18 +408,8 @@ def straggler_spec(text: str) -> tuple[int, float]:
     except ValueError:
         spec = None
     if not sep or spec is None or spec[0] < 0 or not 0 < spec[1] < 60_000:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: expected RANK:MS, a rank >= 0 and 0 < MS < 60000, e.g. 1:40"
-        )
+        raise argparse.ArgumentTypeError(f"{text!r}: expected RANK:MS, a rank >= 0 and 0 < MS < 60000")
     return spec
-
-
-def tensorboard_installed() -> bool:
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 if __name__ == "__main__":

@@ -96,7 +96,7 @@ class AgentServer:
             theirs.close()  # the server holds its own copy now: if it dies, `ours` reads end-of-file
         agent = ForkedAgent(ours)
         if not agent.read_pid(START_TIMEOUT_S):
-            agent.close()
+            agent._socket.close()
             raise ServerGone
         return agent
 
@@ -150,7 +150,7 @@ class ForkedAgent:
                 self.returncode, self.status_lost = 1, True  # killed by a signal after the server died
             else:
                 self._take(message)
-        self.close()
+        self._socket.close()
         return self.returncode
 
     def _take(self, message: RunNews) -> None:
@@ -168,9 +168,6 @@ class ForkedAgent:
         line, self._buffer = self._buffer.split(b"\n", 1)
         message: RunNews = json.loads(line)  # written by `_send`, or by the agent as it leaves
         return message
-
-    def close(self) -> None:
-        self._socket.close()
 
 
 def supported() -> bool:
@@ -190,7 +187,7 @@ class AgentServers:
         self._lock = threading.Lock()  # running, not_forkable
         self._stopped_lock = threading.Lock()
 
-    def _server(self, python: str, env: dict[str, str], start: bool = True) -> AgentServer | None:
+    def _server(self, python: str, env: dict[str, str]) -> AgentServer | None:
         """The server for this Python and environment, started if needed; None where none can serve."""
         if not supported() or python in self.not_forkable:
             return None
@@ -201,15 +198,14 @@ class AgentServers:
             if server is not None and not server.alive():
                 self._stop(server)
                 server = None
-            if server is None and start:
+            if server is None:
                 try:
                     server = AgentServer(python, env)
                 except OSError:
                     return None
-            if server is not None:  # the most recently used; the least beyond KEEP_SERVERS leaves
-                self.running[key] = server
-                while len(self.running) > KEEP_SERVERS:
-                    self._stop(self.running.pop(next(iter(self.running))))
+            self.running[key] = server  # the most recently used; the least beyond KEEP_SERVERS leaves
+            while len(self.running) > KEEP_SERVERS:
+                self._stop(self.running.pop(next(iter(self.running))))
         return server
 
     def start_agent(

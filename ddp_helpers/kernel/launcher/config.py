@@ -21,7 +21,6 @@ from ddp_helpers.kernel.launcher.options import (
     OPTIONS,
     LaunchKeywords,
     LaunchOptions,
-    check_int,
     ranks_outside,
 )
 from ddp_helpers.rank.stack_dumps import REGISTER_ENV, WORKER_SITE
@@ -90,8 +89,6 @@ class LaunchConfig(LaunchOptions):
         """A copy with some fields changed (live ranks), not checked again."""
         new = copy.copy(self)
         for name, value in changes.items():
-            if name not in self.__dataclass_fields__:
-                raise TypeError(f"LaunchConfig has no field {name!r}")
             object.__setattr__(new, name, value)
         return new
 
@@ -121,18 +118,13 @@ class LaunchConfig(LaunchOptions):
             self._set("rdzv_timeout", MULTINODE_RDZV_TIMEOUT_S)
 
     def _resolve_world(self) -> None:
-        nproc = self.nproc
-        if self.launcher == "python" and nproc is None:
-            nproc = 1
         try:
             backend, device = resolve_backend(self.backend, self.gpus)
             self._set("backend", backend)
             self._set("device", device)
         except ValueError as err:
             raise InvalidLaunchArguments(str(err)) from None
-        if nproc is None:
-            nproc = self.gpus if self.gpus > 0 else 2
-        nproc = check_int("nproc", nproc, 1)
+        nproc = self.nproc or (1 if self.launcher == "python" else self.gpus or 2)
         self._set("local_world_size", nproc)
         if self.device == "cpu":
             check_cpu_ranks(nproc)
