@@ -32,7 +32,7 @@ __all__ = ["RESUME_PARTS", "build_model", "main", "parse_args", "train_step"]
 def setup(args: argparse.Namespace) -> DistInfo:
     """Join the process group under DDP; describe the one process otherwise."""
     if args.mode == "ddp":
-        # nccl for GPUs, gloo for CPUs (DDP_BACKEND); the device is the rank's own GPU, cuda:LOCAL_RANK
+        # init_process_group: nccl for GPUs, gloo for CPUs (DDP_BACKEND), on the rank's own cuda:LOCAL_RANK
         return setup_distributed()
     use_cuda = torch.cuda.is_available() and os.environ.get(DEVICE_ENV, "cuda") != "cpu"
     return DistInfo(0, 0, 1, 1, "none", torch.device("cuda" if use_cuda else "cpu"))

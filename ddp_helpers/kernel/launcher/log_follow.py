@@ -86,7 +86,7 @@ class RankLogTail:
 
     log_dir: Path
     rank_offset: int = 0
-    ranks_known_up_front: bool = True
+    ranks_known_up_front: bool = True  # False across nodes: c10d decides, a rank's lines wait for learn_ranks
     _files: dict[Path, _RankFile] = field(default_factory=dict)
     _global_rank: dict[int, int] = field(default_factory=dict)  # local rank -> global rank, as seen
     _waiting: list[tuple[int, LogChunk]] = field(default_factory=list)  # (local rank, chunk) not yet mapped
@@ -135,22 +135,17 @@ class RankLogTail:
             if read.lines or read.partial is not None:
                 chunk = LogChunk(-1, followed.attempt, followed.stream, read.lines, read.partial)
                 self._waiting.append((followed.local_rank, chunk))
-        ready, still_waiting = [], []
-        for local, chunk in self._waiting:
-            if self.knows(local) or final:
-                chunk.rank = self.global_rank(local)
-                ready.append(chunk)
-            else:
-                still_waiting.append((local, chunk))
-        self._waiting = still_waiting
-        return ready
+        ready = [(local, chunk) for local, chunk in self._waiting if self.knows(local) or final]
+        self._waiting = [waiting for waiting in self._waiting if waiting not in ready]
+        for local, chunk in ready:
+            chunk.rank = self.global_rank(local)
+        return [chunk for _, chunk in ready]
 
-    def rank_file(self, rank: int, name: str, attempt: int | None = None) -> Path | None:
-        """`name` (error.json, stderr.log, ...) of global `rank` in the given attempt, or the latest one."""
+    def rank_file(self, rank: int, name: str) -> Path | None:
+        """`name` (error.json, stderr.log, ...) of global `rank` in its latest attempt."""
         local = next((lr for lr, gr in self._global_rank.items() if gr == rank), rank - self.rank_offset)
-        found = {}
-        for path in self.log_dir.glob(f"*/attempt_*/{local}/{name}"):
-            found[int(path.parent.parent.name.removeprefix("attempt_"))] = path
-        if attempt is not None:
-            return found.get(attempt)
+        found = {
+            int(p.parent.parent.name.removeprefix("attempt_")): p
+            for p in self.log_dir.glob(f"*/attempt_*/{local}/{name}")
+        }
         return found[max(found)] if found else None
