@@ -231,7 +231,6 @@ def summarize(run: Run, reporter: Reporter) -> dict:
         "deterministic": args.deterministic,
         "attempt": reporter.attempt,
         "samples_per_s": global_batch / median_step if median_step else None,
-        "samples_per_s_per_rank": args.batch_size / median_step if median_step else None,
         "step_time_median_s": median_step,
         "timed_steps": len(reporter.timer.step_times),
         "peak_mem_bytes": peak_bytes,
