@@ -30,7 +30,6 @@ DEFAULT_HANG_TIMEOUT_S = 300.0
 METADATA_KEY = "ddp_helpers.option"
 
 
-# ---------------------------------------------------------------------------- the checks
 def check_int(name: str, value: object, minimum: int, allow_none: bool = False) -> Any:
     """`value` if it is an integer >= `minimum` (not a bool), or None if allowed."""
     if value is None and allow_none:
@@ -162,7 +161,6 @@ def parse_env_item(text: str) -> tuple[str, str]:
     return key, value
 
 
-# ---------------------------------------------------------------------------- the declarations
 seconds = partial(check_seconds, allow_none=True)
 check_grace = partial(check_seconds, allow_none=False, allow_zero=True)
 check_nproc = partial(check_int, minimum=1, allow_none=True)
@@ -291,7 +289,6 @@ OPTION_NAMES = tuple(option.name for option in OPTIONS)
 LIVE_OPTIONS = tuple(option for option in OPTIONS if option.live)
 
 
-# ---------------------------------------------------------------------------- the front ends built from them
 def options_doc(
     options: Iterable[Option], indent: str = "", defaults: Mapping[str, Any] | None = None
 ) -> str:
