@@ -1,16 +1,6 @@
-"""ddp_helpers: launch, watch and measure PyTorch DDP runs from a Jupyter notebook.
+"""ddp_helpers: launch, watch and measure PyTorch DDP runs from a Jupyter notebook (docs/reference.md).
 
-The public API:
-    launch(script, *args, nproc=..., ...) -> LaunchResult
-    write_worker(name_or_path, run_dir=...) -> Path
-    start_ranks(nproc=...) -> LiveRanks: DDP ranks that stay up between cells
-        .run(code), .call("module.function", *args, OnRank("name")), .gather(name), .push(**values)
-    check(claim, holds, evidence): a notebook's claim, checked, with its evidence ("✓ ..." or ClaimFailed)
-    %load_ext ddp_helpers, then %ranks start and %%ranks (and %%exercise)
-
-Names load on first use (PEP 562): a worker that imports ``ddp_helpers.rank.teardown`` or the metrics
-writer must not pay for the launcher, psutil, tqdm or pandas.
-"""
+Names load on first use (PEP 562): a worker that imports the rank side never pays for the launcher."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The one rule that picks the backend and the device, shared by the launcher and every worker (it
-imports nothing heavy: the launcher checks its arguments before it pays for ``import torch``)."""
+"""The one rule that picks the backend and the device, shared by the launcher and every worker (no torch)."""
 
 from __future__ import annotations
 
@@ -7,10 +6,7 @@ BACKENDS = ("auto", "gloo", "nccl")
 
 
 def resolve_backend(requested: str, gpus: int) -> tuple[str, str]:
-    """("nccl", "cuda") or ("gloo", "cpu") for `requested` ("auto", "gloo" or "nccl") and `gpus` visible.
-
-    Raises ValueError for an unknown backend, or for nccl without a GPU.
-    """
+    """("nccl", "cuda") or ("gloo", "cpu") for `requested` ("auto", "gloo" or "nccl") and `gpus` visible."""
     if requested not in BACKENDS:
         raise ValueError(f"unknown backend {requested!r}; choose one of {', '.join(BACKENDS)}")
     if requested == "auto":

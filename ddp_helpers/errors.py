@@ -7,8 +7,7 @@ class LaunchError(RuntimeError):
     """Base class: something went wrong launching or running a distributed job."""
 
     def _render_traceback_(self) -> list[str]:
-        # IPython shows this instead of the launcher's own stack, which would only hide the
-        # worker's root cause under frames of ddp_helpers.
+        # IPython shows this instead of the launcher's stack, which would hide the worker's root cause
         return f"{type(self).__name__}: {self}".splitlines()
 
 
@@ -25,9 +24,7 @@ class RanksNotRunning(LaunchError):
 
 
 class WorkerFailed(LaunchError):
-    """A worker process exited with an error: ``rank 1 failed: ZeroDivisionError: division by zero``, then
-    the root-cause traceback (``@record``'s error file, or the rank's stderr), or else the last lines the
-    rank wrote to stderr (``sys.exit("...")``, an argparse error)."""
+    """A rank exited with an error: ``rank 1 failed: ZeroDivisionError: ...``, then its traceback or last lines."""
 
     def __init__(
         self,
@@ -66,8 +63,7 @@ class WorkerFailed(LaunchError):
 
 
 class LaunchTimeout(LaunchError):
-    """The run made no progress (no output line, no metrics line) within the timeout and was killed.
-    `stacks`: where each rank that still ran waited, by rank (its frames, innermost first, with source)."""
+    """No output and no metrics line within the timeout: the run was stopped. `stacks`: where each rank waited."""
 
     def __init__(
         self,
@@ -90,16 +86,14 @@ class LaunchFailed(LaunchError):
 
 
 class LaunchInterrupted(LaunchError, KeyboardInterrupt):
-    """The cell was interrupted; every process of the run has been stopped. Also a KeyboardInterrupt, so
-    code that stops on an interrupt (``except KeyboardInterrupt``, IPython, pytest) still does."""
+    """The cell was interrupted and every process of the run stopped; also a KeyboardInterrupt."""
 
     def _render_traceback_(self) -> list[str]:  # IPython shows this instead of a traceback
         return [f"KeyboardInterrupt: {self}"]
 
 
 class RankError(LaunchError):
-    """Code sent to live ranks (`start_ranks`, ``%%ranks``) raised on one or more ranks: ``rank 1 failed:
-    ZeroDivisionError: division by zero`` and that rank's traceback. The ranks live on, with their state."""
+    """Code sent to live ranks raised on some of them (``rank 1 failed: ...`` and its traceback); they live on."""
 
     def __init__(self, message: str, *, errors: dict[int, str]) -> None:
         self.errors, self.ranks = errors, sorted(errors)  # rank -> that rank's formatted traceback
@@ -107,9 +101,7 @@ class RankError(LaunchError):
 
 
 class ValueNotReturned(LaunchError, TypeError):
-    """A live rank's value could not be brought back to the kernel (`LiveRanks.gather`): not picklable on
-    the rank (a lock, a file), or not in the kernel (a class defined in a cell exists only on the ranks).
-    `reprs` maps each such rank to the value's repr there."""
+    """A live rank's value could not come back to the kernel (not picklable, or its class exists only there)."""
 
     def __init__(self, message: str, *, reprs: dict[int, str]) -> None:
         self.reprs, self.ranks = reprs, sorted(reprs)

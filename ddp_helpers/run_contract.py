@@ -1,17 +1,6 @@
-"""The contract between the kernel and the ranks: the environment a launch gives every rank, and the
-files a run leaves in its folder. Each name is spelled here once, and both sides import it from here.
-
-It imports neither torch nor the launcher, so a rank pays nothing for it.
-
-A run folder (``runs/<time>-<script>-<id>/``, or the launch's ``run_dir``):
-
-    logs/torchrun.log                          torchrun's agent (or the one process's own output)
-    logs/<id>/attempt_<k>/<local rank>/        torchrun's per-rank files: stdout.log, stderr.log, error.json
-    logs/stacks/                               each rank's stack dump, when the launcher asks (a hang)
-    metrics/rank<R>.jsonl                      one JSON object per logged step, per rank
-    plan.json                                  the steps to expect, for the progress bar (rank 0)
-    summary.json                               the run's results (rank 0)
-"""
+"""The contract between the kernel and the ranks: each rank's environment and a run folder's files
+(logs/torchrun.log, logs/<id>/attempt_<k>/<local rank>/, logs/stacks/, metrics/rank<R>.jsonl, plan.json,
+summary.json). Both sides import the names from here; it imports no torch."""
 
 from __future__ import annotations
 
@@ -21,13 +10,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-# ------------------------------------------------------------ the environment of every rank
 RUN_DIR_ENV = "DDP_RUN_DIR"  # the run's folder: where the rank writes metrics/ and summary.json
 BACKEND_ENV = "DDP_BACKEND"  # the backend launch chose ("auto" or unset: the worker's own rule)
 DEVICE_ENV = "DDP_DEVICE"  # "cpu" or "cuda": "cpu" keeps a rank off GPUs it could see
 STACK_DUMPS_ENV = "DDP_HELPERS_STACK_DUMPS"  # "1": the rank answers the launcher's stack requests
 
-# ------------------------------------------------------------ a run folder
 LOGS_DIR = "logs"
 AGENT_LOG = "torchrun.log"  # in logs/
 STACKS_DIR = "stacks"  # in logs/
@@ -53,8 +40,7 @@ def run_dir_from_env(default: str) -> str:
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
-    """Write `data` as JSON to `path` through a temporary file and a rename: readers polling it never see
-    half a file, and a full disk leaves no temporary file behind and says which folder is full."""
+    """Write `data` as JSON through a temporary file and a rename: a reader never sees half a file."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:

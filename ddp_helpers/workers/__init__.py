@@ -1,8 +1,5 @@
-"""Worker scripts: each file runs under plain `python` and under `torchrun`.
-
-This folder holds the training worker several chapters share (train.py and its parts); a chapter's own
-scripts live in its folder, ddp_helpers/chapters/chNN_*/. `worker_path` finds either by name.
-"""
+"""The training worker several chapters share (train.py and its parts); `worker_path` finds it, or a
+chapter's script, by name."""
 
 import re
 from pathlib import Path
@@ -13,8 +10,7 @@ CHAPTER_OWN = re.compile(r"ch\d\d_|__init__")  # a chapter's plan, views and exe
 
 
 def worker_scripts() -> dict[str, Path]:
-    """Every file a chapter's script may be, by name: not a package's __init__, nor a chapter's own
-    chNN_* modules (its plan, exercises and their checks). File names are unique in the package."""
+    """Every file that may be a script, by name: not an __init__, nor a chapter's own chNN_* modules."""
     found = {}
     for path in [*WORKERS_DIR.glob("*.py"), *CHAPTERS_DIR.glob("ch*/*.py")]:
         if not CHAPTER_OWN.match(path.name):

@@ -1,22 +1,11 @@
-"""Train an image classifier on one device, with DataParallel, or with DDP.
-
-    python train.py --mode single --steps 50
-    python train.py --mode dp --steps 50                 # one process, all visible GPUs
-    torchrun --nproc-per-node 2 train.py --steps 50      # DDP, one process per GPU (or 2 on the CPU)
-
-Each rank appends one JSON line per logged step to <run-dir>/metrics/rank{R}.jsonl, and
-rank 0 writes <run-dir>/summary.json at the end. The notebooks read those files.
-
-Read it from `main()` down: setup, data, model, resume, wrap, the loop (`train`, `train_step`), the
-results, then the command line (every option, its default and its check: a bad value is refused before
-any process group exists). The files beside it hold what is not DDP itself: the timers and reports
-(train_report.py), the checkpoints (train_checkpoint.py) and the run's state that those share
-(train_state.py). ddp.py is the same idea in 70 lines, without the measuring and checkpointing.
-"""
+"""Train an image classifier on one device (--mode single), with DataParallel (dp), or with DDP:
+``python train.py --mode single --steps 50``; ``torchrun --nproc-per-node 2 train.py --steps 50``.
+Each rank writes <run-dir>/metrics/rank{R}.jsonl, rank 0 <run-dir>/summary.json. Read it from `main()` down."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import signal
 import time
@@ -40,24 +29,17 @@ from ddp_helpers.workers.train_state import Data, Position, Run, Training
 __all__ = ["RESUME_PARTS", "build_model", "main", "parse_args", "train_step"]
 
 
-# -----------------------------------------------------------------------------
-# the pieces of a run
-
-
 def setup(args: argparse.Namespace) -> DistInfo:
     """Join the process group under DDP; describe the one process otherwise."""
     if args.mode == "ddp":
-        # nccl for GPUs, gloo for CPUs (the launcher says which through DDP_BACKEND); the device
-        # is the rank's own GPU (cuda:LOCAL_RANK, or cuda:0 where SLURM gave each task one), and
-        # init_process_group gets it as device_id on GPUs
+        # init_process_group: nccl for GPUs, gloo for CPUs (DDP_BACKEND), on the rank's own cuda:LOCAL_RANK
         return setup_distributed()
     use_cuda = torch.cuda.is_available() and os.environ.get(DEVICE_ENV, "cuda") != "cpu"
     return DistInfo(0, 0, 1, 1, "none", torch.device("cuda" if use_cuda else "cpu"))
 
 
 def build_data(args: argparse.Namespace, world: DistInfo) -> Data:
-    """Every mode goes through a DistributedSampler (num_replicas=1 without DDP), so N ranks at
-    batch B see exactly the samples one process sees at batch N*B."""
+    """A DistributedSampler in every mode (one replica without DDP): N ranks at batch B see what one sees at N*B."""
     channels = 3 if args.model.startswith("resnet") else 1 if args.dataset == "digits" else 3
     info = build_dataset(
         args.dataset,
@@ -163,10 +145,7 @@ def wrap(args: argparse.Namespace, world: DistInfo, training: Training) -> None:
         training.model = nn.DataParallel(training.raw_model)
 
 
-# -----------------------------------------------------------------------------
-# the loop
-
-
+# ----------------------------------------------------------------------------- the loop
 def train_step(training: Training, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """One optimizer step on one batch; returns the loss (on the device, not synchronised)."""
     device, amp_dtype = training.device, training.amp_dtype
@@ -196,8 +175,7 @@ def train_step(training: Training, x: torch.Tensor, y: torch.Tensor) -> torch.Te
 
 
 def train(run: Run, reporter: Reporter, preemption: Preemption | None = None) -> torch.Tensor:
-    """Run steps until `reporter.last_step` (or a SIGTERM, with --save-on-sigterm), logging and
-    checkpointing on the way; the last loss."""
+    """Run steps until `reporter.last_step` (or a SIGTERM, with --save-on-sigterm); the last loss."""
     args, world, data, training, pos = run.args, run.world, run.data, run.training, run.pos
     preemption = preemption or Preemption(enabled=False)
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
@@ -242,18 +220,12 @@ def train(run: Run, reporter: Reporter, preemption: Preemption | None = None) ->
     return loss
 
 
-# -----------------------------------------------------------------------------
-# results
-
-
+# ----------------------------------------------------------------------------- results
 def evaluate(
     training: Training, dataset: SizedDataset, world: DistInfo, batch_size: int
 ) -> tuple[float, int]:
-    """Accuracy over the whole test split, exact under DDP, and the number of samples scored.
-
-    Each rank scores rank::world_size, with no padding, and the counts are summed. (A
-    DistributedSampler would pad with repeated samples when the size does not divide.)
-    """
+    """Accuracy over the whole test split, exact under DDP, and the number of samples scored."""
+    # rank::world_size, no padding (a DistributedSampler would repeat samples when the size does not divide)
     shard = Subset(dataset, range(world.rank, len(dataset), world.world_size))
     model, device, amp_dtype = training.raw_model, training.device, training.amp_dtype
     counts = torch.zeros(2, device=device)  # correct, seen
@@ -269,10 +241,7 @@ def evaluate(
     return (counts[0] / counts[1]).item(), int(counts[1].item())
 
 
-# -----------------------------------------------------------------------------
-# main
-
-
+# ----------------------------------------------------------------------------- main
 def announce(run: Run, total_steps: int) -> None:
     args, world, data, pos = run.args, run.world, run.data, run.pos
     if world.is_main:  # prints, plans and summaries come from rank 0 only
@@ -344,9 +313,7 @@ def main(argv: list[str] | None = None) -> None:
         dist.barrier()  # nobody tears the group down while rank 0 still writes
 
 
-# -----------------------------------------------------------------------------
-# the command line
-
+# ----------------------------------------------------------------------------- the command line
 # what --resume-ignore can leave out of a resume: each name drops that state and nothing else
 RESUME_PARTS = ("rng", "optimizer", "scheduler", "scaler")
 
@@ -357,9 +324,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_optimization(p)
     add_checkpoints(p)
     add_fault_injection(p)
-    p.add_argument(
-        "--tensorboard", action="store_true", help="also write TensorBoard scalars to <run-dir>/tensorboard"
-    )
+    p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard scalars")
     p.add_argument("--run-dir", default=run_dir_from_env("runs/train"))
     args = p.parse_args(argv)
     check(p, args)
@@ -374,13 +339,9 @@ def add_model_and_data(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", choices=DATASETS, default="synthetic")
     p.add_argument("--num-samples", type=int, default=2048, help="synthetic dataset size")
     p.add_argument("--image-size", type=int, default=32, help="synthetic image side, in pixels")
-    p.add_argument(
-        "--batch-size", type=int, default=32, help="per rank: the global batch is this x world size"
-    )
+    p.add_argument("--batch-size", type=int, default=32, help="per rank: the global batch is this x ranks")
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes per rank")
-    p.add_argument(
-        "--eval", action="store_true", help="report accuracy on the dataset's test split at the end"
-    )
+    p.add_argument("--eval", action="store_true", help="report accuracy on the test split at the end")
 
 
 def add_optimization(p: argparse.ArgumentParser) -> None:
@@ -390,9 +351,7 @@ def add_optimization(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr-schedule", choices=["constant", "cosine"], default="constant")
     p.add_argument("--dropout", type=float, default=0.0, help="MLP dropout: makes the RNG state matter")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--deterministic", action="store_true", help="deterministic kernels: bitwise-repeatable runs"
-    )
+    p.add_argument("--deterministic", action="store_true", help="deterministic kernels: repeatable runs")
     p.add_argument("--log-every", type=int, default=10, help="log (and synchronise for timing) every N steps")
     p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the throughput figure")
     p.add_argument("--amp", choices=["off", "bf16", "fp16"], default="off")
@@ -405,61 +364,36 @@ def add_checkpoints(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps (and at the end)")
     p.add_argument("--keep-checkpoints", type=int, default=3, help="how many recent checkpoints to keep")
     p.add_argument("--resume", action="store_true", help="continue from the latest good checkpoint, if any")
-    p.add_argument(
-        "--resume-ignore",
-        nargs="*",
-        choices=RESUME_PARTS,
-        default=[],
-        help="teaching aid: resume without these states (each drops only its own), to watch the run drift",
-    )
+    p.add_argument("--resume-ignore", nargs="*", choices=RESUME_PARTS, default=[], help="not resumed")
     p.add_argument("--stop-at-step", type=int, default=None, help="stop after this step, as if interrupted")
-    p.add_argument(
-        "--save-on-sigterm",
-        action="store_true",
-        help="on SIGTERM (a preemption notice), save a checkpoint at the next logged step and stop",
-    )
+    p.add_argument("--save-on-sigterm", action="store_true", help="on SIGTERM, save at the next logged step")
 
 
 def add_fault_injection(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--overflow-at-steps", type=int, nargs="*", default=[], help="fault injection: inf grads..."
-    )
+    p.add_argument("--overflow-at-steps", type=int, nargs="*", default=[], help="inject inf grads...")
     p.add_argument("--overflow-rank", type=int, default=0, help="...on this rank, at these steps of its own")
     p.add_argument("--fail-at-step", type=int, default=None, help="fault injection: raise at this step...")
     p.add_argument("--fail-rank", type=int, default=0, help="...on this rank (first attempt only)")
-    p.add_argument(
-        "--sigterm-at-step", type=int, default=None, help="fault injection: send this process SIGTERM..."
-    )
+    p.add_argument("--sigterm-at-step", type=int, default=None, help="fault injection: SIGTERM...")
     p.add_argument("--sigterm-rank", type=int, default=0, help="...on this rank, after this step")
-    p.add_argument(
-        "--straggler",
-        type=straggler_spec,
-        default=None,
-        metavar="RANK:MS",
-        help="fault injection: RANK waits MS milliseconds more for each batch, as a slow data loader would",
-    )
+    p.add_argument("--straggler", type=straggler_spec, metavar="RANK:MS", help="RANK loads MS slower")
 
 
 def check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse what argparse's types cannot: options that contradict each other or the launch."""
+    """Refuse options that contradict each other or the launch."""
     under_torchrun = int(os.environ.get("RANK", -1)) != -1
     world_size = int(os.environ.get("WORLD_SIZE", 1))
-    if args.tensorboard and not tensorboard_installed():
+    if args.tensorboard and importlib.util.find_spec("tensorboard") is None:
         p.error("--tensorboard needs the tensorboard package: pip install tensorboard")
     if args.mode in ("single", "dp") and world_size > 1:
         p.error(f"--mode {args.mode} is one process; start it with python, not torchrun --nproc-per-node > 1")
     if args.mode == "ddp" and not under_torchrun:
-        p.error(
-            "--mode ddp needs torchrun, which sets RANK and WORLD_SIZE: torchrun --nproc-per-node 2 train.py"
-        )
+        p.error("--mode ddp needs torchrun, which sets RANK and WORLD_SIZE: torchrun --nproc-per-node 2 ...")
     if args.straggler and args.straggler[0] >= world_size:
-        p.error(
-            f"--straggler {args.straggler[0]}:...: there is no rank {args.straggler[0]} among {world_size}"
-        )
-    if args.resume and not args.checkpoint_dir:
-        p.error("--resume needs --checkpoint-dir")
-    if args.save_on_sigterm and not args.checkpoint_dir:
-        p.error("--save-on-sigterm needs --checkpoint-dir")
+        p.error(f"--straggler: there is no rank {args.straggler[0]} among {world_size}")
+    for flag in ("resume", "save_on_sigterm"):
+        if getattr(args, flag) and not args.checkpoint_dir:
+            p.error(f"--{flag.replace('_', '-')} needs --checkpoint-dir")
     counts = ("batch_size", "epochs", "steps", "stop_at_step", "log_every", "save_every", "keep_checkpoints")
     for name in counts:
         if getattr(args, name) is not None and getattr(args, name) < 1:
@@ -467,25 +401,15 @@ def check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 
 def straggler_spec(text: str) -> tuple[int, float]:
-    """--straggler RANK:MS, e.g. 1:40, as (rank, milliseconds); anything else is refused by argparse."""
+    """--straggler RANK:MS, e.g. 1:40, as (rank, milliseconds)."""
     rank, sep, ms = text.partition(":")
     try:
         spec = int(rank), float(ms)
     except ValueError:
         spec = None
     if not sep or spec is None or spec[0] < 0 or not 0 < spec[1] < 60_000:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: expected RANK:MS, a rank >= 0 and 0 < MS < 60000, e.g. 1:40"
-        )
+        raise argparse.ArgumentTypeError(f"{text!r}: expected RANK:MS, a rank >= 0 and 0 < MS < 60000")
     return spec
-
-
-def tensorboard_installed() -> bool:
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 if __name__ == "__main__":

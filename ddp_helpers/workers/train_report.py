@@ -1,8 +1,5 @@
 """What train.py measures and reports: step and phase timers, each rank's metrics lines, rank 0's summary.
-
-Kept apart from train.py so that the DDP program reads on its own; every figure a notebook shows about a
-training run comes from here (through <run-dir>/metrics/rank{R}.jsonl and <run-dir>/summary.json).
-"""
+Every figure a notebook shows about a training run comes from here."""
 
 from __future__ import annotations
 
@@ -60,13 +57,9 @@ class StepTimer:
 
 @dataclass
 class PhaseTimer:
-    """One step in two phases, on the steps that are logged (each read synchronises the device):
-
-    data_time_s: waiting for the batch. No collective runs here, so it is this rank's own time.
-    train_step_time_s: forward, backward, optimizer. DDP's collectives run here (the gradient
-        all-reduce in backward; the buffer broadcast in forward, for models with buffers), so a
-        rank that is early waits here for the last one: this phase holds the waiting.
-    """
+    """A logged step in two phases: data_time_s (waiting for the batch: no collective, this rank's own time)
+    and train_step_time_s (forward, backward, optimizer: DDP's collectives run here, so an early rank waits
+    here for the last one)."""
 
     device: torch.device
     timed: bool = False
@@ -166,8 +159,7 @@ def step_facts(training: Training) -> dict:
 
 
 def rng_fingerprint(device: torch.device) -> int:
-    """CRC-32 of this rank's torch generator states (the CPU one, and its GPU's): equal fingerprints at
-    the same step mean the same random numbers from here on (dropout draws from them)."""
+    """CRC-32 of this rank's torch generator states (CPU and GPU): equal ones mean the same random numbers."""
     states = [torch.get_rng_state()]
     if device.type == "cuda":
         states.append(torch.cuda.get_rng_state(device))
@@ -190,8 +182,7 @@ def peak_memory(device: torch.device) -> tuple[int, str]:
 
 
 def device_memory(args: argparse.Namespace, world: DistInfo) -> dict:
-    """How many devices this process drove, and each one's peak: DataParallel drives every GPU
-    from one process, and GPU 0 holds the most (the gathered outputs, the loss, the gradients)."""
+    """How many devices this process drove, and each one's peak (DataParallel: every GPU, GPU 0 the most)."""
     if args.mode == "dp" and world.device.type == "cuda" and torch.cuda.device_count() > 1:
         gpus = range(torch.cuda.device_count())
         return {
@@ -202,8 +193,7 @@ def device_memory(args: argparse.Namespace, world: DistInfo) -> dict:
 
 
 def precision_flags(device: torch.device) -> dict:
-    """What "fp32" meant in this run: on Ampere and newer GPUs cuDNN convolutions use TF32 unless
-    cudnn.allow_tf32 is False (its default is True); matmuls do only if matmul.allow_tf32 is True."""
+    """What "fp32" meant in this run: on Ampere and newer, TF32 for convolutions (default) and maybe matmuls."""
     flags = {
         "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
         "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
@@ -241,7 +231,6 @@ def summarize(run: Run, reporter: Reporter) -> dict:
         "deterministic": args.deterministic,
         "attempt": reporter.attempt,
         "samples_per_s": global_batch / median_step if median_step else None,
-        "samples_per_s_per_rank": args.batch_size / median_step if median_step else None,
         "step_time_median_s": median_step,
         "timed_steps": len(reporter.timer.step_times),
         "peak_mem_bytes": peak_bytes,
@@ -258,12 +247,8 @@ def summarize(run: Run, reporter: Reporter) -> dict:
 
 
 def inject_overflow(model: nn.Module, steps: set[int]) -> torch.Tensor:
-    """Fault injection: at these steps (counted from 1 in this process) this rank's first weight
-    gets inf/NaN gradients, as an fp16 overflow gives them, before DDP all-reduces them.
-
-    Returns a counter of the steps at which this rank's own gradient of that weight was not finite
-    (counted on the device, before the all-reduce): the ranks that overflowed, told from those that only
-    received the inf through the average."""
+    """Fault injection: inf/NaN gradients for this rank's first weight at these steps, before DDP averages;
+    returns the count of steps at which this rank's own gradient was not finite (before the all-reduce)."""
     backward_calls = 0
     first = next(model.parameters())
     local_overflows = torch.zeros((), dtype=torch.int64, device=first.device)

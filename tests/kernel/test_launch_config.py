@@ -7,7 +7,6 @@ from collections.abc import Callable
 import pytest
 
 from ddp_helpers import InvalidLaunchArguments, LaunchError, LaunchInterrupted
-from ddp_helpers.__main__ import main
 from ddp_helpers.kernel.launcher import config as config_module
 from ddp_helpers.kernel.launcher import machine
 from ddp_helpers.kernel.launcher.cell_output import CellEcho
@@ -81,7 +80,7 @@ def test_multinode_waits_120s_by_default_and_keeps_script_args_from_torchrun(wor
 
 
 def test_every_option_has_one_default():
-    # launch() and the CLI take their defaults from LaunchConfig, never restate them
+    # launch() takes its defaults from LaunchConfig, never restates them
     import inspect
 
     from ddp_helpers.kernel.launcher.runner import launch
@@ -93,17 +92,6 @@ def test_every_option_has_one_default():
         "options",
     )
     assert LaunchConfig.__dataclass_fields__["grace_s"].default == 5.0
-
-
-def test_cli_options_before_the_script_and_its_arguments_after(worker, capsys):
-    assert main(["launch", "--nproc", "0", str(worker)]) == 1
-    assert "nproc must be >= 1" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["launch", "--nope", str(worker)])
-    # after the script, they are the script's own arguments (a missing script: refused before spawning)
-    assert main(["launch", str(worker.with_name("missing.py")), "--nproc", "0", "--backend", "x"]) == 1
-    err = capsys.readouterr().err
-    assert "note: --backend, --nproc after the script go to the script" in err and "script not found" in err
 
 
 def test_launch_interrupted_is_both_an_interrupt_and_a_launch_error():

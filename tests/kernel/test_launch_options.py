@@ -13,7 +13,6 @@ from IPython.core.magic_arguments import MagicArgumentParser
 
 import ddp_helpers
 from ddp_helpers import InvalidLaunchArguments
-from ddp_helpers.__main__ import build_parser, main
 from ddp_helpers.kernel.launcher.config import LaunchConfig
 from ddp_helpers.kernel.launcher.options import (
     LIVE_OPTIONS,
@@ -28,6 +27,7 @@ from ddp_helpers.kernel.launcher.options import (
     option,
     options_doc,
     options_of,
+    parse_env_item,
     parse_show_ranks,
     rank_list,
     with_options,
@@ -37,17 +37,11 @@ from ddp_helpers.kernel.live import live_magics
 from ddp_helpers.kernel.live.ranks import start_ranks
 
 NAMES = {option.name for option in OPTIONS}
-FLAGS = {option.flag for option in OPTIONS}
 LIVE_NAMES = {option.name for option in LIVE_OPTIONS}
 
 
 def _flags(parser: argparse.ArgumentParser) -> set[str]:
     return {s for action in parser._actions for s in action.option_strings if s.startswith("--")}
-
-
-def _launch_parser() -> argparse.ArgumentParser:
-    subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return subparsers.choices["launch"]
 
 
 def _doc(documented: object) -> str:
@@ -71,8 +65,6 @@ def test_every_declared_option_reaches_every_front_end():
         f = config_fields[declared.name]
         default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
         assert default == declared.default, declared.name
-    # the command line: every option has a flag
-    assert _flags(_launch_parser()) == FLAGS | {"--help"}
     # live ranks: the options that make sense for ranks kept between cells (one node, no restarts)
     assert LIVE_NAMES == {"nproc", "backend", "timeout", "startup_timeout", "run_dir", "env", "show_ranks"}
     assert set(inspect.signature(start_ranks).parameters) == LIVE_NAMES
@@ -141,8 +133,6 @@ def test_one_check_of_seconds_and_one_parser_of_rank_lists():
     assert rank_list("0, 2,") == [0, 2]
     with pytest.raises(ValueError):
         rank_list("0,x")
-    with pytest.raises(SystemExit):  # the command line refuses it, in the parser's words
-        _launch_parser().parse_args(["--show-ranks", "0,x", "s.py"])
     with pytest.raises(argparse.ArgumentTypeError, match="comma-separated ranks"):
         parse_show_ranks("0,x")
 
@@ -165,19 +155,14 @@ def test_start_ranks_refuses_bad_options_before_anything_starts(tmp_path, args, 
         start_ranks(2, max_restarts=1)  # type: ignore[call-arg]  # deliberately: mypy refuses it too
 
 
-def test_the_cli_takes_every_declared_option(tmp_path, capsys):
+def test_a_choice_and_an_env_flag_are_checked(tmp_path):
     script = tmp_path / "hello.py"
-    script.write_text("import os\nprint('greeting:', os.environ['GREETING'])\n")
-    flags = ["--launcher", "python", "--env", "GREETING=hi=there", "--progress", "off", "--grace-s", "1"]
-    code = main(["launch", *flags, "--run-dir", str(tmp_path / "run"), str(script)])
-    out = capsys.readouterr()
-    assert code == 0, out.err
-    assert "greeting: hi=there" in out.out
-    assert main(["launch", "--launcher", "mpirun", str(script)]) == 1
-    assert "launcher must be one of torchrun, python" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["launch", "--env", "NO_EQUALS", str(script)])
-    assert "KEY=VALUE" in capsys.readouterr().err
+    script.write_text("print('hi')\n")
+    with pytest.raises(InvalidLaunchArguments, match="launcher must be one of torchrun, python"):
+        launch(script, launcher="mpirun")
+    assert parse_env_item("GREETING=hi=there") == ("GREETING", "hi=there")
+    with pytest.raises(argparse.ArgumentTypeError, match="KEY=VALUE"):
+        parse_env_item("NO_EQUALS")
 
 
 def test_the_ranks_magic_takes_the_live_options_as_flags():

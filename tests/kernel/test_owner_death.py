@@ -73,24 +73,3 @@ def test_a_killed_kernel_leaves_no_process_of_its_launch(tmp_path, launcher, pro
     )
     owner = _start_owner([sys.executable, "-c", code], marker, tmp_path, processes)
     _kill_and_check(owner, signal.SIGKILL, marker)
-
-
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=lambda s: s.name)
-def test_the_cli_leaves_no_process_of_its_run_whatever_stops_it(tmp_path, sig):
-    marker = f"owner-{uuid.uuid4().hex}"
-    command = [
-        sys.executable,
-        "-m",
-        "ddp_helpers",
-        "launch",
-        "--nproc",
-        "2",
-        str(SCRIPTS / "tick.py"),
-        marker,
-    ]
-    owner = _start_owner(command, marker, tmp_path)
-    _kill_and_check(owner, sig, marker)
-    if sig != signal.SIGKILL:  # a clean stop, as Ctrl-C gives: it says so, with the signal's exit status
-        output = (tmp_path / "owner.out").read_text()
-        assert owner.returncode == 128 + sig, output
-        assert "every process of the run was stopped" in output, output

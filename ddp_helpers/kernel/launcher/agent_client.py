@@ -1,14 +1,7 @@
-"""The launcher's side of the agent server (agent_server.py): torchrun's agent, forked warm.
+"""The launcher's side of the agent server (agent_server.py, docs/architecture.md): fork torchrun's agent warm.
 
-`start_agent` asks a server to fork a run's agent, starting one first if needed (`warm_up` starts it
-ahead). It returns None where a fork cannot be used (not Linux, a server that died, cannot start or has
-threads, ``DDP_HELPERS_AGENT_SERVER=off``): the launcher then starts the agent as a fresh process.
-A server serves one Python and one environment, because torch reads some variables when it is imported
-(``LOGLEVEL``, ``PYTHON*``, ...): only `RUN_TIME_KEYS` may differ between a server and its runs, and a run
-with others gets a server of its own; the two most recently used are kept. A server leaves when this
-process closes its end of the channel (at exit, in `stop_servers`, on eviction), and when idle.
-`AgentServers` owns this process's servers (one object, `SERVERS`); the module's functions are its methods.
-"""
+`start_agent` returns None where no server can fork (not Linux, a dead or threaded server,
+``DDP_HELPERS_AGENT_SERVER=off``): the launcher then starts a fresh agent."""
 
 from __future__ import annotations
 
@@ -33,10 +26,8 @@ from ddp_helpers.kernel.launcher.torchrun_agent import OWNER_FD_ENV
 MAX_REQUEST_BYTES = 100_000  # what this end sends: one datagram, well under the socket's ~200 kB
 START_TIMEOUT_S = 300.0  # the first fork waits for the server to import torch: minutes on a slow disk
 
-# Set by the launcher for each run and read only when used (by torchrun's agent at run time, or by the
-# workers), so a warm server may fork runs that differ in them; also this package's own DDP_* variables.
-# TORCH_DISTRIBUTED_DEBUG: torch.distributed reads it at import, but only process groups, DDP, FSDP, ZeRO,
-# DeviceMesh and pipelining use the level, and only the workers (fresh processes) create those.
+# Read only at run time (by the agent or the workers), so one warm server forks runs that differ in them;
+# also DDP_*. TORCH_DISTRIBUTED_DEBUG is read at import, but only the workers (fresh) use its level.
 RUN_TIME_KEYS = {"OMP_NUM_THREADS", "MPLBACKEND", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", OWNER_FD_ENV}
 RUN_TIME_KEYS |= {"PYTEST_CURRENT_TEST", "TORCH_DISTRIBUTED_DEBUG"}  # pytest's: new for every test
 KEEP_SERVERS = 2
@@ -48,12 +39,10 @@ def _run_time(key: str) -> bool:
     return key in RUN_TIME_KEYS or key.startswith("DDP_")
 
 
-# Popen.poll() and wait() take a lock that CPython's subprocess module leaves held when a KeyboardInterrupt
-# lands between its acquire and its try (seen here: an interrupted launch then waited forever for a
-# torchrun that was already a zombie). This process is the only one that waits for its runs, so it asks
-# the kernel directly, without that lock.
+# Popen.poll() takes a lock that CPython leaves held when a KeyboardInterrupt lands between its acquire and
+# its try (an interrupted launch then waited forever for a zombie torchrun): ask the kernel, without it.
 def reap(popen: subprocess.Popen[bytes]) -> int | None:
-    """`popen`'s exit code (negative: the signal that ended it), or None while it runs; reaps it."""
+    """`popen`'s exit code (negative: its signal), or None while it runs; reaps it."""
     if popen.returncode is None:
         try:
             pid, status = os.waitpid(popen.pid, os.WNOHANG)
@@ -93,8 +82,7 @@ class AgentServer:
         self.lock = threading.Lock()
 
     def fork(self, argv: list[str], env: dict[str, str], output_fd: int, lifeline_fd: int) -> ForkedAgent:
-        """The run's agent, forked; raises `ServerGone` if the server is gone, or went before it answered.
-        The request goes with the new agent's own socket first, then its output file and lifeline."""
+        """The run's agent, forked; `ServerGone` if the server is gone, or went before it answered."""
         request: AgentRequest = {"argv": argv, "env": env, "cwd": os.getcwd()}
         message = json.dumps(request).encode()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -108,7 +96,7 @@ class AgentServer:
             theirs.close()  # the server holds its own copy now: if it dies, `ours` reads end-of-file
         agent = ForkedAgent(ours)
         if not agent.read_pid(START_TIMEOUT_S):
-            agent.close()
+            agent._socket.close()
             raise ServerGone
         return agent
 
@@ -162,7 +150,7 @@ class ForkedAgent:
                 self.returncode, self.status_lost = 1, True  # killed by a signal after the server died
             else:
                 self._take(message)
-        self.close()
+        self._socket.close()
         return self.returncode
 
     def _take(self, message: RunNews) -> None:
@@ -181,9 +169,6 @@ class ForkedAgent:
         message: RunNews = json.loads(line)  # written by `_send`, or by the agent as it leaves
         return message
 
-    def close(self) -> None:
-        self._socket.close()
-
 
 def supported() -> bool:
     """Linux, and not turned off (``DDP_HELPERS_AGENT_SERVER=off``: every launch starts a fresh agent)."""
@@ -193,9 +178,7 @@ def supported() -> bool:
 
 
 class AgentServers:
-    """This process's agent servers: the ones in use (by Python and environment), the ones told to leave
-    until they have been reaped, and the Pythons whose server cannot fork. It owns every server it
-    starts: `stop_all` (at exit) tells them all to leave."""
+    """This process's agent servers, by Python and environment; `stop_all` (at exit) tells them to leave."""
 
     def __init__(self) -> None:
         self.running: dict[ServerKey, AgentServer] = {}  # most recently used last
@@ -204,9 +187,8 @@ class AgentServers:
         self._lock = threading.Lock()  # running, not_forkable
         self._stopped_lock = threading.Lock()
 
-    def _server(self, python: str, env: dict[str, str], start: bool = True) -> AgentServer | None:
-        """The running server for this Python and environment, started now if there is none (and
-        `start`); None where none can serve."""
+    def _server(self, python: str, env: dict[str, str]) -> AgentServer | None:
+        """The server for this Python and environment, started if needed; None where none can serve."""
         if not supported() or python in self.not_forkable:
             return None
         key = (python, tuple(sorted((k, v) for k, v in env.items() if not _run_time(k))))
@@ -216,22 +198,20 @@ class AgentServers:
             if server is not None and not server.alive():
                 self._stop(server)
                 server = None
-            if server is None and start:
+            if server is None:
                 try:
                     server = AgentServer(python, env)
                 except OSError:
                     return None
-            if server is not None:  # the most recently used; the least beyond KEEP_SERVERS leaves
-                self.running[key] = server
-                while len(self.running) > KEEP_SERVERS:
-                    self._stop(self.running.pop(next(iter(self.running))))
+            self.running[key] = server  # the most recently used; the least beyond KEEP_SERVERS leaves
+            while len(self.running) > KEEP_SERVERS:
+                self._stop(self.running.pop(next(iter(self.running))))
         return server
 
     def start_agent(
         self, python: str, argv: list[str], env: dict[str, str], output_fd: int, lifeline_fd: int
     ) -> ForkedAgent | None:
-        """Fork the run's agent from a warm server; None where that cannot be done (an environment of
-        megabytes, too big for one message, too): start a fresh agent instead."""
+        """Fork the run's agent from a warm server; None where that cannot be done: start a fresh one."""
         too_big = len(json.dumps([argv, env])) > MAX_REQUEST_BYTES - 4096  # 4 kB: the folder
         server = None if too_big else self._server(python, env)
         if server is None:
@@ -250,8 +230,7 @@ class AgentServers:
             return None
 
     def warm_up(self, python: str, env: dict[str, str]) -> bool:
-        """Start the server that a launch with this Python and environment will use, without waiting:
-        it imports torch while this process does other work. True if a server was started."""
+        """Start the server a launch will use, without waiting for its imports; True if one was started."""
         with self._lock:
             known = set(self.running.values())
         server = self._server(python, env)
@@ -275,8 +254,7 @@ class AgentServers:
             return not self.stopped
 
     def wait_for_stopped(self, timeout_s: float) -> bool:
-        """Wait until every server told to leave has; True if they all did (a server leaves once its
-        runs, live ranks included, have ended)."""
+        """Wait until every server told to leave has (once its runs have ended); True if they all did."""
         deadline = time.monotonic() + timeout_s
         while not self.reap_stopped():
             if time.monotonic() >= deadline:

@@ -1,17 +1,7 @@
-"""One process that imports torch once and forks each run's torchrun agent from itself (started and
-asked by agent_client.py): ``import torch.distributed.run`` takes about 3 s on 2 cores, on every launch's
-critical path, and this server pays it once per kernel. A fork puts itself in a session of its own, takes
-the run's output file, lifeline, environment and folder, and runs `torchrun_agent.main`.
+"""A process that imports torch once and forks each run's torchrun agent (about 3 s saved per launch).
 
-The channel is a Unix socket inherited as fd `SERVER_FD_ENV`. A request is one message: JSON
-``{"argv", "env", "cwd"}`` with three file descriptors: the run's own socket, its output file and the
-read end of its lifeline. On the run's socket the server writes the agent's pid, then its exit code.
-When the launcher's end of the channel closes, the server takes no new run and leaves once its agents
-have ended (each watches its own lifeline); after `IDLE_S` seconds without a run it leaves too.
-
-Forking is safe here: the server runs one thread (one that finds more after its imports leaves with
-`NOT_FORKABLE`), has run no torch operation, and a child never returns into the server's loop.
-"""
+One request on the inherited Unix socket: JSON ``{"argv", "env", "cwd"}`` and three fds (the run's socket, its
+output, its lifeline); the server answers the agent's pid, then its exit code. Safe to fork: one thread."""
 
 from __future__ import annotations
 
@@ -63,8 +53,7 @@ def _send(run: socket.socket, message: RunNews) -> None:
 
 
 def serve(channel: socket.socket, idle_s: float) -> None:
-    """Fork one run's agent per request until the channel closes and every agent has ended, or
-    nothing has run for `idle_s` seconds."""
+    """Fork one agent per request until the channel closes and every agent has ended, or idle for `idle_s`."""
     runs: dict[int, socket.socket] = {}
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_read, False)
@@ -140,9 +129,8 @@ def become_agent(request: AgentRequest, output_fd: int, lifeline_fd: int, close:
 def start_agent(
     runs: dict[int, socket.socket], request: AgentRequest, fds: list[int], close: list[int]
 ) -> None:
-    """Fork one run's agent; tell the launcher its pid on the run's socket. The agent writes its own
-    exit code there too before it leaves, so the launcher learns how the run ended if this server
-    dies first (the server's report, from the wait status, covers an agent killed by a signal)."""
+    """Fork one run's agent and send its pid on the run's socket, where the agent's exit code follows."""
+    # the agent writes its own exit code too, so the launcher learns it if this server dies first
     run_fd, output_fd, lifeline_fd = fds
     pid = os.fork()
     if pid == 0:  # the child leaves with its code, never returning into the loop here

@@ -1,13 +1,5 @@
-"""What a launch shows in the cell: the ranks' lines, bounded and rate-limited, each written whole, and
-the progress bar (`StepProgress`: a widget in JupyterLab, text under papermill and in a terminal); and
-a cell magic's code numbered as the learner's editor numbers it, its syntax errors shown plainly.
-
-A flood of output trips Jupyter's IOPub data-rate limit and freezes the browser. So lines pass up to a
-rate (with a burst allowance); past it they are held back, counted, and every few seconds each rank's
-latest line is shown with the count. A line longer than MAX_LINE_CHARS is shown cut, so the bound holds
-in bytes too. Every line, whole, is still in the log files. Lines are written whole under one lock, so
-two launches in two threads of one kernel never write into each other's lines.
-"""
+"""What a launch shows in the cell: the ranks' lines, rate-limited (Jupyter's IOPub limit) and written whole,
+the progress bar, and a cell magic's code numbered as the editor numbers it. Every line stays in the logs."""
 
 from __future__ import annotations
 
@@ -32,10 +24,8 @@ MAX_LINE_CHARS = 1000  # x BURST_LINES: at most about 1 MB in a burst, Jupyter's
 
 
 def shown_text(text: str, limit: int = MAX_LINE_CHARS, whole: str = "the whole line is in the log") -> str:
-    """`text`, cut to `limit` characters with a note of how long it really is and where `whole` it is."""
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]} ... ({len(text):,} characters; {whole})"
+    """`text`, cut to `limit` characters with a note of its length and where `whole` it is."""
+    return text if len(text) <= limit else f"{text[:limit]} ... ({len(text):,} characters; {whole})"
 
 
 def write_line(text: str, stderr: bool = False) -> None:
@@ -86,8 +76,7 @@ class CellEcho:
         now = self.clock()
         self._tokens = min(self.burst, self._tokens + (now - self._refilled) * self.lines_per_s)
         self._refilled = now
-        # once a source has lines held back, its later lines wait for the report too: shown lines
-        # stay in order, and the report's "latest" line is the source's real last line
+        # once a source has lines held back, its later lines wait for the report too: lines stay in order
         shown = 0 if label in self._held else min(len(texts), int(self._tokens))
         self._tokens -= shown
         for text in texts[:shown]:
@@ -99,12 +88,10 @@ class CellEcho:
             self._held_total += len(texts) - shown
 
     def live(self, label: str, text: str, stderr: bool = False) -> None:
-        """A line still being written (a progress bar's ``\\r`` update): shown now and then, never held back.
-
-        While a source has lines held back, its updates are not shown: the report shows its latest line."""
+        """A line still being written (a progress bar's ``\\r`` update): shown now and then, never held back."""
         now = self.clock()
         if label in self._held:
-            return  # a source printing faster than the cell shows: its report will show the latest line
+            return  # its report will show the latest line
         if now - self._live_shown.get(label, -LIVE_EVERY_S) >= LIVE_EVERY_S:
             self._live_shown[label] = now
             self._live_text[label] = text
@@ -145,7 +132,6 @@ class CellEcho:
         return self._held_total
 
 
-# ---------------------------------------------------------------------------- the progress bar
 PROGRESS_ENV = "DDP_HELPERS_PROGRESS"  # "widget", "text" or "off"; papermill runs set "text"
 
 
@@ -212,17 +198,13 @@ class StepProgress:
             write_line(text, stderr)  # whole, under a lock: two launches' lines never merge
 
 
-# ---------------------------------------------------------------------------- a cell magic's own code
-# A cell magic receives the cell without its first line (``%%ranks ...``), so the compiler would call the
-# editor's line 2 "line 1": `as_in_editor` puts an empty line in the magic's place.
 def as_in_editor(body: str) -> str:
-    """The cell's code with the magic's line kept as an empty line, so line numbers match the editor."""
+    """The cell's code with an empty line in place of the magic's (``%%ranks``): line numbers match the editor."""
     return "\n" + body
 
 
 class CellSyntaxError(Exception):
-    """A cell that does not compile, shown as Python shows a SyntaxError: IPython would print one raised
-    inside a magic with the magic's whole call stack."""
+    """A cell that does not compile, shown as Python shows a SyntaxError (not with the magic's call stack)."""
 
     def __init__(self, error: SyntaxError) -> None:
         self.error = error

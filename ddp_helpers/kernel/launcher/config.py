@@ -1,4 +1,4 @@
-"""`LaunchConfig`: one launch, validated (before a process is spawned), and its torchrun command line."""
+"""`LaunchConfig`: one launch, checked before any process starts, and its torchrun command and environment."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import copy
 import os
 import re
 import secrets
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -20,7 +21,6 @@ from ddp_helpers.kernel.launcher.options import (
     OPTIONS,
     LaunchKeywords,
     LaunchOptions,
-    check_int,
     ranks_outside,
 )
 from ddp_helpers.rank.stack_dumps import REGISTER_ENV, WORKER_SITE
@@ -33,10 +33,9 @@ MULTINODE_RDZV_TIMEOUT_S = 120.0  # torchrun waits 600 s for a missing node: too
 
 
 def default_run_dir(stem: str) -> Path:
-    """A new, unique ``runs/<time>-<stem>-<id>`` (under $DDP_HELPERS_RUNS_DIR if set)."""
-    base = Path(os.environ.get(RUNS_DIR_ENV, "runs"))
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return (base / f"{stamp}-{stem}-{secrets.token_hex(3)}").resolve()
+    """A new ``runs/<time>-<stem>-<id>`` (under $DDP_HELPERS_RUNS_DIR if set)."""
+    name = f"{time.strftime('%Y%m%d-%H%M%S')}-{stem}-{secrets.token_hex(3)}"
+    return (Path(os.environ.get(RUNS_DIR_ENV, "runs")) / name).resolve()
 
 
 def _check_script_args(args: Iterable[object]) -> list[str]:
@@ -51,17 +50,9 @@ def _check_script_args(args: Iterable[object]) -> list[str]:
     return checked
 
 
-# ---------------------------------------------------------------------------- the config
-
-
 @dataclass(frozen=True)
 class LaunchConfig(LaunchOptions):
-    """A script, its arguments and the options (`LaunchOptions`' fields) it runs with, checked.
-
-    Built with the user's options only; on construction bad input raises `InvalidLaunchArguments`,
-    "auto" is resolved and what depends on the machine is set (the fields below). Then it never
-    changes: live ranks run a copy made by `derive`.
-    """
+    """A script, its arguments and its options, checked (`InvalidLaunchArguments`), "auto" resolved."""
 
     script: Path
     script_args: list[str] = field(default_factory=list)
@@ -72,15 +63,13 @@ class LaunchConfig(LaunchOptions):
     shown_ranks: set[int] | None = field(init=False)  # None: every rank
 
     def __post_init__(self) -> None:
-        # Every check that needs no torch comes first: a typo is refused in milliseconds, not after
-        # the seconds that `import torch` takes to count the GPUs.
+        # the checks that need no torch first: a typo is refused before `import torch` counts the GPUs
         self._check_script()
-        for option in OPTIONS:  # each option on its own
+        for option in OPTIONS:
             self._set(option.name, option.check(option.name, getattr(self, option.name)))
         self._check_nodes()
         if isinstance(self.show_ranks, list) and self.nproc is not None:
             ranks_outside("show_ranks", self.show_ranks, self.nproc * self.nnodes)
-        # then what needs the machine
         self._set("gpus", visible_gpus())
         self._resolve_world()
         if self.show_ranks == "all":
@@ -97,11 +86,9 @@ class LaunchConfig(LaunchOptions):
         object.__setattr__(self, name, value)  # while validating: the dataclass is frozen
 
     def derive(self, **changes: Any) -> LaunchConfig:
-        """A copy with some fields changed (live ranks), not checked again: the changes are the launcher's."""
+        """A copy with some fields changed (live ranks), not checked again."""
         new = copy.copy(self)
         for name, value in changes.items():
-            if name not in self.__dataclass_fields__:
-                raise TypeError(f"LaunchConfig has no field {name!r}")
             object.__setattr__(new, name, value)
         return new
 
@@ -119,7 +106,6 @@ class LaunchConfig(LaunchOptions):
         self._set("script", script.resolve())
 
     def _check_nodes(self) -> None:
-        """The options that only make sense together: a node's rank, the rendezvous across nodes."""
         if self.node_rank >= self.nnodes:
             raise InvalidLaunchArguments(f"node_rank must be < nnodes ({self.nnodes}), got {self.node_rank}")
         if self.nnodes > 1 and not (
@@ -132,19 +118,13 @@ class LaunchConfig(LaunchOptions):
             self._set("rdzv_timeout", MULTINODE_RDZV_TIMEOUT_S)
 
     def _resolve_world(self) -> None:
-        """`backend` and `local_world_size` from the visible GPUs; what a one-process launch can do."""
-        nproc = self.nproc
-        if self.launcher == "python" and nproc is None:
-            nproc = 1
         try:
             backend, device = resolve_backend(self.backend, self.gpus)
             self._set("backend", backend)
             self._set("device", device)
         except ValueError as err:
             raise InvalidLaunchArguments(str(err)) from None
-        if nproc is None:
-            nproc = self.gpus if self.gpus > 0 else 2
-        nproc = check_int("nproc", nproc, 1)
+        nproc = self.nproc or (1 if self.launcher == "python" else self.gpus or 2)
         self._set("local_world_size", nproc)
         if self.device == "cpu":
             check_cpu_ranks(nproc)
@@ -159,19 +139,16 @@ class LaunchConfig(LaunchOptions):
                 f"max_restarts=0 (got nproc={nproc}, nnodes={self.nnodes}, max_restarts={self.max_restarts})"
             )
 
-    # ------------------------------------------------------------------ derived
     @property
     def log_dir(self) -> Path:
         return self.out_dir / LOGS_DIR
 
     @property
     def agent_log(self) -> Path:
-        """torchrun's own output (its warnings, its failure report): kept, shown only when it explains."""
         return self.log_dir / AGENT_LOG
 
     @property
     def rank_offset(self) -> int:
-        """node_rank * nproc: the global rank of local rank 0 where node_rank decides it (one node)."""
         return self.node_rank * self.local_world_size
 
     @property
@@ -180,17 +157,15 @@ class LaunchConfig(LaunchOptions):
 
     @property
     def direct_log_dir(self) -> Path:
-        """Where a ``launcher="python"`` run keeps its logs: torchrun's layout, so one reader serves both."""
+        """A ``launcher="python"`` run's logs, in torchrun's layout: one reader serves both."""
         return self.log_dir / "python" / "attempt_0" / "0"
 
     def command(self) -> list[str]:
         if self.launcher == "python":
-            return [self.python, str(self.script), *self.script_args]
-        # torchrun's own main, run by our agent so that no orphan outlives the run (see torchrun_agent.py)
-        return [self.python, "-m", "ddp_helpers.kernel.launcher.torchrun_agent", *self.agent_args()]
+            return [sys.executable, str(self.script), *self.script_args]
+        return [sys.executable, "-m", "ddp_helpers.kernel.launcher.torchrun_agent", *self.agent_args()]
 
     def agent_args(self) -> list[str]:
-        """torchrun's arguments, as the agent (`torchrun_agent.main`) takes them."""
         cmd = ["--nproc-per-node", str(self.local_world_size)]
         if self.nnodes == 1:
             cmd += ["--standalone"]  # c10d rendezvous on a free localhost port: no clashes
@@ -199,7 +174,7 @@ class LaunchConfig(LaunchOptions):
                 f"--nnodes {self.nnodes} --node-rank {self.node_rank} --rdzv-backend c10d "
                 f"--rdzv-endpoint {self.rdzv_endpoint} --rdzv-conf join_timeout={self.rdzv_timeout:g}"
             ).split()
-        # Each rank writes its own stdout/stderr files, which we follow: lines never merge.
+        # each rank writes its own stdout/stderr files, which we follow: lines never merge
         cmd += ["--max-restarts", str(self.max_restarts), "--log-dir", str(self.log_dir), "--redirects", "3"]
         # "--": the script's own options never reach torchrun's parser ("--max" is not "--max-restarts")
         return [*cmd, "--", str(self.script), *self.script_args]
@@ -210,7 +185,6 @@ class LaunchConfig(LaunchOptions):
         env = base_environment()
         # torchrun would set 1 thread per worker and warn; share the cores out instead.
         env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(self.local_world_size)))
-        # RUN_DIR_ENV: where workers write metrics/ and summary.json
         env.update({BACKEND_ENV: self.backend, DEVICE_ENV: self.device, RUN_DIR_ENV: str(self.out_dir)})
         env[GRACE_ENV] = f"{self.grace_s:g}"
         if self.launcher == "python":
@@ -220,8 +194,8 @@ class LaunchConfig(LaunchOptions):
             env["TORCHELASTIC_ERROR_FILE"] = str(self.direct_log_dir / ERROR_FILE)
         if self.max_restarts > 0:
             # torchrun keeps one shared TCPStore across restart rounds, so restarted workers can read
-            # the dead workers' addresses and fail with "connectFullMesh ... Connection refused"
-            # (seen on torch 2.14; cf. pytorch/pytorch#167288). A fresh store per round avoids it.
+            # the dead workers' addresses: "connectFullMesh ... Connection refused" (torch 2.14;
+            # cf. pytorch/pytorch#167288). A fresh store per round avoids it.
             env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         env.update(self.env)
         env["PYTHONPATH"] = with_worker_site(env.get("PYTHONPATH"))  # a PYTHONPATH of the user's too
@@ -229,27 +203,23 @@ class LaunchConfig(LaunchOptions):
 
 
 def threads_per_rank(local_world_size: int, cores: int | None = None) -> int:
-    """OMP/MKL threads for each of `local_world_size` ranks on one machine: the cores shared out (on
-    every backend: a GPU rank's CPU work oversubscribes the cores as a CPU rank's does)."""
+    """OMP threads per rank: the cores shared out (a GPU rank's CPU work oversubscribes them too)."""
     return max(1, (cpu_cores() if cores is None else cores) // max(1, local_world_size))
 
 
 def base_environment() -> dict[str, str]:
-    """This process's environment, with what every run's processes get on top of it."""
     return {
         **os.environ,
         "PYTHONUNBUFFERED": "1",  # a worker's print reaches its log file, and the cell, at once
         "PYTHONFAULTHANDLER": "1",  # a segfault still leaves a Python stack in stderr
-        # Every rank registers for stack dumps before its script's first line, whatever the script
-        # (worker_site/sitecustomize.py): a hung run says where each rank waits. Here, not per run, so
-        # that the agent server started with this environment serves the runs.
+        # every rank registers for stack dumps before its script's first line (worker_site/sitecustomize.py);
+        # here, not per run, so that the agent server started with this environment serves the runs
         REGISTER_ENV: "1",
         "PYTHONPATH": with_worker_site(os.environ.get("PYTHONPATH")),
     }
 
 
 def with_worker_site(pythonpath: str | None) -> str:
-    """`pythonpath` with the ranks' sitecustomize folder first (once)."""
     rest = [entry for entry in (pythonpath or "").split(os.pathsep) if entry and entry != str(WORKER_SITE)]
     return os.pathsep.join([str(WORKER_SITE), *rest])
 
@@ -257,7 +227,7 @@ def with_worker_site(pythonpath: str | None) -> str:
 def make_config(
     script: str | os.PathLike[str], script_args: Iterable[object] = (), **options: Unpack[LaunchKeywords]
 ) -> LaunchConfig:
-    """A `LaunchConfig` from `launch()`'s arguments. Raises `InvalidLaunchArguments` saying what to change."""
+    """A `LaunchConfig` from `launch()`'s arguments."""
     unknown = sorted(set(options) - set(OPTION_NAMES))
     if unknown:
         raise InvalidLaunchArguments(

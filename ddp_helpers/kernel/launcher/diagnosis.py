@@ -1,13 +1,5 @@
-"""Work out which rank failed and why, after torchrun exits with an error.
-
-Sources, best first:
-1. torchrun's own report ("Root Cause (first observed failure)") for the rank and exit code;
-2. the rank's torchelastic error file, written by ``@record``, for the exception and traceback
-   (read with torchelastic's own `ProcessFailure`);
-3. the rank's stderr log, for scripts written without ``@record``: the last Python traceback, or a
-   segfault's stack from faulthandler, or else the last lines the rank printed there (``sys.exit("...")``,
-   argparse's errors).
-"""
+"""Which rank failed and why, after torchrun exits with an error: from torchrun's "Root Cause" report, the
+rank's ``@record`` error file, or else its stderr (the last traceback, a segfault's stack, its last lines)."""
 
 from __future__ import annotations
 
@@ -40,17 +32,14 @@ _SECONDARY = re.compile(
 )
 STDERR_TAIL_LINES = 8
 NO_STDIN_HINT = (
-    "pdb quit on this rank: a rank that launch() or start_ranks() starts has no terminal (its stdin is "
-    "/dev/null), so breakpoint() read end-of-file. Look inside the ranks instead: on live ranks a cell's "
-    "names stay on each rank for the next %%ranks cell to print, while the ranks survive the failure (a "
-    "rank that failed while the others waited in a collective takes them all down); ranks.where(), called "
-    "from a second thread while a cell blocks, shows every rank's stack. pdb needs torchrun started from a "
-    "terminal: torch.distributed.breakpoint(rank=0) there."
+    "pdb quit: a rank that launch() or start_ranks() starts has no terminal, so breakpoint() read end-of-file. "
+    "On live ranks, print a cell's names in the next %%ranks cell, or call ranks.where() for every rank's "
+    "stack; pdb needs torchrun started from a terminal (torch.distributed.breakpoint(rank=0))."
 )
 
 
 def pdb_quit_hint(error: str) -> str:
-    """The hint's paragraph for a live rank's error ("BdbQuit: ..."), or "" for any other error."""
+    """The hint's paragraph for a live rank's "BdbQuit: ..." error, or ""."""
     return f"\n\nhint: {NO_STDIN_HINT}" if error.startswith("BdbQuit") else ""
 
 
@@ -66,7 +55,6 @@ class Diagnosis:
 
 
 def strip_rank_prefix(text: str) -> str:
-    """Remove torch's ``[rankN]: `` prefix from every line."""
     return _RANK_PREFIX.sub("", text)
 
 
@@ -77,10 +65,10 @@ def _last_traceback(stderr_text: str) -> tuple[str, str]:
     if start < 0:
         return "", ""
     lines = stderr_text[start:].splitlines()
-    # The traceback ends at the first unindented line after the header: that is the exception.
+    # the first unindented line after the header is the exception
     for i, line in enumerate(lines[1:], start=1):
         if line and not line.startswith((" ", "\t")):
-            # Chained or multi-line messages: keep going until a blank line or torch's own logging.
+            # a multi-line message goes on until a blank line or torch's own logging
             end = i + 1
             while end < len(lines) and lines[end].strip() and not lines[end].startswith(("[", "W", "E")):
                 end += 1
@@ -89,7 +77,7 @@ def _last_traceback(stderr_text: str) -> tuple[str, str]:
 
 
 def _fault_stack(stderr_text: str, max_lines: int = 60) -> str:
-    """faulthandler's report of a fatal signal (the Python stack of every thread), if there is one."""
+    """faulthandler's report of a fatal signal (every thread's Python stack), if there is one."""
     stderr_text = strip_rank_prefix(stderr_text)
     start = stderr_text.rfind("Fatal Python error:")
     if start < 0:
@@ -100,14 +88,14 @@ def _fault_stack(stderr_text: str, max_lines: int = 60) -> str:
 
 
 def _stderr_tail(stderr_text: str, count: int = STDERR_TAIL_LINES) -> list[str]:
-    """The rank's last meaningful stderr lines: what ``sys.exit("...")`` or argparse printed."""
+    """The rank's last stderr lines that are not torch's logging: what ``sys.exit("...")`` printed."""
     lines = [line.rstrip() for line in strip_rank_prefix(stderr_text).splitlines()]
     meaningful = [line for line in lines if line.strip() and not _LOG_NOISE.match(line.lstrip())]
     return meaningful[-count:]
 
 
 def _from_error_file(tail: RankLogTail, rank: int) -> tuple[str, str]:
-    """The message and Python stack that ``@record`` wrote, read with torchelastic's own reader."""
+    """The message and Python stack that ``@record`` wrote, read with torchelastic's reader."""
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
     path = tail.rank_file(rank, ERROR_FILE)
@@ -188,9 +176,7 @@ def _cxx_what(stderr_text: str) -> str:
 
 
 def _when_no_python_ran(fault_stack: str) -> str:
-    """When faulthandler names no current thread (the signal came on a thread Python does not know) and
-    no thread had a Python frame, the script's code is not where it died: say so. Seen on torch 2.14 with
-    gloo, as rank 1 of a finished run exited: the shape of pytorch/pytorch#190489."""
+    """Say so when no thread ran Python code as the rank died (torch 2.14, gloo: pytorch/pytorch#190489)."""
     if "<no Python frame>" not in fault_stack or "Current thread" in fault_stack or 'File "' in fault_stack:
         return ""
     return (
@@ -207,11 +193,7 @@ def diagnose(
     exitcodes: dict[int, int] | None = None,
     stderr_since: dict[int, int] | None = None,
 ) -> Diagnosis | None:
-    """Find the failing rank. Returns None when no worker can be blamed.
-
-    `exitcodes` adds rank exit codes known without torchrun's report (a run with no agent).
-    `stderr_since` reads each rank's stderr from that byte on: live ranks' earlier cells are history.
-    """
+    """Find the failing rank. Returns None when no worker can be blamed."""
     since = stderr_since or {}
     exitcodes = {
         **(exitcodes or {}),
@@ -260,15 +242,13 @@ def diagnose(
 
 
 UNEVEN_HINT = (
-    "a rank that leaves while another still calls collectives: uneven inputs (a different number of "
-    "batches or steps per rank) or a skipped collective. Give every rank the same number of steps "
-    "(DistributedSampler(drop_last=True)) or wrap the loop in torch.distributed.algorithms.Join."
+    "uneven inputs (a different number of steps per rank) or a skipped collective. Give every rank the "
+    "same number of steps (DistributedSampler(drop_last=True)) or wrap the loop in Join."
 )
 
 
-# torch 2.7 destroys a process group (and its ~ProcessGroupGloo, which joins gloo's threads) while it
-# holds the GIL; a gloo thread still freeing a finished collective's tensors (Python no longer holds
-# them) waits for that GIL. pytorch/pytorch#154976 releases it, from torch 2.8.
+# torch 2.7 joins gloo's threads in ~ProcessGroupGloo holding the GIL, which a gloo thread freeing a finished
+# collective's tensors waits for; pytorch/pytorch#154976 releases it, from torch 2.8
 GLOO_DESTROY_FIXED_IN = (2, 8)
 
 
@@ -282,9 +262,7 @@ def destroy_deadlock_note(stacks: dict[int, str], backend: str, torch_version: s
     if backend != "gloo" or fixed or not stuck:
         return ""
     return (
-        f"rank(s) {', '.join(map(str, stuck))} wait in destroy_process_group(), after their work: on torch "
-        f"{torch_version} with gloo that can deadlock (a gloo thread frees the last collective's tensors and "
-        "needs the GIL, which the destroy holds while it waits for that thread; fixed in torch 2.8, "
-        "pytorch/pytorch#154976). Hold gloo's backend until the destroy returns, as ddp.py's teardown() "
-        "does: its Python handle frees it without the GIL."
+        f"rank(s) {', '.join(map(str, stuck))} wait in destroy_process_group(): on torch {torch_version} with "
+        "gloo it can deadlock on the GIL (fixed in 2.8, pytorch/pytorch#154976). Hold gloo's backend until "
+        "the destroy returns, as ddp.py's teardown() does."
     )

@@ -1,10 +1,5 @@
-"""Follow files that other processes append to: the one reader of logs, metrics and torchrun's output.
-
-`FileFollower` turns one growing file into lines: a line still being written is held (and reported as
-a live update: a tqdm bar counts as progress), and ``\\r`` updates keep what a terminal would show.
-`RankLogTail` follows the per-rank files of torchrun's ``--redirects 3 --log-dir``, so two ranks' lines
-never merge: ``<log_dir>/<run_id>_<rand>/attempt_<k>/<local_rank>/{stdout,stderr}.log``.
-"""
+"""Follow files other processes append to: `FileFollower` (one file, part lines held, ``\\r`` redraws kept as a
+terminal shows them) and `RankLogTail` (torchrun's ``--redirects 3 --log-dir`` per-rank files)."""
 
 from __future__ import annotations
 
@@ -87,16 +82,11 @@ class _RankFile:
 
 @dataclass
 class RankLogTail:
-    """Reads new lines from every rank's log files, in the order the files grow.
-
-    Global ranks: ``rank_offset + local_rank`` on one node. Across nodes a c10d rendezvous orders the
-    agents its own way (torchrun ignores node_rank there), so the workers' own RANK is the truth:
-    with `ranks_known_up_front` False, a rank's lines wait until `learn_ranks` says who it is.
-    """
+    """Reads new lines from every rank's log files, in the order the files grow."""
 
     log_dir: Path
     rank_offset: int = 0
-    ranks_known_up_front: bool = True
+    ranks_known_up_front: bool = True  # False across nodes: c10d decides, a rank's lines wait for learn_ranks
     _files: dict[Path, _RankFile] = field(default_factory=dict)
     _global_rank: dict[int, int] = field(default_factory=dict)  # local rank -> global rank, as seen
     _waiting: list[tuple[int, LogChunk]] = field(default_factory=list)  # (local rank, chunk) not yet mapped
@@ -135,11 +125,7 @@ class RankLogTail:
         return len({f.attempt for f in self._files.values()})
 
     def read_chunks(self, final: bool = False) -> list[LogChunk]:
-        """What every rank file gained since the last call, one chunk per file, in file order.
-
-        Partial lines come as live updates (``partial``); with `final` they are complete, and
-        ranks still unmapped get ``rank_offset + local_rank``.
-        """
+        """What every rank file gained since the last call, one chunk per file, in file order."""
         self._discover()
         # stdout before stderr: a rank that prints and then dies within one read has its lines shown
         # before its traceback (the files carry no times; a crash's traceback is what comes last)
@@ -149,22 +135,17 @@ class RankLogTail:
             if read.lines or read.partial is not None:
                 chunk = LogChunk(-1, followed.attempt, followed.stream, read.lines, read.partial)
                 self._waiting.append((followed.local_rank, chunk))
-        ready, still_waiting = [], []
-        for local, chunk in self._waiting:
-            if self.knows(local) or final:
-                chunk.rank = self.global_rank(local)
-                ready.append(chunk)
-            else:
-                still_waiting.append((local, chunk))
-        self._waiting = still_waiting
-        return ready
+        ready = [(local, chunk) for local, chunk in self._waiting if self.knows(local) or final]
+        self._waiting = [waiting for waiting in self._waiting if waiting not in ready]
+        for local, chunk in ready:
+            chunk.rank = self.global_rank(local)
+        return [chunk for _, chunk in ready]
 
-    def rank_file(self, rank: int, name: str, attempt: int | None = None) -> Path | None:
-        """`name` (error.json, stderr.log, ...) of global `rank` in the given attempt, or the latest one."""
+    def rank_file(self, rank: int, name: str) -> Path | None:
+        """`name` (error.json, stderr.log, ...) of global `rank` in its latest attempt."""
         local = next((lr for lr, gr in self._global_rank.items() if gr == rank), rank - self.rank_offset)
-        found = {}
-        for path in self.log_dir.glob(f"*/attempt_*/{local}/{name}"):
-            found[int(path.parent.parent.name.removeprefix("attempt_"))] = path
-        if attempt is not None:
-            return found.get(attempt)
+        found = {
+            int(p.parent.parent.name.removeprefix("attempt_")): p
+            for p in self.log_dir.glob(f"*/attempt_*/{local}/{name}")
+        }
         return found[max(found)] if found else None

@@ -1,8 +1,5 @@
-"""Several "nodes" on one machine. Each loopback node sees only its own GPUs (`visible_gpu_ids` names
-this machine's, as ``CUDA_VISIBLE_DEVICES`` does; chapter 06's plan shares them out), and
-`start_elastic_node` starts one agent of an elastic job (``--nnodes MIN:MAX``) as a process of its own,
-so that a notebook can add a node to a running job and kill one, as machines come and go.
-"""
+"""Several "nodes" on one machine: each loopback node's GPUs (`visible_gpu_ids`), and one agent of an
+elastic job as a process of its own (`start_elastic_node`), to add or kill a node from a notebook."""
 
 from __future__ import annotations
 
@@ -22,13 +19,10 @@ from ddp_helpers.kernel.launcher.processes import exit_code, wait_for_exit
 
 def visible_gpu_ids(gpus: int, environ: Mapping[str, str]) -> list[str]:
     """The ids of the `gpus` GPUs this process sees, as ``CUDA_VISIBLE_DEVICES`` names them."""
-    listed = environ.get("CUDA_VISIBLE_DEVICES")
-    if listed is None:
-        return [str(i) for i in range(gpus)]
+    listed = environ.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(gpus))))
     return [part.strip() for part in listed.split(",") if part.strip()][:gpus]
 
 
-# ------------------------------------------------------------------ elastic nodes on loopback
 @dataclass
 class ElasticNode:
     """One torchrun agent of an elastic job, started in a session of its own, its output in `log`."""
@@ -42,12 +36,8 @@ class ElasticNode:
         return self.log.read_text(errors="replace").splitlines() if self.log.exists() else []
 
     def stop(self, sig: int = signal.SIGKILL, timeout_s: float = 30) -> int:
-        """Signal the agent and every worker it started, as a machine that dies; the agent's exit code.
-
-        torchrun starts each worker in a session of its own, so signalling the agent's group alone
-        would leave its workers running: every process of the tree is signalled.
-        """
-        if exit_code(self.process) is None:
+        """Signal the agent and every worker it started, as a machine that dies; the agent's exit code."""
+        if exit_code(self.process) is None:  # torchrun's workers have sessions of their own: the whole tree
             ProcessTree(self.process.pid).signal_all(sig)
         if not wait_for_exit(self.process, timeout_s):
             raise subprocess.TimeoutExpired(self.process.args, timeout_s)
@@ -69,16 +59,11 @@ def start_elastic_node(
     rdzv_conf: Mapping[str, object] | None = None,
     env: Mapping[str, str] | None = None,
 ) -> ElasticNode:
-    """Start one agent of an elastic job: ``torchrun --nnodes min_nodes:max_nodes --max-restarts ...``.
-
-    It is the command every node of a real elastic job runs. ``--tee 3`` with a ``[rankN]:`` prefix
-    puts every rank's lines in the node's log. A fresh rendezvous store per round
-    (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``), as in the generated job files: with the shared one,
-    restarted workers can read the dead workers' addresses (torch 2.14).
-    """
+    """Start one agent of an elastic job: ``torchrun --nnodes min_nodes:max_nodes --max-restarts ...``."""
     folder = Path(log_dir)
     folder.mkdir(parents=True, exist_ok=True)
     conf = ",".join(f"{key}={value}" for key, value in (rdzv_conf or {}).items())
+    # --tee 3 with a [rankN]: prefix puts every rank's lines in the node's log
     options = {
         "--nnodes": f"{min_nodes}:{max_nodes}",
         "--nproc-per-node": nproc,
@@ -96,7 +81,7 @@ def start_elastic_node(
         **os.environ,
         **(env or {}),
         "PYTHONUNBUFFERED": "1",
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # see config.LaunchConfig.environment
         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]: ",
     }
     log = folder / f"{name}.log"
@@ -108,12 +93,8 @@ def start_elastic_node(
 
 
 def wait_for_line(nodes: Sequence[ElasticNode], pattern: str, timeout_s: float) -> re.Match[str]:
-    """The first match of `pattern` in the nodes' logs, waiting up to `timeout_s`.
-
-    A wait that fails (TimeoutError past the bound, RuntimeError when every node has exited) stops
-    the nodes first, so that no agent or worker outlives the cell; the error shows their last lines.
-    """
-    compiled = re.compile(pattern)
+    """The first match of `pattern` in the nodes' logs, waiting up to `timeout_s`."""
+    compiled = re.compile(pattern)  # a failed wait stops the nodes first: nothing outlives the cell
     deadline = time.monotonic() + timeout_s
     while True:
         for node in nodes:

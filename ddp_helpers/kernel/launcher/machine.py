@@ -46,8 +46,7 @@ def available_memory() -> int:
 
 def cpu_rank_limit(cores: int | None = None, memory: int | None = None) -> int:
     """The most CPU ranks this machine holds: 4 per core (8 at least), and no more than its free memory."""
-    cores = cpu_cores() if cores is None else cores
-    memory = available_memory() if memory is None else memory
+    cores, memory = cores or cpu_cores(), available_memory() if memory is None else memory
     return max(1, min(max(8, RANKS_PER_CORE * cores), memory // CPU_RANK_BYTES))
 
 

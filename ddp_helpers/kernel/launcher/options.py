@@ -1,13 +1,5 @@
-"""Every launcher option, declared once: a field of `LaunchOptions`, with its default, check, help and flag.
-
-From the fields come `LaunchConfig`'s (it subclasses `LaunchOptions`), `launch()`'s shown signature and
-the options part of its docstring, the flags of ``python -m ddp_helpers launch``, and (for the options
-marked `live`) `start_ranks`' keywords and ``%ranks start``'s flags. A type checker reads `launch()`'s
-keywords from `LaunchKeywords`, which writes the same names and types out (a TypedDict cannot be built
-from a dataclass; tests/kernel/test_launch_options.py holds the two equal). Nothing here imports torch:
-a typo is refused at once. Each check takes ``(name, value)`` and returns the value to keep, or raises
-`InvalidLaunchArguments` saying what to change.
-"""
+"""Every launcher option, declared once as a field of `LaunchOptions`; `LaunchConfig`, `launch()`'s signature,
+`start_ranks` and ``%ranks start`` are built from them (tests/kernel/test_launch_options.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +10,6 @@ import inspect
 import math
 import os
 import re
-import sys
 import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,19 +24,14 @@ D = TypeVar("D")  # an option's default
 C = TypeVar("C")  # what its check keeps
 F = TypeVar("F", bound=Callable[..., Any])
 
-# No run waits silently for ever by default: a rank stuck in a collective (or in torch 2.7's gloo teardown)
-# ends in LaunchTimeout with every rank's stack. Longer than any silence of the notebooks' runs, shorter than
-# the 600 s a headless notebook cell gets (papermill, CI). timeout=None waits for ever.
+# No run waits silently for ever by default: longer than any silence of the notebooks' runs, shorter than
+# the 600 s a headless notebook cell gets (papermill, CI).
 DEFAULT_HANG_TIMEOUT_S = 300.0
-METADATA_KEY = "ddp_helpers.option"  # where a field of LaunchOptions keeps its help, check and flag
-LAUNCHERS = ("torchrun", "python")
-PROGRESS_CHOICES = ("auto", "widget", "text", "off")
-
-# ---------------------------------------------------------------------------- the checks
+METADATA_KEY = "ddp_helpers.option"
 
 
 def check_int(name: str, value: object, minimum: int, allow_none: bool = False) -> Any:
-    """`value` if it is an integer >= `minimum` (a bool is not an integer here), or None if allowed."""
+    """`value` if it is an integer >= `minimum` (not a bool), or None if allowed."""
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
@@ -64,7 +50,7 @@ def check_seconds(
     name: str, value: object, *, allow_none: bool, allow_zero: bool = False
 ) -> float | None: ...
 def check_seconds(name: str, value: object, *, allow_none: bool, allow_zero: bool = False) -> float | None:
-    """The one check of a duration: a finite number of seconds, > 0 (>= 0 with `allow_zero`), or None."""
+    """A finite number of seconds, > 0 (>= 0 with `allow_zero`), or None if allowed."""
     if value is None and allow_none:
         return None
     if (
@@ -118,7 +104,6 @@ def check_rank_list(value: object) -> list[int] | None:
 
 
 def ranks_outside(name: str, ranks: Iterable[int], world_size: int) -> None:
-    """Refuse ranks that this world of `world_size` does not have."""
     outside = sorted(r for r in ranks if not 0 <= r < world_size)
     if outside:
         raise InvalidLaunchArguments(
@@ -157,20 +142,12 @@ def check_endpoint(name: str, value: object) -> str | None:
     return value
 
 
-def check_program(name: str, value: object) -> str:
-    path = os.fspath(value) if isinstance(value, str | os.PathLike) else None
-    if not isinstance(path, str) or not path:
-        raise InvalidLaunchArguments(f"{name} must be the path of a Python interpreter, got {value!r}")
-    return path
-
-
 def rank_list(text: str) -> list[int]:
-    """The one parser of a rank list as typed on a command line: ``"0,2"`` -> [0, 2]. Raises ValueError."""
+    """A rank list as typed on a command line: ``"0,2"`` -> [0, 2]. Raises ValueError."""
     return [int(part) for part in text.split(",") if part.strip()]
 
 
 def parse_show_ranks(text: str) -> str | list[int]:
-    """``--show-ranks``: "all", "none" or comma-separated ranks."""
     try:
         return text if text in ("all", "none") else rank_list(text)
     except ValueError:
@@ -178,145 +155,80 @@ def parse_show_ranks(text: str) -> str | list[int]:
 
 
 def parse_env_item(text: str) -> tuple[str, str]:
-    """``--env KEY=VALUE`` (repeatable)."""
     key, equals, value = text.partition("=")
     if not equals or not key:
         raise argparse.ArgumentTypeError(f"KEY=VALUE, got {text!r}")
     return key, value
 
 
-# ---------------------------------------------------------------------------- the declarations
 seconds = partial(check_seconds, allow_none=True)
+check_grace = partial(check_seconds, allow_none=False, allow_zero=True)
+check_nproc = partial(check_int, minimum=1, allow_none=True)
+check_positive = partial(check_int, minimum=1)
+check_count = partial(check_int, minimum=0)
 
 
 def option(
     default: D,
     help: str,
     check: Callable[[str, Any], C],
-    parse: Callable[[str], Any],
+    parse: Callable[[str], Any] = str,
     *,
     live: bool = False,
     collect: Callable[[list[Any]], Any] | None = None,
 ) -> D | C:
-    """A field of `LaunchOptions`: its default, and in its metadata what the front ends need (see `Option`).
-
-    Typed so that a checker holds the default and what the check keeps to the field's type. A mutable
-    default is copied for each config."""
+    """A field of `LaunchOptions`, typed as its default or what its check keeps (see `Option`)."""
     metadata = {METADATA_KEY: dict(help=help, check=check, parse=parse, live=live, collect=collect)}
-    if isinstance(default, dict | list):
+    if isinstance(default, dict | list):  # a mutable default is copied for each config
         return field(default_factory=partial(copy.copy, default), metadata=metadata)
     return field(default=default, metadata=metadata)
 
 
 @dataclass(kw_only=True, frozen=True)
 class LaunchOptions:
-    """Every option of a launch, with its default: what ``launch(script, **options)`` takes.
-
-    Each field's type is what a user may pass; `LaunchConfig` (a subclass) checks the values and
-    resolves the defaults that depend on the machine.
-    """
+    """Every option of ``launch(script, **options)``, with its default; `LaunchConfig` checks them."""
 
     nproc: int | None = option(
-        None,
-        "processes on this node; None: one per visible GPU, or 2 on the CPU (1 with launcher='python')",
-        partial(check_int, minimum=1, allow_none=True),
-        int,
-        live=True,
+        None, "processes on this node; None: one per GPU, or 2 on the CPU", check_nproc, int, live=True
     )
     backend: str = option(
-        "auto",
-        "'auto' (nccl with GPUs, gloo without), 'gloo' or 'nccl'. Workers read it from DDP_BACKEND, "
-        "and the device from DDP_DEVICE",
-        check_backend,
-        str,
-        live=True,
+        "auto", "'auto' (nccl with GPUs, gloo without), 'gloo' or 'nccl'", check_backend, live=True
     )
     timeout: float | None = option(
         DEFAULT_HANG_TIMEOUT_S,
-        "seconds without progress (any output, or a metrics line) before the run counts as hung and is "
-        "stopped; None waits for ever",
+        "seconds without output before the run counts as hung",
         seconds,
         float,
         live=True,
     )
     startup_timeout: float | None = option(
-        None,
-        "seconds allowed before the first sign of life (importing torch and the rendezvous can be slow "
-        "on a busy machine); None: timeout",
-        seconds,
-        float,
-        live=True,
+        None, "seconds allowed before the first sign of life; None: timeout", seconds, float, live=True
     )
     run_dir: str | os.PathLike[str] | None = option(
-        None,
-        "where logs, metrics and the summary go; None: runs/<time>-<script>-<id>. A run_dir used "
-        "before keeps the earlier launch's outputs under previous/",
-        check_path,
-        str,
-        live=True,
+        None, "where logs, metrics and the summary go; None: runs/<time>-<script>-<id>", check_path, live=True
     )
     env: dict[str, str] = option(
-        {},
-        "extra environment variables for the workers (the flag: KEY=VALUE, repeated)",
-        check_env,
-        parse_env_item,
-        live=True,
-        collect=dict,
+        {}, "extra environment variables for the workers", check_env, parse_env_item, live=True, collect=dict
     )
     show_ranks: str | int | Iterable[int] | None = option(
-        "all",
-        "which ranks to echo: 'all', 'none', a rank or a list (the flag: 0,2). Every line is kept in "
-        "the result and on disk either way; a flood is shown rate-limited",
-        check_show_ranks,
-        parse_show_ranks,
-        live=True,
+        "all", "ranks to echo: 'all', 'none', a rank or a list", check_show_ranks, parse_show_ranks, live=True
     )
-    max_restarts: int = option(
-        0, "torchrun's elastic restarts after a failure", partial(check_int, minimum=0), int
-    )
+    max_restarts: int = option(0, "torchrun's elastic restarts after a failure", check_count)
     progress: str = option(
-        "auto", "progress display: 'auto', 'widget', 'text' or 'off'", one_of(PROGRESS_CHOICES), str
+        "auto", "'auto', 'widget', 'text' or 'off'", one_of(("auto", "widget", "text", "off"))
     )
-    grace_s: float = option(
-        5.0,
-        "seconds between SIGTERM and SIGKILL when stopping the run",
-        partial(check_seconds, allow_none=False, allow_zero=True),
-        float,
-    )
-    nnodes: int = option(
-        1, "nodes in a multi-node job (each node runs its own launch)", partial(check_int, minimum=1), int
-    )
-    node_rank: int = option(
-        0,
-        "this node's index, 0..nnodes-1. With nnodes > 1 the c10d rendezvous, not node_rank, decides "
-        "which node gets ranks 0..nproc-1; the result and the echo use each worker's real RANK",
-        partial(check_int, minimum=0),
-        int,
-    )
-    rdzv_endpoint: str | None = option(
-        None,
-        "'host:port' of the first node, the same on every node (needed with nnodes > 1)",
-        check_endpoint,
-        str,
-    )
-    rdzv_timeout: float | None = option(
-        None, "seconds to wait for all nodes to join; None: 120 with nnodes > 1", seconds, float
-    )
+    grace_s: float = option(5.0, "seconds between SIGTERM and SIGKILL when stopping the run", check_grace)
+    nnodes: int = option(1, "nodes in a multi-node job (each node runs its own launch)", check_positive)
+    node_rank: int = option(0, "this node's index, 0..nnodes-1", check_count)
+    rdzv_endpoint: str | None = option(None, "'host:port' of the first node (nnodes > 1)", check_endpoint)
+    rdzv_timeout: float | None = option(None, "seconds to wait for all nodes; None: 120", seconds)
     launcher: str = option(
-        "torchrun",
-        "'torchrun', or 'python' for one process without torchrun's agent: the script gets the "
-        "environment torchrun would give a world of one (RANK, WORLD_SIZE, MASTER_PORT, the error "
-        "file), with no agent or rendezvous before it starts",
-        one_of(LAUNCHERS),
-        str,
-    )
-    python: str = option(
-        sys.executable, "the Python interpreter that runs torchrun and the workers", check_program, str
+        "torchrun", "'torchrun', or 'python': one process, no agent", one_of(("torchrun", "python"))
     )
 
 
 class LiveKeywords(TypedDict, total=False):
-    """`start_ranks()`'s keywords for a type checker: the fields marked ``live``, names and types."""
+    """`start_ranks()`'s keywords for a type checker: the fields marked ``live``."""
 
     nproc: int | None
     backend: str
@@ -328,7 +240,7 @@ class LiveKeywords(TypedDict, total=False):
 
 
 class LaunchKeywords(LiveKeywords, total=False):
-    """`launch()`'s keywords for a type checker: all of `LaunchOptions`' fields, names and types."""
+    """`launch()`'s keywords for a type checker: all of `LaunchOptions`' fields."""
 
     max_restarts: int
     progress: str
@@ -338,12 +250,11 @@ class LaunchKeywords(LiveKeywords, total=False):
     rdzv_endpoint: str | None
     rdzv_timeout: float | None
     launcher: str
-    python: str
 
 
 @dataclass(frozen=True)
 class Option:
-    """One launcher option as the front ends use it: a field of `LaunchOptions` and its metadata."""
+    """One field of `LaunchOptions` and its metadata, as the front ends use it."""
 
     name: str
     default: Any
@@ -377,8 +288,6 @@ OPTIONS: tuple[Option, ...] = options_of(LaunchOptions)
 OPTION_NAMES = tuple(option.name for option in OPTIONS)
 LIVE_OPTIONS = tuple(option for option in OPTIONS if option.live)
 
-# ---------------------------------------------------------------------------- the front ends built from them
-
 
 def options_doc(
     options: Iterable[Option], indent: str = "", defaults: Mapping[str, Any] | None = None
@@ -403,9 +312,7 @@ def with_options(
     positional: Sequence[str] = (),
     defaults: Mapping[str, Any] | None = None,
 ) -> Callable[[F], F]:
-    """Give a function that takes ``**options`` the signature that Shift-Tab and `help()` show (`leading`
-    parameters, then `positional` options, then the others as keywords, `defaults` overriding theirs), and
-    fill its docstring's ``{options}`` line. A type checker reads the function's own signature."""
+    """Give a ``**options`` function the signature Shift-Tab shows, and fill its docstring's ``{options}``."""
     by_name = {o.name: o for o in options}
     defaults = defaults or {}
     params = [*leading] + [
@@ -435,7 +342,7 @@ def with_options(
 def add_flags(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup, options: Iterable[Option] = OPTIONS
 ) -> None:
-    """One flag per option. Each defaults to None, which leaves the option's own default."""
+    """One flag per option, each defaulting to None: the option's own default applies."""
     for o in options:
         parser.add_argument(o.flag, type=o.parse, action="append" if o.collect else "store", help=o.help)
 
@@ -452,9 +359,7 @@ def given_options(
 def bind_options(
     func: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """Every parameter of `func`'s signature, from `args` and `kwargs` with its defaults filled in.
-
-    Raises TypeError for an unknown keyword, as a function with those parameters written out would."""
+    """Every parameter of `func`'s signature, defaults filled in; TypeError for an unknown keyword."""
     bound = inspect.signature(func).bind(*args, **kwargs)
     bound.apply_defaults()
     return dict(bound.arguments)

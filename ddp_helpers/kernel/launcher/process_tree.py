@@ -1,9 +1,5 @@
-"""Track every process a launch started, and stop them all.
-
-torchrun starts each worker in a session of its own, so signalling the agent's group does not reach
-the workers: every descendant seen is remembered and signalled, with its group, directly. An orphan
-made between two refreshes is re-parented to the agent, a child subreaper (torchrun_agent.py).
-"""
+"""Track every process a launch started, and stop them all: torchrun puts each worker in a session of its
+own, so every descendant seen is signalled directly, with its group."""
 
 from __future__ import annotations
 
@@ -52,10 +48,7 @@ class ProcessTree:
                 pass
 
     def terminate(self, grace_s: float = 5.0) -> list[int]:
-        """SIGTERM everything, wait up to `grace_s`, then SIGKILL what is left.
-
-        Returns the pids that had to be killed with SIGKILL.
-        """
+        """SIGTERM everything, wait up to `grace_s`, then SIGKILL what is left."""
         self.refresh()
         self.signal_all(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
@@ -72,10 +65,7 @@ class ProcessTree:
 
 
 def processes_marked(name: str, value: str) -> list[int]:
-    """Pids of the live processes whose environment has `name` set to `value` (this user's only:
-    other users' environments cannot be read, and are skipped). A launcher under test exports a unique
-    marker; every process it starts inherits it, so a process still carrying it after the launcher
-    returned is one it left running."""
+    """Pids of this user's live processes whose environment has `name` = `value` (a marker a test exports)."""
     found = []
     for proc in psutil.process_iter():
         try:

@@ -1,12 +1,5 @@
-"""The processes of a run: start them so that they die with their owner, and stop them all.
-
-`launch` and live ranks (`ddp_helpers.kernel.live`) start and stop their runs with `start_run` and
-`stop_run`. The run's top process is one of three kinds behind one small interface (`RunProcess`):
-``"forked"``, torchrun's agent forked from a warm agent server (`agent_client.ForkedAgent`; its exit code
-comes over the server's socket: it is not our child); ``"fresh"``, torchrun's agent started as a new
-python where no server could fork one, and ``"none"``, the script alone (``launcher="python"``), both a
-`FreshProcess`. A new kind is one more class, not more branches.
-"""
+"""Start a run's top process so that it dies with its owner, and stop the whole run. A `RunProcess` is
+``"forked"`` (`agent_client.ForkedAgent`), ``"fresh"`` (a new agent) or ``"none"`` (the script alone)."""
 
 from __future__ import annotations
 
@@ -65,16 +58,12 @@ _LIFELINES: weakref.WeakKeyDictionary[RunProcess, BinaryIO] = weakref.WeakKeyDic
 
 
 def die_with_owner(owner_pid: int) -> Callable[[], None] | None:
-    """For a one-process run, which has no agent to watch the lifeline: the kernel sends the process
-    SIGKILL when the thread that started it dies (Linux's PR_SET_PDEATHSIG; launch() blocks in that
-    thread for the whole run). Elsewhere it does nothing. (A run under torchrun has the agent's lifeline
-    pipe instead.)"""
+    """A one-process run has no agent watching a lifeline: SIGKILL it when the launching thread dies (Linux)."""
     if not sys.platform.startswith("linux"):
         return None
     import ctypes
 
-    # looked up here, in the parent: between fork and exec the child must not import (a thread of the
-    # kernel may hold the import lock at fork time)
+    # looked up in the parent: between fork and exec the child must not import (another thread may hold the lock)
     prctl = ctypes.CDLL(None, use_errno=True).prctl
     pr_set_pdeathsig = 1
 
@@ -87,14 +76,12 @@ def die_with_owner(owner_pid: int) -> Callable[[], None] | None:
 
 
 def hold_lifeline(proc: RunProcess, lifeline: BinaryIO) -> None:
-    """Keep the write end of `proc`'s lifeline open until `stop_run` closes it (or the garbage
-    collector does, with `proc`)."""
+    """Keep the write end of `proc`'s lifeline open until `stop_run` (or the garbage collector) closes it."""
     _LIFELINES[proc] = lifeline
 
 
 def start_run(config: LaunchConfig, env: dict[str, str] | None = None) -> RunProcess:
-    """Spawn torchrun (or the one process) in a session of its own, its output going to files that
-    `RunFollower` follows, with `env` (default: `config.environment()`). Stop it with `stop_run`."""
+    """Spawn torchrun (or the one process) in a session of its own, its output to files; stop it with `stop_run`."""
     direct = config.launcher == "python"
     out_dir = config.direct_log_dir if direct else config.log_dir
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -107,19 +94,16 @@ def start_run(config: LaunchConfig, env: dict[str, str] | None = None) -> RunPro
         # "Figure(640x480)"): workers draw off-screen and save their figures to files
         env["MPLBACKEND"] = "Agg"
     # The agent's lifeline: it holds the read end, this process the only write end. However this
-    # process dies (a kernel SIGKILLed, a CLI whose terminal closed), the agent reads end-of-file and
-    # stops the run (see torchrun_agent.py). os.pipe's ends are not inherited by anything else we start.
+    # process dies, the agent reads end-of-file and stops the run (torchrun_agent.watch_owner).
     lifeline_read, lifeline_write = (None, None) if direct else os.pipe()
     if lifeline_read is not None:
         env[OWNER_FD_ENV] = str(lifeline_read)
     try:
-        # torchrun's agent forked from a warm server that has imported torch already (agent_client.py);
-        # where that cannot be done, a fresh process, as below
         asked = time.monotonic()
         agent = (
             None
             if lifeline_read is None  # direct
-            else start_agent(config.python, config.agent_args(), env, stdout.fileno(), lifeline_read)
+            else start_agent(sys.executable, config.agent_args(), env, stdout.fileno(), lifeline_read)
         )
         proc: RunProcess
         if agent is not None:
@@ -153,11 +137,7 @@ def start_run(config: LaunchConfig, env: dict[str, str] | None = None) -> RunPro
 
 
 def stop_run(tree: ProcessTree, proc: RunProcess, grace_s: float) -> list[int]:
-    """Stop every process of the run: SIGTERM, then SIGKILL for what is left after `grace_s`.
-
-    Then reap torchrun (so it does not stay a zombie of the kernel; SIGKILL if it outlived its tree)
-    and close its lifeline. Returns the pids that needed SIGKILL. Safe to call again.
-    """
+    """Stop every process of the run: SIGTERM, then SIGKILL for what is left after `grace_s`."""
     killed = tree.terminate(grace_s)
     if not wait_for_exit(proc, grace_s + 5):
         try:  # not reaped yet, so the pid is still ours (a forked agent's server reaps it: it may be gone)
@@ -172,9 +152,7 @@ def stop_run(tree: ProcessTree, proc: RunProcess, grace_s: float) -> list[int]:
 
 
 def exit_code(proc: RunProcess | subprocess.Popen[bytes]) -> int | None:
-    """The run's exit code (negative: the signal that ended it), or None while it runs. Reaps it.
-
-    Also for a process started outside `start_run` (loopback's nodes), without Popen's lock."""
+    """The run's exit code (negative: the signal that ended it), or None while it runs. Reaps it."""
     return reap(proc) if isinstance(proc, subprocess.Popen) else proc.poll()
 
 
@@ -206,8 +184,7 @@ def stop_interrupted(tree: ProcessTree, proc: RunProcess, config: LaunchConfig) 
 
 
 def stop_despite_interrupts(tree: ProcessTree, proc: RunProcess, grace_s: float) -> tuple[list[int], bool]:
-    """`stop_run`, which a second interrupt cannot cut short: it only skips the grace period (SIGKILL
-    at once). Returns the pids that needed SIGKILL, and whether an interrupt hurried the stop."""
+    """`stop_run`, which a second interrupt only hurries (SIGKILL at once); the pids killed, and if hurried."""
     try:
         return stop_run(tree, proc, grace_s), False
     except KeyboardInterrupt:

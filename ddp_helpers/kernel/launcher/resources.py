@@ -1,10 +1,5 @@
-"""Sample what each rank uses while a run goes on: CPU and memory per rank process, and, where
-GPUs exist, each GPU's utilisation and memory through NVML (as gpustat and nvidia-smi do).
-
-NVML's Python binding is ``nvidia-ml-py`` (module ``pynvml``), declared in the ``lab`` extra; torch's
-wheels do not bring it. Without it, or without a driver, GPUs are "not sampled" and
-`ResourceSampler.gpu_sampling` says why, so a plot can say so instead of showing nothing.
-"""
+"""Sample each rank's CPU and memory while a run goes on, and each GPU's use through NVML (``nvidia-ml-py``,
+the ``lab`` extra); `gpu_sampling` says why GPUs were not sampled."""
 
 from __future__ import annotations
 
@@ -60,8 +55,7 @@ class ResourceSampler:
         self._started = time.monotonic()
 
     def _rank_of(self, proc: psutil.Process) -> int | None:
-        # Ranks are the agent's direct children (or the root itself without an agent); their DataLoader
-        # workers are not counted apart.
+        # ranks are the agent's direct children (or the root itself without an agent)
         if proc.pid not in self._ranks:
             rank = None
             try:

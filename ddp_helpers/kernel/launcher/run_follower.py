@@ -1,8 +1,5 @@
-"""`RunFollower`: one launch in progress, seen from its files (the agent's output, every rank's log, the
-metrics). It echoes each rank's lines into the cell, tracks progress, and turns a silence or an exit into
-a `LaunchTimeout` or a `LaunchError` that names the rank and why. Used by `runner.launch` and by live
-ranks; it starts and stops nothing (`runner` decides when a run hung; this says how).
-"""
+"""`RunFollower`: one launch in progress, seen from its files. It echoes each rank's lines, tracks progress,
+and turns a silence or an exit into an error that names the rank and why; it starts and stops nothing."""
 
 from __future__ import annotations
 
@@ -34,7 +31,7 @@ def installed_torch_version() -> str:
 
 
 class MetricsFollower:
-    """Reads new lines of every rank's JSONL file as they are appended (with `FileFollower`)."""
+    """Reads new lines of every rank's metrics file as they are appended."""
 
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
         self.metrics_dir = Path(run_dir) / METRICS_DIR
@@ -64,9 +61,7 @@ class _RankState:
 
 
 class RunFollower:
-    """One launch in progress. `progress`: "widget", "text" or "off"; None: the config's (its "auto"
-    resolved). As a context manager (`launch`), it closes the echo and the progress bar when the block ends.
-    """
+    """One launch in progress; as a context manager it closes the echo and the progress bar at the end."""
 
     def __init__(self, config: LaunchConfig, progress: str | None) -> None:
         self.config = config
@@ -95,13 +90,10 @@ class RunFollower:
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
-        """The cell's output ends: what was held back is reported; a failed run's widget bar turns red."""
         self.echo.close()
         self.progress.close(kind is None)
 
-    # ---------------------------------------------------------------- following
     def on_rank_output(self, chunk: LogChunk) -> None:
-        """A batch of one rank file's new lines (and its line still being written)."""
         now = time.monotonic()
         state = self.ranks.setdefault(chunk.rank, _RankState())
         state.last_heard = now
@@ -137,9 +129,8 @@ class RunFollower:
             self.progress.update(int(latest["step"]), self.follower.total_steps(), **postfix)
 
     def poll_files(self, final: bool = False) -> None:
-        # torchrun's own lines are kept (launcher_output, logs/torchrun.log) but not echoed: its
-        # warnings and "closing signal SIGTERM" would come before the clear error a learner needs.
-        # When they are the only explanation, the LaunchFailed message carries them.
+        # torchrun's own lines are kept but not echoed: its warnings would come before the clear error;
+        # when they are the only explanation, the LaunchFailed message carries them
         read = self.agent.read(final)
         self.agent_lines += read.lines
         if read.nbytes:
@@ -158,7 +149,6 @@ class RunFollower:
         self.attempts_seen = max(self.attempts_seen, attempts)
         self.echo.tick()
 
-    # ---------------------------------------------------------------- reports
     def hang_report(self, alive_ranks: set[int], stacks: dict[int, str] | None = None) -> LaunchTimeout:
         """The error for a hung run: each rank's state and, from `stacks`, where a live one waits."""
         now = time.monotonic()
@@ -179,19 +169,13 @@ class RunFollower:
                 rows += [f"      {frame}" for frame in stacks[rank].splitlines()]
             if state.last_heard is None or now - state.last_heard >= (self.config.timeout or 0):
                 silent.append(rank)
-        advice = []
-        if not self.heard_any:
-            advice.append(
-                "No rank printed anything: if start-up (importing torch, the rendezvous) is slow here, "
-                "a longer startup_timeout may be all that is needed"
-                + (" (the stacks above show how far each rank got)." if stacks else ".")
-            )
-        deadlock = destroy_deadlock_note(stacks, self.config.backend, installed_torch_version())
-        if deadlock:
-            advice.append(deadlock)
-        advice += [
-            "To find the collective that does not match, rerun with env={'TORCH_DISTRIBUTED_DEBUG': 'DETAIL'}"
-            + (" and 'NCCL_DEBUG': 'INFO'." if self.config.backend == "nccl" else "."),
+        nccl = " and 'NCCL_DEBUG': 'INFO'" if self.config.backend == "nccl" else ""
+        advice = [
+            ""
+            if self.heard_any
+            else "No rank printed anything: a slow start may need a longer startup_timeout.",
+            destroy_deadlock_note(stacks, self.config.backend, installed_torch_version()),
+            f"To find the collective that does not match, rerun with env={{'TORCH_DISTRIBUTED_DEBUG': 'DETAIL'}}{nccl}.",
             "A rank that exited while others still run usually means uneven inputs or a skipped collective.",
         ]
         message = (
@@ -200,12 +184,12 @@ class RunFollower:
             f"silent ranks: {', '.join(map(str, silent)) or 'none'}\n"
             + "\n".join(rows)
             + "\n"
-            + "\n".join(advice)
+            + "\n".join(filter(None, advice))
         )
         return LaunchTimeout(message, silent_ranks=silent, run_dir=str(self.config.out_dir), stacks=stacks)
 
     def failure(self, returncode: int, stderr_since: dict[int, int] | None = None) -> LaunchError:
-        """The error for a run that ended with `returncode`; `stderr_since`: read each rank's stderr from there."""
+        """The error for a run that ended with `returncode`; `stderr_since`: each rank's stderr offset (live)."""
         agent_output = "\n".join(self.agent_lines)
         # without an agent there is no torchrun report: the one process's own exit code is the rank's
         known = {self.config.rank_offset: returncode} if self.config.launcher == "python" else None
@@ -218,22 +202,18 @@ class RunFollower:
             stderr_since=stderr_since,
         )
         if diagnosis is None and "RendezvousTimeoutError" in agent_output:
-            return LaunchFailed(
+            message = (
                 f"the rendezvous timed out: not all {self.config.nnodes} nodes joined at "
-                f"{self.config.rdzv_endpoint} within {self.config.rdzv_timeout:g}s, so no worker started. "
-                "Start every node with the same rdzv_endpoint and nnodes, and check that the first node's "
-                "port is reachable from the others (rdzv_timeout=... waits longer).",
-                returncode=returncode,
-                output=agent_output,
+                f"{self.config.rdzv_endpoint} within {self.config.rdzv_timeout:g}s, so no worker started. Start "
+                "every node with the same rdzv_endpoint and nnodes; the first node's port must be reachable."
+            )
+        elif diagnosis is None:
+            message = (
+                f"{self.config.launcher} exited with code {returncode} before any worker reported an error."
+                f"{full_disk_note(self.config.out_dir)}\n" + "\n".join(self.agent_lines[-30:])
             )
         if diagnosis is None:
-            tail = "\n".join(self.agent_lines[-30:])
-            return LaunchFailed(
-                f"{self.config.launcher} exited with code {returncode} before any worker reported an error."
-                f"{full_disk_note(self.config.out_dir)}\n{tail}",
-                returncode=returncode,
-                output=agent_output,
-            )
+            return LaunchFailed(message, returncode=returncode, output=agent_output)
         headline, title = "", "root-cause traceback:"
         if diagnosis.left_early:  # the cause: ranks that left while this one still waited; say when
             gone = []

@@ -1,6 +1,5 @@
-"""`launch()`: run a script under torchrun as a subprocess, watch it live, and never leave a process
-behind; and its run folder: one launch at a time in it, an earlier launch's outputs moved aside, and
-what the ranks wrote, read after the run."""
+"""`launch()`: run a script under torchrun, watch it live, and never leave a process behind; and its run
+folder: one launch at a time, an earlier launch's outputs moved aside, what the ranks wrote read after."""
 
 from __future__ import annotations
 
@@ -46,7 +45,7 @@ WAITING_NOTE_EVERY_S = 5.0
 
 
 def _start(config: LaunchConfig, env: dict[str, str]) -> RunProcess:
-    """`start_run`, which waits for a cold agent server to import torch: an interrupt there stops it."""
+    """`start_run`, which may wait for a cold agent server to import torch: an interrupt there stops it."""
     try:
         return start_run(config, env)
     except KeyboardInterrupt:
@@ -61,7 +60,7 @@ def _start(config: LaunchConfig, env: dict[str, str]) -> RunProcess:
 
 
 def _note_waiting_for_nodes(run: RunFollower) -> None:
-    """Across nodes, until this node's workers start: say that the rendezvous is waiting, and how long."""
+    """Across nodes, until this node's workers start: say how long the rendezvous has waited."""
     now = time.monotonic()
     config = run.config
     if config.nnodes == 1 or run.tail.started() or now - run.last_waiting_note < WAITING_NOTE_EVERY_S:
@@ -75,7 +74,7 @@ def _note_waiting_for_nodes(run: RunFollower) -> None:
 
 @contextlib.contextmanager
 def _stopped_at_exit(tree: ProcessTree, proc: RunProcess, grace_s: float) -> Iterator[None]:
-    """However the block ends, every process of the run is stopped: anything a worker left behind too."""
+    """However the block ends, every process of the run is stopped."""
     try:
         yield
     finally:
@@ -83,7 +82,7 @@ def _stopped_at_exit(tree: ProcessTree, proc: RunProcess, grace_s: float) -> Ite
 
 
 def _hung(run: RunFollower, now: float) -> bool:
-    """No progress within the timeout (or, before any rank was heard from, the start-up allowance)."""
+    """No progress within the timeout (before any rank was heard from: the start-up allowance)."""
     config = run.config
     if config.timeout is None:
         return False
@@ -123,20 +122,16 @@ class LaunchResult:
     metrics: pd.DataFrame
     summary: dict[str, Any]
     command: list[str]
-    # what the run's processes got on top of this process's environment (OMP_NUM_THREADS, PYTHONPATH, ...)
-    environment: dict[str, str] = field(default_factory=dict)
+    environment: dict[str, str] = field(default_factory=dict)  # what the run got on top of this process's
     launcher_output: list[str] = field(default_factory=list)
     attempts: int = 1
     resources: pd.DataFrame = field(default_factory=_frame)  # per-rank CPU/RSS, per-GPU use, over time
     gpu_sampling: str = "not requested"  # "sampled", or why not ("not sampled: ...")
     lines_held_back: int = 0  # lines not echoed into the cell (all are in `logs` and on disk)
-    # how torchrun's agent started: "forked" from the agent server (it imported no torch of its own),
-    # "fresh" (a new interpreter: no server here, or it was turned off), or "none" (launcher="python")
-    agent: str = "none"
+    agent: str = "none"  # how torchrun's agent started: "forked" (agent server), "fresh", or "none" (python)
     agent_wait_s: float = 0.0  # launch()'s wait for the fork (a cold server: the rest of its import)
 
     def log(self, rank: int) -> str:
-        """Every line rank `rank` printed, stdout and stderr, in the order they were read."""
         return "\n".join(self.logs.get(rank, []))
 
     def __repr__(self) -> str:
@@ -178,7 +173,7 @@ def launch(
 
 
 def run_config(config: LaunchConfig, progress: str | None = None) -> LaunchResult:
-    """Run a validated `LaunchConfig`; `RunDirInUse` while another launch runs into the same run_dir."""
+    """Run a checked `LaunchConfig`; `RunDirInUse` while another launch runs into the same run_dir."""
     with holding_run_dir(config.out_dir):
         return _run_held(config, progress)
 
@@ -261,9 +256,8 @@ def _result(
     )
 
 
-# ---------------------------------------------------------------------------- the run folder
 def read_metrics(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
-    """All ranks' logged steps as one DataFrame, sorted by rank and step (empty if none)."""
+    """All ranks' logged steps as one DataFrame, sorted by rank and step."""
     import pandas as pd  # here: a launch without a metrics table never pays for pandas
 
     rows: list[dict[str, Any]] = []
@@ -285,8 +279,7 @@ def read_summary(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def keep_previous_outputs(run_dir: Path) -> Path | None:
-    """Move an earlier launch's logs, metrics and summary in `run_dir` to ``run_dir/previous/<n>``, so a
-    launch reads only its own files; other files (checkpoints, scripts) stay where they are."""
+    """Move an earlier launch's logs, metrics and summary to ``run_dir/previous/<n>``; other files stay."""
     found = [run_dir / name for name in RUN_OUTPUTS if (run_dir / name).exists()]
     if not found:
         return None
@@ -299,8 +292,7 @@ def keep_previous_outputs(run_dir: Path) -> Path | None:
     return target
 
 
-# one launch at a time in a run folder: an exclusive flock, which the OS drops however the holder ends
-# (a killed kernel leaves no stale lock); two launches in one folder would follow each other's logs
+# an exclusive flock, which the OS drops however the holder ends: a killed kernel leaves no stale lock
 LOCK_NAME = ".launch.lock"
 
 
@@ -317,8 +309,7 @@ def holding_run_dir(run_dir: Path) -> Iterator[None]:
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
             raise RunDirInUse(
                 f"run_dir {run_dir} is in use by another launch ({holder}): two runs in one folder would "
-                "mix their logs. Wait for it to end, or give this launch another run_dir (without one, "
-                "each launch gets a new folder)"
+                "mix their logs. Wait for it to end, or give this launch another run_dir"
             ) from None
         os.ftruncate(fd, 0)
         try:
@@ -327,8 +318,8 @@ def holding_run_dir(run_dir: Path) -> Iterator[None]:
             if error.errno != errno.ENOSPC:
                 raise
             raise LaunchError(
-                f"nothing was started: no space left on the device that holds run_dir {run_dir}, so no log "
-                "or result can be written. Free some space, or give the launch a run_dir on another device"
+                f"nothing was started: no space left on the device that holds run_dir {run_dir}. Free some "
+                "space, or give the launch a run_dir on another device"
             ) from error
         yield
     finally:

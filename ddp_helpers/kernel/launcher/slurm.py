@@ -1,11 +1,5 @@
-"""Submit a generated sbatch script to a SLURM cluster from a cell, and follow it to its end.
-
-`submit` runs ``sbatch``; `follow` reads the job's log as it grows and echoes each rank's line as
-``[rank N] ...``, as `launch` does (the script's torchrun tees every rank's output into the log with
-a ``[rankN]:`` prefix), polls ``squeue`` until the job leaves the queue, and returns what
-``scontrol show job`` says about it: its nodes, state and exit code. A job that runs past its bound
-is cancelled (``scancel``) and `SlurmTimeout` is raised.
-"""
+"""Submit an sbatch script from a cell and follow it: echo each ``[rankN]:`` line of its log as
+``[rank N] ...``, poll ``squeue`` until it ends, and return what ``scontrol`` says (cancelled past its bound)."""
 
 from __future__ import annotations
 
@@ -33,16 +27,23 @@ class SlurmTimeout(TimeoutError):
 
 @dataclass
 class SlurmJob:
-    """A finished job: what scontrol says about it, and its log's lines, every rank's apart."""
+    """A finished job: every field of ``scontrol show job``, and its log's lines (every rank's apart)."""
 
     job_id: int
-    state: str  # COMPLETED, FAILED, CANCELLED, TIMEOUT, ...
-    exit_code: str  # "exit status:signal", as scontrol writes it: "0:0" is success
-    node_list: str  # e.g. n[1-2]
-    num_nodes: int
-    facts: dict[str, str]  # every field of `scontrol show job`
-    lines: list[str] = field(default_factory=list)  # the whole log, as written
-    rank_lines: dict[int, list[str]] = field(default_factory=dict)  # rank -> its lines, prefix removed
+    facts: dict[str, str]
+    lines: list[str]
+    rank_lines: dict[int, list[str]]  # rank -> its lines, prefix removed
+    state: str = field(init=False)  # COMPLETED, FAILED, CANCELLED, TIMEOUT, ...
+    exit_code: str = field(init=False)  # "exit status:signal": "0:0" is success
+    node_list: str = field(init=False)  # e.g. n[1-2]
+    num_nodes: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.state = self.facts.get("JobState", "UNKNOWN")
+        self.exit_code = self.facts.get("ExitCode", "?")
+        self.node_list = self.facts.get("NodeList", "?")
+        nodes = re.match(r"\d+", self.facts.get("NumNodes", ""))  # "2", or "2-2" for a range
+        self.num_nodes = int(nodes.group()) if nodes else 0
 
 
 def _ask(*command: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -63,38 +64,31 @@ def missing_reason() -> str | None:
             return f"no cluster configured: SLURM_CONF is not set and {DEFAULT_CONF} does not exist"
         first = ((probe.stderr or probe.stdout).strip().splitlines() or ["no answer"])[0]
         return f"sinfo found no controller: {first[:200]}"
-    if " up" not in probe.stdout:
-        return "the SLURM controller answers, but no partition is up"
-    return None
-
-
-def job_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment to submit with (sbatch passes it on): this Python's bin folder first on PATH, so
-    the job's ``torchrun`` is the one beside this interpreter, with the same torch."""
-    env = dict(os.environ if environ is None else environ)
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    return env
+    return None if " up" in probe.stdout else "the SLURM controller answers, but no partition is up"
 
 
 def submit(
     script: str | os.PathLike[str], *, chdir: str | os.PathLike[str], log: str | os.PathLike[str]
 ) -> int:
-    """``sbatch`` `script`, run from `chdir` (relative worker paths are relative to it); returns the job id."""
+    """``sbatch`` `script` from `chdir`; the job id. The job's torchrun is the one beside this Python."""
+    env = {
+        **os.environ,
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+    }
     where = f"--chdir={Path(chdir).resolve()}", f"--output={Path(log).resolve()}"
-    proc = _ask("sbatch", "--parsable", *where, str(Path(script).resolve()), env=job_environment())
+    proc = _ask("sbatch", "--parsable", *where, str(Path(script).resolve()), env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"sbatch refused the job: {proc.stderr.strip()}")
     return int(proc.stdout.strip().split(";")[0])
 
 
 def job_facts(job_id: int) -> dict[str, str]:
-    """``scontrol show job -o``, as a dict (empty once the controller has forgotten the job)."""
+    """``scontrol show job -o`` as a dict (empty once the controller has forgotten the job)."""
     proc = _ask("scontrol", "show", "job", "-o", str(job_id))
     return dict(re.findall(r"(\w[\w:/]*)=(\S*)", proc.stdout)) if proc.returncode == 0 else {}
 
 
 def in_queue(job_id: int) -> bool:
-    """Whether ``squeue`` still lists the job (pending, running or completing)."""
     proc = _ask("squeue", "-h", "-j", str(job_id), "-o", "%T")
     return proc.returncode == 0 and bool(proc.stdout.strip())
 
@@ -102,41 +96,22 @@ def in_queue(job_id: int) -> bool:
 def follow(
     job_id: int, log: str | os.PathLike[str], *, timeout_s: float, echo: bool = True, poll_s: float = 0.5
 ) -> SlurmJob:
-    """Echo the job's log as it grows until the job leaves the queue; return its facts and lines.
-
-    Rank lines are echoed as ``[rank N] text``; the script's own lines as they are.
-    Past `timeout_s` the job is cancelled and `SlurmTimeout` raised.
-    """
+    """Echo the job's log until the job leaves the queue; past `timeout_s`, cancel it (`SlurmTimeout`)."""
     reader, lines = FileFollower(Path(log)), []
+    rank_lines: dict[int, list[str]] = {}
     deadline = time.monotonic() + timeout_s
-
-    def take(new: list[str]) -> None:
-        for line in new:
+    while True:
+        queued = in_queue(job_id)
+        for line in reader.read(final=not queued).lines:
             lines.append(line)
+            match = RANK_LINE.match(line)
+            if match:
+                rank_lines.setdefault(int(match[1]), []).append(match[2])
             if echo:
-                match = RANK_LINE.match(line)
                 write_line(f"[rank {match[1]}] {match[2]}" if match else line)
-
-    while in_queue(job_id):
-        take(reader.read().lines)
+        if not queued:
+            return SlurmJob(job_id, job_facts(job_id), lines, dict(sorted(rank_lines.items())))
         if time.monotonic() > deadline:
             subprocess.run(["scancel", str(job_id)], timeout=QUERY_TIMEOUT_S, check=False)
             raise SlurmTimeout(f"job {job_id} did not end within {timeout_s:g} s: cancelled")
         time.sleep(poll_s)
-    take(reader.read(final=True).lines)
-    facts = job_facts(job_id)
-    rank_lines: dict[int, list[str]] = {}
-    for line in lines:
-        if match := RANK_LINE.match(line):
-            rank_lines.setdefault(int(match[1]), []).append(match[2])
-    nodes = re.match(r"\d+", facts.get("NumNodes", ""))  # "2", or "2-2" for a range
-    return SlurmJob(
-        job_id=job_id,
-        state=facts.get("JobState", "UNKNOWN"),
-        exit_code=facts.get("ExitCode", "?"),
-        node_list=facts.get("NodeList", "?"),
-        num_nodes=int(nodes.group()) if nodes else 0,
-        facts=facts,
-        lines=lines,
-        rank_lines=dict(sorted(rank_lines.items())),
-    )

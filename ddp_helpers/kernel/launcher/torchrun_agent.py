@@ -1,20 +1,6 @@
-"""torchrun's agent, run so that no process of the run can outlive it.
+"""torchrun's agent, run so that no process of the run outlives it or its owner (docs/architecture.md).
 
-    python -m ddp_helpers.kernel.launcher.torchrun_agent [torchrun options] -- script.py [args]
-
-A worker's helper that leaves its session or double-forks is re-parented to init and escapes the
-launcher. So this process, which runs torchrun's own ``main``, first makes itself a *child subreaper*
-(Linux ``prctl(PR_SET_CHILD_SUBREAPER)``): every orphan of the run comes here instead, and whatever is
-still a child when torchrun returns is stopped (SIGTERM, then SIGKILL after ``DDP_HELPERS_GRACE_S``).
-
-The agent must not outlive its owner either (a kernel killed, a CLI whose terminal closed). The owner
-passes the read end of a pipe (``DDP_HELPERS_OWNER_FD``) and keeps the only write end: when it dies, the
-read sees end-of-file and the agent stops the run as a SIGTERM would. (``PR_SET_PDEATHSIG`` fires when
-the parent *thread* exits: a kernel may launch from a thread that ends long before the run.)
-
-The workers are torchrun's own fresh ``python -u script.py``. The one change made to torchrun
-(`tolerate_half_written_error_files`) falls back to torchrun as it is if torch's class changes.
-"""
+python -m ddp_helpers.kernel.launcher.torchrun_agent [torchrun options] -- script.py [args]"""
 
 from __future__ import annotations
 
@@ -34,7 +20,7 @@ log = logging.getLogger(__name__)  # no handler: Python writes a warning to stde
 
 
 def become_subreaper() -> bool:
-    """Make orphaned descendants re-parent to this process. False where the OS cannot."""
+    """Make orphaned descendants (a helper that double-forks) re-parent here, not to init; False if not Linux."""
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -107,7 +93,8 @@ def _stop_on_sigterm(signum: int, frame: object) -> None:
 
 
 def watch_owner(fd: int, grace_s: float) -> None:
-    """Block until the owner's end of the pipe closes, then stop the run (in a daemon thread)."""
+    """Block until the owner's end of the lifeline closes (it died), then stop the run."""
+    # not PR_SET_PDEATHSIG: that fires when the parent *thread* exits, and a kernel may launch from a thread
     with contextlib.suppress(OSError):
         while os.read(fd, 4096):  # the owner never writes: only end-of-file (its death) returns b""
             pass
@@ -132,13 +119,9 @@ def _watch_owner_if_asked(grace_s: float) -> None:
 
 
 def tolerate_half_written_error_files() -> None:
-    """Read a rank's half-written error file as none, instead of failing the whole run.
-
-    torchrun reads each failed rank's ``@record`` file with ``json.load``, and a decoding error ends the
-    agent. A rank stopped by SIGTERM while ``@record`` writes leaves it empty (seen after another rank's
-    SIGABRT: "torchrun exited with code 1" instead of the failed rank). Read as missing, torchrun reports
-    the rank by its exit code or signal, as for a script without ``@record``.
-    """
+    """Read a rank's half-written error file as none, instead of failing the whole run."""
+    # torchrun json.loads each failed rank's @record file, and a rank stopped by SIGTERM while @record
+    # writes leaves it empty: the agent would end with "exited with code 1" instead of naming the rank
     try:
         from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
@@ -156,8 +139,6 @@ def tolerate_half_written_error_files() -> None:
             self.error_file = ""  # no file: torchrun's own "no reply" path, with a message from the exit code
             read(self)
 
-    # a mark on the function (a function takes any attribute), and a patch of torch's class: a type
-    # checker allows neither
     post_init.tolerates_half_written = True  # type: ignore[attr-defined]
     ProcessFailure.__post_init__ = post_init  # type: ignore[method-assign]
 

@@ -63,23 +63,7 @@ def write_worker(
     lines: tuple[int | str, int | str] | None = None,
     overwrite: bool = False,
 ) -> Path:
-    """Copy a worker into `directory` and show it with syntax highlighting.
-
-    Args:
-        worker: a bundled worker's name ("train", "allreduce_bench"), a path to a script,
-            or, with `source`, the file name to write.
-        directory: where the file goes (created if missing).
-        source: the script's text, to write a worker made in the notebook.
-        show: display the file in the notebook (only inside IPython).
-        lines: (first, last) to show only part of the file (the whole file is written). Each is a
-            1-based line number or a piece of text: the first line containing it.
-        overwrite: replace a copy of a worker that was edited by hand since it was written. By
-            default such a copy is kept (and used), and a message says so. `source` always
-            overwrites: the cell that holds it is where that worker is edited.
-
-    Returns:
-        The path of the written file (or of the kept, edited copy): pass it to `launch`.
-    """
+    """Copy a worker into `directory` and show it with syntax highlighting."""
     target_dir = Path(directory)
     target_dir.mkdir(parents=True, exist_ok=True)
     if source is not None:
