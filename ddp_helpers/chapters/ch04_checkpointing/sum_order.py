@@ -42,22 +42,15 @@ def sum_order(rank: int, world: int, device: torch.device) -> None:
         steps.append(torch.cat([grad_of(p).flatten() for p in params]))
     rebuilt = ddp._get_ddp_logging_data().get("rebuilt_per_bucket_param_indices", "")
 
-    def all_reduced(
-        order: list[int], group: dist.ProcessGroup | None = None, size: int = world
-    ) -> torch.Tensor:
-        """DDP's sum by hand: each gradient times 1/size, flat in `order`, all-reduced."""
-        flat = torch.cat([local[i].flatten() * (1.0 / size) for i in order])
-        dist.all_reduce(flat, group=group)
+    def all_reduced(order: list[int]) -> torch.Tensor:
+        """DDP's sum by hand: each gradient times 1/world, flat in `order`, all-reduced."""
+        flat = torch.cat([local[i].flatten() * (1.0 / world) for i in order])
+        dist.all_reduce(flat)
         parts = dict(zip(order, flat.split([local[i].numel() for i in order]), strict=True))
         return torch.cat([parts[i] for i in range(len(params))])
 
     param_order, ready_order = list(range(len(params))), list(reversed(range(len(params))))
     in_param_order, in_ready_order = all_reduced(param_order), all_reduced(ready_order)
-    pair = dist.new_group([0, 1]) if world > 2 else None  # every rank must create the group
-    two_ranks_agree = None
-    if pair is not None and rank < 2:
-        assert isinstance(pair, dist.ProcessGroup)  # a member's; new_group gives the others a marker
-        two_ranks_agree = torch.equal(all_reduced(param_order, pair, 2), all_reduced(ready_order, pair, 2))
     report(
         rank,
         world,
@@ -67,7 +60,6 @@ def sum_order(rank: int, world: int, device: torch.device) -> None:
         first_is_param_order=torch.equal(steps[0], in_param_order),
         later_is_ready_order=torch.equal(steps[1], in_ready_order),
         rebuilt_order=rebuilt,
-        two_ranks_agree=two_ranks_agree,
     )
 
 

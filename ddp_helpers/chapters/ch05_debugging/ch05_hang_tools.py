@@ -1,5 +1,5 @@
 """The hang tools a learner takes to a cluster (py-spy, Flight Recorder and fr_trace, torch 2.14's debug
-server, the workbench's stacks), pointed at one planted hang under plain torchrun. Kernel side.
+server), pointed at one planted hang under plain torchrun. Kernel side.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from ddp_helpers.chapters.ch05_debugging.ch05_pitfall_runs import printed
 from ddp_helpers.kernel.launcher.config import default_run_dir
 from ddp_helpers.kernel.launcher.machine import free_port
 from ddp_helpers.kernel.launcher.process_tree import ProcessTree
-from ddp_helpers.rank import stack_dumps
 
 FR_SIGNAL_OFFSET = 7  # with_tools.py's signal: SIGRTMIN + 7 (the workbench's stack dumps use + 6)
 FR_PREFIX = "fr_rank_"  # each rank's Flight Recorder file: fr_rank_<rank>, as fr_trace's --prefix
@@ -96,14 +95,11 @@ class HungJob:
         return self.run_dir / "flight-recorder"
 
 
-def debug_server_available() -> bool:
-    """torch 2.14 has `torch.distributed.debug.start_debug_server`; torch 2.7 has no such module."""
-    return importlib.util.find_spec(DEBUG_SERVER) is not None
-
-
 def missing_for_debug_server() -> list[str]:
-    """What the debug server needs and lacks: jinja2, tabulate, and aiohttp or requests."""
-    missing = [name for name in ("jinja2", "tabulate") if importlib.util.find_spec(name) is None]
+    """What the debug server needs and lacks: torch 2.14's module, jinja2, tabulate, and aiohttp or requests."""
+    missing = [
+        name for name in (DEBUG_SERVER, "jinja2", "tabulate") if importlib.util.find_spec(name) is None
+    ]
     if not any(importlib.util.find_spec(name) for name in ("aiohttp", "requests")):
         missing.append("aiohttp")
     return missing
@@ -127,8 +123,6 @@ def planted_hang(
     worker: str | os.PathLike[str],
     world: int,
     run_dir: str | os.PathLike[str] | None = None,
-    *,
-    with_tools: bool = True,
 ) -> Iterator[HungJob]:
     """Run the pitfalls worker's hang case under plain torchrun on gloo; yield once every rank hangs.
 
@@ -143,20 +137,17 @@ def planted_hang(
         "CUDA_VISIBLE_DEVICES": "",
         run_contract.BACKEND_ENV: "gloo",
         run_contract.DEVICE_ENV: "cpu",
-        run_contract.RUN_DIR_ENV: str(run_dir),  # the workbench's stack dumps register in its logs/
-    }
-    port = None
-    script = [str(worker)]
-    if with_tools:
-        (run_dir / "with_tools.py").write_text(WITH_TOOLS)
-        script = [str(run_dir / "with_tools.py"), *script]
-        ranks_env["FR_DUMP_PREFIX"] = str(run_dir / "flight-recorder" / FR_PREFIX)
+        run_contract.RUN_DIR_ENV: str(run_dir),
+        "FR_DUMP_PREFIX": str(run_dir / "flight-recorder" / FR_PREFIX),
         # torch 2.14: entries each rank's Flight Recorder keeps, gloo's too (2000, its default; 0: off). The
         # old name, TORCH_NCCL_TRACE_BUFFER_SIZE (torch 2.7: NCCL only, off by default), warns there
-        ranks_env["TORCH_FR_BUFFER_SIZE"] = "2000"
-        if debug_server_available() and not missing_for_debug_server():
-            port = free_port()
-            ranks_env["DEBUG_SERVER_PORT"] = str(port)
+        "TORCH_FR_BUFFER_SIZE": "2000",
+    }
+    port = None if missing_for_debug_server() else free_port()
+    if port is not None:
+        ranks_env["DEBUG_SERVER_PORT"] = str(port)
+    (run_dir / "with_tools.py").write_text(WITH_TOOLS)
+    script = [str(run_dir / "with_tools.py"), str(worker)]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}"]
     logs = [f"--log-dir={run_dir / run_contract.LOGS_DIR}", "--redirects=3"]  # each rank's own files
     command = [*torchrun, *logs, *script, "--case", "hang", "--pg-timeout", "600"]
@@ -355,15 +346,7 @@ def run_fr_trace(fr_dir: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
 
 
-@dataclass(frozen=True)
-class FrFinding:
-    """What fr_trace reported: the collective not every rank joined, and the ranks missing from it."""
-
-    collective: str
-    missing: frozenset[int]
-
-
-def fr_trace_finding(report: str) -> FrFinding | None:
+def fr_trace_finding(report: str) -> tuple[str, frozenset[int]] | None:
     """The collective fr_trace says not every rank joined, and the missing ranks; None if none."""
     block = report.split("Not all ranks joining collective", 1)
     if len(block) < 2:
@@ -373,7 +356,7 @@ def fr_trace_finding(report: str) -> FrFinding | None:
     if not (collective and missing):
         return None
     ranks = frozenset(int(r) for r in missing[1].split(",") if r.strip())
-    return FrFinding(collective[1], ranks)
+    return collective[1], ranks
 
 
 # ---- the debug server (torch 2.14) ----------------------------------------------------------------
@@ -411,20 +394,4 @@ def faulthandler_waits(stacks: Mapping[int, str], worker: Path) -> dict[int, Wai
         candidates = [frames for thread in threads if (frames := _frames(_FAULTHANDLER_FRAME, thread))]
         main = next((f for f in candidates if any(Path(file).name == worker.name for _, file, _ in f)), [])
         waits[rank] = _wait(main, worker)
-    return waits
-
-
-# ---- the workbench's own ------------------------------------------------------------------------
-
-
-def workbench_stacks(job: HungJob) -> dict[int, str]:
-    """The stacks the workbench's hang report prints (`stack_dumps.ask`)."""
-    return stack_dumps.ask(job.pids, job.run_dir / run_contract.LOGS_DIR)
-
-
-def workbench_waits(stacks: Mapping[int, str], worker: Path) -> dict[int, Wait]:
-    """Each rank's `Wait` from `workbench_stacks` (innermost first, each frame followed by its source)."""
-    waits = {}
-    for rank, stack in stacks.items():
-        waits[rank] = _wait(_frames(_FAULTHANDLER_FRAME, stack), worker)
     return waits

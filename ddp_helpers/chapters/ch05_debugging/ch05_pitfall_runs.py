@@ -12,17 +12,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from ddp_helpers.backends import resolve_backend
 from ddp_helpers.errors import LaunchTimeout, WorkerFailed
-from ddp_helpers.kernel.launcher.machine import visible_gpus
 from ddp_helpers.kernel.launcher.runner import launch
 from ddp_helpers.run_contract import SUMMARY_FILE
 
 IN_THE_WORKER = 'pitfalls.py", line'  # a traceback's or a stack's frame in the worker's own file
-MISMATCH_CALL = "dist.all_reduce(x)"
-# on NCCL, all_reduce may return at once: the rank then waits in the .tolist() of the print after it
-MISMATCH_NCCL_WAIT = 'print(f"rank {rank}: all_reduce of {size} elements gave {x.tolist()}")'
-MISMATCH_REPORT = "report(rank, world, values=x.tolist())"  # the line after the all_reduce's print
 
 
 def run_folder(err: WorkerFailed | LaunchTimeout) -> str:
@@ -131,29 +125,22 @@ class PitfallRuns:
             raise AssertionError(f"the {case!r} pitfall ran to the end: it no longer shows what it should")
         raise AssertionError(f"the {case!r} pitfall never got all {self.world} ranks started")
 
-    @staticmethod
-    def runs_on_nccl(backend: str) -> bool:
-        """Whether a launch with `backend` runs on nccl: "auto" resolved as launch() resolves it."""
-        return resolve_backend(backend, visible_gpus())[0] == "nccl"
-
     def check_mismatch(self, hang_timeout: float, **options: Any) -> str:
         """Run the mismatched all_reduce; raise unless it went wrong there. "named", "hung" or "wrong sums"."""
-        pg_timeout = max(hang_timeout, 10)  # it also bounds the ranks' meeting in init_process_group
-        nccl = self.runs_on_nccl(options.get("backend", self.backend))
-        extra = ("--pg-timeout", pg_timeout)
+        extra = ("--pg-timeout", max(hang_timeout, 10))  # it also bounds the ranks' init_process_group
         try:
             result = self.run_case("mismatch", *extra, timeout=3 * hang_timeout, **options)
         except (WorkerFailed, LaunchTimeout) as err:
             logs = {rank: printed(run_folder(err), rank) for rank in range(self.world)}
-            assert all(any("all-reducing" in line for line in logs[r]) for r in logs), (
-                "a rank never reached it"
-            )
-            if isinstance(err, WorkerFailed):
-                outcome = mismatch_failure(err, logs)
-            else:
-                outcome = mismatch_stopped(err, logs, nccl)
-            if outcome == "named" and isinstance(err, WorkerFailed):  # only an abort names it
-                print(f"It aborted and named the mismatch: {err.error}")
+            reached = all(any("all-reducing" in line for line in lines) for lines in logs.values())
+            assert reached, f"a rank never reached the all_reduce: {logs}"
+            error = err.error if isinstance(err, WorkerFailed) else ""
+            named = "mismatch" in error or "nbytes" in error  # only an abort names it
+            timed_out = not error or "timed out" in error.lower() or "watchdog" in str(err).lower()
+            assert named or timed_out, f"it failed another way: {err}"
+            outcome = "named" if named else "hung"
+            if named:
+                print(f"It aborted and named the mismatch: {error}")
             else:
                 print(f"It hung in the all_reduce until a timeout stopped it: {str(err).splitlines()[0]}")
         else:
@@ -167,34 +154,3 @@ class PitfallRuns:
             print(f"  a wrong sum (each element should be {self.world}): {line}")
         assert outcome or wrong, f"every rank got the right sum: the bug did not show ({sums})"
         return outcome or "wrong sums"
-
-
-def mismatch_failure(err: WorkerFailed, logs: dict[int, list[str]]) -> str:
-    """A failed mismatch run: "named" (an abort that names it) or "hung"; raises if it failed another way.
-
-    A rank that got a wrong sum may be the one blamed: it timed out in report()'s gather."""
-    frames = worker_frames(err.traceback)
-    named = "mismatch" in err.error or "nbytes" in err.error
-    timed_out = "timed out" in err.error.lower() or "watchdog" in str(err).lower()
-    if any(" gave " in line for line in logs[err.rank]):
-        stuck = [r for r in logs if not any(" gave " in line for line in logs[r])]
-        # its innermost frame in pitfalls.py is the call of report() (which lives in rank/metrics.py)
-        hung = timed_out and bool(stuck) and bool(frames) and frames[-1] == ("mismatch", MISMATCH_REPORT)
-    else:
-        hung = timed_out and (not frames or frames[-1] == ("mismatch", MISMATCH_CALL))
-    assert named or hung, f"rank {err.rank} failed another way: {err.error} {frames}"
-    return "named" if named else "hung"
-
-
-def mismatch_stopped(err: LaunchTimeout, logs: dict[int, list[str]], nccl: bool) -> str:
-    """A mismatch run the launcher stopped: "hung", if every rank without a sum waits in the collective."""
-    in_the_collective = {MISMATCH_CALL, MISMATCH_NCCL_WAIT} if nccl else {MISMATCH_CALL}
-    waiting = {
-        r: line_of_the_worker(stack)
-        for r, stack in err.stacks.items()
-        if not any(" gave " in line for line in logs[r])
-    }
-    assert waiting and set(waiting.values()) <= in_the_collective, (
-        f"the ranks without a sum wait elsewhere: {waiting}"
-    )
-    return "hung"

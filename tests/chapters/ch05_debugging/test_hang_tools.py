@@ -65,10 +65,6 @@ def test_py_spy_names_where_each_rank_waits(hung):
     assert_found_the_hang(hang_tools.py_spy_waits(dumps, WORKER), "py-spy")
 
 
-def test_the_workbench_stacks_agree(hung):
-    assert_found_the_hang(hang_tools.workbench_waits(hang_tools.workbench_stacks(hung), WORKER), "workbench")
-
-
 def test_flight_recorder_names_the_rank_missing_from_the_all_reduce(hung):
     if not hang_tools.flight_recorder_dumps_gloo():
         assert not hang_tools.fr_trace_available(), "torch 2.7 ships no fr_trace module either"
@@ -84,35 +80,16 @@ def test_flight_recorder_names_the_rank_missing_from_the_all_reduce(hung):
     assert named == ["0"], "the default group's ranks are filed under its name"
     report = hang_tools.run_fr_trace(hung.run_dir / "fr-named")
     assert report.returncode == 0, report.stdout[-2000:]
-    assert hang_tools.fr_trace_finding(report.stdout) == hang_tools.FrFinding(
-        "gloo:all_reduce", frozenset({1})
-    ), report.stdout[-2000:]
+    finding = hang_tools.fr_trace_finding(report.stdout)
+    assert finding == ("gloo:all_reduce", frozenset({1})), report.stdout[-2000:]
 
 
 def test_the_debug_server_stacks_page_names_where_each_rank_waits(hung):
-    if not hang_tools.debug_server_available():
-        import torch.distributed
-
-        assert not hasattr(torch.distributed, "debug"), "torch 2.7 has no torch.distributed.debug"
-        pytest.skip("torch.distributed.debug.start_debug_server is torch 2.14's (this torch has none)")
     missing = hang_tools.missing_for_debug_server()
     if missing:
         pytest.skip(f"the debug server needs {', '.join(missing)} (pip install {' '.join(missing)})")
     stacks = hang_tools.debug_server_stacks(hang_tools.debug_server_page(hung))
     assert_found_the_hang(hang_tools.faulthandler_waits(stacks, WORKER), "debug server")
-
-
-def test_a_plain_job_carries_no_tools_and_leaves_nothing_running(tmp_path):
-    with hang_tools.planted_hang(WORKER, 2, tmp_path / "plain", with_tools=False) as job:
-        commands = {rank: " ".join(psutil.Process(pid).cmdline()) for rank, pid in job.pids.items()}
-        assert all("with_tools.py" not in command for command in commands.values()), commands
-        assert job.debug_port is None
-        waits = hang_tools.workbench_waits(hang_tools.workbench_stacks(job), WORKER)
-        assert waits[1].own_line == SLEEPING and waits[0] == hang_tools.Wait("all_reduce", COLLECTIVE), waits
-        processes = [psutil.Process(job.proc.pid), *psutil.Process(job.proc.pid).children(recursive=True)]
-    assert not hang_tools.still_running(job.pids)
-    _, alive = psutil.wait_procs(processes, timeout=10)
-    assert not alive, f"still running after the block: {alive}"
 
 
 # ---- the parsers, on fixed text --------------------------------------------------------------------
@@ -151,7 +128,7 @@ def test_py_spy_waits_reads_a_dump_in_colour():
 
 def test_fr_trace_finding_reads_the_collective_and_the_missing_ranks():
     report = "Not all ranks joining collective, sequence number: 1\ncollective: gloo:all_reduce\nmissing ranks: {1, 3}\n"
-    assert hang_tools.fr_trace_finding(report) == hang_tools.FrFinding("gloo:all_reduce", frozenset({1, 3}))
+    assert hang_tools.fr_trace_finding(report) == ("gloo:all_reduce", frozenset({1, 3}))
     assert hang_tools.fr_trace_finding("no mismatch found\n") is None
 
 

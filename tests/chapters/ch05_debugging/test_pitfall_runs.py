@@ -44,13 +44,3 @@ def test_a_hang_is_returned_with_where_each_rank_waits(runs):
 def test_a_pitfall_that_ends_well_fails_the_check(runs):
     with pytest.raises(AssertionError, match="'crash' pitfall ran to the end"):
         runs.expect_failure("crash", "--fix")
-
-
-def test_the_mismatch_check_resolves_an_auto_backend_as_the_launch_does(monkeypatch):
-    import ddp_helpers.chapters.ch05_debugging.ch05_pitfall_runs as pitfall_runs
-
-    monkeypatch.setattr(pitfall_runs, "visible_gpus", lambda: 2)
-    assert PitfallRuns.runs_on_nccl("auto") and PitfallRuns.runs_on_nccl("nccl")
-    assert not PitfallRuns.runs_on_nccl("gloo")
-    monkeypatch.setattr(pitfall_runs, "visible_gpus", lambda: 0)
-    assert not PitfallRuns.runs_on_nccl("auto")
