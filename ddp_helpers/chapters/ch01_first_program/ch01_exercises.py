@@ -59,14 +59,12 @@ def _first_of_each_node(name: str) -> Any:
 def sampler_order(
     size: int, world: int, rank: int, epoch: int, seed: int = 0, *, shuffle: bool = True
 ) -> list[int]:
-    """DistributedSampler's indices for `rank`: seeded with seed + epoch, padded, every world-th from `rank`."""
-    import torch
+    """The indices DistributedSampler deals `rank` in `epoch` (after set_epoch)."""
+    from torch.utils.data import DistributedSampler
 
-    generator = torch.Generator().manual_seed(seed + epoch)
-    order = torch.randperm(size, generator=generator).tolist() if shuffle else list(range(size))
-    total = -(-size // world) * world
-    order += order[: total - size]
-    return order[rank:total:world]
+    sampler = DistributedSampler(range(size), world, rank, shuffle=shuffle, seed=seed)  # type: ignore[arg-type, var-annotated]
+    sampler.set_epoch(epoch)
+    return list(sampler)
 
 
 def recording_print(printed: list[str]) -> Callable[..., None]:

@@ -37,18 +37,6 @@ def first_drawn(text: str) -> list[list[int]]:
     return [[int(i) for i in m.split(",")] for m in re.findall(r"drew samples \[([0-9, ]+)\] first", text)]
 
 
-def sampler_firsts(size: int, world: int, epochs: int, count: int = 4, rank: int = 0) -> list[list[int]]:
-    """The first `count` indices DistributedSampler deals `rank` in each epoch (seed 0), computed here."""
-    from torch.utils.data.distributed import DistributedSampler
-
-    firsts = []
-    for epoch in range(epochs):
-        sampler: DistributedSampler[int] = DistributedSampler(range(size), num_replicas=world, rank=rank)  # type: ignore[arg-type]
-        sampler.set_epoch(epoch)
-        firsts.append(list(sampler)[:count])
-    return firsts
-
-
 def accuracy(weights_file: str, script: Path) -> float:
     """The saved model's accuracy on the scripts' dataset, scored here on the CPU."""
     import torch

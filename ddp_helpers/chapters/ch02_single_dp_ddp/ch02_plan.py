@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -33,28 +32,8 @@ THROUGHPUT_SIZES = {
 SMOKE_SIZES = {"cpu": {**THROUGHPUT_SIZES["cpu"], "model": "mlp"}, "cuda": THROUGHPUT_SIZES["cuda"]}
 
 
-@dataclass(frozen=True)
-class ThroughputPlan:
-    device: str  # every run's device kind
-    line: str  # one sentence that says where the runs go, and why
-    single: RunPlan
-    dp: RunPlan
-    ddp: RunPlan
-    sweep: dict[int, RunPlan]  # processes -> run; 1 and nproc are the single and DDP runs
-    sizes: dict[str, Any]  # model, image_size, num_samples, batch_size
-
-    def runs(self) -> list[RunPlan]:
-        return [self.single, self.dp, self.ddp, *self.sweep.values()]
-
-
-def sweep_points(nproc: int) -> list[int]:
-    """1, 2, 4, ... up to nproc, and nproc itself."""
-    return sorted({n for n in (1, 2, 4, 8, 16, 32) if n <= nproc} | {nproc})
-
-
-def throughput_plan(gpus: int, nproc: int, smoke: bool = False) -> ThroughputPlan:
-    if gpus < 0 or nproc < 1:
-        raise ValueError(f"expected gpus >= 0 and nproc >= 1, got gpus={gpus}, nproc={nproc}")
+def plan(machine: Machine, smoke: bool) -> NotebookPlan:
+    gpus, nproc = machine.gpus, machine.nproc
     if gpus >= nproc:  # one GPU per rank: NCCL, and DataParallel over the same GPUs
         device, backend, env, dp_devices = "cuda", "auto", {}, nproc
         dp_env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(nproc)))} if gpus > nproc else {}
@@ -73,44 +52,25 @@ def throughput_plan(gpus: int, nproc: int, smoke: bool = False) -> ThroughputPla
     def run(n: int) -> RunPlan:
         return RunPlan(n, backend, device, n, dict(env))
 
-    return ThroughputPlan(
-        device=device,
-        line=line,
-        single=run(1),
-        dp=RunPlan(1, backend, device, dp_devices, dict(dp_env)),
-        ddp=run(nproc),
-        sweep={n: run(n) for n in sweep_points(nproc)},
-        sizes=by_kind(device, SMOKE_SIZES if smoke else THROUGHPUT_SIZES),
-    )
-
-
-# ------------------------------------------------------------------ the notebook's plan
-
-
-def plan(machine: Machine, smoke: bool) -> NotebookPlan:
-    throughput = throughput_plan(machine.gpus, machine.nproc, smoke)
-    runs: dict[str, RunPlan] = {
-        "single": throughput.single,
-        "dataparallel": throughput.dp,
-        "ddp": throughput.ddp,
-    }
-    runs |= {f"sweep-{n}": run for n, run in throughput.sweep.items()}
+    dp = RunPlan(1, backend, device, dp_devices, dict(dp_env))
+    runs: dict[str, RunPlan] = {"single": run(1), "dataparallel": dp, "ddp": run(nproc)}
+    sweep = sorted({n for n in (1, 2, 4, 8, 16, 32) if n <= nproc} | {nproc})  # 1, 2, 4, ... and nproc
+    runs |= {f"sweep-{n}": run(n) for n in sweep}
     compared: tuple[tuple[str, ...], ...] = (tuple(runs),)
-    world = max(machine.nproc, 2)  # a straggler, an average over ranks: a second rank at least
+    world = max(nproc, 2)  # a straggler, an average over ranks: a second rank at least
     demo = placement(machine, world)
     runs |= {"demo": demo, "exercise": demo}
     compared += (("demo",),)  # section 5: DDP against one process at the global batch, on rank 0
-    line = throughput.line
-    if world != machine.nproc or demo.device != throughput.device:
+    if world != nproc or demo.device != device:
         line += f" The demos on live ranks need two at least: {placement_line(machine, demo)}"
     return NotebookPlan(
         notebook="02",
         machine=machine,
-        device=throughput.device,
+        device=device,
         line=line,
         runs=runs,
         compared=compared,
-        sizes=throughput.sizes,
+        sizes=by_kind(device, SMOKE_SIZES if smoke else THROUGHPUT_SIZES),
     )
 
 

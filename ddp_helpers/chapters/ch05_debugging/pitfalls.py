@@ -24,32 +24,13 @@ WARMUP_STEPS = 5  # steps left out of a timing: the first ones set up buckets an
 TIMED_STEPS = 50  # steps timed: enough to average out the scheduler's noise on a busy CPU
 
 # -----------------------------------------------------------------------------
-# measuring: a clock that waits for the GPU, and the all-reduces one step issues
+# measuring: a clock that waits for the GPU
 
 
 def synchronize(device: torch.device) -> None:
     """Wait for the GPU's queued work (a no-op on the CPU), so that a clock read measures it."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def all_reduces_per_step(model: DDP, optimizer: torch.optim.Optimizer, x: torch.Tensor) -> dict[str, int]:
-    """All-reduces that one training step issues, counted by the profiler: outside Join, then inside it."""
-
-    def count_one_step() -> int:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            optimizer.zero_grad(set_to_none=True)
-            model(x).sum().backward()
-        optimizer.zero_grad(set_to_none=True)  # a measurement, not a training step
-        # c10d::allreduce_ is the dispatcher op every all_reduce goes through, recorded on the calling
-        # thread as it is issued. The backend's own range (gloo:all_reduce) ends on gloo's thread, and
-        # can end after the profiler has stopped: DDP waits on the bucket's future, which completes first.
-        return sum(event.name == "c10d::allreduce_" for event in prof.events())
-
-    counts = {"without Join": count_one_step()}
-    with Join([model]):  # every rank is here, so nobody joins early: only the step's own cost is counted
-        counts["inside Join"] = count_one_step()
-    return counts
 
 
 # -----------------------------------------------------------------------------
@@ -286,10 +267,9 @@ def uneven(rank: int, world: int, device: torch.device, fix: bool) -> None:
             optimizer.step()
 
     if fix:
-        join_cost = all_reduces_per_step(model, optimizer, data[0])
         with Join([model]):  # finished ranks shadow the others' collectives until all are done
             train()
-        report(rank, world, all_reduces_per_step=join_cost, grad_over_local=scaled)
+        report(rank, world, grad_over_local=scaled)
     else:
         train()
     # .item() waits for the GPU: on NCCL the collectives run asynchronously, and only this line
