@@ -83,7 +83,6 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 class HungJob:
     """A torchrun job of the pitfalls worker whose ranks hang, and what the tools need of it."""
 
-    worker: Path
     world: int
     run_dir: Path
     proc: subprocess.Popen[bytes]
@@ -123,6 +122,8 @@ def planted_hang(
     worker: str | os.PathLike[str],
     world: int,
     run_dir: str | os.PathLike[str] | None = None,
+    *,
+    with_tools: bool = True,
 ) -> Iterator[HungJob]:
     """Run the pitfalls worker's hang case under plain torchrun on gloo; yield once every rank hangs.
 
@@ -143,11 +144,11 @@ def planted_hang(
         # old name, TORCH_NCCL_TRACE_BUFFER_SIZE (torch 2.7: NCCL only, off by default), warns there
         "TORCH_FR_BUFFER_SIZE": "2000",
     }
-    port = None if missing_for_debug_server() else free_port()
+    port = None if missing_for_debug_server() or not with_tools else free_port()
     if port is not None:
         ranks_env["DEBUG_SERVER_PORT"] = str(port)
     (run_dir / "with_tools.py").write_text(WITH_TOOLS)
-    script = [str(run_dir / "with_tools.py"), str(worker)]
+    script = [str(run_dir / "with_tools.py"), str(worker)] if with_tools else [str(worker)]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}"]
     logs = [f"--log-dir={run_dir / run_contract.LOGS_DIR}", "--redirects=3"]  # each rank's own files
     command = [*torchrun, *logs, *script, "--case", "hang", "--pg-timeout", "600"]
@@ -159,7 +160,7 @@ def planted_hang(
     stop = functools.partial(_stop, tree, proc)  # this job's own: unregistered by identity
     atexit.register(stop)
     try:
-        job = HungJob(Path(worker), world, run_dir, proc, debug_port=port)
+        job = HungJob(world, run_dir, proc, debug_port=port)
         _wait_until_hung(job, tree, startup_s=120.0)
         yield job
     finally:
@@ -244,14 +245,6 @@ def py_spy() -> str | None:
     return str(beside) if beside.exists() else shutil.which("py-spy")
 
 
-def ptrace_scope() -> str:
-    """Linux's Yama ptrace_scope (py-spy attaches with ptrace); "" where Yama is off."""
-    try:
-        return Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip()
-    except OSError:
-        return ""
-
-
 def py_spy_dumps(job: HungJob) -> dict[int, str]:
     """``py-spy dump --pid PID`` on each rank, by rank (in a container it needs SYS_PTRACE)."""
     command = py_spy()
@@ -300,8 +293,6 @@ def _wait(frames: list[tuple[str, str, int]], worker: Path) -> Wait:
 
 def dump_flight_recorder(job: HungJob, wait_s: float = 20.0) -> dict[int, Path]:
     """Signal every rank to write its Flight Recorder record; each rank's file once written."""
-    if not flight_recorder_dumps_gloo():
-        raise RuntimeError("this torch has no _dump_fr_trace: its Flight Recorder records NCCL only")
     files = {rank: job.fr_dir / f"{FR_PREFIX}{rank}" for rank in job.pids}
     for pid in job.pids.values():
         os.kill(pid, signal.SIGRTMIN + FR_SIGNAL_OFFSET)
@@ -364,8 +355,6 @@ def fr_trace_finding(report: str) -> tuple[str, frozenset[int]] | None:
 
 def debug_server_page(job: HungJob, path: str = "/stacks", wait_s: float = 30.0) -> str:
     """A page of the debug server (rank 0 serves it on `job.debug_port`), as text; waits for it to come up."""
-    if job.debug_port is None:
-        raise RuntimeError("no debug server in this job: torch 2.14 and its dependencies needed")
     url = f"http://localhost:{job.debug_port}{path}"
     deadline = time.monotonic() + wait_s
     while True:

@@ -92,6 +92,17 @@ def test_the_debug_server_stacks_page_names_where_each_rank_waits(hung):
     assert_found_the_hang(hang_tools.faulthandler_waits(stacks, WORKER), "debug server")
 
 
+def test_a_plain_job_carries_no_tools_and_leaves_nothing_running(tmp_path):
+    with hang_tools.planted_hang(WORKER, 2, tmp_path / "plain", with_tools=False) as job:
+        commands = {rank: " ".join(psutil.Process(pid).cmdline()) for rank, pid in job.pids.items()}
+        assert all("with_tools.py" not in command for command in commands.values()), commands
+        assert job.debug_port is None
+        processes = [psutil.Process(job.proc.pid), *psutil.Process(job.proc.pid).children(recursive=True)]
+    assert not hang_tools.still_running(job.pids)
+    _, alive = psutil.wait_procs(processes, timeout=10)
+    assert not alive, f"still running after the block: {alive}"
+
+
 # ---- the parsers, on fixed text --------------------------------------------------------------------
 
 PY_SPY = """Process 11: python -u with_tools.py pitfalls.py --case hang
