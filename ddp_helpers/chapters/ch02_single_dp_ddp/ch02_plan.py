@@ -95,11 +95,6 @@ LR_BATCH = 32  # per process
 LR_EPOCHS = 2
 
 
-def timed_steps(smoke: bool) -> int:
-    """The steps every throughput run times, after WARMUP_STEPS."""
-    return TIMED_STEPS[smoke]
-
-
 def throughput_args(sizes: Mapping[str, Any], smoke: bool) -> list[str]:
     """The worker's arguments shared by every throughput run (the mode and the batch are the caller's)."""
     args: list[Any] = ["--model", sizes["model"], "--image-size", sizes["image_size"]]

@@ -36,14 +36,9 @@ OVERFLOW_STEPS = (1, 2, 4)  # fp16 speed runs: rank 1's gradients made inf here,
 OVERFLOW_RANK = 1
 
 
-def speed_sizes(device: str) -> dict[str, Any]:
-    """The speed runs' sizes on `device` ("cpu" or "cuda"); smoke mode shortens steps, not sizes."""
-    return by_kind(device, SPEED_SIZES)
-
-
 def speed_args(device: str, smoke: bool) -> list[str]:
     """The worker's arguments for a speed run on `device` (the precision, `--amp`, is the caller's)."""
-    sizes = {**speed_sizes(device), **LENGTHS[smoke]}
+    sizes = {**by_kind(device, SPEED_SIZES), **LENGTHS[smoke]}
     args: list[Any] = ["--model", sizes["model"], "--image-size", sizes["image_size"]]
     args += ["--batch-size", sizes["batch_size"], "--steps", sizes["steps"], "--warmup-steps", WARMUP_STEPS]
     args += ["--log-every", LOG_EVERY, "--lr", SPEED_LR, "--max-grad-norm", MAX_GRAD_NORM]
@@ -76,5 +71,5 @@ def plan(machine: Machine, smoke: bool) -> NotebookPlan:
         line=line,
         runs={"speed": ranks, "converge": ranks, "overflow": demo, "exercise": demo},
         compared=(("speed",), ("converge",)),
-        sizes={**speed_sizes(ranks.device), **LENGTHS[smoke], "overflow_steps": OVERFLOW_STEPS},
+        sizes={**by_kind(ranks.device, SPEED_SIZES), **LENGTHS[smoke], "overflow_steps": OVERFLOW_STEPS},
     )

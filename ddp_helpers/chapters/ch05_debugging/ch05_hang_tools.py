@@ -33,6 +33,7 @@ from ddp_helpers.kernel.launcher.process_tree import ProcessTree
 FR_SIGNAL_OFFSET = 7  # with_tools.py's signal: SIGRTMIN + 7 (the workbench's stack dumps use + 6)
 FR_PREFIX = "fr_rank_"  # each rank's Flight Recorder file: fr_rank_<rank>, as fr_trace's --prefix
 DEBUG_SERVER = "torch.distributed.debug"
+FR_MODULE = "torch.distributed.flight_recorder"  # torch 2.14's; its fr_trace reads the records
 
 # The lines a training script carries for the tools (above `runpy`); the rest runs the script.
 WITH_TOOLS = '''\
@@ -233,7 +234,7 @@ def flight_recorder_dumps_gloo() -> bool:
 
 def fr_trace_available() -> bool:
     """The analyser ships with torch 2.14 (``python -m torch.distributed.flight_recorder.fr_trace``)."""
-    return importlib.util.find_spec("torch.distributed.flight_recorder") is not None
+    return importlib.util.find_spec(FR_MODULE) is not None
 
 
 # ---- py-spy ---------------------------------------------------------------------------------------
@@ -325,14 +326,7 @@ def name_gloo_groups(fr_dir: Path, out_dir: Path) -> list[str]:
 
 def run_fr_trace(fr_dir: Path) -> subprocess.CompletedProcess[str]:
     """``python -m torch.distributed.flight_recorder.fr_trace DIR --prefix fr_rank_``, as a learner runs it."""
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.flight_recorder.fr_trace",
-        str(fr_dir),
-        "--prefix",
-        FR_PREFIX,
-    ]
+    command = [sys.executable, "-m", f"{FR_MODULE}.fr_trace", str(fr_dir), "--prefix", FR_PREFIX]
     # its report goes to its logger, on stderr: one stream, as a terminal shows it
     return subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
 

@@ -50,10 +50,10 @@ def test_every_throughput_run_times_the_same_steps_after_its_warmup_and_smoke_sh
             sizes = by_kind[kind, smoke]
             args = nb02.throughput_args(sizes, smoke)
             steps, warmup = (int(option(args, flag)[0]) for flag in ("--steps", "--warmup-steps"))
-            assert steps - warmup == nb02.timed_steps(smoke), args
+            assert steps - warmup == nb02.TIMED_STEPS[smoke], args
             assert option(args, "--model") == [sizes["model"]], args
             assert "--batch-size" not in args and "--mode" not in args, args  # the caller's
-    assert nb02.timed_steps(True) < nb02.timed_steps(False)
+    assert nb02.TIMED_STEPS[True] < nb02.TIMED_STEPS[False]
 
 
 def test_the_equality_and_learning_rate_runs_use_the_mlp():
