@@ -171,13 +171,8 @@ def planted_hang(
 
 def _stop(tree: ProcessTree, proc: subprocess.Popen[bytes]) -> None:
     """Every process of the job: SIGTERM, then SIGKILL after 2 s; torchrun's agent reaped."""
-    tree.refresh()
-    tree.terminate(grace_s=2.0)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    tree.terminate(grace_s=2.0)  # it looks for new descendants first
+    proc.wait(timeout=10)
 
 
 def still_running(pids: Mapping[int, int]) -> dict[int, int]:
@@ -251,14 +246,10 @@ def py_spy_dumps(job: HungJob) -> dict[int, str]:
     command = py_spy()
     if command is None:
         raise FileNotFoundError("py-spy is not installed: pip install py-spy")
-    # plain text: a notebook's kernel may ask for colours (CLICOLOR_FORCE), and py-spy obliges
-    env = {k: v for k, v in os.environ.items() if k not in ("CLICOLOR_FORCE", "FORCE_COLOR")} | {
-        "NO_COLOR": "1"
-    }
     dumps = {}
     for rank, pid in job.pids.items():
         done = subprocess.run(
-            [command, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60, env=env
+            [command, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60
         )
         dumps[rank] = done.stdout if done.returncode == 0 else f"py-spy failed: {done.stderr.strip()}"
     return dumps
