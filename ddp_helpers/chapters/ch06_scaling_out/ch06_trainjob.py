@@ -1,26 +1,6 @@
 """The Kubeflow Trainer v2 ``TrainJob`` for a notebook's worker (see `trainjob_manifest`).
 
-Kubeflow Trainer v2 (``trainer.kubeflow.org/v1alpha1``, v2.2.0 and later) replaces the v1 training
-operator's framework CRDs (such as ``PyTorchJob``). A ``TrainJob`` names a runtime, here the
-``torch-distributed`` ClusterTrainingRuntime that the Trainer installs, and sets only what differs for this
-job. Who owns what, as the Trainer's source has it (kubeflow/trainer v2.2.0):
-
-- the runtime owns the JobSet: one replicated job and one container, both named ``node``
-  (``constants.Node``); the torch ML policy; the ``PET_*`` variables torchrun reads (``PET_NNODES``,
-  ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR``, ``PET_MASTER_PORT``), which the torch
-  plugin sets and the admission webhook refuses in the job (``TorchRunReservedEnvNames``); and the
-  JobSet's failure policy (how often the pods are recreated), which a job's ``runtimePatches`` cannot reach;
-- the job sets ``spec.trainer``: the image, the command, its environment, ``numNodes``,
-  ``numProcPerNode`` and ``resourcesPerNode``; and, through ``spec.runtimePatches``, the pods' volumes,
-  the ``node`` container's mounts and the pods' security context.
-
-What v1 did and v2 does not: an elastic node range. The v1 ``elasticPolicy`` (``minReplicas`` to
-``maxReplicas``) has no counterpart: ``numNodes`` is one number, and the torch plugin says so itself
-(``// TODO (andreyvelich): Add support for PyTorch elastic when JobSet supports Elastic Jobs.``,
-pkg/runtime/framework/plugins/torch/torch.go). Restarts stay torchrun's, as with v1's ``maxRestarts``:
-the command runs torchrun with ``--max-restarts`` over a c10d rendezvous at the runtime's master address,
-so every node's agent restarts its workers together, and ``train.py --resume`` goes on from the newest
-checkpoint on the shared volume.
+The ``torch-distributed`` runtime owns the JobSet and the ``PET_*`` variables; the job sets the trainer and patches.
 """
 
 from __future__ import annotations
@@ -108,15 +88,7 @@ def trainjob_manifest(
     storage_class: str | None = None,
     runtime: str = RUNTIME,
 ) -> str:
-    """A shared volume's claim and a Kubeflow Trainer v2 ``TrainJob`` on the `runtime` ClusterTrainingRuntime:
-    `nnodes` pods of `nproc_per_node` ranks each, running `worker` under torchrun. Two YAML documents:
-    ``kubectl apply -f`` creates both.
-
-    `image` must hold this package (docker/Dockerfile builds one; the runtime's stock image has no
-    ddp_helpers). A relative `worker` is taken from the image's copy of the repository. What the job writes
-    goes to the ReadWriteMany claim ``<name>-shared``, mounted at `SHARED_MOUNT` in every pod: the runs
-    (``DDP_RUN_DIR``) and `checkpoint_dir`, which must lie there (after a restart, rank 0 may be another pod).
-    """
+    """A shared ReadWriteMany claim and a ``TrainJob`` of `nnodes` pods running `worker` under torchrun (`image` holds ddp_helpers)."""
     check_job_shape(nnodes, nproc_per_node, cpus_per_rank)
     check_shared(checkpoint_dir)
     if max_restarts < 0:
@@ -219,8 +191,7 @@ def _trainer(
 
 
 def _resources(nproc_per_node: int, cpus_per_rank: int, gpus: int) -> dict[str, Any]:
-    """Each node's pod: a CPU budget for its ranks and their loaders, and its GPUs (the torch plugin reads
-    this too: with GPUs and numProcPerNode "auto", one rank per GPU)."""
+    """Each node's pod: a CPU budget for its ranks and their loaders, and its GPUs."""
     limits: dict[str, Any] = {"cpu": nproc_per_node * cpus_per_rank}
     if gpus:
         limits["nvidia.com/gpu"] = gpus
@@ -228,8 +199,7 @@ def _resources(nproc_per_node: int, cpus_per_rank: int, gpus: int) -> dict[str, 
 
 
 def _pod_patch(claim: str) -> dict[str, Any]:
-    """The runtime patch: the pods run as the image's user with the shared claim and two emptyDirs, which the
-    ``node`` container mounts. (A ContainerPatch cannot set ``env`` on ``node``: that goes in spec.trainer.)"""
+    """The runtime patch: the image's user, the shared claim and two emptyDirs (``env`` goes in spec.trainer)."""
     pod_spec = {
         # the image's user (docker/Dockerfile), and its group owns the mounted volumes
         "securityContext": {

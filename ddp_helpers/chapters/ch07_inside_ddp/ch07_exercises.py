@@ -184,6 +184,7 @@ WAITED = (
     "dist.all_reduce(..., async_op=True) chained with .then(...)"
 )
 
+
 def _hook_setup(ctx: Context) -> dict[str, Any]:
     import functools
     import os

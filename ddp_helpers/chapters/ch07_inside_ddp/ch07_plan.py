@@ -1,11 +1,6 @@
 """Notebook 07: the hand-made DDPs against torch's, and the experiments inside DDP, on one set of ranks.
 
-Every section compares configurations on the same ranks (an all-reduce over one rank has nothing to
-average, so at least two): NCCL where each has a GPU of its own, else gloo on the CPU, with the GPUs
-hidden. The model's sizes go by device kind: on GPUs a ResNet-50 at ImageNet's size, whose backward is
-long enough to hide the all-reduces; on the CPU a deep MLP whose layers fill DDP's buckets.
-The lesson (notebooks/07_inside_ddp.ipynb) and its companion (notebooks/deeper/07_*.ipynb) read every
-size and run length from here: `plan.sizes`, `handmade_args` and `inside_args`.
+At least two ranks; on GPUs a ResNet-50, on the CPU a deep MLP whose layers fill DDP's buckets.
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
-"""Look inside torch's DDP: where the time goes, bucket sizes, no_sync(), comm hooks, DDP's options.
+"""Look inside torch's DDP: profiled steps, bucket sizes, all-reduce times, no_sync(), comm hooks, DDP's options.
 
-    torchrun --nproc-per-node 2 inside_ddp.py --experiments profile,buckets,allreduce,no_sync,hooks,options
-
-Each experiment writes its results under its own name in <run-dir>/summary.json (rank 0):
-  profile   a few DDP steps under torch.profiler: one Chrome/Perfetto trace per rank, <run-dir>/traces/,
-            and the same steps with all gradients in one bucket (sent when backward is done), traces_one_bucket/
-  buckets   the median step time for each --bucket-caps value, and the buckets DDP reduced
-  allreduce the time of one all-reduce (of --iters back to back) for each --allreduce-bytes: t(n) = alpha + n*beta
-  no_sync   gradient accumulation with and without no_sync(): all-reduces counted by the profiler,
-            step times, and whether the weights came out equal
-  hooks     register_comm_hook: none, fp16 and bf16 compression, and a hook that records each bucket
-  options   find_unused_parameters, static_graph, gradient_as_bucket_view: step time, and the bytes of
-            the distinct storages that hold gradients (.grad tensors and DDP's buckets)
-The model, data and timing are experiment_kit.py's, shared with handmade_ddp.py, so the numbers compare.
+torchrun --nproc-per-node 2 inside_ddp.py --experiments profile,buckets,allreduce,no_sync,hooks,options
 """
 
 import argparse
@@ -60,11 +48,7 @@ def storage_of(tensor: torch.Tensor) -> tuple[int, int]:
 
 
 def record_buckets_hook(log: list, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """The default all-reduce (average the bucket), plus a note of each bucket's size and time.
-
-    DDP calls this once per bucket, as soon as the bucket's gradients are ready, and waits for the
-    returned future before step(). On GPUs the time is until the all-reduce is queued on its stream.
-    """
+    """The default all-reduce (average the bucket), plus a note of each bucket's size and time."""
     start = time.perf_counter()
     buffer = bucket.buffer().div_(dist.get_world_size())
     future = dist.all_reduce(buffer, async_op=True).get_future()
@@ -175,12 +159,7 @@ def experiment_buckets(args: argparse.Namespace, info: DistInfo, batches: Batche
 
 
 def experiment_allreduce(args: argparse.Namespace, info: DistInfo, batches: Batches) -> dict:
-    """The time of one all-reduce of each size: --iters of them back to back after a barrier (so a late
-    peer is not counted), divided by --iters, in --repeats rounds over all sizes (a burst of load slows
-    every size alike, not one). Timed alone, on an idle 2-core virtual machine, the smallest sizes' medians
-    varied from 0.3 to 4 ms between runs and the line's R2 fell to 0.83 (the notebook asks 0.9); with three
-    back to back, six runs gave 0.992 to 0.998. Per size, the median over the rounds of the slowest rank's
-    time."""
+    """One all-reduce's time per size: --iters back to back, --repeats rounds, median of the slowest rank."""
     buffers = [torch.ones(n_bytes // 4, device=info.device) for n_bytes in args.allreduce_bytes]  # float32
     times = torch.zeros(args.repeats, len(buffers), dtype=torch.float64)
     for repeat in range(-1, args.repeats):  # round -1 warms gloo up for every size, untimed
@@ -280,9 +259,7 @@ OPTIONS = {
 
 
 def gradient_memory(args: argparse.Namespace, info: DistInfo, batches: Batches, options: dict) -> dict:
-    """Bytes of the distinct memory blocks that hold gradients at the end of a backward: the .grad
-    tensors' and DDP's buckets' (seen by our hook), each block counted once. Measured on a second
-    step: DDP rebuilds its buckets at the start of it, and .grad become bucket views only after it."""
+    """Bytes of the distinct blocks holding gradients (.grad and buckets), on a second step."""
     model = make_ddp(args, info, args.bucket_cap_mb, **options)
     log: list[dict] = []
     model.register_comm_hook(log, record_buckets_hook)

@@ -1,9 +1,5 @@
-"""fsdp.py's --part save and --part resume: distributed checkpoints (DCP) of a sharded model.
-
-`part_save` writes on N ranks, synchronously and in the background; `part_resume` loads on M ranks (DCP
-reshards); `load_ddp_checkpoint` loads a plain DDP job's checkpoint (train.py's) into a sharded model.
-The model and the training steps are fsdp_model.py's.
-"""
+"""fsdp.py's --part save and --part resume: distributed checkpoints (DCP) of a sharded model, and a DDP checkpoint
+loaded into one."""
 
 import argparse
 import time
@@ -37,8 +33,7 @@ def shard_shapes(model: nn.Module) -> dict:
 
 
 def compare_with_full(model: nn.Module, full: dict) -> dict:
-    """This rank's shard of each parameter against its rows of the saved full tensor (FSDP2 deals
-    dim 0 out as torch.chunk does: a rank past the last chunk holds no rows)."""
+    """This rank's shard of each parameter against its rows of the saved full tensor (dealt as torch.chunk)."""
     world_size, rank = dist.get_world_size(), dist.get_rank()
     max_diff, elements = 0.0, 0
     for name, param in model.named_parameters():
@@ -53,9 +48,7 @@ def compare_with_full(model: nn.Module, full: dict) -> dict:
 
 
 class AppState:
-    """The DCP tutorial's checkpoint object: model and optimizer, as DCP's `Stateful` (a Protocol: these
-    two methods make it one). dcp.save calls state_dict(); dcp.load fills what state_dict() returned,
-    in place, then hands it to load_state_dict()."""
+    """Model and optimizer as DCP's `Stateful`, as the DCP tutorial writes it."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.model, self.optimizer = model, optimizer
@@ -106,8 +99,7 @@ def async_saves(
     device: torch.device,
     steps: range,
 ) -> tuple[list[float], dict]:
-    """Train `steps`, each begun with an async_save of the state it starts from (to
-    <checkpoint-dir>-async/step<N>), one save in flight at a time."""
+    """Train `steps`, each begun with an async_save of its starting state, one save in flight at a time."""
     # async_save copies the state to CPU memory, returns, and writes from a background thread while
     # training goes on. That thread runs collectives of its own (the plan and the metadata): on the
     # training's group they would interleave with the training's collectives, which a collective
@@ -177,11 +169,7 @@ def train_py_mlp(features: int, hidden: int, classes: int) -> nn.Sequential:
 
 
 def load_ddp_checkpoint(args: argparse.Namespace, mesh: DeviceMesh, device: torch.device) -> dict:
-    """A DDP job's checkpoint (train.py: rank 0 saved the plain model's full state_dict) into FSDP2.
-
-    Only rank 0 reads the file: the others would each hold the whole model in memory for a moment,
-    which is what sharding is for avoiding. They get the sizes from rank 0, and their shards from
-    set_model_state_dict's broadcast_from_rank0 (StateDictOptions, in torch 2.7 and 2.14)."""
+    """A DDP job's checkpoint (train.py: rank 0 saved the plain model's full state_dict) into FSDP2."""
     rank = dist.get_rank()
     plain = (
         torch.load(args.ddp_checkpoint, map_location="cpu", weights_only=True)["model"] if rank == 0 else {}

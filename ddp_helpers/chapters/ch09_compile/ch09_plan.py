@@ -1,12 +1,4 @@
-"""Notebook 09: torch.compile with DDP, on live ranks, and its exercises' live ranks.
-
-Every section compares ranks with each other (the graphs each compiled, the weights each reached), so
-the live ranks are at least two: NCCL where each has a GPU of its own, else gloo on the CPU with the
-GPUs hidden. Each rank's experiments take batches of `per_rank_batch` samples, so a run's global
-batch is that times its world. The sizes are the same on every device kind. The lesson
-(notebooks/09_torch_compile_ddp.ipynb) and its companion (notebooks/deeper/09_compile_internals.ipynb)
-read every size from here: `plan.sizes`.
-"""
+"""Notebook 09: torch.compile with DDP on live ranks (at least two), and its exercises' live ranks."""
 
 from __future__ import annotations
 

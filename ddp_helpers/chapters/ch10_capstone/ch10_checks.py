@@ -369,8 +369,7 @@ def check_training(
 
 
 def _overflow_stepped(w: World, run: Run, seen: Seen) -> Sign:
-    """Under fp16 the step with an inf gradient was taken: by an optimizer.step() beside scaler.step, or with
-    no scaler.step at all."""
+    """Under fp16 the overflow step was taken: optimizer.step() beside scaler.step, or no scaler.step."""
     through_scaler = all((r or {}).get("scaler_steps", 0) for r in run.records)
     overflow = f"with --amp fp16 the step with an inf gradient (step {POISON_STEP}) was taken"
     return Sign(
@@ -388,8 +387,7 @@ def _overflow_stepped(w: World, run: Run, seen: Seen) -> Sign:
 
 
 def _disabled(w: World, run: Run, scalers: list[list[dict[str, Any]]]) -> Sign:
-    """A GradScaler built disabled under fp16: for another device (GradScaler() means "cuda", off without
-    CUDA), or with enabled=False."""
+    """A GradScaler built disabled under fp16: for another device, or with enabled=False."""
     ranks_on = (run.records[0] or {}).get("device") or "cpu"
     elsewhere = sorted({s["device"] for rank in scalers for s in rank} - {ranks_on, ""})
     if elsewhere:
@@ -450,8 +448,7 @@ def check_autocast(w: World, run: Run) -> None:
 
 
 def _no_loss_scale(w: World, seen: Seen, expected: Seen, scalers: list[list[dict[str, Any]]]) -> None:
-    """Only fp16 is held to the loss scale. A GradScaler under bf16 (or none) scales and unscales by a power of
-    two and never sees an overflow (bf16 has float32's range): the weights are the same, and it gets a note."""
+    """Only fp16 is held to the loss scale."""
     for row in (*seen, *expected):
         row.pop("loss scale")
     if any(s["enabled"] for rank in scalers for s in rank):
@@ -498,8 +495,7 @@ def check_resume_start(w: World, resumed: Run, batches: list[list[list[int]]]) -
 
 
 def _epochs_trained(forwards: list[dict[str, Any]], batches: list[list[int]]) -> dict[str, list[Any]]:
-    """Which batch of which epoch each forward took, as 'epoch E' -> [batch numbers from 1]; a batch that no
-    epoch deals is listed by its samples under 'batches no epoch deals'."""
+    """Which batch of which epoch each forward took: 'epoch E' -> [batch numbers from 1]."""
     where: dict[tuple[int, ...], tuple[int, int]] = {}
     for step, batch in enumerate(batches):
         where.setdefault(tuple(batch), (step // STEPS_PER_EPOCH, step % STEPS_PER_EPOCH + 1))
@@ -567,8 +563,7 @@ def _restored_then_reseeded(record: dict[str, Any] | None) -> tuple[bool, bool]:
 
 
 def _rng_rows(w: World, stopped: Run, resumed: Run) -> tuple[Seen, Seen]:
-    """Per rank, each generator's state at the resumed run's first mask in words, and what a right resume
-    leaves (as at the stop)."""
+    """Per rank, each generator's state at the resumed run's first mask, in words; and the right one."""
     after = [_first_forward(r).get("rng") or {} for r in resumed.records]
     fresh = [_first_forward(r).get("rng") or {} for r in stopped.records]
     at_stop = [r or {} for r in stopped.each("rng_exit")]
@@ -626,8 +621,6 @@ def check_rng(w: World, stopped: Run, resumed: Run) -> None:
 
 
 def _rng_fresh_signs(seen: Seen, how: list[tuple[bool, bool]]) -> list[Sign]:
-    """Every rank drew as a fresh start does: restored then reseeded, restored the start's state, or
-    restored nothing. `how`: per rank, (set_rng_state called, manual_seed after it)."""
     fresh = _which(seen, AS_FRESH)
     all_fresh = bool(seen) and all(v == AS_FRESH for row in seen for v in row.values())
     return [
@@ -655,8 +648,6 @@ def _rng_fresh_signs(seen: Seen, how: list[tuple[bool, bool]]) -> list[Sign]:
 
 
 def _rng_other_signs(w: World, seen: Seen, how: list[tuple[bool, bool]], no_generator: bool) -> list[Sign]:
-    """A loader without generator=, a state restored on some ranks only, rank 0's state on every rank, the
-    GPU's generator not restored, and, failing these, which rank's generator was not its own."""
     at_stop, fresh, rank0, neither = (_which(seen, s) for s in (AS_AT_STOP, AS_FRESH, AS_RANK0, NEITHER))
     return [
         Sign(
@@ -709,17 +700,13 @@ def _rng_other_signs(w: World, seen: Seen, how: list[tuple[bool, bool]], no_gene
 
 
 def check_exact(w: World, stopped: Run, resumed: Run, whole: Run, start: list[float]) -> None:
-    """The stopped and resumed run against the uninterrupted one: the same steps, the same weights after each.
-
-    Bit for bit at 1 or 2 ranks. At 3 or more, to float32's last bits: DDP's first iteration packs the
-    gradients into its bucket in parameter order, and later ones in the order backward produced them, so the
-    first step after a resume all-reduces each number in another position of the bucket, and with 3 or more
-    ranks the ring adds the ranks' shares in an order that depends on that position."""
+    """The stopped and resumed run against the uninterrupted one: the same steps, the same weights after each."""
 
     def final(run: Run) -> list[float] | None:
         model = (run.ckpt or {}).get("model") if isinstance(run.ckpt, dict) else None
         return _flat(model) if isinstance(model, dict) else None
 
+    # DDP's first step after a resume packs its bucket in another order: at 3+ ranks the ring's sums differ
     exact = w.world <= 2
     same = (
         "weights = the uninterrupted run's, bit for bit"

@@ -1,8 +1,4 @@
-"""The probe: a small script that runs the learner's script as __main__ on each rank, and records what it did.
-
-check_script writes PROBE next to the runs and launches it under torchrun with the script and its flags as
-arguments. It imports only torch and the standard library, like the scripts it runs.
-"""
+"""The probe: runs the learner's script as __main__ on each rank and records what it did (torch and stdlib only)."""
 
 PROBE = r'''"""Written by ddp_helpers.chapters.ch10_capstone.ch10_exercises: runs a script as __main__ on this rank and records
 what it does (samples, dropout masks and random state, each iter(loader)'s seed, weights after each step,

@@ -1,8 +1,6 @@
 """One world size: the three runs of the script (stopped, resumed, uninterrupted) and their checks, in order.
 
-Each stage launches one run, then judges it; the first check that fails raises `Failed` with the verdict, so
-a wrong script costs only the runs up to its mistake. The replay comes after the checks that need none (DDP,
-the order, the saves): its masks are the ones the run drew.
+The first failed check raises `Failed`, so a wrong script costs only the runs up to its mistake.
 """
 
 from __future__ import annotations
@@ -58,8 +56,7 @@ def check_world(
     say: Callable[[str], None],
     env: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """Run and judge `script` at `world` ranks with --amp `amp`; raises judge.Failed at the first failed check.
-    Returns the notes on a passing script (what it does that is harmless but unneeded)."""
+    """Run and judge `script` at `world` ranks (judge.Failed at the first failed check); a passing one's notes."""
     import torch
 
     folder.mkdir(parents=True, exist_ok=True)
