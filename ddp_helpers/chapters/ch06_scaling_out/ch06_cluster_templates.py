@@ -23,24 +23,17 @@ from ddp_helpers.chapters.ch06_scaling_out.ch06_trainjob import (
     worker_args_for,
 )
 
-# A port of the job's own for the rendezvous (MASTER_PORT without torchrun): a fixed one such as 29500
-# collides when two jobs share a node. 20000-29999 lies below Linux's ephemeral ports (32768-60999), so
-# no outgoing connection holds it; two jobs on one node collide only if their ids differ by a multiple of 10000.
+# the job's own rendezvous port: a fixed 29500 collides when two jobs share a node; 20000-29999 lies below
+# Linux's ephemeral ports, so no outgoing connection holds it
 JOB_PORT = "$((20000 + SLURM_JOB_ID % 10000))"
-# the first node of the allocation, and the address SLURM itself reaches it at (its NodeAddr: the
-# node's name unless the cluster configures another; the name, where scontrol does not show it),
-# for the store every node connects to.
-# awk, not head -n1: head exits after one line, and under pipefail a scontrol that still writes
-# the rest of a long list dies of SIGPIPE, and the script with it
+# the allocation's first node and its NodeAddr, for the store every node connects to. awk, not head -n1:
+# under pipefail a scontrol still writing a long list would die of SIGPIPE, and the script with it
 HEAD_NODE_LINES = [
     "head_node=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | awk 'NR == 1')  # the first node",
     'head_addr=$(scontrol show node "$head_node" | grep -o \'NodeAddr=[^ ]*\' | cut -d= -f2 || echo "$head_node")',
 ]
-# Flight Recorder's dumps (each rank's last collectives, written when NCCL's watchdog times out) in one
-# folder every node sees, for one analyser run over all ranks: by default each rank writes on its own
-# node, on torch 2.14 into its cache folder ($XDG_CACHE_HOME/torch or ~/.cache/torch), on torch 2.7 to
-# /tmp/nccl_trace_rank_<rank> (DebugInfoWriter::getWriter in torch/csrc/distributed/c10d/FlightRecorder.cpp).
-# torch 2.14 reads TORCH_FR_DUMP_TEMP_FILE, 2.7 only the old name; the writer makes no folder.
+# Flight Recorder's dumps in one folder every node sees (by default each node's own: DebugInfoWriter in
+# c10d/FlightRecorder.cpp); torch 2.14 reads TORCH_FR_DUMP_TEMP_FILE, 2.7 only the old name
 FLIGHT_RECORDER_LINES = [
     "# Flight Recorder dumps (NCCL watchdog timeouts) from every node in one folder, for torchfrtrace:",
     "# the default is each node's own ~/.cache/torch (torch 2.14) or /tmp/nccl_trace_rank_<rank> (torch 2.7)",

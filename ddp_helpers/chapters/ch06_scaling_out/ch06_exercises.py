@@ -41,16 +41,17 @@ def cpu_rank(live_rank: int) -> int:
 
 
 class _Recorder:
-    """What the answer asked of the pretend machine during one call."""
+    """What the answer asked of the pretend machine during one call (observe resets it per call)."""
 
-    def __init__(self, gpus: int) -> None:
-        self.gpus = gpus
+    def __init__(self) -> None:
+        self.reset(0, {})
+
+    def reset(self, gpus: int, env: dict[str, str], initialized: bool = False) -> None:
+        self.gpus, self.env, self.initialized = gpus, env, initialized  # env: where the group reads RANK
         self.events: list[str] = []
         self.backends: list[Any] = []
         self.set_device: list[Any] = []
         self.current_index = 0
-        self.initialized = False
-        self.env: dict[str, str] = {}  # where the pretend process group reads RANK
 
 
 class _FakeCuda:
@@ -178,32 +179,15 @@ class _FakeDist:
 
 def _stand_ins() -> dict[str, Any]:
     """The answer's stand-in names; rank, world_size and local_rank are None: the answer reads `env`."""
-    recorder = _Recorder(0)
-    holder = _Holder(recorder)
+    recorder = _Recorder()
     return {
-        "torch": _FakeTorch(holder),
-        "dist": _FakeDist(holder),
+        "torch": _FakeTorch(recorder),
+        "dist": _FakeDist(recorder),
         "rank": None,
         "world_size": None,
         "local_rank": None,
-        "_record": holder,
+        "_record": recorder,
     }
-
-
-class _Holder:
-    """The recorder of the call in progress; observe swaps it per call."""
-
-    def __init__(self, recorder: _Recorder) -> None:
-        object.__setattr__(self, "current", recorder)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.current, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "current":
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self.current, name, value)
 
 
 # ------------------------------------------------------------------ 06-init
@@ -237,9 +221,8 @@ def _init_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
     function: Any = ns.get("init_distributed")  # None where the answer defined none: the call raises
     out: dict[str, Any] = {"_probes": []}  # "_probes": for the signatures, not compared
     for rank, per_node, gpus in _probes(ctx.rank):
-        recorder = _Recorder(gpus)
-        recorder.env = dict(pretend_env(rank, per_node))  # what the pretend group reads at init
-        ns["_record"].current = recorder
+        recorder = ns["_record"]
+        recorder.reset(gpus, dict(pretend_env(rank, per_node)))
         row: dict[str, Any] = {"error": None, "device": None, "shard": None}
         try:  # os.environ too is the pretend process's, as a script reads it
             with environment(pretend_env(rank, per_node)):
@@ -439,10 +422,8 @@ def _main_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
     out: dict[str, Any] = {"_calls": []}  # "_calls": for the signatures, not compared
     try:
         for rank, fail in _calls(ctx.rank):
-            recorder = _Recorder(GPUS_PER_NODE)
-            recorder.env = dict(pretend_env(rank, GPUS_PER_NODE))  # what the pretend group answers
-            recorder.initialized = True  # main runs after start-up: dist.get_world_size() answers
-            ns["_record"].current = recorder
+            recorder = ns["_record"]  # main runs after start-up: the group is up
+            recorder.reset(GPUS_PER_NODE, dict(pretend_env(rank, GPUS_PER_NODE)), initialized=True)
             probe["fail"], probe["calls"] = fail, []
             try:
                 with environment(pretend_env(rank, GPUS_PER_NODE)):

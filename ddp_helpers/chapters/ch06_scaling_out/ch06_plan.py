@@ -16,11 +16,8 @@ from ddp_helpers.kernel.lab.plan_core import (
     placement_line,
 )
 
-# the largest all_reduce message across the nodes, full and smoke: a GPU link (NVLink, InfiniBand)
-# needs larger messages than a CPU's loopback before its bandwidth shows. The waits: how long the lonely
-# node waits for its peer, the elastic job's steps (long enough for a node to join and another to leave)
-# and the most each membership change may take (agents import torch: slow on a busy machine), and the
-# SLURM job's limit (6 processes import torch on a small machine)
+# max_bytes: the largest all_reduce across the nodes (a GPU link needs larger messages to show its
+# bandwidth). The waits: the lonely node's, the elastic job's steps and membership changes, the SLURM job's
 WAITS = {"missing_node_timeout": 20, "elastic_steps": 40, "elastic_wait_s": 180, "slurm_job_timeout": 300}
 SMOKE_WAITS = {**WAITS, "missing_node_timeout": 5, "elastic_steps": 30}
 SIZES = {

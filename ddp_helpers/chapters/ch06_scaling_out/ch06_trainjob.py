@@ -18,9 +18,8 @@ CPUS_PER_RANK = 4  # DataLoader workers and the rank itself; raise it for image 
 MAX_RESTARTS = 3  # torchrun restarts every worker this many times after a failure, then gives up
 # torchrun prefixes each tee'd line with this (its ${rank} is the global rank): the `[rank N]` of launch()
 LOG_LINE_PREFIX = "[rank${rank}]: "
-# torchrun keeps one shared TCPStore across restart rounds, so restarted workers can read the dead
-# workers' addresses and fail with "connectFullMesh ... Connection refused" or hang (seen on torch 2.14
-# on two SLURM nodes; cf. pytorch/pytorch#167288). A fresh store per round avoids it (launch() does the same).
+# with torchrun's shared TCPStore, restarted workers can read dead workers' addresses and fail or hang
+# (torch 2.14 on SLURM; pytorch/pytorch#167288): a fresh store per round, as launch() uses
 FRESH_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 FRESH_STORE_LINES = [
     "# a fresh rendezvous store per restart round: with the shared one, restarted workers can read the",
@@ -50,17 +49,13 @@ def worker_args_for(
 
 
 # ---- the TrainJob
-# Built from docker/Dockerfile (the name docker/compose.yaml gives it). A cluster pulls images from
-# a registry: tag and push it there, then pass image="registry.example.com/you/ddp-workbench:tag".
+# docker/compose.yaml's name for docker/Dockerfile's image; push it to a registry, pass image="registry/...:tag"
 DEFAULT_IMAGE = "ddp-workbench:latest"
-# Where docker/Dockerfile copies the repository's package (WORKDIR, then COPY ddp_helpers ./ddp_helpers):
-# a worker path relative to the repository is taken from there.
+# docker/Dockerfile's WORKDIR: a worker path relative to the repository is taken from there
 IMAGE_REPO_DIR = "/opt/ddp-workbench"
-# The image's user and group (docker/Dockerfile: USER_UID, useradd's group): the pods run as them, and
-# fsGroup makes the volumes they mount writable by that group.
+# the image's user and group: the pods run as them, and fsGroup makes their volumes writable
 IMAGE_UID = IMAGE_GID = 1000
-# Where every pod mounts the job's shared ReadWriteMany volume: runs and checkpoints go there, so a
-# restarted pod (and rank 0 in another pod) finds them.
+# every pod's mount of the shared ReadWriteMany volume: runs and checkpoints, found again after a restart
 SHARED_MOUNT = "/shared"
 SHARED_STORAGE = "100Gi"  # the shared volume's size request
 

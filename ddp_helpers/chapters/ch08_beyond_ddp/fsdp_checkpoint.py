@@ -100,19 +100,15 @@ def async_saves(
     steps: range,
 ) -> tuple[list[float], dict]:
     """Train `steps`, each begun with an async_save of its starting state, one save in flight at a time."""
-    # async_save copies the state to CPU memory, returns, and writes from a background thread while
-    # training goes on. That thread runs collectives of its own (the plan and the metadata): on the
-    # training's group they would interleave with the training's collectives, which a collective
-    # backend does not allow, so it gets its own group
+    # async_save writes from a background thread whose collectives (plan, metadata) must not interleave
+    # with the training's on one group: it gets a group of its own
     checkpoint_group = dist.new_group(backend="gloo")
     assert isinstance(checkpoint_group, dist.ProcessGroup)  # every rank is in it
     pending: Future | None = None
     losses, returned_s, waited_s = [], [], []
     for step in steps:
-        if pending is not None:  # one save in flight at a time, as in the DCP tutorial: a second would hold
-            start = (
-                time.perf_counter()
-            )  # a second CPU copy, in an executor of its own (no queue behind this one)
+        if pending is not None:  # one save in flight (DCP's tutorial): a second holds a 2nd CPU copy
+            start = time.perf_counter()
             pending.result()
             waited_s.append(time.perf_counter() - start)
         start = time.perf_counter()
@@ -129,12 +125,7 @@ def async_saves(
     if pending is not None:
         pending.result()
     waited_s.append(time.perf_counter() - start)
-    timings = {
-        "async_steps": list(steps),
-        "async_return_s": returned_s,
-        "async_wait_s": waited_s,
-    }
-    return losses, timings
+    return losses, {"async_steps": list(steps), "async_return_s": returned_s, "async_wait_s": waited_s}
 
 
 def part_resume(args: argparse.Namespace, mesh: DeviceMesh, device: torch.device) -> dict:
