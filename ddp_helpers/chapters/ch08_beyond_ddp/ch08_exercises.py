@@ -9,7 +9,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ddp_helpers.chapters.ch08_beyond_ddp.ch08_memory_calculator import padded_numel, shard_numel
+from ddp_helpers.chapters.ch08_beyond_ddp.ch08_memory_calculator import (
+    padded_numel,
+    shard_numel,
+    zero1_owners,
+)
 from ddp_helpers.rank.spec import Context, Exercise, Mistake, Seen
 
 SHAPES = [(6, 4), (6,), (10, 6), (10,), (3, 10), (3,)]  # Linear(4, 6), Linear(6, 10), Linear(10, 3)
@@ -18,13 +22,7 @@ TOTAL = sum(NUMEL)
 
 
 def zero1_owned(world: int, order: Any = None, weigh: Any = None) -> list[list[int]]:
-    """ZeroRedundancyOptimizer's deal: largest first, each to the least loaded rank (lowest on a tie)."""
-    order = sorted(range(len(NUMEL)), key=lambda i: NUMEL[i], reverse=True) if order is None else order
-    load, owner = [0] * world, {}
-    for i in order:
-        owner[i] = load.index(min(load))
-        load[owner[i]] += NUMEL[i] if weigh is None else weigh(i)
-    return [sorted(i for i in owner if owner[i] == r) for r in range(world)]
+    return [sorted(owned) for owned in zero1_owners(NUMEL, world, order, weigh)]
 
 
 # ------------------------------------------------------------------ 08-zero1

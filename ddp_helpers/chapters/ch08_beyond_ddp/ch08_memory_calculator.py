@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 STRATEGIES = ("ddp", "ddp_default", "zero1", "zero2", "fsdp2")
 PRECISIONS = ("fp32", "bf16")
@@ -74,14 +75,16 @@ def padded_numel(shape: tuple[int, ...], world: int) -> int:
     return math.ceil(shape[0] / world) * world * math.prod(shape[1:])
 
 
-def zero1_owners(numels: list[int], world: int) -> list[list[int]]:
-    """ZeroRedundancyOptimizer's partition: largest first, each to the least loaded rank."""
+def zero1_owners(numels: list[int], world: int, order: Any = None, weigh: Any = None) -> list[list[int]]:
+    """ZeroRedundancyOptimizer's partition: largest first, each to the least loaded rank (`order`, `weigh`: others)."""
     owners: list[list[int]] = [[] for _ in range(world)]
-    sizes = [0] * world
-    for index in sorted(range(len(numels)), key=lambda i: numels[i], reverse=True):
-        rank = sizes.index(min(sizes))
+    load = [0] * world
+    for index in (
+        sorted(range(len(numels)), key=lambda i: numels[i], reverse=True) if order is None else order
+    ):
+        rank = load.index(min(load))
         owners[rank].append(index)
-        sizes[rank] += numels[index]
+        load[rank] += numels[index] if weigh is None else weigh(index)
     return owners
 
 
