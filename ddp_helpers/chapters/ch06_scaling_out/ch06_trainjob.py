@@ -90,18 +90,28 @@ def trainjob_manifest(
         raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
     gpus = nproc_per_node if gpus_per_node is None else gpus_per_node
     claim = f"{name}-shared"
-    trainer = _trainer(
-        worker,
-        worker_args,
-        image,
-        nnodes,
-        nproc_per_node,
-        gpus,
-        cpus_per_rank,
-        max_restarts,
-        checkpoint_dir,
-        name,
-    )
+    script = worker if worker.startswith("/") else f"{IMAGE_REPO_DIR}/{worker}"
+    trainer = {  # what the job sets: the image, torchrun's command, its environment, the shape
+        "image": image,
+        "command": [
+            "torchrun",
+            # the runtime's master address hosts a c10d rendezvous: restarted agents meet again there
+            # (Kubernetes expands $(VAR) from the container's environment, where the torch plugin put them)
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint=$(PET_MASTER_ADDR):$(PET_MASTER_PORT)",
+            f"--max-restarts={max_restarts}",
+            script,
+            *worker_args_for(worker_args, checkpoint_dir),
+        ],
+        "env": [
+            {"name": RUN_DIR_ENV, "value": f"{SHARED_MOUNT}/runs/{name}"},  # the workers' --run-dir
+            {"name": "OMP_NUM_THREADS", "value": str(cpus_per_rank)},  # torchrun would set 1
+            *([{"name": k, "value": v} for k, v in FRESH_STORE.items()] if max_restarts > 0 else []),
+        ],
+        "numNodes": nnodes,
+        "numProcPerNode": nproc_per_node,
+        "resourcesPerNode": _resources(nproc_per_node, cpus_per_rank, gpus),
+    }
     job = {
         "apiVersion": API_VERSION,
         "kind": "TrainJob",
@@ -148,43 +158,6 @@ def volume_claim(claim: str, shared_storage: str, storage_class: str | None) -> 
     }
 
 
-def _trainer(
-    worker: str,
-    worker_args: Sequence[object],
-    image: str,
-    nnodes: int,
-    nproc_per_node: int,
-    gpus: int,
-    cpus_per_rank: int,
-    max_restarts: int,
-    checkpoint_dir: str | None,
-    name: str,
-) -> dict[str, Any]:
-    """spec.trainer: what the job sets (the image, torchrun's command, its environment, the shape)."""
-    script = worker if worker.startswith("/") else f"{IMAGE_REPO_DIR}/{worker}"
-    return {
-        "image": image,
-        "command": [
-            "torchrun",
-            # the runtime's master address hosts a c10d rendezvous: restarted agents meet again there
-            # (Kubernetes expands $(VAR) from the container's environment, where the torch plugin put them)
-            "--rdzv-backend=c10d",
-            "--rdzv-endpoint=$(PET_MASTER_ADDR):$(PET_MASTER_PORT)",
-            f"--max-restarts={max_restarts}",
-            script,
-            *worker_args_for(worker_args, checkpoint_dir),
-        ],
-        "env": [
-            {"name": RUN_DIR_ENV, "value": f"{SHARED_MOUNT}/runs/{name}"},  # the workers' --run-dir
-            {"name": "OMP_NUM_THREADS", "value": str(cpus_per_rank)},  # torchrun would set 1
-            *([{"name": k, "value": v} for k, v in FRESH_STORE.items()] if max_restarts > 0 else []),
-        ],
-        "numNodes": nnodes,
-        "numProcPerNode": nproc_per_node,
-        "resourcesPerNode": _resources(nproc_per_node, cpus_per_rank, gpus),
-    }
-
-
 def _resources(nproc_per_node: int, cpus_per_rank: int, gpus: int) -> dict[str, Any]:
     """Each node's pod: a CPU budget for its ranks and their loaders, and its GPUs."""
     limits: dict[str, Any] = {"cpu": nproc_per_node * cpus_per_rank}
@@ -207,10 +180,7 @@ def _pod_patch(claim: str) -> dict[str, Any]:
         "volumes": [
             {"name": "shared", "persistentVolumeClaim": {"claimName": claim}},  # runs and checkpoints
             {"name": "tmp", "emptyDir": {}},  # torchrun's log folder and other temporary files
-            {
-                "name": "dshm",
-                "emptyDir": {"medium": "Memory"},
-            },  # DataLoader workers and NCCL need shared memory
+            {"name": "dshm", "emptyDir": {"medium": "Memory"}},  # for DataLoader workers and NCCL
         ],
         "containers": [
             {

@@ -332,10 +332,8 @@ def resume_both_ways(width: int, folder: str, reference: torch.Tensor) -> dict[s
     """Compiled run -> eager resume, and eager run -> compiled resume, through plain state_dicts."""
     fresh_start()
     path = os.path.join(folder, "compiled-run.pt")
-    eager = build(width, 2)
-    eager.load_state_dict(
-        torch.load(path, map_location=device, weights_only=True)
-    )  # compiled run's weights, plain model
+    eager = build(width, 2)  # the compiled run's weights, into a plain model
+    eager.load_state_dict(torch.load(path, map_location=device, weights_only=True))
     x = batch(width, seed=7)
     eager_out = DDP(eager)(x)
     # the other way: an eager run's checkpoint into a model that is then compiled
@@ -343,10 +341,8 @@ def resume_both_ways(width: int, folder: str, reference: torch.Tensor) -> dict[s
     if dist.get_rank() == 0:
         torch.save(eager.state_dict(), eager_path)
     dist.barrier()
-    fresh = build(width, 2)
-    fresh.load_state_dict(
-        torch.load(eager_path, map_location=device, weights_only=True)
-    )  # load first, compile after
+    fresh = build(width, 2)  # load first, compile after
+    fresh.load_state_dict(torch.load(eager_path, map_location=device, weights_only=True))
     compiled_out = DDP(torch.compile(fresh, backend="aot_eager"))(x)
     return {
         "eager_vs_saved": float((eager_out - reference).abs().max()),
