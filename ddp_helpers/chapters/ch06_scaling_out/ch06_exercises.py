@@ -458,16 +458,15 @@ def _main_expected(world: int) -> Seen:
     def teardown(raised: bool) -> list[str]:  # the barrier only where train returned
         return ["destroy_process_group"] if raised else ["barrier", "destroy_process_group"]
 
-    return [
-        {_call_name(r, f): _call_outcome({"lr": lr, "init": init, "teardown": teardown(f), "raised": f})
-         for r, f in _calls(live)}
-        for live in range(world)
-    ]  # fmt: skip
+    def outcome(raised: bool) -> str:
+        return _call_outcome({"lr": lr, "init": init, "teardown": teardown(raised), "raised": raised})
+
+    return [{_call_name(r, f): outcome(f) for r, f in _calls(live)} for live in range(world)]
 
 
 def _all_calls(seen: Seen) -> list[tuple[bool, dict[str, Any]]]:
-    return [(f, got) for live, s in enumerate(seen)
-            for (_, f), got in zip(_calls(live), s.get("_calls") or [], strict=False)]  # fmt: skip
+    pairs = [zip(_calls(live), s.get("_calls") or [], strict=False) for live, s in enumerate(seen)]
+    return [(f, got) for calls in pairs for (_, f), got in calls]
 
 
 def _every_lr(seen: Seen, factor: float) -> bool:
