@@ -44,25 +44,20 @@ def check_ddp(w: World, run: Run) -> None:
     ]
     expected = [dict.fromkeys(row, True) for row in seen]
     wrapped = all(s["DDP(...) built"] for s in seen)
-    w.judge(
-        "DDP wraps the model, and every rank holds the same weights",
-        run,
-        seen,
-        expected,
-        [
-            Sign(
-                "10-capstone-no-ddp",
-                "DDP(...) wrapped the model, but the ranks' weights parted: the forward went through the raw "
-                "model, so backward() averaged nothing."
-                if wrapped
-                else "no DDP(...) wrapped the model: each rank trained alone.",
-                lambda: True,
-                hint="call the wrapper in the forward, model(x) with model = DDP(raw, ...), not raw(x)."
-                if wrapped
-                else "",
-            ),
-        ],
-    )
+    signs = [
+        Sign(
+            "10-capstone-no-ddp",
+            "DDP(...) wrapped the model, but the ranks' weights parted: the forward went through the raw "
+            "model, so backward() averaged nothing."
+            if wrapped
+            else "no DDP(...) wrapped the model: each rank trained alone.",
+            lambda: True,
+            hint="call the wrapper in the forward, model(x) with model = DDP(raw, ...), not raw(x)."
+            if wrapped
+            else "",
+        ),
+    ]
+    w.judge("DDP wraps the model, and every rank holds the same weights", run, seen, expected, signs)
 
 
 def _by_epoch(batches: list[list[int]]) -> dict[str, list[int]]:
@@ -80,13 +75,8 @@ def check_order(w: World, run: Run, batches: list[list[list[int]]]) -> None:
         drawn = [f.get("batch", []) for f in (record or {}).get("forwards", [])][:STOP_AT]
         seen.append(_by_epoch(drawn))
         expected.append(_by_epoch(batches[rank]))
-    w.judge(
-        "each rank trains on its own shard, in a new order each epoch",
-        run,
-        seen,
-        expected,
-        _order_signs(w, seen),
-    )
+    title = "each rank trains on its own shard, in a new order each epoch"
+    w.judge(title, run, seen, expected, _order_signs(w, seen))
 
 
 def _order_signs(w: World, seen: Seen) -> list[Sign]:
@@ -142,22 +132,17 @@ def check_masks(w: World, run: Run) -> None:
         else ""
     )
     reseeded = any(SEED + rank in seeds[rank] for rank in range(1, w.world))  # seed + rank, then again seed
-    w.judge(
-        "each rank draws its own dropout masks",
-        run,
-        seen,
-        expected,
-        [
-            Sign(
-                "10-capstone-same-masks",
-                f"every rank drew the same dropout masks: no rank reseeded with seed + rank{told}.",
-                lambda: all(s[same] for s in seen[1:]),
-                hint="make torch.manual_seed(args.seed + rank) the last seed before training."
-                if reseeded
-                else "",
-            ),
-        ],
-    )
+    signs = [
+        Sign(
+            "10-capstone-same-masks",
+            f"every rank drew the same dropout masks: no rank reseeded with seed + rank{told}.",
+            lambda: all(s[same] for s in seen[1:]),
+            hint="make torch.manual_seed(args.seed + rank) the last seed before training."
+            if reseeded
+            else "",
+        ),
+    ]
+    w.judge("each rank draws its own dropout masks", run, seen, expected, signs)
 
 
 def check_teardown(w: World, run: Run) -> None:
@@ -178,24 +163,20 @@ def check_teardown(w: World, run: Run) -> None:
             {barrier: "barrier" in after, "destroy_process_group()": "destroy_process_group" in after}
         )
     expected: Seen = [dict.fromkeys(row, True) for row in seen]
-    w.judge(
-        "every rank waits at a barrier after the checkpoint, then destroys its process group",
-        run,
-        seen,
-        expected,
-        [
-            Sign(
-                "10-capstone-no-barrier",
-                "a rank went on past rank 0's checkpoint without waiting at a barrier.",
-                lambda: not all(s[barrier] for s in seen),
-            ),
-            Sign(
-                "10-capstone-no-teardown",
-                "a rank ended without dist.destroy_process_group().",
-                lambda: not all(s["destroy_process_group()"] for s in seen),
-            ),
-        ],
-    )
+    signs = [
+        Sign(
+            "10-capstone-no-barrier",
+            "a rank went on past rank 0's checkpoint without waiting at a barrier.",
+            lambda: not all(s[barrier] for s in seen),
+        ),
+        Sign(
+            "10-capstone-no-teardown",
+            "a rank ended without dist.destroy_process_group().",
+            lambda: not all(s["destroy_process_group()"] for s in seen),
+        ),
+    ]
+    title = "every rank waits at a barrier after the checkpoint, then destroys its process group"
+    w.judge(title, run, seen, expected, signs)
 
 
 def check_saves(w: World, run: Run) -> None:
@@ -216,29 +197,24 @@ def check_saves(w: World, run: Run) -> None:
         seen.append({"torch.save calls": len(saves), "ckpt.pt written": how})
     expected: Seen = [{"ckpt.pt written": "via a temporary file and os.replace"}]
     expected += [{"torch.save calls": 0, "ckpt.pt written": "no"} for _ in range(w.world - 1)]
-    w.judge(
-        "rank 0 alone writes ckpt.pt, atomically",
-        run,
-        seen,
-        expected,
-        [
-            Sign(
-                "10-capstone-every-rank-saves",
-                "more ranks than rank 0 called torch.save: N writers can tear one file.",
-                lambda: any(s["torch.save calls"] for s in seen[1:]),
-            ),
-            Sign(
-                "10-capstone-not-atomic",
-                "rank 0 saved straight into ckpt.pt: a kill during the write leaves it torn.",
-                lambda: seen[0]["ckpt.pt written"] == "in place",
-            ),
-            Sign(
-                "10-capstone-no-checkpoint",
-                f"no ckpt.pt was written in {run.out} at --stop-at-step {STOP_AT}.",
-                lambda: seen[0]["ckpt.pt written"] == "no",
-            ),
-        ],
-    )
+    signs = [
+        Sign(
+            "10-capstone-every-rank-saves",
+            "more ranks than rank 0 called torch.save: N writers can tear one file.",
+            lambda: any(s["torch.save calls"] for s in seen[1:]),
+        ),
+        Sign(
+            "10-capstone-not-atomic",
+            "rank 0 saved straight into ckpt.pt: a kill during the write leaves it torn.",
+            lambda: seen[0]["ckpt.pt written"] == "in place",
+        ),
+        Sign(
+            "10-capstone-no-checkpoint",
+            f"no ckpt.pt was written in {run.out} at --stop-at-step {STOP_AT}.",
+            lambda: seen[0]["ckpt.pt written"] == "no",
+        ),
+    ]
+    w.judge("rank 0 alone writes ckpt.pt, atomically", run, seen, expected, signs)
 
 
 def check_ckpt(w: World, run: Run, step: int, want: list[float], start: list[float]) -> None:
@@ -253,20 +229,15 @@ def check_ckpt(w: World, run: Run, step: int, want: list[float], start: list[flo
     if run.ckpt_error:
         seen[0]["error"] = run.ckpt_error
     expected: Seen = [{"model keys": ["fc1.weight", "fc2.weight"], "weights off by": 0.0}]
-    w.judge(
-        f"ckpt.pt holds the plain model's weights after step {step}",
-        run,
-        seen,
-        expected,
-        [
-            Sign(
-                "10-capstone-module-keys",
-                "the checkpoint's model keys start with 'module.': the DDP wrapper's state dict.",
-                lambda: all(k.startswith("module.") for k in keys) and bool(keys),
-            ),
-        ],
-        tolerance=w.wtol,
-    )
+    signs = [
+        Sign(
+            "10-capstone-module-keys",
+            "the checkpoint's model keys start with 'module.': the DDP wrapper's state dict.",
+            lambda: all(k.startswith("module.") for k in keys) and bool(keys),
+        ),
+    ]
+    title = f"ckpt.pt holds the plain model's weights after step {step}"
+    w.judge(title, run, seen, expected, signs, tolerance=w.wtol)
 
 
 def check_log(w: World, run: Run, first: int, last: int, sim: list[dict[str, Any]]) -> None:
@@ -278,25 +249,20 @@ def check_log(w: World, run: Run, first: int, last: int, sim: list[dict[str, Any
     expected: Seen = [{"steps logged": steps, "loss": [sim[s]["mean"] for s in steps]}]
     expected += [{"lines logged": 0} for _ in range(1, w.world)]
     local = [sim[s]["losses"][0] for s in steps]
-    w.judge(
-        f"rank 0 alone logs, steps {first}-{last}, the loss over every rank's samples",
-        run,
-        seen,
-        expected,
-        [
-            Sign(
-                "10-capstone-every-rank-logs",
-                "more ranks than rank 0 printed the log line: N copies of each line.",
-                lambda: any(s["lines logged"] for s in seen[1:]),
-            ),
-            Sign(
-                "10-capstone-local-loss",
-                "rank 0 logged the loss of its own samples only, not the mean over every rank's.",
-                lambda: w.world > 1 and close(seen[0]["loss"], local, w.ltol),
-            ),
-        ],
-        tolerance=w.ltol,
-    )
+    signs = [
+        Sign(
+            "10-capstone-every-rank-logs",
+            "more ranks than rank 0 printed the log line: N copies of each line.",
+            lambda: any(s["lines logged"] for s in seen[1:]),
+        ),
+        Sign(
+            "10-capstone-local-loss",
+            "rank 0 logged the loss of its own samples only, not the mean over every rank's.",
+            lambda: w.world > 1 and close(seen[0]["loss"], local, w.ltol),
+        ),
+    ]
+    title = f"rank 0 alone logs, steps {first}-{last}, the loss over every rank's samples"
+    w.judge(title, run, seen, expected, signs, tolerance=w.ltol)
 
 
 def check_training(
@@ -398,24 +364,19 @@ def check_autocast(w: World, run: Run) -> None:
         )
         seen.append({name: kinds[0] if len(kinds) == 1 else kinds})
     expected: Seen = [{name: want} for _ in run.records]
-    w.judge(
-        f"every forward runs under autocast with --amp {w.amp}'s dtype",
-        run,
-        seen,
-        expected,
-        [
-            Sign(
-                "10-capstone-no-autocast",
-                f"with --amp {w.amp} the forward ran without autocast for the ranks' device type.",
-                lambda: all(s[name] == "off" for s in seen),
-            ),
-            Sign(
-                "10-capstone-autocast-dtype",
-                f"with --amp {w.amp} the forward ran under autocast with {seen[0][name]}, not {want}.",
-                lambda: all(s[name] not in ("off", want) and isinstance(s[name], str) for s in seen),
-            ),
-        ],
-    )
+    signs = [
+        Sign(
+            "10-capstone-no-autocast",
+            f"with --amp {w.amp} the forward ran without autocast for the ranks' device type.",
+            lambda: all(s[name] == "off" for s in seen),
+        ),
+        Sign(
+            "10-capstone-autocast-dtype",
+            f"with --amp {w.amp} the forward ran under autocast with {seen[0][name]}, not {want}.",
+            lambda: all(s[name] not in ("off", want) and isinstance(s[name], str) for s in seen),
+        ),
+    ]
+    w.judge(f"every forward runs under autocast with --amp {w.amp}'s dtype", run, seen, expected, signs)
 
 
 def _no_loss_scale(w: World, seen: Seen, expected: Seen, scalers: list[list[dict[str, Any]]]) -> None:
@@ -433,29 +394,25 @@ def check_resume_start(w: World, resumed: Run, batches: list[list[list[int]]]) -
     first = [batches[rank][0] for rank in range(w.world)]
     loaded = any(resumed.ckpt_path in (r or {}).get("loads", []) for r in resumed.records)
     done = STOP_AT - STEPS_PER_EPOCH
-    w.judge(
-        f"the resumed run goes on with step {STOP_AT + 1}, epoch 1's batch {done + 1}",
-        resumed,
-        seen,
-        expected,
-        [
-            Sign(
-                "10-capstone-resume-not-loaded",
-                f"with --resume no rank loaded {resumed.ckpt_path}: the run started afresh.",
-                lambda: not loaded and [s["first batch after the resume"] for s in seen] == first,
-            ),
-            Sign(
-                "10-capstone-resume-restarts-run",
-                "the resumed run loaded ckpt.pt, then began again at epoch 0's first batch.",
-                lambda: [s["first batch after the resume"] for s in seen] == first,
-            ),
-            Sign(
-                "10-capstone-resume-restarts-epoch",
-                f"the resumed run started epoch 1 again from its first batch: {done} batch(es) trained twice.",
-                lambda: [s["first batch after the resume"] for s in seen] == restart,
-            ),
-        ],
-    )
+    signs = [
+        Sign(
+            "10-capstone-resume-not-loaded",
+            f"with --resume no rank loaded {resumed.ckpt_path}: the run started afresh.",
+            lambda: not loaded and [s["first batch after the resume"] for s in seen] == first,
+        ),
+        Sign(
+            "10-capstone-resume-restarts-run",
+            "the resumed run loaded ckpt.pt, then began again at epoch 0's first batch.",
+            lambda: [s["first batch after the resume"] for s in seen] == first,
+        ),
+        Sign(
+            "10-capstone-resume-restarts-epoch",
+            f"the resumed run started epoch 1 again from its first batch: {done} batch(es) trained twice.",
+            lambda: [s["first batch after the resume"] for s in seen] == restart,
+        ),
+    ]
+    title = f"the resumed run goes on with step {STOP_AT + 1}, epoch 1's batch {done + 1}"
+    w.judge(title, resumed, seen, expected, signs)
 
 
 def _epochs_trained(forwards: list[dict[str, Any]], batches: list[list[int]]) -> dict[str, list[Any]]:
@@ -492,20 +449,16 @@ def check_resume_batches(w: World, resumed: Run, batches: list[list[list[int]]])
         return all(s.get(name) == cut for s in seen for name in [field.format("epoch 1"), *later])
 
     later_epochs = " and ".join(f"epoch {e}" for e in range(2, EPOCHS))
-    w.judge(
-        "the resumed run trains every batch left: the rest of epoch 1, then each later epoch whole",
-        resumed,
-        seen,
-        expected,
-        [
-            Sign(
-                "10-capstone-resume-skips-every-epoch",
-                f"after the resume every epoch began at batch {done + 1}: on every rank {later_epochs} trained "
-                f"batches {cut} of {STEPS_PER_EPOCH}.",
-                skips_every_epoch,
-            ),
-        ],
-    )
+    signs = [
+        Sign(
+            "10-capstone-resume-skips-every-epoch",
+            f"after the resume every epoch began at batch {done + 1}: on every rank {later_epochs} trained "
+            f"batches {cut} of {STEPS_PER_EPOCH}.",
+            skips_every_epoch,
+        ),
+    ]
+    title = "the resumed run trains every batch left: the rest of epoch 1, then each later epoch whole"
+    w.judge(title, resumed, seen, expected, signs)
 
 
 GENERATORS = {"cpu": "the CPU generator", "cuda": "the GPU's generator"}
@@ -574,13 +527,9 @@ def check_rng(w: World, stopped: Run, resumed: Run) -> None:
     seen, expected = _rng_rows(w, stopped, resumed)
     how = [_restored_then_reseeded(r) for r in resumed.records]
     no_generator = any(not all((r or {}).get("loaders") or [True]) for r in resumed.records)
-    w.judge(
-        "each rank draws on from its own random state as it was at the stop",
-        resumed,
-        seen,
-        expected,
-        [*_rng_fresh_signs(seen, how), *_rng_other_signs(w, seen, how, no_generator)],
-    )
+    signs = [*_rng_fresh_signs(seen, how), *_rng_other_signs(w, seen, how, no_generator)]
+    title = "each rank draws on from its own random state as it was at the stop"
+    w.judge(title, resumed, seen, expected, signs)
 
 
 def _rng_fresh_signs(seen: Seen, how: list[tuple[bool, bool]]) -> list[Sign]:
@@ -693,13 +642,8 @@ def check_exact(w: World, stopped: Run, resumed: Run, whole: Run, start: list[fl
         if exact
         else "to float32's last bits (at 3 or more ranks DDP's first step sums in another order)"
     )
-    w.judge(
-        f"stopped and resumed, the run ends as the uninterrupted one, {how}",
-        whole,
-        seen,
-        expected,
-        tolerance=w.wtol,
-    )
+    title = f"stopped and resumed, the run ends as the uninterrupted one, {how}"
+    w.judge(title, whole, seen, expected, tolerance=w.wtol)
 
 
 def _draw_named(seed: Any, draws: list[Any]) -> str:
@@ -722,24 +666,22 @@ def check_loader_seeds(w: World, resumed: Run, whole: Run) -> None:
     firsts = [row[field][:1] for row in seen]
     ranks = ", ".join(map(str, range(w.world)))
     effect = "With num_workers > 0 it seeds each worker, whose random augmentations then differ."
-    w.judge(
+    signs = [
+        Sign(
+            "10-capstone-loader-state-after-iter",
+            f"on every rank ({ranks}) the resumed epoch {first}'s iter(loader) drew epoch {first + 1}'s seed: "
+            f"the loader generator's state was saved after that iter(loader) drew. {effect}",
+            lambda: all(f == [f"epoch {first + 1}"] for f in firsts),
+        ),
+        Sign(
+            "10-capstone-loader-generator-not-restored",
+            f"on every rank ({ranks}) the resumed epoch {first}'s iter(loader) drew epoch 0's seed: the "
+            f"loader generator's state was not restored. {effect}",
+            lambda: all(f == ["epoch 0"] for f in firsts),
+        ),
+    ]
+    title = (
         f"each iter(loader) after the resume draws the seed the uninterrupted run drew for its epoch "
-        f"(epochs {first}-{EPOCHS - 1})",
-        resumed,
-        seen,
-        expected,
-        [
-            Sign(
-                "10-capstone-loader-state-after-iter",
-                f"on every rank ({ranks}) the resumed epoch {first}'s iter(loader) drew epoch {first + 1}'s seed: "
-                f"the loader generator's state was saved after that iter(loader) drew. {effect}",
-                lambda: all(f == [f"epoch {first + 1}"] for f in firsts),
-            ),
-            Sign(
-                "10-capstone-loader-generator-not-restored",
-                f"on every rank ({ranks}) the resumed epoch {first}'s iter(loader) drew epoch 0's seed: the "
-                f"loader generator's state was not restored. {effect}",
-                lambda: all(f == ["epoch 0"] for f in firsts),
-            ),
-        ],
+        f"(epochs {first}-{EPOCHS - 1})"
     )
+    w.judge(title, resumed, seen, expected, signs)
