@@ -90,17 +90,15 @@ def trainjob_manifest(
         raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
     gpus = nproc_per_node if gpus_per_node is None else gpus_per_node
     claim = f"{name}-shared"
-    script = worker if worker.startswith("/") else f"{IMAGE_REPO_DIR}/{worker}"
     trainer = {  # what the job sets: the image, torchrun's command, its environment, the shape
         "image": image,
         "command": [
             "torchrun",
-            # the runtime's master address hosts a c10d rendezvous: restarted agents meet again there
-            # (Kubernetes expands $(VAR) from the container's environment, where the torch plugin put them)
+            # c10d at the runtime's master address, where restarted agents meet again (Kubernetes expands $(VAR))
             "--rdzv-backend=c10d",
             "--rdzv-endpoint=$(PET_MASTER_ADDR):$(PET_MASTER_PORT)",
             f"--max-restarts={max_restarts}",
-            script,
+            worker if worker.startswith("/") else f"{IMAGE_REPO_DIR}/{worker}",
             *worker_args_for(worker_args, checkpoint_dir),
         ],
         "env": [
