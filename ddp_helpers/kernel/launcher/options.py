@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal, TypedDict, TypeVar, overload
+from typing import Any, TypeVar
 
 from ddp_helpers.backends import BACKENDS
 from ddp_helpers.errors import InvalidLaunchArguments
@@ -41,15 +41,7 @@ def check_int(name: str, value: object, minimum: int, allow_none: bool = False) 
     return value
 
 
-@overload
-def check_seconds(
-    name: str, value: object, *, allow_none: Literal[False], allow_zero: bool = False
-) -> float: ...
-@overload
-def check_seconds(
-    name: str, value: object, *, allow_none: bool, allow_zero: bool = False
-) -> float | None: ...
-def check_seconds(name: str, value: object, *, allow_none: bool, allow_zero: bool = False) -> float | None:
+def check_seconds(name: str, value: object, *, allow_none: bool, allow_zero: bool = False) -> Any:
     """A finite number of seconds, > 0 (>= 0 with `allow_zero`), or None if allowed."""
     if value is None and allow_none:
         return None
@@ -225,31 +217,6 @@ class LaunchOptions:
     launcher: str = option(
         "torchrun", "'torchrun', or 'python': one process, no agent", one_of(("torchrun", "python"))
     )
-
-
-class LiveKeywords(TypedDict, total=False):
-    """`start_ranks()`'s keywords for a type checker: the fields marked ``live``."""
-
-    nproc: int | None
-    backend: str
-    timeout: float | None
-    startup_timeout: float | None
-    run_dir: str | os.PathLike[str] | None
-    env: dict[str, str]
-    show_ranks: str | int | Iterable[int] | None
-
-
-class LaunchKeywords(LiveKeywords, total=False):
-    """`launch()`'s keywords for a type checker: all of `LaunchOptions`' fields."""
-
-    max_restarts: int
-    progress: str
-    grace_s: float
-    nnodes: int
-    node_rank: int
-    rdzv_endpoint: str | None
-    rdzv_timeout: float | None
-    launcher: str
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import TYPE_CHECKING, Any
 
 from ddp_helpers.errors import LaunchError, LaunchFailed, LaunchInterrupted, RunDirInUse
 from ddp_helpers.kernel.launcher.agent_client import reap_stopped_servers_in_background, stop_servers
 from ddp_helpers.kernel.launcher.config import LaunchConfig, make_config
-from ddp_helpers.kernel.launcher.options import OPTIONS, LaunchKeywords, with_options
+from ddp_helpers.kernel.launcher.options import OPTIONS, with_options
 from ddp_helpers.kernel.launcher.process_tree import ProcessTree
 from ddp_helpers.kernel.launcher.processes import (
     RunProcess,
@@ -151,7 +151,7 @@ class LaunchResult:
 def launch(
     script: str | os.PathLike[str],
     *script_args: str | int | float | os.PathLike[str],
-    **options: Unpack[LaunchKeywords],
+    **options: Any,
 ) -> LaunchResult:
     """Run `script` under torchrun (``torch.distributed.run``) and stream every rank's output live.
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 from pathlib import Path
 from types import EllipsisType
-from typing import Any, Unpack
+from typing import Any
 
 import psutil
 
@@ -38,7 +38,6 @@ from ddp_helpers.kernel.launcher.config import LaunchConfig, default_run_dir, ma
 from ddp_helpers.kernel.launcher.diagnosis import STDERR_TAIL_LINES
 from ddp_helpers.kernel.launcher.options import (
     LIVE_OPTIONS,
-    LiveKeywords,
     bind_options,
     check_rank_list,
     check_seconds,
@@ -676,7 +675,7 @@ def format_stack(dump: str, sources: Mapping[int, str]) -> str:
     positional=("nproc", "backend", "timeout", "env"),
     defaults={"startup_timeout": STARTUP_TIMEOUT_S},
 )
-def start_ranks(*args: Any, **options: Unpack[LiveKeywords]) -> LiveRanks:
+def start_ranks(*args: Any, **options: Any) -> LiveRanks:
     """Start `nproc` DDP ranks under torchrun that stay up between cells.
 
     Returns once every rank has run ``init_process_group`` (nccl with one GPU per rank where GPUs
