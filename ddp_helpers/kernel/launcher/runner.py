@@ -72,15 +72,6 @@ def _note_waiting_for_nodes(run: RunFollower) -> None:
     )
 
 
-@contextlib.contextmanager
-def _stopped_at_exit(tree: ProcessTree, proc: RunProcess, grace_s: float) -> Iterator[None]:
-    """However the block ends, every process of the run is stopped."""
-    try:
-        yield
-    finally:
-        stop_despite_interrupts(tree, proc, grace_s)
-
-
 def _hung(run: RunFollower, now: float) -> bool:
     """No progress within the timeout (before any rank was heard from: the start-up allowance)."""
     config = run.config
@@ -187,14 +178,31 @@ def _run_held(config: LaunchConfig, progress: str | None) -> LaunchResult:
         sampler = ResourceSampler(
             tree, gpus=config.device == "cuda", root_is_worker=config.launcher == "python"
         )
-        with _stopped_at_exit(tree, proc, config.grace_s):
-            try:
-                _follow(config, run, proc, tree, sampler)
-            except KeyboardInterrupt as interrupt:
-                if isinstance(interrupt, LaunchInterrupted):
-                    raise
-                raise stop_interrupted(tree, proc, config) from None
-    return _result(config, run, proc, sampler, env, command)
+        try:
+            _follow(config, run, proc, tree, sampler)
+        except KeyboardInterrupt as interrupt:
+            if isinstance(interrupt, LaunchInterrupted):
+                raise
+            raise stop_interrupted(tree, proc, config) from None
+        finally:  # however the run ends, every process of it is stopped
+            stop_despite_interrupts(tree, proc, config.grace_s)
+    return LaunchResult(
+        returncode=0,  # any other code raised
+        wall_s=time.monotonic() - run.started,
+        run_dir=config.out_dir,
+        logs=run.logs,
+        metrics=read_metrics(config.out_dir),
+        summary=read_summary(config.out_dir),
+        command=command,
+        environment={name: value for name, value in env.items() if os.environ.get(name) != value},
+        launcher_output=run.agent_lines,
+        attempts=max(run.attempts_seen, 1),
+        resources=_frame(sampler.rows),
+        gpu_sampling=sampler.gpu_sampling,
+        lines_held_back=run.echo.held_back,
+        agent=proc.kind,
+        agent_wait_s=proc.wait_s,
+    )
 
 
 def _follow(
@@ -227,33 +235,6 @@ def _follow(
     run.poll_files(final=True)
     if returncode != 0:
         raise _failure(run, proc, returncode)
-
-
-def _result(
-    config: LaunchConfig,
-    run: RunFollower,
-    proc: RunProcess,
-    sampler: ResourceSampler,
-    env: dict[str, str],
-    command: list[str],
-) -> LaunchResult:
-    return LaunchResult(
-        returncode=0,  # any other code raised
-        wall_s=time.monotonic() - run.started,
-        run_dir=config.out_dir,
-        logs=run.logs,
-        metrics=read_metrics(config.out_dir),
-        summary=read_summary(config.out_dir),
-        command=command,
-        environment={name: value for name, value in env.items() if os.environ.get(name) != value},
-        launcher_output=run.agent_lines,
-        attempts=max(run.attempts_seen, 1),
-        resources=_frame(sampler.rows),
-        gpu_sampling=sampler.gpu_sampling,
-        lines_held_back=run.echo.held_back,
-        agent=proc.kind,
-        agent_wait_s=proc.wait_s,
-    )
 
 
 def read_metrics(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
