@@ -9,7 +9,7 @@ holds the launcher to at most two visits per file.
 The rule: what someone reading one launch, from the call of `launch` to its result, has to open.
 - Calls are recorded, not guessed: every call of a function of ``ddp_helpers`` on the thread that called
   `launch` (and on any thread started during it: ``threading.setprofile``). The caller is the nearest
-  package frame up the stack, so ``with holding_run_dir(...)`` through contextlib is runner.py calling
+  package frame up the stack, so ``with _stopped_at_exit(...)`` through contextlib is runner.py calling
   runner.py. Calls into the standard library, torch, pandas, ... are not followed, nor is code run
   while a module is imported.
 - The reader then reads the way one reads code: from `launch` down, each function top to bottom, its

@@ -68,12 +68,6 @@ def one_of(choices: Sequence[str]) -> Callable[[str, object], str]:
     return check
 
 
-def check_backend(name: str, value: object) -> str:
-    if not isinstance(value, str) or value not in BACKENDS:
-        raise InvalidLaunchArguments(f"unknown backend {value!r}; choose one of {', '.join(BACKENDS)}")
-    return value
-
-
 def check_env(name: str, value: object) -> dict[str, str]:
     if not isinstance(value, Mapping | None):
         raise InvalidLaunchArguments(f"{name} must be a dict of strings, got {value!r}")
@@ -184,7 +178,7 @@ class LaunchOptions:
         None, "processes on this node; None: one per GPU, or 2 on the CPU", check_nproc, int, live=True
     )
     backend: str = option(
-        "auto", "'auto' (nccl with GPUs, gloo without), 'gloo' or 'nccl'", check_backend, live=True
+        "auto", "'auto' (nccl with GPUs, gloo without), 'gloo' or 'nccl'", one_of(BACKENDS), live=True
     )
     timeout: float | None = option(
         DEFAULT_HANG_TIMEOUT_S,

@@ -72,6 +72,15 @@ def _note_waiting_for_nodes(run: RunFollower) -> None:
     )
 
 
+@contextlib.contextmanager
+def _stopped_at_exit(tree: ProcessTree, proc: RunProcess, grace_s: float) -> Iterator[None]:
+    """However the block ends, every process of the run is stopped."""
+    try:
+        yield
+    finally:
+        stop_despite_interrupts(tree, proc, grace_s)
+
+
 def _hung(run: RunFollower, now: float) -> bool:
     """No progress within the timeout (before any rank was heard from: the start-up allowance)."""
     config = run.config
@@ -178,14 +187,13 @@ def _run_held(config: LaunchConfig, progress: str | None) -> LaunchResult:
         sampler = ResourceSampler(
             tree, gpus=config.device == "cuda", root_is_worker=config.launcher == "python"
         )
-        try:
-            _follow(config, run, proc, tree, sampler)
-        except KeyboardInterrupt as interrupt:
-            if isinstance(interrupt, LaunchInterrupted):
-                raise
-            raise stop_interrupted(tree, proc, config) from None
-        finally:  # however the run ends, every process of it is stopped
-            stop_despite_interrupts(tree, proc, config.grace_s)
+        with _stopped_at_exit(tree, proc, config.grace_s):
+            try:
+                _follow(config, run, proc, tree, sampler)
+            except KeyboardInterrupt as interrupt:
+                if isinstance(interrupt, LaunchInterrupted):
+                    raise
+                raise stop_interrupted(tree, proc, config) from None
     return LaunchResult(
         returncode=0,  # any other code raised
         wall_s=time.monotonic() - run.started,
