@@ -20,13 +20,6 @@ from ddp_helpers.rank.metrics import MetricsWriter
 from ddp_helpers.workers.train_state import Position, Run, Training
 
 
-def _now(device: torch.device) -> float:
-    # CUDA kernels run asynchronously: without this a timer measures the launch, not the work
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
-
-
 @dataclass
 class StepTimer:
     """Seconds per step, leaving out the first `warmup_steps`; reads the clock only when asked to."""
@@ -37,13 +30,19 @@ class StepTimer:
     _start: float | None = None
     _start_step: int = 0
 
+    def _now(self) -> float:
+        # CUDA kernels run asynchronously: without this a timer measures the launch, not the work
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
     def after_step(self, step: int, read: bool) -> float | None:
         """The mean step time since the last read, when `read` (and a window is open); else None."""
         if self._start is None and step >= self.warmup_steps:
-            self._start, self._start_step = _now(self.device), step
+            self._start, self._start_step = self._now(), step
         if not read:
             return None
-        now = _now(self.device)  # the one synchronisation per log window
+        now = self._now()  # the one synchronisation per log window
         if self._start is None or step == self._start_step:
             return None
         step_time = (now - self._start) / (step - self._start_step)
@@ -68,16 +67,21 @@ class PhaseTimer:
     train_step_time_s: float | None = None
     _marks: list[float] = field(default_factory=list)
 
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the GPU's work so far is done, not only queued
+        return time.perf_counter()
+
     def start(self, timed: bool) -> None:
-        self.timed, self._marks = timed, [_now(self.device)] if timed else []
+        self.timed, self._marks = timed, [self._now()] if timed else []
 
     def batch_ready(self) -> None:
         if self.timed:
-            self._marks.append(_now(self.device))
+            self._marks.append(self._now())
 
     def step_done(self) -> None:
         if self.timed:
-            start, ready, done = *self._marks, _now(self.device)
+            start, ready, done = *self._marks, self._now()
             self.data_time_s, self.train_step_time_s = ready - start, done - ready
 
     def fields(self) -> dict[str, float | None]:
