@@ -111,7 +111,7 @@ class ForkedAgent:
 
     def __init__(self, run_socket: socket.socket) -> None:
         self.pid = 0
-        self.kind = "forked"  # see processes.RunProcess
+        self.kind = "forked"  # processes.RunProcess: "forked", "fresh" or "none"
         self.returncode: int | None = None
         self.status_lost = False  # killed by a signal after its server died: the exit code is unknown
         self.wait_s = 0.0  # how long the launch waited for the fork (a cold server: its import of torch)
