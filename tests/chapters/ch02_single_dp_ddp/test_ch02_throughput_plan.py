@@ -8,7 +8,7 @@ import pytest
 from plan_rules import ONE_NODE, computes_where_planned, for_each, shape_name, visible_to
 
 from ddp_helpers.chapters.ch02_single_dp_ddp.ch02_plan import ThroughputPlan, sweep_points, throughput_plan
-from ddp_helpers.kernel.lab.plans import Machine
+from ddp_helpers.kernel.lab.plan_core import Machine
 
 Case = tuple[Machine, ThroughputPlan]
 RUNS_ON = [(m, smoke) for m in ONE_NODE for smoke in (False, True)]
