@@ -41,13 +41,8 @@ class WorkerFailed(LaunchError):
         traceback_title: str = "root-cause traceback:",
         left_early: list[int] | None = None,
     ) -> None:
-        self.rank, self.exitcode, self.error, self.traceback, self.hint = (
-            rank,
-            exitcode,
-            error,
-            traceback,
-            hint,
-        )
+        self.rank, self.exitcode, self.error = rank, exitcode, error
+        self.traceback, self.hint = traceback, hint
         self.left_early = left_early or []  # ranks that exited with code 0 while `rank` still waited
         self.run_dir, self.logs, self.stderr_tail = run_dir, logs or {}, stderr_tail
         lines = [headline or f"rank {rank} failed: {error}", f"exit code {exitcode}"]

@@ -21,12 +21,8 @@ STACKS_DIR = "stacks"  # in logs/
 METRICS_DIR = "metrics"
 SUMMARY_FILE = "summary.json"
 PLAN_FILE = "plan.json"
-RUN_OUTPUTS = (
-    LOGS_DIR,
-    METRICS_DIR,
-    SUMMARY_FILE,
-    PLAN_FILE,
-)  # what a new run into a used folder moves aside
+# what a new run into a used folder moves aside
+RUN_OUTPUTS = (LOGS_DIR, METRICS_DIR, SUMMARY_FILE, PLAN_FILE)
 
 # torchrun's own per-rank files (--redirects 3 --log-dir, and @record's TORCHELASTIC_ERROR_FILE)
 STDOUT_LOG = "stdout.log"

@@ -4,7 +4,7 @@ and ResNet-50 training, on cuda/nccl.
     python scripts/gpu_check.py [--out DIR] [--deadline-s 420] [--notebooks '0*'] [--cpu-smoke]
 
 One run, in this order, each part only while time is left before the deadline:
-1. the static checks, each notebook's plan for this box (ddp_helpers/kernel/lab/plans: the backend, device
+1. the static checks, each notebook's plan for this box (ddp_helpers/kernel/lab/plan_core: the backend, device
    and sizes its runs take here, and whether any run it compares leaves the GPUs), and a live
    all_reduce sweep;
    then notebook 08's memory calculator against each rank's true peak over one step
@@ -97,7 +97,7 @@ def memory_plan(gpus: int) -> dict[str, Any]:
     """The memory part's run: notebook 08's training job as its plan puts it on this box (ranks, backend,
     sizes, global batch), and the calculator's bytes for the fullest rank at the end of forward."""
     from ddp_helpers.chapters.ch08_beyond_ddp.ch08_memory_calculator import Setup, predict
-    from ddp_helpers.kernel.lab.plans import plan_for
+    from ddp_helpers.kernel.lab.plan_core import plan_for
 
     plan = plan_for("08", gpus, gpus or 2)
     run = plan.runs["train"]
@@ -226,7 +226,7 @@ class GpuCheck:
     def plans(self) -> None:
         """Each notebook's plan for this box, as its notebook will compute it; a compared run off the GPUs
         on a box with a GPU for every rank is a planning error the notebooks' own runs would hide."""
-        from ddp_helpers.kernel.lab.plans import plan_for, planners
+        from ddp_helpers.kernel.lab.plan_core import plan_for, planners
 
         rows = []
         for notebook in planners():

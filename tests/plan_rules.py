@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from ddp_helpers.backends import resolve_backend
-from ddp_helpers.kernel.lab.plans import Machine, NotebookPlan, RunPlan, placement_line, plan_for
+from ddp_helpers.kernel.lab.plan_core import Machine, NotebookPlan, RunPlan, placement_line, plan_for
 
 GPUS = (0, 1, 2, 4, 8)
 NPROCS = (1, 2, 3, 8)

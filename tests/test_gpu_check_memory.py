@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gpu_check import memory_plan, memory_rows  # scripts/, on pytest's pythonpath
 
-from ddp_helpers.kernel.lab.plans import plan_for
+from ddp_helpers.kernel.lab.plan_core import plan_for
 
 
 def test_eight_gpus_measure_notebook_08s_training_job_where_its_plan_puts_it():

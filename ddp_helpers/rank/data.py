@@ -1,35 +1,25 @@
-"""Datasets for the workers: synthetic images, a small real dataset that ships with the
-package (UCI handwritten digits), and CIFAR-10 when it is already on disk."""
+"""Datasets for the workers: synthetic images, and a small real dataset that ships with the package (UCI
+handwritten digits)."""
 
 from __future__ import annotations
 
 import gzip
-import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeAlias, Union
 
 import numpy as np
 import torch
 from torch.utils.data import DistributedSampler, TensorDataset
 
-if TYPE_CHECKING:
-    from torchvision.datasets import VisionDataset
-
-# What the builders below return: a TensorDataset, or torchvision's CIFAR10. Both are indexed and have
-# a length, which torch's Dataset type does not declare. (Union, not |: VisionDataset is a type
-# checker's name only, as importing torchvision takes seconds.)
-SizedDataset: TypeAlias = Union[TensorDataset, "VisionDataset"]
-
 DIGITS_FILE = Path(__file__).parent / "shipped_data" / "digits.csv.gz"
-DATASETS = ("synthetic", "digits", "cifar10")
+DATASETS = ("synthetic", "digits")
 DIGITS_TEST = 299  # odd on purpose: 2 ranks cannot split it evenly, so padding would show
 DIGITS_MEAN, DIGITS_STD = 4.884, 6.017  # over all 1,797 images: both splits are scaled alike
 
 
 @dataclass
 class DatasetInfo:
-    dataset: SizedDataset
+    dataset: TensorDataset
     shape: tuple[int, int, int]  # channels, height, width
     num_classes: int
     name: str
@@ -70,24 +60,6 @@ def digits(channels: int = 1, split: str = "train") -> DatasetInfo:
     return DatasetInfo(TensorDataset(images, torch.from_numpy(labels)), (channels, 8, 8), 10, "digits")
 
 
-def cifar10(root: str | os.PathLike[str] | None = None, split: str = "train") -> DatasetInfo:
-    """CIFAR-10 from `root` (default: $DDP_HELPERS_DATA or ./data). Never downloads: this must work offline."""
-    from torchvision import datasets, transforms
-
-    root = Path(root or os.environ.get("DDP_HELPERS_DATA", "data"))
-    transform = transforms.Compose(
-        [transforms.ToTensor(), transforms.Normalize((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))]
-    )
-    try:
-        dataset = datasets.CIFAR10(str(root), train=split == "train", download=False, transform=transform)
-    except RuntimeError as err:
-        raise FileNotFoundError(
-            f"CIFAR-10 is not in {root}. Download it once with "
-            f"torchvision.datasets.CIFAR10('{root}', download=True), or use --dataset synthetic or digits."
-        ) from err
-    return DatasetInfo(dataset, (3, 32, 32), 10, "cifar10")
-
-
 def build_dataset(
     name: str, *, num_samples: int, image_size: int, channels: int, seed: int, split: str = "train"
 ) -> DatasetInfo:
@@ -96,8 +68,6 @@ def build_dataset(
         return synthetic_images(num_samples, image_size, channels=channels, seed=seed, split=split)
     if name == "digits":
         return digits(channels, split)
-    if name == "cifar10":
-        return cifar10(split=split)
     raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
 
 

@@ -39,12 +39,6 @@ class MetricsWriter:
     def close(self) -> None:
         self._fh.close()
 
-    def __enter__(self) -> MetricsWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 def report(rank: int, world: int, **facts: object) -> None:
     """Gather `facts` from every rank; rank 0 writes them, as a list by rank, to the run's summary.json."""

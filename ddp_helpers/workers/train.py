@@ -16,11 +16,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from ddp_helpers.chapters.ch04_checkpointing.train_checkpoint import Preemption, resume, save
 from ddp_helpers.rank import teardown
-from ddp_helpers.rank.data import DATASETS, ResumableDistributedSampler, SizedDataset, build_dataset
+from ddp_helpers.rank.data import DATASETS, ResumableDistributedSampler, build_dataset
 from ddp_helpers.rank.distributed import DistInfo, setup_distributed
 from ddp_helpers.run_contract import DEVICE_ENV, run_dir_from_env
 from ddp_helpers.workers.train_report import Reporter, inject_overflow, mean_over_ranks, summarize
@@ -222,7 +222,7 @@ def train(run: Run, reporter: Reporter, preemption: Preemption | None = None) ->
 
 # ----------------------------------------------------------------------------- results
 def evaluate(
-    training: Training, dataset: SizedDataset, world: DistInfo, batch_size: int
+    training: Training, dataset: TensorDataset, world: DistInfo, batch_size: int
 ) -> tuple[float, int]:
     """Accuracy over the whole test split, exact under DDP, and the number of samples scored."""
     # rank::world_size, no padding (a DistributedSampler would repeat samples when the size does not divide)

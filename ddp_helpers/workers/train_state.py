@@ -8,16 +8,16 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, TensorDataset
 
-from ddp_helpers.rank.data import ResumableDistributedSampler, SizedDataset
+from ddp_helpers.rank.data import ResumableDistributedSampler
 from ddp_helpers.rank.distributed import DistInfo
 
 
 @dataclass
 class Data:
     name: str
-    dataset: SizedDataset
+    dataset: TensorDataset
     shape: tuple[int, int, int]
     num_classes: int
     channels: int

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ddp_helpers.kernel.lab.chapter import chapter_setup
-from ddp_helpers.kernel.lab.plans import plan_for
+from ddp_helpers.kernel.lab.plan_core import plan_for
 from ddp_helpers.kernel.launcher.machine import visible_gpus
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
-import typing
 from functools import partial
 
 import pytest
@@ -17,9 +16,7 @@ from ddp_helpers.kernel.launcher.config import LaunchConfig
 from ddp_helpers.kernel.launcher.options import (
     LIVE_OPTIONS,
     OPTIONS,
-    LaunchKeywords,
     LaunchOptions,
-    LiveKeywords,
     add_flags,
     check_int,
     check_seconds,
@@ -72,24 +69,6 @@ def test_every_declared_option_reaches_every_front_end():
     live_flags = {o.flag for o in LIVE_OPTIONS}
     # and the cell-only flags: which ranks run the cell, and the name that holds the ranks
     assert _flags(live_magics.PARSER) == live_flags | {"--rank", "--name"}
-
-
-def test_launch_keywords_are_the_options_names_and_types():
-    """launch()'s keywords, as a type checker reads them, are LaunchOptions' fields (and gpus is not one)."""
-    keywords = typing.get_type_hints(LaunchKeywords)
-    fields = typing.get_type_hints(LaunchOptions)
-    assert list(keywords) == list(fields) == [o.name for o in OPTIONS]
-    assert keywords == fields
-    assert "gpus" not in NAMES and "gpus" not in inspect.signature(launch).parameters
-    assert typing.get_type_hints(launch)["options"] == typing.Unpack[LaunchKeywords]
-
-
-def test_start_ranks_keywords_are_the_live_options_names_and_types():
-    keywords = typing.get_type_hints(LiveKeywords)
-    fields = typing.get_type_hints(LaunchOptions)
-    assert list(keywords) == [o.name for o in LIVE_OPTIONS]
-    assert keywords == {name: fields[name] for name in keywords}
-    assert typing.get_type_hints(start_ranks)["options"] == typing.Unpack[LiveKeywords]
 
 
 def test_adding_an_option_is_one_declaration():

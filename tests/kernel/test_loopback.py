@@ -7,7 +7,8 @@ import subprocess
 
 import pytest
 
-from ddp_helpers.kernel.launcher.loopback import ElasticNode, visible_gpu_ids, wait_for_line
+from ddp_helpers.kernel.launcher.loopback import ElasticNode, wait_for_line
+from ddp_helpers.kernel.launcher.machine import visible_gpu_ids
 
 
 def test_gpu_ids_follow_an_existing_cuda_visible_devices():

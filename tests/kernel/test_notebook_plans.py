@@ -18,7 +18,7 @@ from plan_rules import (
     sizes_by_kind,
 )
 
-from ddp_helpers.kernel.lab.plans import Machine, NotebookPlan, placement, plan_for, planners
+from ddp_helpers.kernel.lab.plan_core import Machine, NotebookPlan, placement, plan_for, planners
 
 NOTEBOOKS = list(planners())
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from ddp_helpers.kernel.lab.source_view import package_helpers, package_imports, purpose, show_helpers
+from ddp_helpers.kernel.lab.source_view import _resolve, module_path, package_imports, purpose, show_helpers
 
 
 def test_ddp_py_needs_nothing_and_train_py_names_its_helpers():
-    assert package_helpers("ddp") == []  # notebook 01's script: torch only
-    helpers = {h.module: h for h in package_helpers("train")}
-    assert "Reporter" in helpers["ddp_helpers.workers.train_report"].names
-    assert helpers["ddp_helpers.rank.teardown"].names == ()  # `from ddp_helpers.rank import teardown`
-    assert all(h.purpose.endswith(".") and len(h.purpose) > 20 for h in helpers.values())
+    assert package_imports(_resolve("ddp")) == {}  # notebook 01's script: torch only
+    helpers = package_imports(_resolve("train"))
+    assert "Reporter" in helpers["ddp_helpers.workers.train_report"]
+    assert helpers["ddp_helpers.rank.teardown"] == ()  # `from ddp_helpers.rank import teardown`
+    assert all(purpose(module_path(m)).endswith(".") and len(purpose(module_path(m))) > 20 for m in helpers)
 
 
 def test_only_top_level_absolute_imports_count(tmp_path):

@@ -24,9 +24,10 @@ def test_an_untouched_copy_is_refreshed_and_an_edited_one_is_kept(tmp_path):
         assert write_worker("ddp", tmp_path, show=False) == path
     assert path.read_text() == edited, "the learner's edit was overwritten"
     message = str(said[0].message)
-    assert str(worker_path("ddp")) in message and "overwrite=True" in message
+    assert str(worker_path("ddp")) in message and "delete your copy" in message
 
-    write_worker("ddp", tmp_path, show=False, overwrite=True)
+    path.unlink()
+    write_worker("ddp", tmp_path, show=False)
     assert path.read_text() == packaged
 
 

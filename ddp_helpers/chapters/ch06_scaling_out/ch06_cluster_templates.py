@@ -1,31 +1,6 @@
-"""Job files for real clusters, generated from the same worker and arguments a notebook ran.
+"""Job files for real clusters (sbatch with torchrun, srun alone, a Kubeflow TrainJob), from a notebook's worker.
 
-- `slurm_script`: an sbatch script; `srun` starts one torchrun agent per node, and the agents
-  meet at a c10d rendezvous on the allocation's first node (read from ``SLURM_JOB_NODELIST``), at a
-  port derived from the job id (`JOB_PORT`). A relative worker path (and the environment it
-  activates, ``.venv``) is relative to the folder the job is submitted from (the repository).
-  No ``MASTER_ADDR``: with c10d, torchrun reads ``--rdzv-endpoint`` and sets ``MASTER_ADDR`` and
-  ``MASTER_PORT`` for its workers itself (torch/distributed/elastic/agent/server/api.py,
-  ``_rendezvous``; local_elastic_agent.py, the workers' env). With a checkpoint folder it also
-  saves on preemption and requeues itself (`_preemption_lines`).
-- `srun_script`: the same job without torchrun: `srun` starts every rank itself, one task per
-  rank. Every task sees all its node's GPUs (``--gpus-per-node``, no per-task binding) and takes
-  ``cuda:LOCAL_RANK``. Not ``--gpus-per-task=1``: where SLURM confines each task's GPU in a cgroup of
-  its own, NCCL loses P2P/NVLink between the ranks of a node, silently (NVIDIA/nccl#1066).
-- `trainjob_manifest` (trainjob.py): a Kubeflow Trainer v2 ``TrainJob`` (trainer.kubeflow.org/v1alpha1)
-  on the ``torch-distributed`` ClusterTrainingRuntime: the job sets the image, torchrun's command (a c10d
-  rendezvous at the runtime's master address, ``--max-restarts``), ``numNodes``, ``numProcPerNode`` and
-  each node's resources; the runtime sets the ``PET_*`` variables torchrun reads. v2 has no elastic range.
-  The pods run this project's image (docker/Dockerfile), which holds ``ddp_helpers``, and take a relative
-  worker path from the repository's copy inside it, so it means the same file as on SLURM.
-  Everything they write lies on a mounted volume: runs and checkpoints on a ReadWriteMany
-  PersistentVolumeClaim that the file declares (`SHARED_MOUNT`), writable by the image's user
-  (``fsGroup``), ``/tmp`` and ``/dev/shm`` on emptyDirs.
-
-Every file that runs torchrun passes ``--max-restarts``, and with `checkpoint_dir` the worker's ``--checkpoint-dir`` and
-``--resume`` (notebook 04's self-healing job): after a restart every rank resumes from the last
-checkpoint. That folder must be on a filesystem every node sees (NFS, Lustre, a shared volume):
-rank 0 writes it, and after a restart rank 0 may live on another node.
+Every torchrun file passes --max-restarts and, with a checkpoint folder every node sees, --resume.
 """
 
 from __future__ import annotations
@@ -48,24 +23,17 @@ from ddp_helpers.chapters.ch06_scaling_out.ch06_trainjob import (
     worker_args_for,
 )
 
-# A port of the job's own for the rendezvous (MASTER_PORT without torchrun): a fixed one such as 29500
-# collides when two jobs share a node. 20000-29999 lies below Linux's ephemeral ports (32768-60999), so
-# no outgoing connection holds it; two jobs on one node collide only if their ids differ by a multiple of 10000.
+# the job's own rendezvous port: a fixed 29500 collides when two jobs share a node; 20000-29999 lies below
+# Linux's ephemeral ports, so no outgoing connection holds it
 JOB_PORT = "$((20000 + SLURM_JOB_ID % 10000))"
-# the first node of the allocation, and the address SLURM itself reaches it at (its NodeAddr: the
-# node's name unless the cluster configures another; the name, where scontrol does not show it),
-# for the store every node connects to.
-# awk, not head -n1: head exits after one line, and under pipefail a scontrol that still writes
-# the rest of a long list dies of SIGPIPE, and the script with it
+# the allocation's first node and its NodeAddr, for the store every node connects to. awk, not head -n1:
+# under pipefail a scontrol still writing a long list would die of SIGPIPE, and the script with it
 HEAD_NODE_LINES = [
     "head_node=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | awk 'NR == 1')  # the first node",
     'head_addr=$(scontrol show node "$head_node" | grep -o \'NodeAddr=[^ ]*\' | cut -d= -f2 || echo "$head_node")',
 ]
-# Flight Recorder's dumps (each rank's last collectives, written when NCCL's watchdog times out) in one
-# folder every node sees, for one analyser run over all ranks: by default each rank writes on its own
-# node, on torch 2.14 into its cache folder ($XDG_CACHE_HOME/torch or ~/.cache/torch), on torch 2.7 to
-# /tmp/nccl_trace_rank_<rank> (DebugInfoWriter::getWriter in torch/csrc/distributed/c10d/FlightRecorder.cpp).
-# torch 2.14 reads TORCH_FR_DUMP_TEMP_FILE, 2.7 only the old name; the writer makes no folder.
+# Flight Recorder's dumps in one folder every node sees (by default each node's own: DebugInfoWriter in
+# c10d/FlightRecorder.cpp); torch 2.14 reads TORCH_FR_DUMP_TEMP_FILE, 2.7 only the old name
 FLIGHT_RECORDER_LINES = [
     "# Flight Recorder dumps (NCCL watchdog timeouts) from every node in one folder, for torchfrtrace:",
     "# the default is each node's own ~/.cache/torch (torch 2.14) or /tmp/nccl_trace_rank_<rank> (torch 2.7)",
@@ -78,8 +46,7 @@ PREEMPT_NOTICE_S = 120  # USR1 this long before the time limit: enough for a sav
 
 
 def this_environment() -> str | None:
-    """The virtual environment this Python runs in (for a job submitted from here), or None for a
-    system Python (the container's image, where torch and ddp_helpers are installed system-wide)."""
+    """The virtual environment this Python runs in, or None for a system Python (the container's image)."""
     return sys.prefix if sys.prefix != sys.base_prefix else None
 
 
@@ -132,18 +99,7 @@ def slurm_script(
     rdzv_port: int | None = None,
     venv: str | None = ".venv",
 ) -> str:
-    """An sbatch script that runs `worker` with torchrun on `nnodes` nodes.
-
-    Each node gets one task (the torchrun agent) with ``nproc_per_node * cpus_per_rank`` CPUs,
-    since the agent's ranks all live inside that one task's allocation. `min_nodes` makes the
-    job elastic (``--nnodes min_nodes:nnodes``). The rendezvous runs on the allocation's first
-    node, at `rdzv_port`, or by default at a port derived from the job id (`JOB_PORT`). `venv` is
-    activated first (relative to the folder the job is submitted from; None: none). `checkpoint_dir`
-    (on a filesystem every node sees) adds the worker's ``--checkpoint-dir``, ``--resume`` and
-    ``--save-on-sigterm``, and the job saves on preemption and requeues itself (`_preemption_lines`).
-    Every rank's lines reach the job's log prefixed ``[rankN]:`` (``--tee 3``), so a follower can
-    echo them as launch() does.
-    """
+    """An sbatch script that runs `worker` with torchrun on `nnodes` nodes."""
     check_job_shape(nnodes, nproc_per_node, cpus_per_rank, min_nodes)
     gpus = nproc_per_node if gpus_per_node is None else gpus_per_node
     cpus = nproc_per_node * cpus_per_rank
@@ -180,14 +136,7 @@ PREEMPTIBLE_DIRECTIVES = [
 
 
 def _preemption_lines(srun: list[str]) -> list[str]:
-    """srun in the background, and a trap that saves and requeues on USR1.
-
-    USR1 reaches the batch script only (``--signal=B:USR1``; at preemption too where the cluster sets
-    ``SlurmctldParameters=preempt_send_user_signal``). The trap passes SIGTERM to the job's steps
-    (``scancel --signal`` without ``--batch`` signals every step, not this shell): torchrun and its
-    workers, which save a checkpoint at their next logged step and stop (``--save-on-sigterm``;
-    torchrun gives them 30 s). Then the job requeues itself and, started again, resumes (``--resume``).
-    """
+    """srun in the background, and a trap that saves and requeues on USR1."""
     return [
         "# a preemption notice (USR1): every rank saves a checkpoint and stops, then the job goes back",
         "# to the queue and resumes from that checkpoint when it starts again",
@@ -226,21 +175,7 @@ def srun_script(
     partition: str | None = None,
     venv: str | None = ".venv",
 ) -> str:
-    """An sbatch script that starts every rank with `srun`, without torchrun: one task per rank.
-
-    Every task of a node sees all the node's `gpus_per_node` GPUs (default: one per rank): with
-    ``--gpus-per-node`` and no ``--gpus-per-task`` or ``--gpu-bind``, SLURM sets every task's
-    ``CUDA_VISIBLE_DEVICES`` to all of them (tests/chapters/ch06_scaling_out/test_slurm.py checks it on a real SLURM), and
-    each rank takes ``cuda:LOCAL_RANK`` (``SLURM_LOCALID``; `ddp_helpers.rank.distributed.gpu_index`).
-    Not ``--gpus-per-task=1``. Hiding a peer's GPU (``CUDA_VISIBLE_DEVICES``) does not by itself stop
-    P2P: NCCL reaches a GPU its process cannot see over NVLink (CUDA 10.1 and later, NCCL's
-    ``src/transport/p2p.cc``). What broke it in NVIDIA/nccl#1066 is SLURM's per-task cgroup
-    confinement: each task's GPU in a cgroup of its own, and NCCL fell back from NVLink without an
-    error (687 against 792 img/s per GPU in its DDP benchmark, and no NVLink traffic).
-    `gpus_per_node=0` runs on CPUs (gloo).
-    No agent: the script sets ``MASTER_ADDR`` and ``MASTER_PORT``, each task its ``RANK``,
-    ``LOCAL_RANK`` and ``WORLD_SIZE``; no restarts, no elastic membership.
-    """
+    """An sbatch script that starts every rank with `srun`, without torchrun: one task per rank."""
     check_job_shape(nnodes, nproc_per_node, cpus_per_rank)
     gpus = _srun_gpus(nproc_per_node, gpus_per_node)
     lines = [
@@ -332,18 +267,7 @@ def _options(job_file: Callable[..., str]) -> set[str]:
 def write_cluster_templates(
     directory: str | os.PathLike[str], worker: str, worker_args: Sequence[object] = (), **options: Any
 ) -> dict[str, Path]:
-    """Write ``sbatch.sh``, ``srun.sh`` and ``trainjob.yaml`` into `directory`; returns their paths (keys
-    ``slurm``, ``srun`` and ``kubernetes``).
-
-    ``trainjob.yaml`` is a Kubeflow Trainer v2 ``TrainJob`` (trainjob.py). v2 has no elastic node range, so a
-    `min_nodes` reaches ``sbatch.sh`` only, and the TrainJob says so in a comment.
-
-    `worker` is a path relative to the repository (e.g. ``ddp_helpers/workers/train.py``): the
-    SLURM job is submitted from the repository, and the image holds a copy of it. ``srun.sh`` is the
-    same job without torchrun (`srun_script`: one task per rank, each seeing the node's GPUs; no restarts, so no
-    checkpoint options). A `checkpoint_dir` must lie under `SHARED_MOUNT`, where the pods mount the
-    shared volume; call `slurm_script` alone for a folder elsewhere.
-    """
+    """Write ``sbatch.sh``, ``srun.sh`` and ``trainjob.yaml`` into `directory` (keys ``slurm``, ``srun``, ``kubernetes``)."""
     files: dict[str, tuple[str, Callable[..., str]]] = {
         "slurm": ("sbatch.sh", slurm_script),
         "srun": ("srun.sh", srun_script),

@@ -1,16 +1,7 @@
 """Notebook 06's exercises: a rank's start-up on a node of a multi-node job, and its main loop's frame.
 
-The live ranks all sit on one machine, where RANK and LOCAL_RANK are equal and so are WORLD_SIZE and
-LOCAL_WORLD_SIZE: there, the mistakes these exercises name cannot show. So the answer is a function of
-an environment, `env`, that observe calls with pretend ones: ranks of a job of 2 nodes x 4 GPUs (8 ranks),
-and of 2 nodes x 2 CPU processes. Stand-ins record what the function asks of the machine: `torch.cuda`
-reports the pretend node's GPUs and records `set_device` (refusing an index the node does not have, as
-CUDA does), and `dist` records `init_process_group`, `barrier` and `destroy_process_group` instead of
-running them (the live ranks' process group stays up). Everything else reaches torch itself. During each
-call `os.environ` holds the pretend process's variables too, as a worker's does under torchrun: an answer
-that reads them there, as a script does, is judged by what it does with them. A verdict names each call by
-the pretend process it stands for, "main(env of RANK 5 of 8: node 1, LOCAL_RANK 1)", after the live rank
-that made it.
+One machine cannot show RANK != LOCAL_RANK, so observe calls the answer with the environments of pretend
+ranks (2 nodes x 4 GPUs, 2 nodes x 2 CPUs), with `torch.cuda` and `dist` replaced by recording stand-ins.
 """
 
 from __future__ import annotations
@@ -27,7 +18,7 @@ CPU_PER_NODE = 2
 
 
 def pretend_env(rank: int, per_node: int) -> dict[str, str]:
-    """What torchrun puts in a worker's environment on a job of NODES nodes x `per_node` processes."""
+    """torchrun's variables for a worker of a job of NODES nodes x `per_node` processes."""
     return {
         "RANK": str(rank),
         "LOCAL_RANK": str(rank % per_node),
@@ -40,7 +31,7 @@ def pretend_env(rank: int, per_node: int) -> dict[str, str]:
 
 
 def gpu_ranks(live_rank: int) -> list[int]:
-    """The pretend GPU ranks a live rank probes: one on node 0 and one on node 1, as (r, r + 5) mod 8."""
+    """One pretend GPU rank on node 0 and one on node 1."""
     world = NODES * GPUS_PER_NODE
     return [live_rank % world, (live_rank + 5) % world]
 
@@ -50,16 +41,17 @@ def cpu_rank(live_rank: int) -> int:
 
 
 class _Recorder:
-    """What the answer asked of the pretend machine during one call."""
+    """What the answer asked of the pretend machine during one call (observe resets it per call)."""
 
-    def __init__(self, gpus: int) -> None:
-        self.gpus = gpus
+    def __init__(self) -> None:
+        self.reset(0, {})
+
+    def reset(self, gpus: int, env: dict[str, str], initialized: bool = False) -> None:
+        self.gpus, self.env, self.initialized = gpus, env, initialized  # env: where the group reads RANK
         self.events: list[str] = []
         self.backends: list[Any] = []
         self.set_device: list[Any] = []
         self.current_index = 0
-        self.initialized = False
-        self.env: dict[str, str] = {}  # the pretend process's environment, where its process group reads RANK
 
 
 class _FakeCuda:
@@ -147,8 +139,7 @@ class _FakeDist:
     def is_initialized(self) -> bool:
         return self._recorder.initialized
 
-    # After init_process_group, the pretend group answers as torchrun's environment says (init_method env://
-    # reads RANK and WORLD_SIZE): an answer may take its rank from dist.get_rank(), as most tutorials do.
+    # after init_process_group the pretend group answers from the environment, as init_method env:// does
     def _variable(self, name: str) -> int:
         if not self._recorder.initialized:
             raise ValueError(
@@ -163,7 +154,6 @@ class _FakeDist:
         return self._variable("WORLD_SIZE")
 
     def get_node_local_rank(self, fallback_rank: int | None = None) -> int:
-        """torch 2.4 and later: LOCAL_RANK from the environment, as torch reads it (no group needed)."""
         if "LOCAL_RANK" in self._recorder.env:
             return int(self._recorder.env["LOCAL_RANK"])
         if fallback_rank is not None:
@@ -188,35 +178,16 @@ class _FakeDist:
 
 
 def _stand_ins() -> dict[str, Any]:
-    """The names whose stand-ins replace the real ones in the answer's namespace, and the recorder they
-    share (observe points it at a fresh record before each call). rank, world_size and local_rank are the
-    live ranks', which a multi-node job does not have: here they are None, and the function reads `env`."""
-    recorder = _Recorder(0)
-    holder = _Holder(recorder)
+    """The answer's stand-in names; rank, world_size and local_rank are None: the answer reads `env`."""
+    recorder = _Recorder()
     return {
-        "torch": _FakeTorch(holder),
-        "dist": _FakeDist(holder),
+        "torch": _FakeTorch(recorder),
+        "dist": _FakeDist(recorder),
         "rank": None,
         "world_size": None,
         "local_rank": None,
-        "_record": holder,
+        "_record": recorder,
     }
-
-
-class _Holder:
-    """The recorder of the call in progress: the stand-ins read through it, observe swaps it per call."""
-
-    def __init__(self, recorder: _Recorder) -> None:
-        object.__setattr__(self, "current", recorder)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.current, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "current":
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self.current, name, value)
 
 
 # ------------------------------------------------------------------ 06-init
@@ -232,16 +203,13 @@ def _probes(live_rank: int) -> list[tuple[int, int, int]]:
 
 
 def _describe(rank: int, per_node: int, gpus: int) -> str:
-    """A probe, in a few words: the call, with the pretend process it stands for (the field name of its
-    outcome; the verdict puts the live rank that made the call before it)."""
     where = f"{gpus} GPUs" if gpus else "no GPU"
     node = f"node {rank // per_node}, LOCAL_RANK {rank % per_node}, {where}"
     return f"init_distributed(env of RANK {rank} of {NODES * per_node}: {node})"
 
 
 def _outcome(row: dict[str, Any]) -> str:
-    """A probe's outcome in one short line: the calls it made, then what it returned or raised (the
-    order of init_process_group and set_device is not checked: either may come first)."""
+    # the order of init_process_group and set_device is not checked
     calls = [f"init_process_group({b})" for b in row["backend"]] + [
         f"set_device({i})" for i in row["set_device"]
     ]
@@ -253,11 +221,10 @@ def _init_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
     function: Any = ns.get("init_distributed")  # None where the answer defined none: the call raises
     out: dict[str, Any] = {"_probes": []}  # "_probes": for the signatures, not compared
     for rank, per_node, gpus in _probes(ctx.rank):
-        recorder = _Recorder(gpus)
-        recorder.env = dict(pretend_env(rank, per_node))  # what the pretend group reads at init
-        ns["_record"].current = recorder
+        recorder = ns["_record"]
+        recorder.reset(gpus, dict(pretend_env(rank, per_node)))
         row: dict[str, Any] = {"error": None, "device": None, "shard": None}
-        try:  # os.environ too is the pretend process's: an answer may read it, as a script does
+        try:  # os.environ too is the pretend process's, as a script reads it
             with environment(pretend_env(rank, per_node)):
                 device, shard = function(dict(pretend_env(rank, per_node)))
             row["device"], row["shard"] = str(device), [int(v) for v in shard]
@@ -288,7 +255,6 @@ def _init_expected(world: int) -> Seen:
 
 
 def _probed(seen: Seen) -> list[tuple[int, int, int, dict[str, Any]]]:
-    """(RANK, LOCAL_RANK, GPUs, what the call did) of every probe of every live rank."""
     out = []
     for live, s in enumerate(seen):
         for (rank, per_node, gpus), got in zip(_probes(live), s.get("_probes") or [], strict=False):
@@ -329,17 +295,10 @@ INIT = Exercise(
     notebook="06",
     title="Start a rank of a multi-node job",
     task=(
-        "Write `init_distributed(env)`, a rank's start-up, which reads torchrun's variables from `env` (in a "
-        "script: `os.environ`). With GPUs: the device is this node's GPU `LOCAL_RANK`, made the current one "
-        "with `torch.cuda.set_device`, and the backend is nccl; without: the CPU and gloo. Start the process "
-        "group, and return `(device, (shard_rank, num_shards))`, the `rank=` and `num_replicas=` of this "
-        "rank's `DistributedSampler`. The checker calls it as ranks of 2 nodes x 4 GPUs, and of 2 nodes "
-        "x 2 CPU processes: here `torch.cuda` reports the pretend node's GPUs, and `dist` records the calls."
+        "Write `init_distributed(env)`: choose the device and backend from torchrun's variables in `env`, "
+        "start the process group, and return `(device, (shard_rank, num_shards))` for the sampler."
     ),
-    given=(
-        "`torch` (whose `torch.cuda` is the pretend node's), `dist` (its `init_process_group` is recorded, "
-        "not run); `rank`, `world_size` and `local_rank` are None here: read `env`"
-    ),
+    given="`torch` and `dist` of a pretend node (calls recorded); `rank`, `world_size`, `local_rank` are None",
     starter=(
         "def init_distributed(env):\n"
         "    device = ...  # TODO: the node's GPU for this process, or the CPU\n"
@@ -360,51 +319,40 @@ INIT = Exercise(
         "    dist.init_process_group(backend)  # nccl for GPU tensors, gloo for CPU ones\n"
         "    return device, (rank, world_size)  # the shard: the job-wide rank, of the whole world\n"
     ),
-    hint=(
-        "RANK counts the processes of every node, LOCAL_RANK those of one node: a node's GPUs are numbered "
-        "from 0 on each node, and the data is dealt over the whole world. nccl moves GPU tensors, gloo CPU ones."
-    ),
+    hint="LOCAL_RANK picks the GPU on a node, RANK of WORLD_SIZE the shard; nccl on GPUs, gloo on the CPU.",
     setup=_init_setup,
     observe=_init_observe,
     expected=_init_expected,
     mistakes=(
         Mistake(
             "06-init-device-from-rank",
-            "a rank of node 1 asked for cuda:RANK (cuda:5 on a node of 4 GPUs): RANK counts the processes of "
-            "every node. A node's GPUs are numbered from 0 on each node: the device is cuda:LOCAL_RANK",
+            "a rank of node 1 asked for cuda:RANK (cuda:5 on a node of 4 GPUs).",
             _device_from_rank,
-            hint='Take the GPU from LOCAL_RANK, int(env["LOCAL_RANK"]), this process\'s place on its own node '
-            "(0 to LOCAL_WORLD_SIZE - 1); RANK is for the shard.",
+            hint='Take the GPU from int(env["LOCAL_RANK"]), its place on its own node.',
         ),
         Mistake(
             "06-init-shard-from-local-rank",
-            "a rank of node 1 took the shard of its LOCAL_RANK: ranks 1 and 5 train on the same samples, and "
-            "the shards of node 1's ranks are never seen. Deal the data by RANK over WORLD_SIZE",
+            "a rank of node 1 took the shard of its LOCAL_RANK: ranks 1 and 5 train on the same samples.",
             _shard_from_local,
-            hint='Return (int(env["RANK"]), int(env["WORLD_SIZE"])) as the shard: this process\'s place in the '
-            "whole job, of every node's processes. LOCAL_RANK picks the GPU only.",
+            hint='Return (int(env["RANK"]), int(env["WORLD_SIZE"])) as the shard.',
         ),
         Mistake(
             "06-init-no-set-device",
-            "the device is right, but torch.cuda.set_device was never called: every CUDA call that names no "
-            "index (.cuda(), device='cuda') then lands on cuda:0, and every rank "
-            "of the node crowds GPU 0",
+            "torch.cuda.set_device was never called: CUDA work that names no index lands on cuda:0.",
             _no_set_device,
-            hint="Call torch.cuda.set_device(device) as soon as the device is chosen, on GPUs only, before "
-            "init_process_group and any CUDA work.",
+            hint="Call torch.cuda.set_device(device) on GPUs, before any CUDA work.",
         ),
         Mistake(
             "06-init-gloo-on-gpus",
-            "gloo on a node with GPUs: gloo has only a few collectives for GPU tensors, and they go "
-            "through host memory; nccl is the backend for GPUs",
+            "gloo on a node with GPUs.",
             _backend_where(True, "gloo"),
-            hint='Choose the backend by the device: "nccl" where it is a GPU, "gloo" where it is the CPU.',
+            hint='Use "nccl" where the device is a GPU.',
         ),
         Mistake(
             "06-init-nccl-on-cpu",
-            "nccl on a node without GPUs: nccl reduces GPU tensors only. On the CPU the backend is gloo",
+            "nccl on a node without GPUs: nccl reduces GPU tensors only.",
             _backend_where(False, "nccl"),
-            hint='Choose the backend by the device: "gloo" where it is the CPU, "nccl" only on GPUs.',
+            hint='Use "gloo" where the device is the CPU.',
         ),
     ),
     covers=("backend", "set-device", "device-from-local-rank"),
@@ -424,13 +372,13 @@ def _build_model() -> Any:
 
 
 def checksum(model: Any) -> float:
-    """One number for a model's weights: each value times its place (1, 2, ...), summed."""
+    """Each weight times its place (1, 2, ...), summed."""
     values = [v for p in model.parameters() for v in p.detach().cpu().flatten().tolist()]
     return round(sum((i + 1) * v for i, v in enumerate(values)), 12)
 
 
 class TrainFailed(RuntimeError):
-    """The probe's training failing, as a step that raises would."""
+    pass
 
 
 def _main_setup(ctx: Context) -> dict[str, Any]:
@@ -451,18 +399,15 @@ def _main_setup(ctx: Context) -> dict[str, Any]:
 
 
 def _calls(live_rank: int) -> list[tuple[int, bool]]:
-    """(pretend rank, whether train raises) of each call of main a live rank makes."""
     return [(rank, fail) for rank in gpu_ranks(live_rank) for fail in (False, True)]
 
 
 def _call_name(rank: int, fail: bool) -> str:
-    """A call of main, with the pretend process it stands for (the verdict puts the live rank before it)."""
     node = f"node {rank // GPUS_PER_NODE}, LOCAL_RANK {rank % GPUS_PER_NODE}"
     return f"main(env of RANK {rank} of {NODES * GPUS_PER_NODE}: {node})" + (", train raises" if fail else "")
 
 
 def _call_outcome(call: dict[str, Any]) -> str:
-    """One call of main in one short line: the lr and the initial weights train got, then the teardown."""
     lr = "no train()" if call["lr"] is None else f"lr {call['lr']:g}, weights {call['init']:.6g}"
     end = " + ".join(call["teardown"]) or "no teardown"
     raised = {True: "raised", False: "returned"}.get(call["raised"], f"raised {call['raised']}")
@@ -477,12 +422,10 @@ def _main_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
     out: dict[str, Any] = {"_calls": []}  # "_calls": for the signatures, not compared
     try:
         for rank, fail in _calls(ctx.rank):
-            recorder = _Recorder(GPUS_PER_NODE)
-            recorder.env = dict(pretend_env(rank, GPUS_PER_NODE))  # what the pretend group answers
-            recorder.initialized = True  # main runs after start-up: dist.get_world_size() answers
-            ns["_record"].current = recorder
+            recorder = ns["_record"]  # main runs after start-up: the group is up
+            recorder.reset(GPUS_PER_NODE, dict(pretend_env(rank, GPUS_PER_NODE)), initialized=True)
             probe["fail"], probe["calls"] = fail, []
-            try:  # os.environ too is the pretend process's: an answer may read it, as a script does
+            try:
                 with environment(pretend_env(rank, GPUS_PER_NODE)):
                     main(dict(pretend_env(rank, GPUS_PER_NODE)))
             except TrainFailed:
@@ -515,17 +458,15 @@ def _main_expected(world: int) -> Seen:
     def teardown(raised: bool) -> list[str]:  # the barrier only where train returned
         return ["destroy_process_group"] if raised else ["barrier", "destroy_process_group"]
 
-    return [
-        {_call_name(r, f): _call_outcome({"lr": lr, "init": init, "teardown": teardown(f), "raised": f})
-         for r, f in _calls(live)}
-        for live in range(world)
-    ]  # fmt: skip
+    def outcome(raised: bool) -> str:
+        return _call_outcome({"lr": lr, "init": init, "teardown": teardown(raised), "raised": raised})
+
+    return [{_call_name(r, f): outcome(f) for r, f in _calls(live)} for live in range(world)]
 
 
 def _all_calls(seen: Seen) -> list[tuple[bool, dict[str, Any]]]:
-    """(whether train raised, what the call did) of every call of main on every live rank."""
-    return [(f, got) for live, s in enumerate(seen)
-            for (_, f), got in zip(_calls(live), s.get("_calls") or [], strict=False)]  # fmt: skip
+    pairs = [zip(_calls(live), s.get("_calls") or [], strict=False) for live, s in enumerate(seen)]
+    return [(f, got) for calls in pairs for (_, f), got in calls]
 
 
 def _every_lr(seen: Seen, factor: float) -> bool:
@@ -568,20 +509,10 @@ MAIN = Exercise(
     notebook="06",
     title="Scale the learning rate, seed the model, tear down in a finally",
     task=(
-        "Write `main(env)`: set `lr` to `base_lr` scaled by the linear rule (`base_lr` was tuned on one "
-        "rank; each rank keeps its batch, so the global batch grows with the world), seed torch's "
-        "generator with `seed` so that every rank builds the same initial model with `build_model()`, "
-        "call `train(model, lr)`; when it returns, wait for every rank at a barrier, and however train ends "
-        "(it may raise), destroy the process group. The barrier stays out of the `finally`: a rank whose "
-        "train raised would wait there while the others wait in their training collectives. The checker "
-        "calls it as ranks of 2 nodes x 4 GPUs."
+        "Write `main(env)`: scale `base_lr` by the linear rule, seed with `seed`, `build_model()`, "
+        "`train(model, lr)`, a barrier when train returns, and destroy the process group however it ends."
     ),
-    given=(
-        "`env` (torchrun's variables, as in `os.environ`), `seed`, `base_lr`, `build_model()`, "
-        "`train(model, lr)`, `torch`, `dist` (its process group is up: `get_rank()` and `get_world_size()` "
-        "answer as the pretend job's; its `barrier` and `destroy_process_group` are recorded, not run); "
-        "`rank`, `world_size` and `local_rank` are None here: read `env` or ask `dist`"
-    ),
+    given="`env`, `seed`, `base_lr`, `build_model()`, `train(model, lr)`, `torch`, `dist` (calls recorded)",
     starter=(
         "def main(env):\n"
         "    lr = ...  # TODO: base_lr, scaled with the world\n"
@@ -602,74 +533,55 @@ def main(env):
     finally:  # also when train raised
         dist.destroy_process_group()
 """,
-    hint=(
-        "WORLD_SIZE counts the ranks of every node; LOCAL_WORLD_SIZE those of one. The seed comes before "
-        "the model and is the same number on every rank. `finally:` runs when the block raises, too."
-    ),
+    hint="Scale by WORLD_SIZE, seed before the model, and tear down in a `finally:`.",
     setup=_main_setup,
     observe=_main_observe,
     expected=_main_expected,
     mistakes=(
         Mistake(
             "06-main-lr-not-scaled",
-            "the learning rate is base_lr on 8 ranks: the global batch is 8 times one rank's, and with the "
-            "linear rule the learning rate follows it (times WORLD_SIZE)",
+            "the learning rate is base_lr on 8 ranks, whose global batch is 8 times one rank's.",
             lambda seen, expected: _every_lr(seen, 1),
-            hint='Multiply base_lr by the world size, int(env["WORLD_SIZE"]): the global batch grows with it.',
+            hint='Multiply base_lr by int(env["WORLD_SIZE"]).',
         ),
         Mistake(
             "06-main-lr-local-world",
-            "the learning rate was scaled by LOCAL_WORLD_SIZE (4), the ranks of one node; the global batch "
-            "is summed over every node's ranks: WORLD_SIZE (8)",
+            "the learning rate was scaled by LOCAL_WORLD_SIZE (4), the ranks of one node, not WORLD_SIZE (8).",
             lambda seen, expected: _every_lr(seen, GPUS_PER_NODE),
-            hint="Scale by WORLD_SIZE, the processes of every node, not LOCAL_WORLD_SIZE, those of one.",
+            hint="Scale by WORLD_SIZE, the processes of every node.",
         ),
         Mistake(
             "06-main-init-differs",
-            "the model's initial weights differ from call to call or rank to rank: a seed that depends on "
-            "the rank (seed + rank), no seed, or a seed set after the model was built. DDP's constructor "
-            "copies rank 0's parameters and buffers to the others, which hides it there; FSDP2's fully_shard "
-            "copies nothing (FSDP1 only with sync_module_states=True), and any check before the wrap sees "
-            "different models",
+            "the initial weights differ between calls or ranks: a seed that depends on the rank, no seed, or "
+            "one set after the model was built. DDP hides it by copying rank 0's weights; FSDP2 does not.",
             _inits_differ,
-            hint="Call torch.manual_seed(seed) with `seed` itself, the same number on every rank (nothing "
-            "added), before build_model().",
+            hint="Call torch.manual_seed(seed), the same number on every rank, before build_model().",
         ),
         Mistake(
             "06-main-teardown-skipped",
-            "when train raised, destroy_process_group was never called: it is not in a finally, so a failing "
-            "rank leaves without tearing down its process group",
+            "when train raised, destroy_process_group was never called.",
             _skipped_on_failure,
-            hint="Put train and the barrier in a try:, and destroy_process_group() in its finally:, which "
-            "runs when train raises too.",
+            hint="Call destroy_process_group() in the finally: of a try around train.",
         ),
         Mistake(
             "06-main-barrier-in-finally",
-            "a rank whose train raised still went to the barrier: it stands in the finally, so the failing "
-            "rank waits there while the others wait for it in their training collectives, and the job hangs "
-            "instead of failing (torchrun never hears of the error). The barrier belongs after train returns",
+            "a rank whose train raised still went to the barrier in the finally: the others wait for it in "
+            "their collectives, and the job hangs instead of failing.",
             _barrier_in_finally,
-            hint="Move dist.barrier() out of the finally, into the try, right after train(model, lr): it then "
-            "runs only when train returned. The finally keeps destroy_process_group() alone.",
+            hint="Move dist.barrier() into the try, right after train(model, lr).",
         ),
         Mistake(
             "06-main-no-barrier",
-            "destroy_process_group came with no barrier before it: the ranks tear down one by one as each "
-            "finishes, while another may still be saving a checkpoint, or (on NCCL, whose collectives run on "
-            "the GPU after the call returns) still finishing a last collective with them",
+            "destroy_process_group came with no barrier before it: a rank may tear down while another still "
+            "saves or finishes a collective.",
             _no_barrier,
-            hint="Call dist.barrier() in the try, right after train returns, so that every rank has finished "
-            "before any tears down.",
+            hint="Call dist.barrier() in the try, right after train returns.",
         ),
         Mistake(
             "06-main-error-swallowed",
-            'where train raised, main returned ("returned" below, where a right answer raised): an '
-            "`except` caught train's error and did not raise it again, so the failing process exits 0: "
-            "torchrun never hears of the failure and does not stop or restart the job, and the other ranks "
-            "can wait for it in their next collective until it times out",
+            "where train raised, main returned: an `except` kept the error, so torchrun never hears of it.",
             _error_swallowed,
-            hint="Let train's error out: no `except` around train (try/finally alone does the teardown), or "
-            "end the except with a bare `raise` after logging, so that the process fails and torchrun sees it.",
+            hint="Let the error out: try/finally with no except, or a bare `raise` after logging.",
         ),
     ),
     covers=("lr-scaled", "same-init-seed", "teardown"),

@@ -1,20 +1,6 @@
-"""The lesson's training submitted with the Kubeflow SDK (``pip install kubeflow``), on its local process backend.
+"""The lesson's training submitted with the Kubeflow SDK (``pip install kubeflow``) on its local process backend.
 
-``TrainerClient().train(CustomTrainer(func=...))`` is how a notebook submits a TrainJob to a cluster. The SDK's
-``LocalProcessBackend`` runs the same call on one machine with no cluster (kubeflow 0.5.0,
-kubeflow/trainer/backends/localprocess/): it makes a fresh virtual environment in a temporary folder, pip
-installs the runtime's packages there (``torch``), writes the function's source to a file and runs
-``<venv>/bin/torchrun FILE``, with the trainer's ``env`` as the process's whole environment.
-
-A fresh venv would download torch (gigabytes, with its CUDA libraries) for every job. The SDK's own rule gives
-a way round that: a package the trainer asks for replaces the runtime's package of the same name
-(``get_install_packages``). So the job asks for ``torch`` as a small local wheel that links the job's venv to
-this project's environment: a ``.pth`` file that adds this environment's site-packages (torch, and
-ddp_helpers), and the ``torchrun`` command. Nothing is downloaded, and the job runs this project's torch.
-
-What the local backend does not do, and a cluster does: more than one node (``num_nodes`` is ignored; torchrun
-runs on this machine, with ``PET_NPROC_PER_NODE`` ranks), images (``image`` is ignored), and resources
-(``resources_per_node`` is ignored). ``train()`` returns before the job ends; ``wait_for_job_status`` waits.
+The job asks for ``torch`` as a small local wheel that links its fresh venv to this environment: nothing downloads.
 """
 
 from __future__ import annotations
@@ -36,9 +22,7 @@ MARK_ENV = "DDP_HELPERS_KUBEFLOW_JOB"  # set in the job's environment: its proce
 
 
 def train_lesson(args: dict) -> None:
-    """What the job runs under torchrun on each rank: the lesson's ddp.py, as a script. The SDK copies this
-    function's source into a file of its own, so it imports what it uses, reads nothing from this module, and
-    its annotations name only builtins."""
+    """What the job runs under torchrun on each rank: the lesson's ddp.py, as a script."""
     import runpy
     import sys
 
@@ -52,9 +36,7 @@ def _record_line(path: str, data: bytes) -> str:
 
 
 def environment_link_wheel(folder: str | os.PathLike[str]) -> Path:
-    """A wheel named ``torch`` (this environment's version, ``+workbench``) that installs a ``.pth`` adding this
-    environment's site-packages to a venv, and torch's entry points (the ``torchrun`` command among them). It
-    requires this Python's minor version: another could not read this environment's packages."""
+    """A ``torch`` wheel whose ``.pth`` links a venv (of this Python's version) to this environment, with torchrun."""
     version = importlib.metadata.version("torch").split("+")[0] + "+workbench"
     dist_info = f"torch-{version}.dist-info"
     paths = [p for p in site.getsitepackages() if Path(p, "torch").is_dir()]
@@ -104,8 +86,7 @@ def run_locally(
     folder: str | os.PathLike[str],
     timeout_s: int = 600,
 ) -> LocalJob:
-    """Submit ``script argv`` as a TrainJob to the Kubeflow SDK's local process backend, on `nproc` ranks of
-    this machine, with this project's environment linked in; wait for it and return its status and log."""
+    """Submit ``script argv`` as a TrainJob to the SDK's local backend on `nproc` ranks; wait; its status and log."""
     from kubeflow.trainer import CustomTrainer, TrainerClient
     from kubeflow.trainer.backends.localprocess.types import LocalProcessBackendConfig
 

@@ -1,11 +1,6 @@
 """Notebook 06: several nodes, simulated on one machine (loopback), and a job file for a real cluster.
 
-The notebook plays `machine.nodes` nodes on one box: each node is a torchrun agent with its share of
-the GPUs (`machine.gpus` per node: the box's GPUs split between the nodes), so NCCL runs only where
-every rank of every node has a GPU of its own. The stopped-node demo (a node that stops answering
-without closing its sockets, and the process group's timeout that follows) runs on the CPU on every
-machine: a gloo collective raises at its timeout, which a CPU shows the same as a GPU box. The
-exercises' live ranks are one node. Nothing is compared across runs.
+Each node is a torchrun agent with its share of the GPUs; the stopped-node demo runs on the CPU (gloo).
 """
 
 from __future__ import annotations
@@ -21,11 +16,8 @@ from ddp_helpers.kernel.lab.plan_core import (
     placement_line,
 )
 
-# the largest all_reduce message across the nodes, full and smoke: a GPU link (NVLink, InfiniBand)
-# needs larger messages than a CPU's loopback before its bandwidth shows. The waits: how long the lonely
-# node waits for its peer, the elastic job's steps (long enough for a node to join and another to leave)
-# and the most each membership change may take (agents import torch: slow on a busy machine), and the
-# SLURM job's limit (6 processes import torch on a small machine)
+# max_bytes: the largest all_reduce across the nodes (a GPU link needs larger messages to show its
+# bandwidth). The waits: the lonely node's, the elastic job's steps and membership changes, the SLURM job's
 WAITS = {"missing_node_timeout": 20, "elastic_steps": 40, "elastic_wait_s": 180, "slurm_job_timeout": 300}
 SMOKE_WAITS = {**WAITS, "missing_node_timeout": 5, "elastic_steps": 30}
 SIZES = {
@@ -67,13 +59,7 @@ def plan(machine: Machine, smoke: bool) -> NotebookPlan:
 
 
 def node_envs(run: RunPlan, gpu_ids: Sequence[str], cpus: int) -> list[dict[str, str]]:
-    """Each loopback node's environment for `run`, on a box whose GPUs are `gpu_ids` and cores `cpus`.
-
-    On GPUs, node k sees only its own: ids k*nproc ... (k+1)*nproc - 1, each rank's cuda:LOCAL_RANK one
-    of them (two agents on one box would otherwise both put their local rank 0 on cuda:0). On the CPU,
-    every GPU is hidden, the odd one left over too. Each node gives its ranks their share of the cores:
-    the agents do not know of each other, so each alone would hand its ranks every core.
-    """
+    """Each loopback node's environment for `run`, on a box whose GPUs are `gpu_ids` and cores `cpus`."""
     threads = {"OMP_NUM_THREADS": str(max(1, cpus // run.world))}
     if run.device == "cpu":
         hidden = {"CUDA_VISIBLE_DEVICES": ""} if gpu_ids else {}

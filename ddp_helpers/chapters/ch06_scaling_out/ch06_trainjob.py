@@ -1,26 +1,6 @@
 """The Kubeflow Trainer v2 ``TrainJob`` for a notebook's worker (see `trainjob_manifest`).
 
-Kubeflow Trainer v2 (``trainer.kubeflow.org/v1alpha1``, v2.2.0 and later) replaces the v1 training
-operator's framework CRDs (such as ``PyTorchJob``). A ``TrainJob`` names a runtime, here the
-``torch-distributed`` ClusterTrainingRuntime that the Trainer installs, and sets only what differs for this
-job. Who owns what, as the Trainer's source has it (kubeflow/trainer v2.2.0):
-
-- the runtime owns the JobSet: one replicated job and one container, both named ``node``
-  (``constants.Node``); the torch ML policy; the ``PET_*`` variables torchrun reads (``PET_NNODES``,
-  ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR``, ``PET_MASTER_PORT``), which the torch
-  plugin sets and the admission webhook refuses in the job (``TorchRunReservedEnvNames``); and the
-  JobSet's failure policy (how often the pods are recreated), which a job's ``runtimePatches`` cannot reach;
-- the job sets ``spec.trainer``: the image, the command, its environment, ``numNodes``,
-  ``numProcPerNode`` and ``resourcesPerNode``; and, through ``spec.runtimePatches``, the pods' volumes,
-  the ``node`` container's mounts and the pods' security context.
-
-What v1 did and v2 does not: an elastic node range. The v1 ``elasticPolicy`` (``minReplicas`` to
-``maxReplicas``) has no counterpart: ``numNodes`` is one number, and the torch plugin says so itself
-(``// TODO (andreyvelich): Add support for PyTorch elastic when JobSet supports Elastic Jobs.``,
-pkg/runtime/framework/plugins/torch/torch.go). Restarts stay torchrun's, as with v1's ``maxRestarts``:
-the command runs torchrun with ``--max-restarts`` over a c10d rendezvous at the runtime's master address,
-so every node's agent restarts its workers together, and ``train.py --resume`` goes on from the newest
-checkpoint on the shared volume.
+The ``torch-distributed`` runtime owns the JobSet and the ``PET_*`` variables; the job sets the trainer and patches.
 """
 
 from __future__ import annotations
@@ -38,9 +18,8 @@ CPUS_PER_RANK = 4  # DataLoader workers and the rank itself; raise it for image 
 MAX_RESTARTS = 3  # torchrun restarts every worker this many times after a failure, then gives up
 # torchrun prefixes each tee'd line with this (its ${rank} is the global rank): the `[rank N]` of launch()
 LOG_LINE_PREFIX = "[rank${rank}]: "
-# torchrun keeps one shared TCPStore across restart rounds, so restarted workers can read the dead
-# workers' addresses and fail with "connectFullMesh ... Connection refused" or hang (seen on torch 2.14
-# on two SLURM nodes; cf. pytorch/pytorch#167288). A fresh store per round avoids it (launch() does the same).
+# with torchrun's shared TCPStore, restarted workers can read dead workers' addresses and fail or hang
+# (torch 2.14 on SLURM; pytorch/pytorch#167288): a fresh store per round, as launch() uses
 FRESH_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 FRESH_STORE_LINES = [
     "# a fresh rendezvous store per restart round: with the shared one, restarted workers can read the",
@@ -70,17 +49,13 @@ def worker_args_for(
 
 
 # ---- the TrainJob
-# Built from docker/Dockerfile (the name docker/compose.yaml gives it). A cluster pulls images from
-# a registry: tag and push it there, then pass image="registry.example.com/you/ddp-workbench:tag".
+# docker/compose.yaml's name for docker/Dockerfile's image; push it to a registry, pass image="registry/...:tag"
 DEFAULT_IMAGE = "ddp-workbench:latest"
-# Where docker/Dockerfile copies the repository's package (WORKDIR, then COPY ddp_helpers ./ddp_helpers):
-# a worker path relative to the repository is taken from there.
+# docker/Dockerfile's WORKDIR: a worker path relative to the repository is taken from there
 IMAGE_REPO_DIR = "/opt/ddp-workbench"
-# The image's user and group (docker/Dockerfile: USER_UID, useradd's group): the pods run as them, and
-# fsGroup makes the volumes they mount writable by that group.
+# the image's user and group: the pods run as them, and fsGroup makes their volumes writable
 IMAGE_UID = IMAGE_GID = 1000
-# Where every pod mounts the job's shared ReadWriteMany volume: runs and checkpoints go there, so a
-# restarted pod (and rank 0 in another pod) finds them.
+# every pod's mount of the shared ReadWriteMany volume: runs and checkpoints, found again after a restart
 SHARED_MOUNT = "/shared"
 SHARED_STORAGE = "100Gi"  # the shared volume's size request
 
@@ -108,33 +83,33 @@ def trainjob_manifest(
     storage_class: str | None = None,
     runtime: str = RUNTIME,
 ) -> str:
-    """A shared volume's claim and a Kubeflow Trainer v2 ``TrainJob`` on the `runtime` ClusterTrainingRuntime:
-    `nnodes` pods of `nproc_per_node` ranks each, running `worker` under torchrun. Two YAML documents:
-    ``kubectl apply -f`` creates both.
-
-    `image` must hold this package (docker/Dockerfile builds one; the runtime's stock image has no
-    ddp_helpers). A relative `worker` is taken from the image's copy of the repository. What the job writes
-    goes to the ReadWriteMany claim ``<name>-shared``, mounted at `SHARED_MOUNT` in every pod: the runs
-    (``DDP_RUN_DIR``) and `checkpoint_dir`, which must lie there (after a restart, rank 0 may be another pod).
-    """
+    """A shared ReadWriteMany claim and a ``TrainJob`` of `nnodes` pods running `worker` under torchrun (`image` holds ddp_helpers)."""
     check_job_shape(nnodes, nproc_per_node, cpus_per_rank)
     check_shared(checkpoint_dir)
     if max_restarts < 0:
         raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
     gpus = nproc_per_node if gpus_per_node is None else gpus_per_node
     claim = f"{name}-shared"
-    trainer = _trainer(
-        worker,
-        worker_args,
-        image,
-        nnodes,
-        nproc_per_node,
-        gpus,
-        cpus_per_rank,
-        max_restarts,
-        checkpoint_dir,
-        name,
-    )
+    trainer = {  # what the job sets: the image, torchrun's command, its environment, the shape
+        "image": image,
+        "command": [
+            "torchrun",
+            # c10d at the runtime's master address, where restarted agents meet again (Kubernetes expands $(VAR))
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint=$(PET_MASTER_ADDR):$(PET_MASTER_PORT)",
+            f"--max-restarts={max_restarts}",
+            worker if worker.startswith("/") else f"{IMAGE_REPO_DIR}/{worker}",
+            *worker_args_for(worker_args, checkpoint_dir),
+        ],
+        "env": [
+            {"name": RUN_DIR_ENV, "value": f"{SHARED_MOUNT}/runs/{name}"},  # the workers' --run-dir
+            {"name": "OMP_NUM_THREADS", "value": str(cpus_per_rank)},  # torchrun would set 1
+            *([{"name": k, "value": v} for k, v in FRESH_STORE.items()] if max_restarts > 0 else []),
+        ],
+        "numNodes": nnodes,
+        "numProcPerNode": nproc_per_node,
+        "resourcesPerNode": _resources(nproc_per_node, cpus_per_rank, gpus),
+    }
     job = {
         "apiVersion": API_VERSION,
         "kind": "TrainJob",
@@ -181,46 +156,8 @@ def volume_claim(claim: str, shared_storage: str, storage_class: str | None) -> 
     }
 
 
-def _trainer(
-    worker: str,
-    worker_args: Sequence[object],
-    image: str,
-    nnodes: int,
-    nproc_per_node: int,
-    gpus: int,
-    cpus_per_rank: int,
-    max_restarts: int,
-    checkpoint_dir: str | None,
-    name: str,
-) -> dict[str, Any]:
-    """spec.trainer: what the job sets (the image, torchrun's command, its environment, the shape)."""
-    script = worker if worker.startswith("/") else f"{IMAGE_REPO_DIR}/{worker}"
-    return {
-        "image": image,
-        "command": [
-            "torchrun",
-            # the runtime's master address hosts a c10d rendezvous: restarted agents meet again there
-            # (Kubernetes expands $(VAR) from the container's environment, where the torch plugin put them)
-            "--rdzv-backend=c10d",
-            "--rdzv-endpoint=$(PET_MASTER_ADDR):$(PET_MASTER_PORT)",
-            f"--max-restarts={max_restarts}",
-            script,
-            *worker_args_for(worker_args, checkpoint_dir),
-        ],
-        "env": [
-            {"name": RUN_DIR_ENV, "value": f"{SHARED_MOUNT}/runs/{name}"},  # the workers' --run-dir
-            {"name": "OMP_NUM_THREADS", "value": str(cpus_per_rank)},  # torchrun would set 1
-            *([{"name": k, "value": v} for k, v in FRESH_STORE.items()] if max_restarts > 0 else []),
-        ],
-        "numNodes": nnodes,
-        "numProcPerNode": nproc_per_node,
-        "resourcesPerNode": _resources(nproc_per_node, cpus_per_rank, gpus),
-    }
-
-
 def _resources(nproc_per_node: int, cpus_per_rank: int, gpus: int) -> dict[str, Any]:
-    """Each node's pod: a CPU budget for its ranks and their loaders, and its GPUs (the torch plugin reads
-    this too: with GPUs and numProcPerNode "auto", one rank per GPU)."""
+    """Each node's pod: a CPU budget for its ranks and their loaders, and its GPUs."""
     limits: dict[str, Any] = {"cpu": nproc_per_node * cpus_per_rank}
     if gpus:
         limits["nvidia.com/gpu"] = gpus
@@ -228,8 +165,7 @@ def _resources(nproc_per_node: int, cpus_per_rank: int, gpus: int) -> dict[str, 
 
 
 def _pod_patch(claim: str) -> dict[str, Any]:
-    """The runtime patch: the pods run as the image's user with the shared claim and two emptyDirs, which the
-    ``node`` container mounts. (A ContainerPatch cannot set ``env`` on ``node``: that goes in spec.trainer.)"""
+    """The runtime patch: the image's user, the shared claim and two emptyDirs (``env`` goes in spec.trainer)."""
     pod_spec = {
         # the image's user (docker/Dockerfile), and its group owns the mounted volumes
         "securityContext": {
@@ -242,10 +178,7 @@ def _pod_patch(claim: str) -> dict[str, Any]:
         "volumes": [
             {"name": "shared", "persistentVolumeClaim": {"claimName": claim}},  # runs and checkpoints
             {"name": "tmp", "emptyDir": {}},  # torchrun's log folder and other temporary files
-            {
-                "name": "dshm",
-                "emptyDir": {"medium": "Memory"},
-            },  # DataLoader workers and NCCL need shared memory
+            {"name": "dshm", "emptyDir": {"medium": "Memory"}},  # for DataLoader workers and NCCL
         ],
         "containers": [
             {

@@ -1,12 +1,6 @@
 """A job that survives nodes coming and going: every step all-reduces, rank 0 saves the step count.
 
-Run it under torchrun with --nnodes MIN:MAX and --max-restarts: when a node joins or leaves, torchrun
-stops every worker, the agents meet again (a new rendezvous round) and start fresh workers in the new
-world. They resume from the last saved step, so no step is lost. The checkpoint folder must be one
-that every node sees.
-
-A resized world is a new global batch: each (re)start sums the ranks' batches into the global batch and
-sets the learning rate from it (the linear scaling rule), rather than reusing the last world's.
+Run under torchrun --nnodes MIN:MAX --max-restarts N; each (re)start scales the lr to its world's global batch.
 """
 
 import argparse

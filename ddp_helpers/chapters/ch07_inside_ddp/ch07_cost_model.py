@@ -1,16 +1,7 @@
 """The latency-bandwidth (alpha-beta) cost model of an all-reduce, and what it predicts for DDP's buckets.
 
-    fit = fit_alpha_beta(sizes_in_bytes, seconds)      # t(n) = alpha + n * beta, and how well it fits
-    buckets = bucket_sizes(param_bytes_in_ready_order, cap_bytes)   # DDP's greedy bucket rule
-    exposed_comm_s(buckets, backward_s, fit)           # all-reduce time left after backward ends
-    best_cap(param_bytes_in_ready_order, backward_s, fit)
-
-The model of a step: backward produces gradient bytes at a steady rate for `backward_s`; a bucket
-is sent when its last gradient is ready; all-reduces run one at a time, in bucket order, each
-taking alpha + bytes * beta. What is not finished when backward ends is exposed. Small buckets
-pay alpha many times; large ones start late and leave a long tail. It ignores what a real machine
-adds: communication that slows compute down (on a CPU both share the cores), several all-reduces
-in flight at once, layers whose compute is not proportional to their gradient bytes.
+Backward makes gradient bytes at a steady rate; each bucket's all-reduce (alpha + bytes * beta) starts when it is
+full and after the one before; what runs past backward's end is exposed.
 """
 
 from __future__ import annotations
@@ -34,9 +25,7 @@ class AlphaBeta:
 
 
 def fit_alpha_beta(n_bytes: list[float], seconds: list[float]) -> AlphaBeta:
-    """Weighted least squares, each residual divided by the square root of its time: the noise of a
-    timing grows with it, and so the small sizes, which decide alpha, are not drowned by the largest
-    (plain least squares lets a 16 MiB all-reduce's noise decide alpha, which can come out negative)."""
+    """Least squares weighted by 1/sqrt(time), so the large sizes' noise does not decide alpha."""
     x, t = np.asarray(n_bytes, dtype=float), np.asarray(seconds, dtype=float)
     if len(x) < 3 or np.any(t <= 0):
         raise ValueError("need at least three sizes, each with a positive time")
@@ -51,8 +40,7 @@ def fit_alpha_beta(n_bytes: list[float], seconds: list[float]) -> AlphaBeta:
 def bucket_sizes(
     param_bytes_in_ready_order: list[int], cap_bytes: float, first_cap_bytes: float | None = None
 ) -> list[int]:
-    """DDP's rule: fill a bucket in gradient-ready order until it holds at least the cap, then start
-    the next. `first_cap_bytes` caps the first bucket (DDP: 1 MiB when bucket_cap_mb is the default)."""
+    """DDP's rule: fill a bucket in ready order until it holds the cap (`first_cap_bytes` for the first)."""
     buckets: list[int] = []
     size = 0
     for n_bytes in param_bytes_in_ready_order:
@@ -76,9 +64,7 @@ def exposed_comm_s(bucket_bytes: list[int], backward_s: float, fit: AlphaBeta) -
 def best_cap(
     param_bytes_in_ready_order: list[int], backward_s: float, fit: AlphaBeta, points: int = 200
 ) -> tuple[float, float]:
-    """The bucket cap (bytes), on a log grid from the smallest gradient to all of them, that the model
-    says leaves the least all-reduce exposed; and that exposed time in seconds. Of caps that give the
-    same layout, the largest: the same buckets, with room to spare."""
+    """The cap on a log grid (the largest of equals) the model says leaves the least exposed, and that time."""
     low, high = min(param_bytes_in_ready_order), sum(param_bytes_in_ready_order)
     caps = np.geomspace(low, high, points)[::-1]  # largest first: argmin keeps the first of equals
     exposed = [exposed_comm_s(bucket_sizes(param_bytes_in_ready_order, cap), backward_s, fit) for cap in caps]

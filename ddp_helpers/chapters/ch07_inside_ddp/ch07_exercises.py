@@ -1,14 +1,7 @@
 """Notebook 07's exercises: gradient accumulation under no_sync(), and an averaging comm hook of your own.
 
-Probe inputs make each mistake leave its own mark. The model is a bias-free float64 Linear that starts
-at zero, stepped once by SGD with lr 1, so the weight is minus the gradient DDP left. In 07-accumulate
-each micro-batch of each rank is a one-hot sample of its own coordinate, so the weight shows every
-micro-batch's share; a comm hook that setup registers counts the all-reduces DDP ran, and a hook on the
-weight counts the backward passes (one per micro-batch: a single backward of the stacked losses keeps every
-micro-batch's graph alive at once, which accumulation exists to avoid). In 07-hook each
-rank's sample is the one-hot of its rank, so an average, a sum and a double division all differ; the
-other ranks start their forward only once rank 0's hook has returned, so the future rank 0's hook
-returns is still pending unless the hook waited for its all-reduce (right, but nothing overlaps: a note).
+A bias-free float64 Linear starting at zero, stepped once by SGD with lr 1, so the weight is minus the
+gradient DDP left; one-hot inputs per (rank, micro-batch) make each mistake leave its own mark.
 """
 
 from __future__ import annotations
@@ -71,7 +64,6 @@ def _accumulate_expected(world: int) -> Seen:
 
 
 def _micro_batch_shares(seen_row: dict[str, Any], world: int) -> list[list[float]]:
-    """The weight, as [rank][micro-batch]."""
     weight = seen_row["weight"]
     return [weight[r * ACCUMULATE : (r + 1) * ACCUMULATE] for r in range(world)]
 
@@ -121,15 +113,10 @@ ACCUMULATE_EXERCISE = Exercise(
     notebook="07",
     title="Accumulate gradients under no_sync(), all-reduce once",
     task=(
-        "One optimizer step over the micro-batches in `micro_batches`: run every micro-batch but the last "
-        "(forward and backward) inside `ddp_model.no_sync()`, the last one outside it, each loss divided by "
-        "the number of micro-batches, then step. The gradient must be the mean over all ranks and "
-        "micro-batches, with one all-reduce per step."
+        "One optimizer step over `micro_batches`: every micro-batch but the last inside "
+        "`ddp_model.no_sync()`, each loss divided by their number, then step."
     ),
-    given=(
-        "`ddp_model` (a DDP-wrapped Linear; a comm hook counts its all-reduces), `micro_batches` "
-        f"({ACCUMULATE} tensors, this rank's), `optimizer` (SGD, lr 1)"
-    ),
+    given=f"`ddp_model` (its all-reduces counted), `micro_batches` ({ACCUMULATE}, this rank's), `optimizer`",
     starter=(
         "accumulate = len(micro_batches)\n"
         "for x in micro_batches[:-1]:\n"
@@ -149,69 +136,41 @@ ACCUMULATE_EXERCISE = Exercise(
         "optimizer.step()\n"
         "optimizer.zero_grad()\n"
     ),
-    hint=(
-        "DDP decides in forward whether the next backward all-reduces: a forward inside `no_sync()` gives a "
-        "backward that only adds to `.grad`. The last micro-batch's forward and backward run outside it, and "
-        "its all-reduce carries the sum of all micro-batches. The losses add up over micro-batches: divide each "
-        "by their number."
-    ),
+    hint="A forward inside `no_sync()` makes its backward only add to `.grad`; the last one all-reduces the sum.",
     setup=_accumulate_setup,
     observe=_accumulate_observe,
     expected=_accumulate_expected,
     mistakes=(
         Mistake(
             "07-accumulate-not-divided",
-            f"the step is {ACCUMULATE}x too large: the micro-batches' gradients add up in .grad, so each loss "
-            "must be divided by the number of micro-batches for the step to use their mean",
+            f"the step is {ACCUMULATE}x too large: the micro-batches' gradients add up in .grad.",
             _not_divided,
-            hint=(
-                "Divide each micro-batch's loss by the number of micro-batches (`accumulate`) before its "
-                "backward(), the last one's too: the step then uses their mean."
-            ),
+            hint="Divide each micro-batch's loss by `accumulate` before its backward().",
         ),
         Mistake(
             "07-accumulate-synced-every-micro-batch",
-            f"the weights are right, but DDP all-reduced {ACCUMULATE} times in one step, once per micro-batch: "
-            "without no_sync() every backward all-reduces, and accumulation saves no communication",
+            f"the weights are right, but DDP all-reduced {ACCUMULATE} times in one step, once per micro-batch.",
             _synced_every_micro_batch,
-            hint=(
-                "Put the forward and the backward of every micro-batch but the last inside "
-                "`with ddp_model.no_sync():`, the forward included: DDP decides in forward whether the next "
-                "backward all-reduces."
-            ),
+            hint="Run the forward and backward of every micro-batch but the last inside `ddp_model.no_sync()`.",
         ),
         Mistake(
             "07-accumulate-one-backward",
-            f"the weights are right, with one all-reduce, but from one backward(): every micro-batch's forward "
-            f"ran first and their losses were summed (or stacked), so all {ACCUMULATE} graphs, activations "
-            "included, were alive at once. Accumulation exists to fit a batch that memory cannot hold: call "
-            "backward() on each micro-batch's loss as it comes, and its graph is freed",
+            f"the weights are right, but from one backward() of the summed losses: all {ACCUMULATE} graphs were "
+            "alive at once, the memory accumulation exists to save.",
             _one_backward,
-            hint=(
-                "Call backward() on each micro-batch's loss (divided by their number) right after its forward, "
-                "in the same loop iteration, and keep no list of losses: each backward frees its graph before "
-                "the next forward builds one."
-            ),
+            hint="Call backward() on each micro-batch's loss right after its forward.",
         ),
         Mistake(
             "07-accumulate-never-synced",
-            "DDP never all-reduced: every micro-batch ran under no_sync(), the last one too, so each rank "
-            "stepped with its own gradients and the replicas now differ",
+            "DDP never all-reduced: the last micro-batch ran under no_sync() too, and the replicas now differ.",
             _never_synced,
-            hint=(
-                "Take the last micro-batch out of no_sync(): its forward and backward run after the with "
-                "block, and that backward all-reduces the sum of every micro-batch's gradient."
-            ),
+            hint="Run the last micro-batch's forward and backward after the no_sync() block.",
         ),
         Mistake(
             "07-accumulate-only-last",
-            "only the last micro-batch moved the weights: the gradients accumulated before it were zeroed "
-            "(a zero_grad() inside the loop?), so the step saw 1/K of the data",
+            "only the last micro-batch moved the weights: the gradients before it were zeroed in the loop.",
             _only_last_micro_batch,
-            hint=(
-                "Clear the gradients only after optimizer.step(): between micro-batches they must add up in "
-                ".grad."
-            ),
+            hint="Call zero_grad() only after optimizer.step().",
         ),
     ),
     covers=("no-sync-accumulation",),
@@ -221,10 +180,8 @@ ACCUMULATE_EXERCISE = Exercise(
 WIDTH = 8  # one-hot inputs: one coordinate per rank, up to 8 ranks
 GATE_S = 2.0  # the longest the other ranks wait for rank 0's hook to return (a blocking hook: this long)
 WAITED = (
-    "your hook returned a future that was already complete: it waited for its all-reduce (a blocking "
-    "dist.all_reduce, or a wait()). The mean is right, but each bucket's hook then holds up the rest of "
-    "backward until the bucket is reduced, so no communication overlaps computation. Return the future of "
-    "dist.all_reduce(..., async_op=True), chained with .then(...): DDP waits for it at the end of backward"
+    "it waited for its all-reduce, so no communication overlaps backward. Return the future of "
+    "dist.all_reduce(..., async_op=True) chained with .then(...)"
 )
 
 
@@ -241,9 +198,8 @@ def _hook_setup(ctx: Context) -> dict[str, Any]:
     ddp_model = DDP(model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
     x = torch.zeros(1, model.in_features, dtype=torch.float64, device=ctx.device)
     x[0, ctx.rank] = 1.0  # this rank's sample: its gradient is the one-hot of its rank
-    # Did the hook wait for its all-reduce? On rank 0, was the future it returned already complete? The
-    # other ranks start their forward only once rank 0's hook has returned (a file says so; or after
-    # GATE_S), so that an asynchronous all-reduce cannot have completed by then, and a blocking one has
+    # did rank 0's hook return a completed future? The others start their forward only after it returned,
+    # so an asynchronous all-reduce cannot have completed by then, and a blocking one has
     gate = os.path.join(ctx.workdir, "07-hook-rank0-returned")
     done_on_return: list[bool | None] = []
     register = ddp_model.register_comm_hook
@@ -313,10 +269,8 @@ HOOK = Exercise(
     notebook="07",
     title="A comm hook that averages each bucket",
     task=(
-        "Write `hook(state, bucket)`, a DDP communication hook that does what DDP does by default: all-reduce "
-        "the bucket's flat gradients (`bucket.buffer()`) so that every rank holds their **mean**, "
-        "asynchronously, and return a future whose value is that one tensor. Register it on `ddp_model`, "
-        "then take the step."
+        "Write `hook(state, bucket)`: all-reduce `bucket.buffer()` asynchronously to its mean and return a "
+        "future of that one tensor; register it on `ddp_model`, then step."
     ),
     given="`ddp_model` (a DDP-wrapped Linear), `x` (this rank's sample), `optimizer` (SGD, lr 1), `dist`",
     starter=(
@@ -340,54 +294,34 @@ HOOK = Exercise(
         "ddp_model(x).sum().backward()\n"
         "optimizer.step()\n"
     ),
-    hint=(
-        "An all-reduce sums; dividing the buffer by the world size once, before or after, makes the sum the "
-        "mean. `dist.all_reduce(..., async_op=True).get_future()` gives a future whose value is a list of the "
-        "tensors reduced: `.then(lambda fut: fut.value()[0])` turns it into the future of one tensor that DDP "
-        "copies back into the gradients."
-    ),
+    hint="Divide by the world size once; `.then(lambda fut: fut.value()[0])` gives DDP its one tensor.",
     setup=_hook_setup,
     observe=_hook_observe,
     expected=_hook_expected,
     mistakes=(
         Mistake(
             "07-hook-summed",
-            "every rank stepped with the SUM of the ranks' gradients, world-size times the mean: an all-reduce "
-            "sums, and the hook must divide by the world size",
+            "every rank stepped with the SUM of the ranks' gradients: an all-reduce sums.",
             _hook_factor(lambda world: world),
-            hint=(
-                "Divide by dist.get_world_size() once: the bucket's buffer before the all-reduce "
-                "(buffer.div_(...)), or the reduced tensor in the .then() after it."
-            ),
+            hint="Divide by dist.get_world_size() once, before the all-reduce or in the .then().",
         ),
         Mistake(
             "07-hook-divided-twice",
-            "every rank stepped with 1/world-size of the mean: the hook divided by the world size twice (before "
-            "and after the all-reduce?)",
+            "every rank stepped with 1/world-size of the mean: the hook divided twice.",
             _hook_factor(lambda world: 1.0 / world),
-            hint=(
-                "Divide in one place only: either the buffer before the all-reduce, or the reduced tensor in "
-                ".then(), not both."
-            ),
+            hint="Divide either the buffer before the all-reduce or the result in .then(), not both.",
         ),
         Mistake(
             "07-hook-future-of-a-list",
-            "DDP refused the hook's result: the future of an all-reduce holds a list of tensors, and DDP wants a "
-            "future of the one tensor. Return future.then(lambda fut: fut.value()[0])",
+            "DDP refused the hook's result: an all-reduce's future holds a list of tensors.",
             _future_of_a_list,
-            hint=(
-                "Chain .then(lambda fut: fut.value()[0]) onto the all-reduce's future and return the future "
-                "that .then() makes: its value is the one reduced tensor, which DDP copies into the gradients."
-            ),
+            hint="Return future.then(lambda fut: fut.value()[0]).",
         ),
         Mistake(
             "07-hook-bucket-renamed",
-            "DDP refused the hook when it was registered (KeyError: 'bucket'): register_comm_hook reads the "
-            "hook's parameters by name, and this hook has none called `bucket`, so it never ran",
+            "DDP refused the hook (KeyError: 'bucket'): it reads the hook's parameters by name.",
             lambda seen, expected: all("KeyError: 'bucket'" in str(s.get("error") or "") for s in seen),
-            hint=(
-                "Name the hook's parameters `state` and `bucket`, as DDP calls them: `def hook(state, bucket):`."
-            ),
+            hint="Write `def hook(state, bucket):`.",
         ),
     ),
     covers=(),

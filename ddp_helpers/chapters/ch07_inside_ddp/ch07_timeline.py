@@ -1,19 +1,6 @@
 """Compute and all-reduce on one time axis: read torch.profiler's Chrome traces, measure the overlap, draw it.
 
-    timelines = [read_trace(path) for path in sorted(Path(run_dir, "traces").glob("rank*.json"))]
-    overlap_table(timelines)        # per rank: compute, all-reduce, overlapped and exposed milliseconds
-    plot_timelines(timelines)       # one row per rank: forward/backward/optimizer, compute, all-reduce
-
-What counts as what:
-- all-reduce: the time a collective runs. On gloo that is a ``gloo:all_reduce`` range on gloo's own
-  threads; on nccl it is an ``nccl...`` kernel on the GPU.
-- compute: on GPUs, every other kernel. On the CPU, the training thread's operators, less the time
-  they spend in DDP's bookkeeping and in handing buckets to c10d.
-The overlap fraction is the share of all-reduce time during which compute ran too, as Holistic
-Trace Analysis defines it; the exposed all-reduce time is the rest, the time communication adds.
-The hidden all-reduce time counts only what ran during compute *in the backward call that started
-it*: DDP waits for every bucket before backward returns, so a range that reaches past that is the
-collective's thread closing it late (seen on a loaded CPU, by several ms), not communication.
+Hidden all-reduce time counts only what ran during compute in the backward call that started it.
 """
 
 from __future__ import annotations
@@ -129,11 +116,7 @@ def clip_to_containing(spans: list[Interval], windows: list[Interval]) -> list[I
 
 
 def read_trace(path: str | os.PathLike[str], rank: int | None = None) -> Timeline:
-    """Read one rank's Chrome trace (``prof.export_chrome_trace``) into a `Timeline`.
-
-    Times are milliseconds from the start of the first ``step N`` range (the trace's first event
-    if there is none). `rank` defaults to the trace's own distributedInfo, else the digits of the name.
-    """
+    """Read one rank's Chrome trace (``prof.export_chrome_trace``) into a `Timeline`."""
     trace = json.loads(Path(path).read_text())
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
     if rank is None:
@@ -211,8 +194,7 @@ _PHASE_COLOURS = {"forward": "#9ecae1", "backward": "#3182bd", "optimizer": "#bd
 
 
 def plot_timelines(timelines: list[Timeline], title: str = "", max_ranks: int = 4) -> Figure:
-    """One panel per rank (the first `max_ranks`), sharing the time axis: what the training thread
-    was in, when it computed, and when all-reduces ran. Overlap shows as the two lower rows stacked."""
+    """One panel per rank on a shared time axis: phases, compute, all-reduces."""
     import matplotlib.pyplot as plt
 
     shown = timelines[:max_ranks]

@@ -1,8 +1,4 @@
-"""What handmade_ddp.py and inside_ddp.py share: the model, its batches, the clock and DDP's counters.
-
-Both workers train the same seeded model on the same per-rank batches and time steps the same way, so
-the numbers one prints compare with the other's.
-"""
+"""What handmade_ddp.py and inside_ddp.py share: the model, its batches, the clock and DDP's counters."""
 
 import argparse
 import statistics
@@ -23,8 +19,7 @@ Batches = list[tuple[torch.Tensor, torch.Tensor]]  # (inputs, targets) for each 
 
 
 def build_model(name: str, width: int, depth: int, classes: int = 10, batch_norm: bool = False) -> nn.Module:
-    """An MLP of `depth` square layers (cheap on the CPU), or a torchvision ResNet (for GPUs).
-    `batch_norm` puts a BatchNorm1d after each MLP layer: buffers (running statistics) to sync."""
+    """An MLP of `depth` square layers (cheap on the CPU), or a torchvision ResNet (for GPUs)."""
     if name == "mlp":
         layers: list[nn.Module] = []
         for _ in range(depth):

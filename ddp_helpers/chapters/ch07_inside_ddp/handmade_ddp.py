@@ -1,19 +1,6 @@
-"""DDP built by hand, four ways, each checked against torch's DistributedDataParallel and timed.
+"""DDP built by hand, four ways (naive, flat, overlap, bucketed), each checked against torch's DDP and timed.
 
-    torchrun --nproc-per-node 2 handmade_ddp.py --variants naive,flat,overlap,bucketed,ddp --steps 10
-
-1. NaiveDDP      all-reduce each gradient, one after another, after backward()
-2. FlatDDP       copy every gradient into one flat buffer and all-reduce it once
-3. OverlapDDP    start each gradient's all-reduce from a hook *during* backward; wait before step()
-4. BucketedDDP   the same, but in buckets of --bucket-cap-mb, filled in reverse registration order
-                 (DDP's Reducer does more: see BucketedDDP's docstring)
-
-Every variant trains the same model from the same weights on the same data, so after --steps steps
-its weights, and its buffers (--batch-norm), must equal those of the real DDP on every rank (float
-tolerance). Rank 0 writes, per variant, the median step time (slowest rank), the all-reduces per
-step and the largest differences to DDP's weights and buffers to <run-dir>/summary.json; every rank
-logs one metrics line per step. Each wrapper's remove() takes its hooks off the model (--rewrap
-wraps, removes and wraps again, as a rerun notebook cell would).
+torchrun --nproc-per-node 2 handmade_ddp.py --variants naive,flat,overlap,bucketed,ddp --steps 10
 """
 
 import argparse
@@ -53,14 +40,7 @@ def broadcast_from_rank0(tensors: Iterable[torch.Tensor]) -> None:
 
 
 class HandmadeDDP(nn.Module):
-    """What the four versions share: start from rank 0's state, sync buffers, and take hooks off again.
-
-    DDP broadcasts weights and buffers from rank 0 when it is built, and buffers (BatchNorm's running
-    statistics) again before a forward if the one before it ran with grad enabled and outside no_sync();
-    these wrappers before every forward with grad enabled (in a training loop, the same). The hooks a version registers stay on the
-    *parameters*, not on the wrapper: `remove()` (or leaving a `with` block) takes them off, so that
-    wrapping the same model again does not stack a second set (two all-reduces, two divisions).
-    """
+    """What the four versions share: start from rank 0's state, sync buffers, and take hooks off again."""
 
     def __init__(self, module: nn.Module) -> None:
         super().__init__()
@@ -126,8 +106,7 @@ class FlatDDP(HandmadeDDP):
 
 
 class OverlapDDP(HandmadeDDP):
-    """Each gradient's all-reduce starts, asynchronously, the moment autograd has accumulated it,
-    so communication runs while backward computes the earlier layers' gradients."""
+    """Each gradient's all-reduce starts from a hook the moment autograd has accumulated it."""
 
     def __init__(self, module: nn.Module) -> None:
         super().__init__(module)
@@ -154,25 +133,7 @@ class OverlapDDP(HandmadeDDP):
 
 
 class BucketedDDP(HandmadeDDP):
-    """Overlap, but in buckets of about `bucket_cap_mb`: fewer, larger messages. Parameters go into
-    buckets in reverse registration order, roughly the order backward produces their gradients, and
-    a bucket closes once it holds at least the cap (DDP's rule); its all-reduce starts when its last
-    gradient is ready. Where DDP's Reducer differs (torch/csrc/distributed/c10d/reducer.cpp,
-    torch/nn/parallel/distributed.py; the same in 2.7 and 2.14):
-    - it launches buckets strictly in index order: a bucket that is ready early waits for the ones
-      before it (`mark_bucket_ready`); here a bucket goes as soon as it is full;
-    - for its first step it puts every parameter in ONE bucket, then rebuilds them, at the start of
-      the second forward, from the order the gradients arrived (with find_unused_parameters=True and
-      no static_graph it builds size-based buckets in reverse registration order and never rebuilds);
-      the first bucket of that layout is capped at dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB) when
-      bucket_cap_mb is left at its default, so that communication starts sooner;
-    - it keeps the buckets allocated and copies each gradient into them (dividing on the way), so
-      no flatten per step;
-    - a parameter without a gradient (unused in forward) leaves its bucket incomplete: DDP raises at
-      the next forward ("Expected to have finished reduction in the prior iteration", unless
-      find_unused_parameters=True); here finish_gradient_synchronization() raises. A parameter
-      unused on one rank only would make that rank skip an all-reduce the others wait in: a hang.
-    """
+    """Overlap, but in buckets of about `bucket_cap_mb`: fewer, larger messages."""
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0) -> None:
         super().__init__(module)

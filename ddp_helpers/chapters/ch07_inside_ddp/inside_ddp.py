@@ -1,18 +1,7 @@
-"""Look inside torch's DDP: where the time goes, bucket sizes, no_sync(), comm hooks, DDP's options.
+"""Look inside torch's DDP: profiled steps, bucket sizes, all-reduce times, no_sync(), a recording comm hook,
+gradient_as_bucket_view.
 
     torchrun --nproc-per-node 2 inside_ddp.py --experiments profile,buckets,allreduce,no_sync,hooks,options
-
-Each experiment writes its results under its own name in <run-dir>/summary.json (rank 0):
-  profile   a few DDP steps under torch.profiler: one Chrome/Perfetto trace per rank, <run-dir>/traces/,
-            and the same steps with all gradients in one bucket (sent when backward is done), traces_one_bucket/
-  buckets   the median step time for each --bucket-caps value, and the buckets DDP reduced
-  allreduce the time of one all-reduce (of --iters back to back) for each --allreduce-bytes: t(n) = alpha + n*beta
-  no_sync   gradient accumulation with and without no_sync(): all-reduces counted by the profiler,
-            step times, and whether the weights came out equal
-  hooks     register_comm_hook: none, fp16 and bf16 compression, and a hook that records each bucket
-  options   find_unused_parameters, static_graph, gradient_as_bucket_view: step time, and the bytes of
-            the distinct storages that hold gradients (.grad tensors and DDP's buckets)
-The model, data and timing are experiment_kit.py's, shared with handmade_ddp.py, so the numbers compare.
 """
 
 import argparse
@@ -25,7 +14,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import profile, record_function
@@ -60,11 +48,7 @@ def storage_of(tensor: torch.Tensor) -> tuple[int, int]:
 
 
 def record_buckets_hook(log: list, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """The default all-reduce (average the bucket), plus a note of each bucket's size and time.
-
-    DDP calls this once per bucket, as soon as the bucket's gradients are ready, and waits for the
-    returned future before step(). On GPUs the time is until the all-reduce is queued on its stream.
-    """
+    """The default all-reduce (average the bucket), plus a note of each bucket's size and time."""
     start = time.perf_counter()
     buffer = bucket.buffer().div_(dist.get_world_size())
     future = dist.all_reduce(buffer, async_op=True).get_future()
@@ -82,14 +66,6 @@ def record_buckets_hook(log: list, bucket: dist.GradBucket) -> torch.futures.Fut
         return done.value()[0]
 
     return future.then(note)
-
-
-HOOKS = {
-    "none": None,
-    "fp16": default_hooks.fp16_compress_hook,  # halve the bytes sent: cast to fp16, reduce, cast back
-    "bf16": default_hooks.bf16_compress_hook,  # the same in bf16: fp32's range, less precision
-    "record": record_buckets_hook,
-}
 
 
 # ---------------------------------------------------------------------------- experiments
@@ -175,12 +151,7 @@ def experiment_buckets(args: argparse.Namespace, info: DistInfo, batches: Batche
 
 
 def experiment_allreduce(args: argparse.Namespace, info: DistInfo, batches: Batches) -> dict:
-    """The time of one all-reduce of each size: --iters of them back to back after a barrier (so a late
-    peer is not counted), divided by --iters, in --repeats rounds over all sizes (a burst of load slows
-    every size alike, not one). Timed alone, on an idle 2-core virtual machine, the smallest sizes' medians
-    varied from 0.3 to 4 ms between runs and the line's R2 fell to 0.83 (the notebook asks 0.9); with three
-    back to back, six runs gave 0.992 to 0.998. Per size, the median over the rounds of the slowest rank's
-    time."""
+    """One all-reduce's time per size: --iters back to back, --repeats rounds, median of the slowest rank."""
     buffers = [torch.ones(n_bytes // 4, device=info.device) for n_bytes in args.allreduce_bytes]  # float32
     times = torch.zeros(args.repeats, len(buffers), dtype=torch.float64)
     for repeat in range(-1, args.repeats):  # round -1 warms gloo up for every size, untimed
@@ -250,39 +221,30 @@ def experiment_no_sync(args: argparse.Namespace, info: DistInfo, batches: Batche
 
 
 def experiment_hooks(args: argparse.Namespace, info: DistInfo, batches: Batches) -> dict:
+    """DDP with no hook, then with the recording hook: the same loss, and one step's buckets."""
     results: dict[str, dict[str, Any]] = {}
-    for name in args.hooks:
+    for name in ("none", "record"):
         model = make_ddp(args, info, args.bucket_cap_mb)
         log: list[dict] = []
-        hook = HOOKS[name]
-        if hook is not None:
-            model.register_comm_hook(log if name == "record" else None, hook)
-        try:
-            step_time, final_loss = train(model, batches, args, info)
-        except (RuntimeError, ValueError) as error:  # a backend that cannot reduce this dtype
-            results[name] = {"error": type(error).__name__, "message": str(error).splitlines()[0][:300]}
-            continue
+        if name == "record":
+            model.register_comm_hook(log, record_buckets_hook)
+        step_time, final_loss = train(model, batches, args, info)
         results[name] = {"step_time_s": step_time, "final_loss": slowest(final_loss, info.device)}
-        if name == "record":  # one more backward, to keep one step's buckets
-            log.clear()
-            inputs, targets = batches[0]
-            F.cross_entropy(model(inputs), targets).backward()
-            results[name]["buckets"] = sorted(log, key=lambda entry: entry["bucket"])
+    log.clear()  # one more backward, to keep one step's buckets
+    inputs, targets = batches[0]
+    F.cross_entropy(model(inputs), targets).backward()
+    results["record"]["buckets"] = sorted(log, key=lambda entry: entry["bucket"])
     return results
 
 
 OPTIONS = {
     "default": {},
-    "find_unused_parameters": {"find_unused_parameters": True},  # walks the graph every step
-    "static_graph": {"static_graph": True},  # walks it once, then trusts it
-    "gradient_as_bucket_view": {"gradient_as_bucket_view": True},  # .grad points into the buckets
-}
+    "gradient_as_bucket_view": {"gradient_as_bucket_view": True},
+}  # .grad in the buckets
 
 
 def gradient_memory(args: argparse.Namespace, info: DistInfo, batches: Batches, options: dict) -> dict:
-    """Bytes of the distinct memory blocks that hold gradients at the end of a backward: the .grad
-    tensors' and DDP's buckets' (seen by our hook), each block counted once. Measured on a second
-    step: DDP rebuilds its buckets at the start of it, and .grad become bucket views only after it."""
+    """Bytes of the distinct blocks holding gradients (.grad and buckets), on a second step."""
     model = make_ddp(args, info, args.bucket_cap_mb, **options)
     log: list[dict] = []
     model.register_comm_hook(log, record_buckets_hook)
@@ -306,14 +268,8 @@ def gradient_memory(args: argparse.Namespace, info: DistInfo, batches: Batches, 
 def experiment_options(args: argparse.Namespace, info: DistInfo, batches: Batches) -> dict:
     results = {}
     for name, options in OPTIONS.items():
-        model = make_ddp(args, info, args.bucket_cap_mb, **options)
-        if info.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(info.device)
-        step_time, _ = train(model, batches, args, info)
-        results[name] = {"step_time_s": step_time}
-        if info.device.type == "cuda":
-            results[name]["peak_cuda_bytes"] = torch.cuda.max_memory_allocated(info.device)
-        results[name].update(gradient_memory(args, info, batches, options))
+        step_time, _ = train(make_ddp(args, info, args.bucket_cap_mb, **options), batches, args, info)
+        results[name] = {"step_time_s": step_time, **gradient_memory(args, info, batches, options)}
     return results
 
 
@@ -341,16 +297,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=9, help="timed rounds over the sizes (allreduce)")
     p.add_argument("--iters", type=int, default=3, help="all-reduces back to back per timing (allreduce)")
     p.add_argument("--accumulate", type=int, default=4, help="micro-batches per optimizer step (no_sync)")
-    p.add_argument("--hooks", default=",".join(HOOKS), help=f"comma-separated: {', '.join(HOOKS)}")
     p.add_argument("--rtol", type=float, default=1e-4)
     p.add_argument("--atol", type=float, default=1e-6)
     args = p.parse_args(argv)
     args.experiments = [e for e in args.experiments.split(",") if e]
-    args.hooks = [h for h in args.hooks.split(",") if h]
     args.bucket_caps = [float(c) for c in args.bucket_caps.split(",") if c]
     args.allreduce_bytes = [int(b) for b in args.allreduce_bytes.split(",") if b]
-    if set(args.experiments) - set(EXPERIMENTS) or set(args.hooks) - set(HOOKS):
-        p.error(f"experiments come from {', '.join(EXPERIMENTS)}; hooks from {', '.join(HOOKS)}")
+    if set(args.experiments) - set(EXPERIMENTS):
+        p.error(f"experiments come from {', '.join(EXPERIMENTS)}")
     if args.steps <= args.warmup_steps or args.accumulate < 1 or args.repeats < 1 or args.iters < 1:
         p.error("need --steps > --warmup-steps, and --accumulate, --repeats and --iters >= 1")
     if any(n_bytes < 4 for n_bytes in args.allreduce_bytes):

@@ -1,24 +1,13 @@
-"""Bytes per rank and bytes sent per step, by arithmetic alone: notebook 08's calculator.
+"""Bytes per rank at the end of forward, and bytes sent per step, by arithmetic alone: notebook 08's calculator.
 
-It predicts, for the workers' `BlockMLP` (an input Linear, `depth` residual blocks of one width x width
-Linear and a ReLU, a head) trained with Adam, what each rank holds at the end of forward in a step
-after the first (the last step's gradients kept, as `zero_grad(set_to_none=False)` keeps them), and
-what it sends in that step. `ddp_helpers.chapters.ch08_beyond_ddp.fsdp_footprint` measures the same on live ranks.
-The end of forward is when every activation saved for backward is held; it is not the step's peak,
-which for FSDP2 comes in backward (gathered weights and full gradients on top of the activations).
-
-    predict(Setup(width=64, depth=2, batch=8, world=2, strategy="zero2", precision="bf16"))
-
-Strategies: ddp (`gradient_as_bucket_view=True`), ddp_default (DDP's default: its buckets are a second
-copy of the gradients), zero1 (`ZeroRedundancyOptimizer`), zero2 (FSDP2 with
-`reshard_after_forward=False`), fsdp2 (FSDP2's default, ZeRO-3). Precision: fp32, or bf16: FSDP2's
-`MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)` (zero2 and fsdp2 only).
+predict(Setup(width=64, depth=2, batch=8, world=2, strategy="zero2", precision="bf16"))
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 STRATEGIES = ("ddp", "ddp_default", "zero1", "zero2", "fsdp2")
 PRECISIONS = ("fp32", "bf16")
@@ -86,24 +75,21 @@ def padded_numel(shape: tuple[int, ...], world: int) -> int:
     return math.ceil(shape[0] / world) * world * math.prod(shape[1:])
 
 
-def zero1_owners(numels: list[int], world: int) -> list[list[int]]:
-    """ZeroRedundancyOptimizer's partition: indices sorted largest first (stable), each to the rank with
-    the fewest elements so far (the lowest such rank): `_partition_parameters` in torch 2.7 and 2.14."""
+def zero1_owners(numels: list[int], world: int, order: Any = None, weigh: Any = None) -> list[list[int]]:
+    """ZeroRedundancyOptimizer's partition: largest first, each to the least loaded rank (`order`, `weigh`: others)."""
     owners: list[list[int]] = [[] for _ in range(world)]
-    sizes = [0] * world
-    for index in sorted(range(len(numels)), key=lambda i: numels[i], reverse=True):
-        rank = sizes.index(min(sizes))
+    load = [0] * world
+    for index in (
+        sorted(range(len(numels)), key=lambda i: numels[i], reverse=True) if order is None else order
+    ):
+        rank = load.index(min(load))
         owners[rank].append(index)
-        sizes[rank] += numels[index]
+        load[rank] += numels[index] if weigh is None else weigh(index)
     return owners
 
 
 def activation_bytes(s: Setup) -> int:
-    """What autograd saves for backward on one rank, each storage once (weights left out).
-
-    Per sample: embed's input, each block's Linear input and ReLU output (with recomputation only the
-    block's input), the head's input, log_softmax's output, and the int64 target; once: nll_loss's
-    total_weight scalar. Under the bf16 policy FSDP2 casts the inputs, so all but the target are bf16."""
+    """What autograd saves for backward on one rank, each storage once (weights left out)."""
     size = 2 if s.precision == "bf16" else 4
     per_block = 1 if s.recompute else 2
     per_sample = size * (s.features + per_block * s.depth * s.width + s.width + s.classes) + 8
@@ -151,8 +137,7 @@ def held_bytes(s: Setup, shapes: list[tuple[int, ...]], rank: int) -> dict[str, 
 
 
 def predict(s: Setup) -> list[dict]:
-    """Each rank's bytes at the end of forward (`parameters`, `gradients`, `optimizer`, `activations`),
-    and `sent`: the bytes of each collective in the step."""
+    """Each rank's bytes at the end of forward, and `sent`: the bytes of each collective in the step."""
     shapes = block_mlp_shapes(s.features, s.width, s.depth, s.classes)
     sent = sent_bytes(s, shapes)
     return [

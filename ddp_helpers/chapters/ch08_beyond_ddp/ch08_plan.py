@@ -1,11 +1,6 @@
-"""Notebook 08: the training job that compares DDP, ZeRO-1, ZeRO-2 and FSDP2, the live ranks, and the
-checkpoint demo (save on 2 ranks, resume on 3, a 1-rank DDP checkpoint loaded into the resume).
+"""Notebook 08: the job that compares DDP, ZeRO-1, ZeRO-2 and FSDP2, the live ranks, and the checkpoint demo.
 
-Every job with a global batch gets one its world splits evenly: the chapter's 24 where it splits (1, 2, 3,
-4, 6 and 8 ranks), else the next multiple of the world (32 on 2 nodes x 8 GPUs), so fsdp.py never refuses it.
-The live ranks need two ranks to shard over. The save and the resume are compared (the resumed loss
-follows the saved run), so both run on the device kind the 3-rank resume gets; the 2-rank training job
-makes the save itself only where it runs exactly where the save would.
+A global batch every world splits evenly: 24 where it splits, else the next multiple of the world.
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
 """Beyond DDP: where the memory goes, ZeRO-1, FSDP2 (`fully_shard`) and distributed checkpoints.
 
-    torchrun --nproc-per-node 2 fsdp.py --part train            # memory, FSDP2 vs one process, ZeRO-1, bytes
-    torchrun --nproc-per-node 2 fsdp.py --part save --checkpoint-dir ckpt
-    torchrun --nproc-per-node 3 fsdp.py --part resume --checkpoint-dir ckpt   # 2 ranks saved, 3 load
-    torchrun --nproc-per-node 2 fsdp.py --part train save --checkpoint-dir ckpt  # both, one job's start-up
-    torchrun --nproc-per-node 8 fsdp.py --part peak    # each rank's step peak on a GPU (make gpu-check)
-
-Every rank sees the same global batch of --global-batch samples per step and trains on its own slice,
-so a run on N ranks must follow a single process trained on the whole batch: that is the check.
-Rank 0 writes what it measured to <run-dir>/summary.json: the first part's results, and those of each
-further part under the part's name (summary["save"]).
-
-The model, its sharding, the pytorch#162338 probe and the measuring (bytes held, bytes sent, step
-times) are fsdp_model.py's; --part save and resume are fsdp_checkpoint.py's, --part peak
-fsdp_footprint.py's.
+torchrun --nproc-per-node 2 fsdp.py --part train save --checkpoint-dir ckpt   # then --part resume on 3
 """
 
 import argparse
@@ -137,8 +124,7 @@ def fsdp_versus_one_process(
 
 
 def adam_run(kind: str, args: argparse.Namespace, mesh: DeviceMesh, device: torch.device) -> dict[str, Any]:
-    """Train with Adam as DDP, ZeRO-1, ZeRO-2 (FSDP2, reshard_after_forward=False) or FSDP2: memory per
-    rank after a step, bytes sent and step time."""
+    """Train with Adam as ddp, zero1, zero2 or fsdp2: memory per rank after a step, bytes sent, step time."""
     world_size = dist.get_world_size()
     sent = {"all_reduce": 0}
     buckets = []  # DDP's flat gradient buckets, as its comm hook sees them
@@ -258,8 +244,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def refuse_uneven_batch(global_batch: int, world_size: int) -> None:
-    """Exit, saying why, where `world_size` ranks cannot split `global_batch` evenly: each rank's slice
-    would differ, and the check against one process on the global batch would compare other batches."""
+    """Exit, saying why, where `world_size` ranks cannot split `global_batch` evenly."""
     if global_batch % world_size:
         raise SystemExit(
             f"--global-batch {global_batch} does not split evenly over {world_size} ranks: pass a multiple "

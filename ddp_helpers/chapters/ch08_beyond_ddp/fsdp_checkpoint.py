@@ -1,9 +1,5 @@
-"""fsdp.py's --part save and --part resume: distributed checkpoints (DCP) of a sharded model.
-
-`part_save` writes on N ranks, synchronously and in the background; `part_resume` loads on M ranks (DCP
-reshards); `load_ddp_checkpoint` loads a plain DDP job's checkpoint (train.py's) into a sharded model.
-The model and the training steps are fsdp_model.py's.
-"""
+"""fsdp.py's --part save and --part resume: distributed checkpoints (DCP) of a sharded model, and a DDP checkpoint
+loaded into one."""
 
 import argparse
 import time
@@ -37,8 +33,7 @@ def shard_shapes(model: nn.Module) -> dict:
 
 
 def compare_with_full(model: nn.Module, full: dict) -> dict:
-    """This rank's shard of each parameter against its rows of the saved full tensor (FSDP2 deals
-    dim 0 out as torch.chunk does: a rank past the last chunk holds no rows)."""
+    """This rank's shard of each parameter against its rows of the saved full tensor (dealt as torch.chunk)."""
     world_size, rank = dist.get_world_size(), dist.get_rank()
     max_diff, elements = 0.0, 0
     for name, param in model.named_parameters():
@@ -53,9 +48,7 @@ def compare_with_full(model: nn.Module, full: dict) -> dict:
 
 
 class AppState:
-    """The DCP tutorial's checkpoint object: model and optimizer, as DCP's `Stateful` (a Protocol: these
-    two methods make it one). dcp.save calls state_dict(); dcp.load fills what state_dict() returned,
-    in place, then hands it to load_state_dict()."""
+    """Model and optimizer as DCP's `Stateful`, as the DCP tutorial writes it."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.model, self.optimizer = model, optimizer
@@ -106,21 +99,16 @@ def async_saves(
     device: torch.device,
     steps: range,
 ) -> tuple[list[float], dict]:
-    """Train `steps`, each begun with an async_save of the state it starts from (to
-    <checkpoint-dir>-async/step<N>), one save in flight at a time."""
-    # async_save copies the state to CPU memory, returns, and writes from a background thread while
-    # training goes on. That thread runs collectives of its own (the plan and the metadata): on the
-    # training's group they would interleave with the training's collectives, which a collective
-    # backend does not allow, so it gets its own group
+    """Train `steps`, each begun with an async_save of its starting state, one save in flight at a time."""
+    # async_save writes from a background thread whose collectives (plan, metadata) must not interleave
+    # with the training's on one group: it gets a group of its own
     checkpoint_group = dist.new_group(backend="gloo")
     assert isinstance(checkpoint_group, dist.ProcessGroup)  # every rank is in it
     pending: Future | None = None
     losses, returned_s, waited_s = [], [], []
     for step in steps:
-        if pending is not None:  # one save in flight at a time, as in the DCP tutorial: a second would hold
-            start = (
-                time.perf_counter()
-            )  # a second CPU copy, in an executor of its own (no queue behind this one)
+        if pending is not None:  # one save in flight (DCP's tutorial): a second holds a 2nd CPU copy
+            start = time.perf_counter()
             pending.result()
             waited_s.append(time.perf_counter() - start)
         start = time.perf_counter()
@@ -137,12 +125,7 @@ def async_saves(
     if pending is not None:
         pending.result()
     waited_s.append(time.perf_counter() - start)
-    timings = {
-        "async_steps": list(steps),
-        "async_return_s": returned_s,
-        "async_wait_s": waited_s,
-    }
-    return losses, timings
+    return losses, {"async_steps": list(steps), "async_return_s": returned_s, "async_wait_s": waited_s}
 
 
 def part_resume(args: argparse.Namespace, mesh: DeviceMesh, device: torch.device) -> dict:
@@ -177,11 +160,7 @@ def train_py_mlp(features: int, hidden: int, classes: int) -> nn.Sequential:
 
 
 def load_ddp_checkpoint(args: argparse.Namespace, mesh: DeviceMesh, device: torch.device) -> dict:
-    """A DDP job's checkpoint (train.py: rank 0 saved the plain model's full state_dict) into FSDP2.
-
-    Only rank 0 reads the file: the others would each hold the whole model in memory for a moment,
-    which is what sharding is for avoiding. They get the sizes from rank 0, and their shards from
-    set_model_state_dict's broadcast_from_rank0 (StateDictOptions, in torch 2.7 and 2.14)."""
+    """A DDP job's checkpoint (train.py: rank 0 saved the plain model's full state_dict) into FSDP2."""
     rank = dist.get_rank()
     plain = (
         torch.load(args.ddp_checkpoint, map_location="cpu", weights_only=True)["model"] if rank == 0 else {}

@@ -1,16 +1,6 @@
-"""What one rank holds at the end of forward, and what it sends per step, for one configuration.
+"""What one rank holds at the end of forward, and what it sends per step: the calculator's numbers, measured.
 
-Notebook 08's calculator (`ddp_helpers.chapters.ch08_beyond_ddp.ch08_memory_calculator`) predicts these bytes; this measures
-them on live ranks, so the two can be compared. The moment measured is the end of forward (the loss
-computed, backward not yet begun: every activation saved for backward held), in a step after the first,
-with the last step's gradients kept (`zero_grad(set_to_none=False)`) and Adam's state in place. It is
-not the step's peak: FSDP2's comes in backward (torch's FSDPMemTracker measures it, in notebook 08).
-
-    footprint(mesh, device, strategy="zero2", precision="bf16", recompute=True, width=64, depth=2, batch=8)
-
-strategy: ddp (gradient_as_bucket_view=True), ddp_default (DDP's default buckets: a 2nd gradient copy),
-zero1 (DDP + ZeroRedundancyOptimizer), zero2 (FSDP2, reshard_after_forward=False), fsdp2 (FSDP2's default).
-precision: fp32, or bf16 (FSDP2's MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)).
+footprint(mesh, device, strategy="zero2", precision="bf16", recompute=True, width=64, depth=2, batch=8)
 """
 
 import argparse
@@ -79,8 +69,7 @@ def wrapped(
 def saved_activation_bytes(
     model: nn.Module,
 ) -> tuple[dict[int, int], torch.autograd.graph.saved_tensors_hooks]:
-    """A saved_tensors_hooks pair that sums the bytes autograd saves for backward, each storage once,
-    leaving out the parameters (full or gathered: whatever the model holds when the tensor is saved)."""
+    """A saved_tensors_hooks pair summing what autograd saves, each storage once, parameters left out."""
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:

@@ -1,12 +1,5 @@
-"""Meta-device initialisation: build the model without memory, shard it, then materialise each rank's
-shard only. Notebook 08 runs both ways on its live ranks and compares the bytes held after each step.
-
-    whole_first(args, mesh, device)           # build (every weight, full size), then fully_shard
-    meta_first(args, mesh, device)            # build on "meta", fully_shard, to_empty, reset_parameters
-
-Each returns its trace, [(step, bytes the parameters hold on this rank)], and the sharded model.
-`clipped_norm` checks `clip_grad_norm_` over FSDP2's sharded (DTensor) gradients against one process.
-"""
+"""Meta-device initialisation: build the model without memory, shard it, then materialise each rank's shard only;
+and `clip_grad_norm_` over sharded gradients."""
 
 import argparse
 import math
@@ -62,8 +55,7 @@ def meta_first(args: argparse.Namespace, mesh: DeviceMesh, device: torch.device)
 
 
 def initialised_like_linear(model: BlockMLP) -> dict:
-    """How far each block weight's shard is from nn.Linear's init, U(-1/sqrt(fan_in), 1/sqrt(fan_in)):
-    the largest |value| over the bound, and the standard deviation over the uniform's (bound/sqrt(3))."""
+    """How far each block weight's shard is from nn.Linear's init: the largest |value| over the bound, the std ratio."""
     worst = {"max_over_bound": 0.0, "std_ratio_low": math.inf, "std_ratio_high": 0.0}
     for weight in block_weights(model):
         if weight.numel() < 2:

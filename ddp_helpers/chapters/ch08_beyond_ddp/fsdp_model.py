@@ -1,14 +1,6 @@
-"""fsdp.py's model, its data and its sharding, and what it measures (bytes held per rank, bytes each
-collective moves, step times): what --part train and fsdp_checkpoint.py's save and resume share, and what
-notebook 08's live ranks build.
+"""fsdp.py's model, data and sharding, and what it measures: bytes held, bytes sent, step times.
 
-Every rank sees the same global batch of --global-batch samples per step and trains on its own slice
-(`my_slice`), so a run on N ranks must follow a single process trained on the whole batch.
-
-On torch 2.7 with gloo, FSDP2 sums the gradients over ranks instead of averaging them where the reduce
-dtype is fp32 or bf16 (it asks for ReduceOp.AVG, pytorch#162338; fp16 is reduced with SUM and divided by
-FSDP2 itself): `gradient_factor()` measures that on a probe sharded with the model's own options, and
-`divide_gradients()` fixes it.
+On torch 2.7 with gloo FSDP2 sums where it should average (pytorch#162338): `gradient_factor()` measures it.
 """
 
 import argparse
@@ -37,10 +29,7 @@ except ImportError:  # pragma: no cover
 
 
 class BlockMLP(nn.Module):
-    """An input layer, `depth` residual blocks, a head: a transformer's layout with Linear blocks.
-
-    `recompute = True`: activation checkpointing; each block keeps only its input for backward, and runs
-    its forward again there (non-reentrant `torch.utils.checkpoint`, which FSDP2 composes with)."""
+    """An input layer, `depth` residual blocks, a head: a transformer's layout with Linear blocks."""
 
     recompute = False
 
@@ -78,8 +67,7 @@ def my_slice(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def shard(model: BlockMLP, mesh: DeviceMesh, **fsdp_options: Any) -> BlockMLP:
-    """FSDP2: each block is one unit (one all-gather, one reduce-scatter), the root holds the rest.
-    `fsdp_options` (mp_policy=..., ...) go to every fully_shard call."""
+    """FSDP2: each block is one unit (one all-gather, one reduce-scatter), the root holds the rest."""
     for block in model.blocks:
         fully_shard(block, mesh=mesh, **fsdp_options)
     fully_shard(model, mesh=mesh, **fsdp_options)  # embed and head: gathered once, kept until backward
@@ -88,13 +76,7 @@ def shard(model: BlockMLP, mesh: DeviceMesh, **fsdp_options: Any) -> BlockMLP:
 
 
 def sum_on_one_rank(model: nn.Module, mesh: DeviceMesh) -> None:
-    """On a one-rank mesh, reduce-scatter with SUM (the sum of one gradient is the mean).
-
-    torch before 2.9 asks the backend for ReduceOp.AVG on fp32 and bf16 gradients even with one rank,
-    and NCCL's AVG on a one-rank group can return wrong values (pytorch#144045); torch 2.9 takes SUM
-    there itself (pytorch#157529). Those versions keep the op on each unit's parameter group
-    (`reduce_scatter_reduce_op`, None for FSDP2's choice); newer ones have no such attribute, and are
-    left as they are."""
+    """On a one-rank mesh, reduce-scatter with SUM (the sum of one gradient is the mean)."""
     if mesh.size() != 1:
         return
     for module in model.modules():
@@ -111,14 +93,7 @@ def sum_on_one_rank(model: nn.Module, mesh: DeviceMesh) -> None:
 def gradient_factor(
     mesh: DeviceMesh, device: torch.device, force_sum: bool = False, **fsdp_options: Any
 ) -> float:
-    """FSDP2's gradient divided by the true mean, on a probe where the answer is known.
-
-    Every rank's local gradient is all ones, so the mean over ranks is all ones: a correct FSDP2
-    gives 1.0; torch 2.7 on gloo gives the world size (it sums: pytorch#162338). The factor depends on
-    how FSDP2 reduces, so the probe must be sharded with the model's own `fsdp_options`: with
-    `MixedPrecisionPolicy(reduce_dtype=torch.float16)` torch 2.7 reduces with SUM and divides itself (1.0).
-    `force_sum`: torch >= 2.8's set_force_sum_reduction_for_comms(True) (SUM, then FSDP2's own divide).
-    """
+    """FSDP2's gradient divided by the true mean, on a probe where the answer is known."""
     probe = nn.Linear(1, mesh.size(), bias=False, device=device)
     nn.init.ones_(probe.weight)
     sharded = fully_shard(probe, mesh=mesh, **fsdp_options)  # the same module, now an FSDPModule too
@@ -134,8 +109,7 @@ def gradient_factor(
 
 
 def factors_by_reduce(mesh: DeviceMesh, device: torch.device) -> dict[str, float]:
-    """`gradient_factor` per reduce dtype (the probe sharded with that MixedPrecisionPolicy), and with
-    torch >= 2.8's set_force_sum_reduction_for_comms(True): which settings ask the backend for ReduceOp.AVG."""
+    """`gradient_factor` per reduce dtype, and with torch >= 2.8's set_force_sum_reduction_for_comms(True)."""
     factors = {
         str(dtype).removeprefix("torch."): gradient_factor(
             mesh, device, mp_policy=MixedPrecisionPolicy(reduce_dtype=dtype)
@@ -148,8 +122,7 @@ def factors_by_reduce(mesh: DeviceMesh, device: torch.device) -> dict[str, float
 
 
 def divide_gradients(model: nn.Module, factor: float) -> None:
-    """Divide every reduce-scatter output by `factor`: FSDP2 calls this hook on each unit's sharded
-    gradient right after its reduce-scatter, before its own post-divide (fp16) and before .grad."""
+    """Divide every reduce-scatter output by `factor` (FSDP2's hook after each reduce-scatter)."""
 
     def divide(reduced: torch.Tensor) -> None:
         reduced.div_(factor)  # in place: FSDP2 keeps the tensor it passed
@@ -223,8 +196,7 @@ def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
 def memory_row(
     model: nn.Module, optimizer: torch.optim.Optimizer, ddp_buckets: Collection[torch.Tensor] = ()
 ) -> dict[str, int]:
-    """Bytes this rank holds. `ddp_buckets`: DDP's flat gradient buckets (from a comm hook); they count
-    only where .grad is not a view of them (DDP's default, gradient_as_bucket_view=False: a second copy)."""
+    """Bytes this rank holds."""
     params = list(model.parameters())
     grads = [p.grad for p in params if p.grad is not None]
     grad_storages = {local_shard(g).untyped_storage().data_ptr() for g in grads}
@@ -240,11 +212,7 @@ def memory_row(
 
 
 class CollectiveCounter:
-    """Counts the bytes of the collectives FSDP2 and ZeRO-1 call, by wrapping torch.distributed's functions.
-
-    torch 2.7's FSDP2 calls all_gather_into_tensor / reduce_scatter_tensor, torch 2.14's
-    all_gather_single / reduce_scatter_single (which may call the former): only the outermost counts.
-    """
+    """Bytes of the collectives FSDP2 and ZeRO-1 call (torch 2.7's or 2.14's names), the outermost counted."""
 
     NAMES = {
         "all_gather_into_tensor": ("all_gather", 0),  # (kind, index of the full-size tensor)

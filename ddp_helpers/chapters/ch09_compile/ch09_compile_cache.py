@@ -1,10 +1,6 @@
 """A compile cache folder of its own for each run, so that a first compile is measured cold.
 
-Inductor keeps its FX graph cache and its Triton kernels on disk, under $TORCHINDUCTOR_CACHE_DIR, by
-default /tmp/torchinductor_<user> (torch/_inductor/runtime/cache_dir_utils.py; TRITON_CACHE_DIR defaults
-to <that>/triton/<device>, torch 2.7 and 2.14). Nothing in the process clears it: torch._dynamo.reset()
-forgets compiled frames, not files, so a rerun on the same node finds the last run's kernels and its
-"first compile" looks cheap.
+Inductor's cache lives on disk and torch._dynamo.reset() does not clear it.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""Notebook 09's exercises: save a compiled DDP model with plain keys, and a short last batch that
-compiles once and still counts every sample.
+"""Notebook 09's exercises: save a compiled DDP model with plain keys; a short last batch that compiles once.
 
-Compiling stays tiny: `DDP(torch.compile(model))` as the notebook teaches, with the "eager" backend
-(Dynamo traces, torch's own kernels run) or a counting backend that records each graph Dynamo hands it
-and returns it uncompiled. Each setup calls `torch._dynamo.reset()`, so that what Dynamo learned in one
-check (a batch size it saw, which makes the next compile dynamic by itself) never helps the next.
-
-In 09-last-batch the answer's `device` is cpu:0 on a CPU, so that `x.to(device)` copies the loader's batch
-as a move to a GPU does, and the probe watches torch._dynamo.mark_dynamic: a mark made before the move is
-on a tensor the model never gets, and is named for it.
+Dynamo runs with the "eager" backend or a counting one; each setup calls `torch._dynamo.reset()` so that
+no check learns from the previous one.
 """
 
 from __future__ import annotations
@@ -54,7 +47,7 @@ def _save_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
         if os.path.exists(path):
             try:
                 state = torch.load(path, map_location="cpu")
-            except Exception as error:  # e.g. not tensors: torch.load (weights_only) refuses the object
+            except Exception as error:  # torch.load (weights_only) refuses what is not tensors
                 keys = f"a file torch.load refused ({type(error).__name__}), not a state_dict"
             else:
                 if isinstance(state, dict):
@@ -88,11 +81,7 @@ SAVE = Exercise(
     id="09-save",
     notebook="09",
     title="Save a compiled DDP model with the plain model's keys",
-    task=(
-        "`ddp_model` is `DDP(torch.compile(model))`. After the step, let rank 0 save to `save_path` a "
-        "`state_dict` whose keys are the plain model's (`weight`): no `module.` from DDP, no `_orig_mod.` "
-        "from `torch.compile`, so that a model without either loads it."
-    ),
+    task="After the step, let rank 0 save to `save_path` a `state_dict` with the plain model's keys.",
     given="`ddp_model` (DDP around a compiled Linear), `optimizer` (SGD, lr 1), `x`, `save_path`, `rank`",
     starter=(
         "ddp_model(x).sum().backward()\n"
@@ -108,44 +97,34 @@ SAVE = Exercise(
         "    state = ddp_model.module._orig_mod.state_dict()  # DDP's .module, then compile's _orig_mod\n"
         "    torch.save(state, save_path)\n"
     ),
-    hint=(
-        "Two wrappers, two prefixes: DDP keeps the module it wraps as `.module`, and the `OptimizedModule` "
-        "that `torch.compile` returns keeps the model it compiled as `._orig_mod`. The plain model's "
-        "`state_dict()` has neither (the model you compiled is that same object)."
-    ),
+    hint="DDP keeps the model as `.module`, `torch.compile`'s wrapper as `._orig_mod`: unwrap both.",
     setup=_save_setup,
     observe=_save_observe,
     expected=_save_expected,
     mistakes=(
         Mistake(
             "09-save-module-keys",
-            "the saved keys start with 'module.': that is the DDP wrapper's state_dict (and under it "
-            "'_orig_mod.'); a plain model refuses them. Save ddp_model.module._orig_mod.state_dict()",
+            "the saved keys start with 'module.': the DDP wrapper's state_dict, which a plain model refuses.",
             _keys_start("module."),
-            hint=(
-                "Save the plain model's state_dict: ddp_model.module._orig_mod.state_dict() (.module unwraps "
-                "DDP, ._orig_mod unwraps torch.compile)."
-            ),
+            hint="Save ddp_model.module._orig_mod.state_dict().",
         ),
         Mistake(
             "09-save-orig-mod-keys",
-            "the saved keys start with '_orig_mod.': that is the compiled module's state_dict; a plain model "
-            "refuses them. Go one level further in: ddp_model.module._orig_mod.state_dict()",
+            "the saved keys start with '_orig_mod.': the compiled module's state_dict.",
             _keys_start("_orig_mod."),
-            hint="Unwrap the compiled module as well: ddp_model.module._orig_mod.state_dict().",
+            hint="Unwrap the compiled module too: ddp_model.module._orig_mod.state_dict().",
         ),
         Mistake(
             "09-save-not-saved",
             "rank 0 wrote no file at save_path",
             lambda seen, expected: seen[0].get("file_keys") is None and not seen[0].get("error"),
-            hint="Let rank 0 call torch.save(state, save_path), to exactly that path.",
+            hint="Let rank 0 call torch.save(state, save_path).",
         ),
         Mistake(
             "09-save-every-rank",
-            "every rank called torch.save (see saved): N writers where one is enough. To one path they "
-            "race, on a shared filesystem too, and the file ends as whichever write finished last, or torn",
+            "every rank called torch.save (see saved): N writers race to one path.",
             lambda seen, expected: len(seen) > 1 and all((s.get("saved") or 0) >= 1 for s in seen),
-            hint="Keep the step on every rank and put the torch.save alone under `if rank == 0:`.",
+            hint="Put the torch.save alone under `if rank == 0:`.",
         ),
     ),
     covers=("save-module",),
@@ -175,9 +154,8 @@ def _last_batch_setup(ctx: Context) -> dict[str, Any]:
     )
     marks, inputs = _watch_marks(ddp_model)
     dataset = TensorDataset(_last_batch_rows(ctx.world_size))  # the same dataset on every rank
-    # on a CPU, the device with its index (cpu:0), as a GPU's is cuda:N: torch.device("cpu", 0) is not
-    # torch.device("cpu"), so x.to(device) makes a new tensor here as the move to a GPU does, where
-    # x.to("cpu") would hand back the loader's own tensor, and a mark made on it before the move would stick
+    # cpu:0, not cpu: x.to(device) then makes a new tensor as a move to a GPU does, so a mark made before
+    # the move is lost here as there
     device = torch.device("cpu", 0) if ctx.device.type == "cpu" else ctx.device
     return {
         "ddp_model": ddp_model,
@@ -192,8 +170,7 @@ def _last_batch_setup(ctx: Context) -> dict[str, Any]:
 
 
 def _watch_marks(ddp_model: Any) -> tuple[list[Any], list[bool]]:
-    """Each tensor the answer gives torch._dynamo.mark_dynamic (weakly), and, per forward, whether the
-    tensor ddp_model got was one of them. The observe puts the real mark_dynamic back."""
+    """The tensors marked dynamic, and per forward whether ddp_model got one of them (observe unpatches)."""
     import weakref
 
     import torch
@@ -217,7 +194,6 @@ def _watch_marks(ddp_model: Any) -> tuple[list[Any], list[bool]]:
 
 
 def _last_batch_rows(world: int) -> Any:
-    """The dataset every rank builds (the same seed), as setup builds it."""
     import torch
 
     generator = torch.Generator().manual_seed(0)
@@ -245,8 +221,8 @@ def _last_batch_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
 
 
 def _last_batch_expected(world: int) -> Seen:
-    # the loss is each batch's summed output; DDP averages each backward over the ranks, and .grad adds the
-    # batches up: the weight's gradient is the sum of every real sample over the world, the bias's PER_RANK
+    # DDP averages over the ranks, .grad adds the batches: the weight's gradient is the world's sample sum
+    # over world, the bias's PER_RANK
     rows = _last_batch_rows(world)
     weight = [round(v, 12) for v in (rows.sum(dim=0) / world).tolist()]
     return [
@@ -266,7 +242,6 @@ def _padding_in_loss(seen: Seen, expected: Seen) -> bool:
 
 
 def _marked_before_move(seen: Seen, expected: Seen) -> bool:
-    """Two compiles, marks made, and no forward got a marked tensor: the mark was made before the move."""
     return all(
         s.get("compiles") == 2 and s.get("marks") and not any(s.get("inputs marked") or [True]) for s in seen
     )
@@ -285,16 +260,10 @@ LAST_BATCH = Exercise(
     notebook="09",
     title="Compile once for a short last batch, and count every sample",
     task=(
-        f"Each rank's shard of `dataset` holds {PER_RANK} samples: batches of {BATCH} leave a short last one. "
-        "Loop once over a loader of this rank's shard through the compiled `ddp_model` so that Dynamo compiles "
-        "**once**, every sample is trained on, and `samples` ends as the number of samples all ranks trained "
-        "on together (padding rows, if you pad, do not count)."
+        "Loop once over a loader of this rank's shard so that Dynamo compiles **once**, every sample is "
+        "trained on, and `samples` is the number of real samples all ranks trained on."
     ),
-    given=(
-        "`ddp_model` (`DDP(torch.compile(model))`, with a backend that counts compiles), `dataset`, "
-        "`batch_size`, `DataLoader`, `DistributedSampler`, `dist`, `device` (on a CPU `cpu:0`, not `cpu`, so "
-        "that `x.to(device)` makes a new tensor, as a move to a GPU does)"
-    ),
+    given="`ddp_model` (compiles counted), `dataset`, `batch_size`, `DataLoader`, `DistributedSampler`, `dist`, `device`",
     starter=(
         "sampler = DistributedSampler(dataset, shuffle=False)\n"
         "loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=...)  # TODO\n"
@@ -319,76 +288,47 @@ LAST_BATCH = Exercise(
         "dist.all_reduce(seen)  # the sum over the ranks\n"
         "samples = int(seen)\n"
     ),
-    hint=(
-        "`drop_last=True` compiles once by never training on the short batch. Dynamo guards each graph on "
-        "the shapes it saw; `torch._dynamo.mark_dynamic(x, 0)` before the call (on the tensor the model gets: "
-        "moved to the device first) compiles the batch dimension "
-        "as a symbol, and one graph then serves both sizes (or pad the short batch to full size, and count, "
-        "and weigh, only its real rows). Each rank counts its own shard: an all_reduce adds them up."
-    ),
+    hint="Mark the moved batch with `torch._dynamo.mark_dynamic(x, 0)`, and all_reduce the count.",
     setup=_last_batch_setup,
     observe=_last_batch_observe,
     expected=_last_batch_expected,
     mistakes=(
         Mistake(
             "09-last-batch-dropped",
-            f"one compile, but only {BATCH} of each rank's {PER_RANK} samples were trained on: drop_last=True "
-            "throws the short last batch away every epoch",
+            f"only {BATCH} of each rank's {PER_RANK} samples were trained on: drop_last=True drops the short batch.",
             _samples_in(lambda world: (BATCH, BATCH * world)),
-            hint=(
-                "Keep the short batch (drop_last=False) and call torch._dynamo.mark_dynamic(x, 0) on each "
-                "batch before the model sees it: one graph then serves both sizes."
-            ),
+            hint="Keep the short batch (drop_last=False) and mark the batch dimension dynamic.",
         ),
         Mistake(
             "09-last-batch-padded-counted",
-            f"one compile, but {2 * BATCH} samples counted per rank: the padding rows of the short batch were "
-            "counted as samples (count, and weigh in the loss, only the real rows)",
+            f"{2 * BATCH} samples counted per rank: the short batch's padding rows were counted.",
             _samples_in(lambda world: (2 * BATCH, 2 * BATCH * world)),
-            hint=(
-                "Count each batch's real rows only (the short batch's size before any padding), and sum only "
-                "their outputs in the loss."
-            ),
+            hint="Count each batch's real rows only.",
         ),
         Mistake(
             "09-last-batch-padding-in-loss",
-            f"one compile and the right count, but the bias's gradient is {2 * BATCH}, not {PER_RANK}: the short "
-            "batch's padding rows went into the loss. A zero row adds nothing to the weight's gradient, but it "
-            "still outputs the bias, which learns from it as from a sample. Weigh only the real rows: slice "
-            "the output to them (or multiply by a mask) before the sum",
+            f"the bias's gradient is {2 * BATCH}, not {PER_RANK}: the padding rows went into the loss.",
             _padding_in_loss,
-            hint=(
-                "Sum only the real rows' outputs: ddp_model(x)[:real].sum(), or the output times a 0/1 mask "
-                "of the real rows."
-            ),
+            hint="Sum only the real rows' outputs: ddp_model(x)[:real].sum().",
         ),
         Mistake(
             "09-last-batch-marked-before-move",
-            "Dynamo compiled twice although torch._dynamo.mark_dynamic was called on the batches: the tensor "
-            "marked was never the one ddp_model got. x.to(device) makes a new tensor (here as on a GPU), "
-            "and the mark stays on the loader's tensor, so the short batch met a graph guarded on the full size",
+            "Dynamo compiled twice although batches were marked: the mark was on the loader's tensor, not on "
+            "the one x.to(device) made and ddp_model got.",
             _marked_before_move,
-            hint=(
-                "Mark the tensor the model gets: x = x.to(device) first, then torch._dynamo.mark_dynamic(x, 0), "
-                "then ddp_model(x)."
-            ),
+            hint="x = x.to(device) first, then torch._dynamo.mark_dynamic(x, 0).",
         ),
         Mistake(
             "09-last-batch-recompiled",
-            "Dynamo compiled twice: the short last batch is a new shape, and the graph compiled for the full "
-            "batch is guarded on its size. Mark the batch dimension dynamic before the first call",
+            "Dynamo compiled twice: the short last batch is a new shape for a graph guarded on the full size.",
             lambda seen, expected: all(s.get("compiles") == 2 for s in seen),
-            hint=(
-                "Call torch._dynamo.mark_dynamic(x, 0) on each batch after x.to(device) and before "
-                "ddp_model(x): Dynamo then compiles the batch size as a symbol."
-            ),
+            hint="Call torch._dynamo.mark_dynamic(x, 0) on each batch before ddp_model(x).",
         ),
         Mistake(
             "09-last-batch-not-summed",
-            f"each rank reported its own {PER_RANK} samples: the count is per rank until an all_reduce adds "
-            "the ranks' counts up",
+            f"each rank reported its own {PER_RANK} samples: no all_reduce added the ranks' counts.",
             lambda seen, expected: len(seen) > 1 and all(s.get("samples") == PER_RANK for s in seen),
-            hint="After the loop, dist.all_reduce(seen) (SUM) adds up every rank's count.",
+            hint="After the loop, dist.all_reduce(seen).",
         ),
     ),
     covers=(),

@@ -1,31 +1,15 @@
-"""Notebook 09: torch.compile with DDP, on live ranks, and its exercises' live ranks.
-
-Every section compares ranks with each other (the graphs each compiled, the weights each reached), so
-the live ranks are at least two: NCCL where each has a GPU of its own, else gloo on the CPU with the
-GPUs hidden. Each rank's experiments take batches of `per_rank_batch` samples, so a run's global
-batch is that times its world. The sizes are the same on every device kind. The lesson
-(notebooks/09_torch_compile_ddp.ipynb) and its companion (notebooks/deeper/09_compile_internals.ipynb)
-read every size from here: `plan.sizes`.
-"""
+"""Notebook 09: torch.compile with DDP on live ranks (at least two), and its exercises' live ranks."""
 
 from __future__ import annotations
 
 from ddp_helpers.kernel.lab.plan_core import Machine, NotebookPlan, by_kind, placement, placement_line
 
 PER_RANK_BATCH = 16  # compile_ddp.batch()'s default: each rank's batch in every experiment
-# The model whose graph DDPOptimizer splits: `depth` Linear layers of width x width floats (512: 1 MiB of
-# gradient per layer, so a 1 MiB bucket cap gives one piece per layer). steps: eager and compiled, each, in
-# the cost run (the first compiled step compiles; the median of the rest is the steady state).
-# bucket_caps: the bucket_cap_mb values of the companion's sweep (deeper/09).
+# width 512: 1 MiB of gradient per layer, so a 1 MiB bucket cap gives DDPOptimizer one piece per layer.
+# steps: eager and compiled, each, in the cost run; bucket_caps: the companion's sweep (deeper/09)
 MODEL = {"width": 512, "depth": 4}
-SIZES = {
-    "cpu": {**MODEL, "steps": 20, "bucket_caps": "1,2,25"},
-    "cuda": {**MODEL, "steps": 20, "bucket_caps": "1,2,25"},
-}
-SMOKE_SIZES = {
-    "cpu": {**MODEL, "steps": 6, "bucket_caps": "1,25"},
-    "cuda": {**MODEL, "steps": 6, "bucket_caps": "1,25"},
-}
+SIZES = {kind: {**MODEL, "steps": 20, "bucket_caps": "1,2,25"} for kind in ("cpu", "cuda")}
+SMOKE_SIZES = {kind: {**MODEL, "steps": 6, "bucket_caps": "1,25"} for kind in ("cpu", "cuda")}
 
 
 def plan(machine: Machine, smoke: bool) -> NotebookPlan:

@@ -1,14 +1,5 @@
-"""Notebook 09's experiments: torch.compile with DDP, each a function that live ranks call.
-
-Every function builds its model from the same seed on every rank, runs real DDP steps on this rank's
-process group, and returns what it measured as a dict, which the notebook gathers from every rank and
-checks. Dynamo's state is reset at the start of each, so no experiment sees another's compiled code, and
-compiled_autograd_step puts back the settings that it and DDP's Python reducer change.
-
-The backends: `GraphCounter` wraps any of torch's (aot_eager by default, which traces forward and
-backward like inductor but runs them with eager kernels, so it needs no C compiler) and counts the
-graphs Dynamo hands it.
-"""
+"""Notebook 09's experiments: torch.compile with DDP, each a function that live ranks call and whose dict the
+notebook checks. Each resets Dynamo first; `GraphCounter` counts the graphs Dynamo hands a backend."""
 
 from __future__ import annotations
 
@@ -150,11 +141,7 @@ def first_bucket_failure(width: int, depth: int, bucket_cap_mb: float) -> dict[s
 
 # ---------------------------------------------------------------------------- compiled autograd
 def compiled_autograd_step(width: int, depth: int, python_reducer: bool = True) -> dict[str, Any]:
-    """One training step under compiled autograd, with DDP's Python reducer (or its C++ Reducer).
-
-    optimize_ddp="python_reducer" must be set before DDP(...) is built: DDP's constructor reads it and
-    then registers a hook on each parameter's gradient accumulator instead of using its C++ Reducer.
-    """
+    """One training step under compiled autograd, with DDP's Python reducer (or its C++ Reducer)."""
     fresh_start()
     saved = settings_ddp_changes()
     if python_reducer:
@@ -342,15 +329,11 @@ def checkpoint_keys(width: int, folder: str) -> dict[str, Any]:
 
 @torch.no_grad()
 def resume_both_ways(width: int, folder: str, reference: torch.Tensor) -> dict[str, Any]:
-    """Compiled run -> eager resume, and eager run -> compiled resume, through plain state_dicts.
-
-    `reference` is the compiled run's output on batch(width, seed=7) when it saved its checkpoint."""
+    """Compiled run -> eager resume, and eager run -> compiled resume, through plain state_dicts."""
     fresh_start()
     path = os.path.join(folder, "compiled-run.pt")
-    eager = build(width, 2)
-    eager.load_state_dict(
-        torch.load(path, map_location=device, weights_only=True)
-    )  # compiled run's weights, plain model
+    eager = build(width, 2)  # the compiled run's weights, into a plain model
+    eager.load_state_dict(torch.load(path, map_location=device, weights_only=True))
     x = batch(width, seed=7)
     eager_out = DDP(eager)(x)
     # the other way: an eager run's checkpoint into a model that is then compiled
@@ -358,10 +341,8 @@ def resume_both_ways(width: int, folder: str, reference: torch.Tensor) -> dict[s
     if dist.get_rank() == 0:
         torch.save(eager.state_dict(), eager_path)
     dist.barrier()
-    fresh = build(width, 2)
-    fresh.load_state_dict(
-        torch.load(eager_path, map_location=device, weights_only=True)
-    )  # load first, compile after
+    fresh = build(width, 2)  # load first, compile after
+    fresh.load_state_dict(torch.load(eager_path, map_location=device, weights_only=True))
     compiled_out = DDP(torch.compile(fresh, backend="aot_eager"))(x)
     return {
         "eager_vs_saved": float((eager_out - reference).abs().max()),

@@ -1,9 +1,4 @@
-"""Notebook 09's tools that find graph breaks and recompiles, each on a tiny case that live ranks call.
-
-torch._dynamo.explain, torch.compile(fullgraph=True), TORCH_LOGS's graph_breaks, recompiles and ddp_graphs
-(in-process: torch._logging.set_logs), and what Dynamo does past torch._dynamo.config.recompile_limit.
-Everything compiles with the `eager` backend (Dynamo traces, torch's kernels run), so each takes a moment.
-"""
+"""Notebook 09's tools that find graph breaks and recompiles, each on a tiny case live ranks call (`eager` backend)."""
 
 from __future__ import annotations
 
@@ -29,12 +24,7 @@ class _Records(logging.Handler):
 
 @contextlib.contextmanager
 def dynamo_logs(**artifacts: bool) -> Iterator[list[str]]:
-    """TORCH_LOGS's artifacts (recompiles=True ...) set in this process, their lines kept in a list.
-
-    torch._logging.set_logs is TORCH_LOGS's in-process form. It gives each torch logger that it sets up a
-    handler to stderr; here those handlers keep the lines instead, so that a graph dump does not flood
-    the rank's log, and the notebook shows what it needs of them.
-    """
+    """TORCH_LOGS's artifacts (recompiles=True ...) set in this process, their lines kept in a list."""
     kept = _Records()
     torch._logging.set_logs(**artifacts)  # type: ignore[arg-type]  # its keywords are each artifact
     swapped = []

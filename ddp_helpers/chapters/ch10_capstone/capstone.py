@@ -1,11 +1,6 @@
-"""The capstone: one plain torchrun script with every line a real DDP training run needs.
+"""The capstone: one plain torchrun script with every line a real DDP training run needs (notebook 10's contract).
 
-    torchrun --nproc-per-node 2 capstone.py --data data.pt --out runs/cap --amp fp16 --stop-at-step 4
-    torchrun --nproc-per-node 2 capstone.py --data data.pt --out runs/cap --amp fp16 --resume
-
-Notebook 10 states its contract: the flags below, the data file (a dict: x float32 [N, D], y int64 [N],
-classes), the model (`Net`, exactly as here), rank 0's log (one JSON line per step on stdout) and the
-checkpoint (<out>/ckpt.pt). It imports only torch and the standard library: copy it anywhere.
+torchrun --nproc-per-node 2 capstone.py --data data.pt --out runs/cap --amp fp16 [--stop-at-step 4 | --resume]
 """
 
 import argparse

@@ -1,6 +1,5 @@
-"""The checks, each over one run: DDP, the samples' order, the saves, the checkpoint, the log, the training,
-the resume's position and random state, and the resumed run against the uninterrupted one: its weights, and
-the seed each iter(loader) draws."""
+"""The capstone's checks, each over one run: DDP, the order, the saves, the checkpoint, the log, the training,
+the resume's position and random state, and the resumed run against the uninterrupted one."""
 
 from __future__ import annotations
 
@@ -45,27 +44,20 @@ def check_ddp(w: World, run: Run) -> None:
     ]
     expected = [dict.fromkeys(row, True) for row in seen]
     wrapped = all(s["DDP(...) built"] for s in seen)
-    w.judge(
-        "DDP wraps the model, and every rank holds the same weights",
-        run,
-        seen,
-        expected,
-        [
-            Sign(
-                "10-capstone-no-ddp",
-                "DDP(...) wrapped the model on every rank, but the ranks' weights parted after a step: the "
-                "forward went through the raw model, not the wrapper, so backward() averaged nothing and each "
-                "rank trained alone."
-                if wrapped
-                else "the script trains without DDP: no DDP(...) wrapped the model, so each rank trained alone.",
-                lambda: True,
-                hint="call the wrapper in the forward, loss = F.cross_entropy(model(x), y) with "
-                "model = DDP(raw, ...), not raw(x): only the wrapper's backward() averages the gradients."
-                if wrapped
-                else "",
-            ),
-        ],
-    )
+    signs = [
+        Sign(
+            "10-capstone-no-ddp",
+            "DDP(...) wrapped the model, but the ranks' weights parted: the forward went through the raw "
+            "model, so backward() averaged nothing."
+            if wrapped
+            else "no DDP(...) wrapped the model: each rank trained alone.",
+            lambda: True,
+            hint="call the wrapper in the forward, model(x) with model = DDP(raw, ...), not raw(x)."
+            if wrapped
+            else "",
+        ),
+    ]
+    w.judge("DDP wraps the model, and every rank holds the same weights", run, seen, expected, signs)
 
 
 def _by_epoch(batches: list[list[int]]) -> dict[str, list[int]]:
@@ -83,13 +75,8 @@ def check_order(w: World, run: Run, batches: list[list[list[int]]]) -> None:
         drawn = [f.get("batch", []) for f in (record or {}).get("forwards", [])][:STOP_AT]
         seen.append(_by_epoch(drawn))
         expected.append(_by_epoch(batches[rank]))
-    w.judge(
-        "each rank trains on its own shard, in a new order each epoch",
-        run,
-        seen,
-        expected,
-        _order_signs(w, seen),
-    )
+    title = "each rank trains on its own shard, in a new order each epoch"
+    w.judge(title, run, seen, expected, _order_signs(w, seen))
 
 
 def _order_signs(w: World, seen: Seen) -> list[Sign]:
@@ -117,21 +104,17 @@ def _order_signs(w: World, seen: Seen) -> list[Sign]:
     return [
         Sign(
             "10-capstone-no-sampler",
-            "the ranks trained on the same samples: without a DistributedSampler each "
-            "rank goes through the whole dataset.",
+            "the ranks trained on the same samples: no DistributedSampler dealt them shards.",
             overlap,
         ),
         Sign(
             "10-capstone-sampler-seed",
-            f"each rank drew the shard DistributedSampler deals with its default "
-            f"seed, 0, not with --seed {SEED}: the sampler was built without seed=args.seed (a seed that only "
-            "seed 0 would never show).",
+            f"each rank drew the shard of DistributedSampler's default seed 0, not of --seed {SEED}.",
             default_seed,
         ),
         Sign(
             "10-capstone-no-set-epoch",
-            "epoch 1 dealt each rank the same samples in the same order as epoch 0: "
-            "the sampler never learned the epoch.",
+            "epoch 1 dealt each rank the same samples in the same order as epoch 0.",
             repeats,
         ),
     ]
@@ -149,25 +132,17 @@ def check_masks(w: World, run: Run) -> None:
         else ""
     )
     reseeded = any(SEED + rank in seeds[rank] for rank in range(1, w.world))  # seed + rank, then again seed
-    w.judge(
-        "each rank draws its own dropout masks",
-        run,
-        seen,
-        expected,
-        [
-            Sign(
-                "10-capstone-same-masks",
-                "every rank drew the same dropout masks: after building the model (with "
-                "the same seed everywhere, for the same weights) no rank reseeded with seed + rank, so each rank's "
-                f"dropout drops the same units, and the ranks' noise is one noise, N times{told}.",
-                lambda: all(s[same] for s in seen[1:]),
-                hint="make torch.manual_seed(args.seed + rank) the last seed before training: a "
-                "torch.manual_seed(args.seed) after it gives every rank the same masks again."
-                if reseeded
-                else "",
-            ),
-        ],
-    )
+    signs = [
+        Sign(
+            "10-capstone-same-masks",
+            f"every rank drew the same dropout masks: no rank reseeded with seed + rank{told}.",
+            lambda: all(s[same] for s in seen[1:]),
+            hint="make torch.manual_seed(args.seed + rank) the last seed before training."
+            if reseeded
+            else "",
+        ),
+    ]
+    w.judge("each rank draws its own dropout masks", run, seen, expected, signs)
 
 
 def check_teardown(w: World, run: Run) -> None:
@@ -188,27 +163,20 @@ def check_teardown(w: World, run: Run) -> None:
             {barrier: "barrier" in after, "destroy_process_group()": "destroy_process_group" in after}
         )
     expected: Seen = [dict.fromkeys(row, True) for row in seen]
-    w.judge(
-        "every rank waits at a barrier after the checkpoint, then destroys its process group",
-        run,
-        seen,
-        expected,
-        [
-            Sign(
-                "10-capstone-no-barrier",
-                "a rank went on past rank 0's checkpoint without a barrier: nothing made "
-                "it wait for rank 0 to finish writing, before it read the file, tore down, or exited.",
-                lambda: not all(s[barrier] for s in seen),
-            ),
-            Sign(
-                "10-capstone-no-teardown",
-                "a rank ended without dist.destroy_process_group(): the process group's "
-                "threads and connections are left to the interpreter's exit, where torch warns, and where a "
-                "backend can hang or abort.",
-                lambda: not all(s["destroy_process_group()"] for s in seen),
-            ),
-        ],
-    )
+    signs = [
+        Sign(
+            "10-capstone-no-barrier",
+            "a rank went on past rank 0's checkpoint without waiting at a barrier.",
+            lambda: not all(s[barrier] for s in seen),
+        ),
+        Sign(
+            "10-capstone-no-teardown",
+            "a rank ended without dist.destroy_process_group().",
+            lambda: not all(s["destroy_process_group()"] for s in seen),
+        ),
+    ]
+    title = "every rank waits at a barrier after the checkpoint, then destroys its process group"
+    w.judge(title, run, seen, expected, signs)
 
 
 def check_saves(w: World, run: Run) -> None:
@@ -229,31 +197,24 @@ def check_saves(w: World, run: Run) -> None:
         seen.append({"torch.save calls": len(saves), "ckpt.pt written": how})
     expected: Seen = [{"ckpt.pt written": "via a temporary file and os.replace"}]
     expected += [{"torch.save calls": 0, "ckpt.pt written": "no"} for _ in range(w.world - 1)]
-    w.judge(
-        "rank 0 alone writes ckpt.pt, atomically",
-        run,
-        seen,
-        expected,
-        [
-            Sign(
-                "10-capstone-every-rank-saves",
-                "more ranks than rank 0 called torch.save: N writers of one file can "
-                "leave it torn, and the others' copies are wasted work.",
-                lambda: any(s["torch.save calls"] for s in seen[1:]),
-            ),
-            Sign(
-                "10-capstone-not-atomic",
-                "rank 0 saved straight into ckpt.pt: a job killed during the write leaves a "
-                "torn checkpoint in place of the last good one.",
-                lambda: seen[0]["ckpt.pt written"] == "in place",
-            ),
-            Sign(
-                "10-capstone-no-checkpoint",
-                f"no ckpt.pt was written in {run.out} at --stop-at-step {STOP_AT}.",
-                lambda: seen[0]["ckpt.pt written"] == "no",
-            ),
-        ],
-    )
+    signs = [
+        Sign(
+            "10-capstone-every-rank-saves",
+            "more ranks than rank 0 called torch.save: N writers can tear one file.",
+            lambda: any(s["torch.save calls"] for s in seen[1:]),
+        ),
+        Sign(
+            "10-capstone-not-atomic",
+            "rank 0 saved straight into ckpt.pt: a kill during the write leaves it torn.",
+            lambda: seen[0]["ckpt.pt written"] == "in place",
+        ),
+        Sign(
+            "10-capstone-no-checkpoint",
+            f"no ckpt.pt was written in {run.out} at --stop-at-step {STOP_AT}.",
+            lambda: seen[0]["ckpt.pt written"] == "no",
+        ),
+    ]
+    w.judge("rank 0 alone writes ckpt.pt, atomically", run, seen, expected, signs)
 
 
 def check_ckpt(w: World, run: Run, step: int, want: list[float], start: list[float]) -> None:
@@ -268,21 +229,15 @@ def check_ckpt(w: World, run: Run, step: int, want: list[float], start: list[flo
     if run.ckpt_error:
         seen[0]["error"] = run.ckpt_error
     expected: Seen = [{"model keys": ["fc1.weight", "fc2.weight"], "weights off by": 0.0}]
-    w.judge(
-        f"ckpt.pt holds the plain model's weights after step {step}",
-        run,
-        seen,
-        expected,
-        [
-            Sign(
-                "10-capstone-module-keys",
-                "the checkpoint's model keys start with 'module.': that is the DDP "
-                "wrapper's state dict, which a plain model refuses.",
-                lambda: all(k.startswith("module.") for k in keys) and bool(keys),
-            ),
-        ],
-        tolerance=w.wtol,
-    )
+    signs = [
+        Sign(
+            "10-capstone-module-keys",
+            "the checkpoint's model keys start with 'module.': the DDP wrapper's state dict.",
+            lambda: all(k.startswith("module.") for k in keys) and bool(keys),
+        ),
+    ]
+    title = f"ckpt.pt holds the plain model's weights after step {step}"
+    w.judge(title, run, seen, expected, signs, tolerance=w.wtol)
 
 
 def check_log(w: World, run: Run, first: int, last: int, sim: list[dict[str, Any]]) -> None:
@@ -294,26 +249,20 @@ def check_log(w: World, run: Run, first: int, last: int, sim: list[dict[str, Any
     expected: Seen = [{"steps logged": steps, "loss": [sim[s]["mean"] for s in steps]}]
     expected += [{"lines logged": 0} for _ in range(1, w.world)]
     local = [sim[s]["losses"][0] for s in steps]
-    w.judge(
-        f"rank 0 alone logs, steps {first}-{last}, the loss over every rank's samples",
-        run,
-        seen,
-        expected,
-        [
-            Sign(
-                "10-capstone-every-rank-logs",
-                "more ranks than rank 0 printed the log line: N copies of each line.",
-                lambda: any(s["lines logged"] for s in seen[1:]),
-            ),
-            Sign(
-                "10-capstone-local-loss",
-                "rank 0 logged the loss of its own samples only: each rank sees its own "
-                "shard, so the mean over all samples needs every rank's sum and count.",
-                lambda: w.world > 1 and close(seen[0]["loss"], local, w.ltol),
-            ),
-        ],
-        tolerance=w.ltol,
-    )
+    signs = [
+        Sign(
+            "10-capstone-every-rank-logs",
+            "more ranks than rank 0 printed the log line: N copies of each line.",
+            lambda: any(s["lines logged"] for s in seen[1:]),
+        ),
+        Sign(
+            "10-capstone-local-loss",
+            "rank 0 logged the loss of its own samples only, not the mean over every rank's.",
+            lambda: w.world > 1 and close(seen[0]["loss"], local, w.ltol),
+        ),
+    ]
+    title = f"rank 0 alone logs, steps {first}-{last}, the loss over every rank's samples"
+    w.judge(title, run, seen, expected, signs, tolerance=w.ltol)
 
 
 def check_training(
@@ -369,44 +318,33 @@ def check_training(
 
 
 def _overflow_stepped(w: World, run: Run, seen: Seen) -> Sign:
-    """Under fp16 the step with an inf gradient was taken: by an optimizer.step() beside scaler.step, or with
-    no scaler.step at all."""
+    """Under fp16 the overflow step was taken: optimizer.step() beside scaler.step, or no scaler.step."""
     through_scaler = all((r or {}).get("scaler_steps", 0) for r in run.records)
     overflow = f"with --amp fp16 the step with an inf gradient (step {POISON_STEP}) was taken"
     return Sign(
         "10-capstone-overflow-stepped",
-        f"{overflow}, although scaler.step(optimizer) ran on every rank: the optimizer was stepped outside "
-        "the scaler too."
+        f"{overflow}: the optimizer was stepped outside the scaler too."
         if through_scaler
-        else f"{overflow}: no rank called scaler.step(optimizer), so the optimizer stepped on an overflow.",
+        else f"{overflow}: no rank called scaler.step(optimizer).",
         lambda: w.amp == "fp16" and any(POISON_STEP in s["steps taken"] for s in seen),
-        hint="step the optimizer only through scaler.step(optimizer), which skips the step when a "
-        "gradient is inf: no optimizer.step() of its own."
+        hint="step the optimizer only through scaler.step(optimizer), which skips an inf step."
         if through_scaler
         else "",
     )
 
 
 def _disabled(w: World, run: Run, scalers: list[list[dict[str, Any]]]) -> Sign:
-    """A GradScaler built disabled under fp16: for another device (GradScaler() means "cuda", off without
-    CUDA), or with enabled=False."""
+    """A GradScaler built disabled under fp16: for another device, or with enabled=False."""
     ranks_on = (run.records[0] or {}).get("device") or "cpu"
     elsewhere = sorted({s["device"] for rank in scalers for s in rank} - {ranks_on, ""})
     if elsewhere:
         message = (
-            f"with --amp fp16 the GradScaler was built for '{elsewhere[0]}' (GradScaler() with no device means "
-            f"'cuda'), and the ranks train on '{ranks_on}': a scaler for a device that is not in use turns "
-            "itself off (it warns), so it scaled nothing, and fp16's overflow was stepped on."
+            f"with --amp fp16 the GradScaler was built for '{elsewhere[0]}' (GradScaler() means 'cuda'), not "
+            f"the ranks' '{ranks_on}': it turned itself off."
         )
-        hint = (
-            "give the GradScaler the ranks' device as its first argument: "
-            'torch.amp.GradScaler(device.type, enabled=args.amp == "fp16").'
-        )
+        hint = 'give it the ranks\' device: torch.amp.GradScaler(device.type, enabled=args.amp == "fp16").'
     else:
-        message = (
-            "with --amp fp16 the GradScaler was built with enabled=False: it scaled nothing, and fp16's overflow "
-            "was stepped on."
-        )
+        message = "with --amp fp16 the GradScaler was built with enabled=False: it scaled nothing."
         hint = 'enable it under fp16: torch.amp.GradScaler(device.type, enabled=args.amp == "fp16").'
     return Sign(
         "10-capstone-scaler-disabled",
@@ -426,39 +364,27 @@ def check_autocast(w: World, run: Run) -> None:
         )
         seen.append({name: kinds[0] if len(kinds) == 1 else kinds})
     expected: Seen = [{name: want} for _ in run.records]
-    w.judge(
-        f"every forward runs under autocast with --amp {w.amp}'s dtype",
-        run,
-        seen,
-        expected,
-        [
-            Sign(
-                "10-capstone-no-autocast",
-                f"with --amp {w.amp} the forward ran without autocast on the ranks' device (in float32): either "
-                "no torch.autocast around it, or one for another device type than the ranks', which does nothing "
-                "here.",
-                lambda: all(s[name] == "off" for s in seen),
-            ),
-            Sign(
-                "10-capstone-autocast-dtype",
-                f"with --amp {w.amp} the forward ran under autocast with {seen[0][name]}, not {want}: the flag was "
-                "mapped to another dtype.",
-                lambda: all(s[name] not in ("off", want) and isinstance(s[name], str) for s in seen),
-            ),
-        ],
-    )
+    signs = [
+        Sign(
+            "10-capstone-no-autocast",
+            f"with --amp {w.amp} the forward ran without autocast for the ranks' device type.",
+            lambda: all(s[name] == "off" for s in seen),
+        ),
+        Sign(
+            "10-capstone-autocast-dtype",
+            f"with --amp {w.amp} the forward ran under autocast with {seen[0][name]}, not {want}.",
+            lambda: all(s[name] not in ("off", want) and isinstance(s[name], str) for s in seen),
+        ),
+    ]
+    w.judge(f"every forward runs under autocast with --amp {w.amp}'s dtype", run, seen, expected, signs)
 
 
 def _no_loss_scale(w: World, seen: Seen, expected: Seen, scalers: list[list[dict[str, Any]]]) -> None:
-    """Only fp16 is held to the loss scale. A GradScaler under bf16 (or none) scales and unscales by a power of
-    two and never sees an overflow (bf16 has float32's range): the weights are the same, and it gets a note."""
+    """Only fp16 is held to the loss scale; a GradScaler under bf16 changes no weight, and gets a note."""
     for row in (*seen, *expected):
         row.pop("loss scale")
     if any(s["enabled"] for rank in scalers for s in rank):
-        w.notes.append(
-            f"a GradScaler ran under --amp {w.amp}: harmless (with float32's range nothing overflows), "
-            "but only fp16 needs one"
-        )
+        w.notes.append(f"a GradScaler ran under --amp {w.amp}: harmless, but only fp16 needs one")
 
 
 def check_resume_start(w: World, resumed: Run, batches: list[list[list[int]]]) -> None:
@@ -468,38 +394,29 @@ def check_resume_start(w: World, resumed: Run, batches: list[list[list[int]]]) -
     first = [batches[rank][0] for rank in range(w.world)]
     loaded = any(resumed.ckpt_path in (r or {}).get("loads", []) for r in resumed.records)
     done = STOP_AT - STEPS_PER_EPOCH
-    w.judge(
-        f"the resumed run goes on with step {STOP_AT + 1}, epoch 1's batch {done + 1}",
-        resumed,
-        seen,
-        expected,
-        [
-            Sign(
-                "10-capstone-resume-not-loaded",
-                f"with --resume no rank loaded {resumed.ckpt_path}: the resumed run started the job afresh, "
-                f"from epoch 0's first batch.",
-                lambda: not loaded and [s["first batch after the resume"] for s in seen] == first,
-            ),
-            Sign(
-                "10-capstone-resume-restarts-run",
-                f"the resumed run loaded ckpt.pt, then began again with epoch 0's first batch: its loop started "
-                f"at epoch 0, not at the checkpoint's epoch 1, so the {STOP_AT} steps before the stop are "
-                "trained again.",
-                lambda: [s["first batch after the resume"] for s in seen] == first,
-            ),
-            Sign(
-                "10-capstone-resume-restarts-epoch",
-                f"the resumed run started epoch 1 again from its first batch: the "
-                f"{done} batch(es) trained before the stop are trained twice.",
-                lambda: [s["first batch after the resume"] for s in seen] == restart,
-            ),
-        ],
-    )
+    signs = [
+        Sign(
+            "10-capstone-resume-not-loaded",
+            f"with --resume no rank loaded {resumed.ckpt_path}: the run started afresh.",
+            lambda: not loaded and [s["first batch after the resume"] for s in seen] == first,
+        ),
+        Sign(
+            "10-capstone-resume-restarts-run",
+            "the resumed run loaded ckpt.pt, then began again at epoch 0's first batch.",
+            lambda: [s["first batch after the resume"] for s in seen] == first,
+        ),
+        Sign(
+            "10-capstone-resume-restarts-epoch",
+            f"the resumed run started epoch 1 again from its first batch: {done} batch(es) trained twice.",
+            lambda: [s["first batch after the resume"] for s in seen] == restart,
+        ),
+    ]
+    title = f"the resumed run goes on with step {STOP_AT + 1}, epoch 1's batch {done + 1}"
+    w.judge(title, resumed, seen, expected, signs)
 
 
 def _epochs_trained(forwards: list[dict[str, Any]], batches: list[list[int]]) -> dict[str, list[Any]]:
-    """Which batch of which epoch each forward took, as 'epoch E' -> [batch numbers from 1]; a batch that no
-    epoch deals is listed by its samples under 'batches no epoch deals'."""
+    """Which batch of which epoch each forward took: 'epoch E' -> [batch numbers from 1]."""
     where: dict[tuple[int, ...], tuple[int, int]] = {}
     for step, batch in enumerate(batches):
         where.setdefault(tuple(batch), (step // STEPS_PER_EPOCH, step % STEPS_PER_EPOCH + 1))
@@ -532,21 +449,16 @@ def check_resume_batches(w: World, resumed: Run, batches: list[list[list[int]]])
         return all(s.get(name) == cut for s in seen for name in [field.format("epoch 1"), *later])
 
     later_epochs = " and ".join(f"epoch {e}" for e in range(2, EPOCHS))
-    w.judge(
-        "the resumed run trains every batch left: the rest of epoch 1, then each later epoch whole",
-        resumed,
-        seen,
-        expected,
-        [
-            Sign(
-                "10-capstone-resume-skips-every-epoch",
-                f"after the resume every epoch began at batch {done + 1}, not only the resumed epoch 1: on "
-                f"every rank {later_epochs} trained batches {cut} of {STEPS_PER_EPOCH}, so {done} "
-                "batch(es) at the start of each were never trained.",
-                skips_every_epoch,
-            ),
-        ],
-    )
+    signs = [
+        Sign(
+            "10-capstone-resume-skips-every-epoch",
+            f"after the resume every epoch began at batch {done + 1}: on every rank {later_epochs} trained "
+            f"batches {cut} of {STEPS_PER_EPOCH}.",
+            skips_every_epoch,
+        ),
+    ]
+    title = "the resumed run trains every batch left: the rest of epoch 1, then each later epoch whole"
+    w.judge(title, resumed, seen, expected, signs)
 
 
 GENERATORS = {"cpu": "the CPU generator", "cuda": "the GPU's generator"}
@@ -567,8 +479,7 @@ def _restored_then_reseeded(record: dict[str, Any] | None) -> tuple[bool, bool]:
 
 
 def _rng_rows(w: World, stopped: Run, resumed: Run) -> tuple[Seen, Seen]:
-    """Per rank, each generator's state at the resumed run's first mask in words, and what a right resume
-    leaves (as at the stop)."""
+    """Per rank, each generator's state at the resumed run's first mask, in words; and the right one."""
     after = [_first_forward(r).get("rng") or {} for r in resumed.records]
     fresh = [_first_forward(r).get("rng") or {} for r in stopped.records]
     at_stop = [r or {} for r in stopped.each("rng_exit")]
@@ -616,61 +527,47 @@ def check_rng(w: World, stopped: Run, resumed: Run) -> None:
     seen, expected = _rng_rows(w, stopped, resumed)
     how = [_restored_then_reseeded(r) for r in resumed.records]
     no_generator = any(not all((r or {}).get("loaders") or [True]) for r in resumed.records)
-    w.judge(
-        "each rank draws on from its own random state as it was at the stop",
-        resumed,
-        seen,
-        expected,
-        [*_rng_fresh_signs(seen, how), *_rng_other_signs(w, seen, how, no_generator)],
-    )
+    signs = [*_rng_fresh_signs(seen, how), *_rng_other_signs(w, seen, how, no_generator)]
+    title = "each rank draws on from its own random state as it was at the stop"
+    w.judge(title, resumed, seen, expected, signs)
 
 
 def _rng_fresh_signs(seen: Seen, how: list[tuple[bool, bool]]) -> list[Sign]:
-    """Every rank drew as a fresh start does: restored then reseeded, restored the start's state, or
-    restored nothing. `how`: per rank, (set_rng_state called, manual_seed after it)."""
     fresh = _which(seen, AS_FRESH)
     all_fresh = bool(seen) and all(v == AS_FRESH for row in seen for v in row.values())
     return [
         Sign(
             "10-capstone-rng-reseeded",
-            f"{fresh} drew the dropout mask at step {STOP_AT + 1} (the first after the resume) as "
-            "a fresh start does: each rank restored its state with torch.set_rng_state, then called "
-            "torch.manual_seed again before its first step, which replaced the state it had restored.",
+            f"{fresh} drew step {STOP_AT + 1}'s mask as a fresh start does: a torch.manual_seed after "
+            "torch.set_rng_state replaced the restored state.",
             lambda: all_fresh and all(restored and reseeded for restored, reseeded in how),
         ),
         Sign(
             "10-capstone-rng-saved-at-start",
-            f"{fresh} drew the dropout mask at step {STOP_AT + 1} (the first after the resume) as "
-            "a fresh start does, although each rank restored a state with torch.set_rng_state: the state "
-            "saved was the one the run started with, not the one it had at the stop.",
+            f"{fresh} drew step {STOP_AT + 1}'s mask as a fresh start does, although a state was restored: "
+            "the one saved at the run's start.",
             lambda: all_fresh and all(restored for restored, _ in how),
         ),
         Sign(
             "10-capstone-rng-not-restored",
-            f"{fresh} drew the dropout mask at step {STOP_AT + 1} (the first after the resume) "
-            "from a freshly seeded state, not from the state each rank had at the stop: nothing restored it.",
+            f"{fresh} drew step {STOP_AT + 1}'s mask from a freshly seeded state: nothing restored it.",
             lambda: all_fresh,
         ),
     ]
 
 
 def _rng_other_signs(w: World, seen: Seen, how: list[tuple[bool, bool]], no_generator: bool) -> list[Sign]:
-    """A loader without generator=, a state restored on some ranks only, rank 0's state on every rank, the
-    GPU's generator not restored, and, failing these, which rank's generator was not its own."""
     at_stop, fresh, rank0, neither = (_which(seen, s) for s in (AS_AT_STOP, AS_FRESH, AS_RANK0, NEITHER))
     return [
         Sign(
             "10-capstone-no-loader-generator",
-            f"at step {STOP_AT + 1}'s mask (the first after the resume) {neither} was neither as at the "
-            "stop nor as at a fresh start: the random state was restored, then the resumed epoch's "
-            "iter(loader) drew from it, since a DataLoader without generator= takes its seed from the global "
-            "generator at every iter().",
+            f"at step {STOP_AT + 1}'s mask {neither} was neither as at the stop nor fresh: a DataLoader "
+            "without generator= drew its seed from the restored global generator.",
             lambda: no_generator,
         ),
         Sign(
             "10-capstone-rng-some-ranks",
-            f"{at_stop} got its random state back, but {fresh} went on at step "
-            f"{STOP_AT + 1} as freshly seeded: the state was restored on some ranks only.",
+            f"{at_stop} got its random state back, but {fresh} went on at step {STOP_AT + 1} as freshly seeded.",
             lambda: (
                 any(v == AS_AT_STOP for row in seen for v in row.values())
                 and all(v in (AS_AT_STOP, AS_FRESH) for row in seen for v in row.values())
@@ -679,15 +576,13 @@ def _rng_other_signs(w: World, seen: Seen, how: list[tuple[bool, bool]], no_gene
         ),
         Sign(
             "10-capstone-rank0-rng",
-            f"{rank0} went on at step {STOP_AT + 1} from rank 0's state at the stop, not from its "
-            "own: every rank restored rank 0's saved random state, so the ranks draw the same masks.",
+            f"{rank0} went on at step {STOP_AT + 1} from rank 0's saved random state, not its own.",
             lambda: w.world > 1 and all(all(v == AS_RANK0 for v in row.values()) for row in seen[1:]),
         ),
         Sign(
             "10-capstone-cuda-rng-not-restored",
-            f"every rank got the CPU generator's state back, but not the GPU's ({fresh or neither}"
-            f", at step {STOP_AT + 1}): on a GPU, dropout draws its masks from the GPU's generator "
-            "(torch.cuda.get_rng_state(device)), which the checkpoint must hold and the resume restore too.",
+            f"every rank got the CPU generator's state back, but not the GPU's ({fresh or neither}, at step "
+            f"{STOP_AT + 1}), which dropout draws from on a GPU.",
             lambda: (
                 all(v == AS_AT_STOP for v in _generator_states(seen, "cpu"))
                 and any(v != AS_AT_STOP for v in _generator_states(seen, "cuda"))
@@ -695,13 +590,11 @@ def _rng_other_signs(w: World, seen: Seen, how: list[tuple[bool, bool]], no_gene
         ),
         Sign(
             "10-capstone-rng-not-restored",
-            f"some rank did not get its own random state back at step {STOP_AT + 1}, the first after the "
-            f"resume: {'; '.join(filter(None, (fresh, rank0, neither)))}"
-            " (below). Each rank's masks must go on from the state that rank had at the stop.",
+            f"some rank did not get its own random state back at step {STOP_AT + 1}: "
+            f"{'; '.join(filter(None, (fresh, rank0, neither)))} (below).",
             lambda: True,
-            hint="restore each rank's own state last, after any torch.manual_seed, and draw nothing from the "
-            "global generator between the restore and the first step (no iter(loader) without generator=, "
-            "no random init): the first mask must draw from the state saved at the stop."
+            hint="restore each rank's own state last, and draw nothing from the global generator before the "
+            "first step (no iter(loader) without generator=)."
             if all(restored for restored, _ in how)
             else "",
         ),
@@ -709,17 +602,13 @@ def _rng_other_signs(w: World, seen: Seen, how: list[tuple[bool, bool]], no_gene
 
 
 def check_exact(w: World, stopped: Run, resumed: Run, whole: Run, start: list[float]) -> None:
-    """The stopped and resumed run against the uninterrupted one: the same steps, the same weights after each.
-
-    Bit for bit at 1 or 2 ranks. At 3 or more, to float32's last bits: DDP's first iteration packs the
-    gradients into its bucket in parameter order, and later ones in the order backward produced them, so the
-    first step after a resume all-reduces each number in another position of the bucket, and with 3 or more
-    ranks the ring adds the ranks' shares in an order that depends on that position."""
+    """The stopped and resumed run against the uninterrupted one: the same steps, the same weights after each."""
 
     def final(run: Run) -> list[float] | None:
         model = (run.ckpt or {}).get("model") if isinstance(run.ckpt, dict) else None
         return _flat(model) if isinstance(model, dict) else None
 
+    # DDP's first step after a resume packs its bucket in another order: at 3+ ranks the ring's sums differ
     exact = w.world <= 2
     same = (
         "weights = the uninterrupted run's, bit for bit"
@@ -753,13 +642,8 @@ def check_exact(w: World, stopped: Run, resumed: Run, whole: Run, start: list[fl
         if exact
         else "to float32's last bits (at 3 or more ranks DDP's first step sums in another order)"
     )
-    w.judge(
-        f"stopped and resumed, the run ends as the uninterrupted one, {how}",
-        whole,
-        seen,
-        expected,
-        tolerance=w.wtol,
-    )
+    title = f"stopped and resumed, the run ends as the uninterrupted one, {how}"
+    w.judge(title, whole, seen, expected, tolerance=w.wtol)
 
 
 def _draw_named(seed: Any, draws: list[Any]) -> str:
@@ -781,31 +665,23 @@ def check_loader_seeds(w: World, resumed: Run, whole: Run) -> None:
         expected.append({field: [f"epoch {e}" for e in range(first, EPOCHS)]})
     firsts = [row[field][:1] for row in seen]
     ranks = ", ".join(map(str, range(w.world)))
-    effect = (
-        "Here, with no loader workers, nothing draws from that seed; with num_workers > 0 it seeds each "
-        "worker (base seed + worker id), so the resumed epochs' workers draw other random augmentations "
-        "than the uninterrupted run's."
-    )
-    w.judge(
+    effect = "With num_workers > 0 it seeds each worker, whose random augmentations then differ."
+    signs = [
+        Sign(
+            "10-capstone-loader-state-after-iter",
+            f"on every rank ({ranks}) the resumed epoch {first}'s iter(loader) drew epoch {first + 1}'s seed: "
+            f"the loader generator's state was saved after that iter(loader) drew. {effect}",
+            lambda: all(f == [f"epoch {first + 1}"] for f in firsts),
+        ),
+        Sign(
+            "10-capstone-loader-generator-not-restored",
+            f"on every rank ({ranks}) the resumed epoch {first}'s iter(loader) drew epoch 0's seed: the "
+            f"loader generator's state was not restored. {effect}",
+            lambda: all(f == ["epoch 0"] for f in firsts),
+        ),
+    ]
+    title = (
         f"each iter(loader) after the resume draws the seed the uninterrupted run drew for its epoch "
-        f"(epochs {first}-{EPOCHS - 1})",
-        resumed,
-        seen,
-        expected,
-        [
-            Sign(
-                "10-capstone-loader-state-after-iter",
-                f"on every rank ({ranks}) the resumed epoch {first}'s iter(loader) drew the seed the uninterrupted "
-                f"run drew for epoch {first + 1}, one draw ahead: the loader generator's state in the checkpoint "
-                f"was taken at the stop, after epoch {first}'s iter(loader) had already drawn from it. {effect}",
-                lambda: all(f == [f"epoch {first + 1}"] for f in firsts),
-            ),
-            Sign(
-                "10-capstone-loader-generator-not-restored",
-                f"on every rank ({ranks}) the resumed epoch {first}'s iter(loader) drew the seed the uninterrupted "
-                f"run drew for epoch 0: the loader's generator started again from its seed, since the resume "
-                f"did not restore its state. {effect}",
-                lambda: all(f == ["epoch 0"] for f in firsts),
-            ),
-        ],
+        f"(epochs {first}-{EPOCHS - 1})"
     )
+    w.judge(title, resumed, seen, expected, signs)

@@ -1,7 +1,6 @@
-"""The capstone's contract in numbers: the sizes, the data file, the flags, and what each mistake's hint says.
+"""The capstone's contract in numbers: the sizes, the data file, the flags, and each mistake's hint.
 
-Notebook 10 states the contract in words; ddp_helpers/chapters/ch10_capstone/capstone.py keeps it. Nothing here imports torch
-at module level: check_script refuses bad input before torch loads.
+No torch import at module level: check_script refuses bad input before torch loads.
 """
 
 from __future__ import annotations
@@ -104,13 +103,7 @@ HINTS = {
 
 # ------------------------------------------------------------------ the data and the flags
 def make_data(world: int) -> dict[str, Any]:
-    """The data file's content for `world` ranks: one-hot-ish float32 rows, one of them poisoned.
-
-    Row i holds 0.5 * (1 + i // FEATURES) in column i % FEATURES (exact in float16 and bfloat16), so every
-    row is its own and the probe knows each sample by its row. The last rank's second batch of epoch 0
-    holds the poisoned sample, POISON in its column: inf in float16, so with --amp fp16 that step's
-    gradients are not finite on that rank, and after DDP's all-reduce on every rank.
-    """
+    """The data file's content for `world` ranks: one-hot-ish float32 rows, one of them poisoned."""
     import torch
 
     from ddp_helpers.chapters.ch01_first_program.ch01_exercises import sampler_order

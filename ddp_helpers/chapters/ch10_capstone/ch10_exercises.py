@@ -1,14 +1,7 @@
-"""Notebook 10's capstone check: the learner's whole torchrun script, run under torchrun, watched and judged.
+"""Notebook 10's capstone check: the learner's whole script run under torchrun (stopped, resumed, uninterrupted)
+and judged against a replay in one process.
 
-    verdict = check_script("runs/capstone/my_ddp.py")  # 2 ranks with --amp fp16, then 3 with --amp bf16
-
-The contract (notebook 10 states it; capstone.py keeps it) is in ch10_contract. For each check (a world size
-and an --amp mode, `amp_plan`) the script runs three times: stopped mid-epoch 1, resumed, uninterrupted
-(ch10_world). Each rank runs inside the probe (ch10_probe), which records what the rank did; what a right
-script does comes from first principles: DistributedSampler's order written out, and the training replayed
-in one process (ch10_replay). Each check (ch10_checks) is judged by ch10_judge; the first that fails ends
-the check with a Verdict naming the mistake.
-"""
+    verdict = check_script("runs/capstone/my_ddp.py")  # 2 ranks with --amp fp16, then 3 with --amp bf16"""
 
 from __future__ import annotations
 
@@ -64,10 +57,7 @@ def _valid_worlds(nproc: Sequence[int] | int) -> tuple[int, ...]:
 
 
 def amp_plan(worlds: Sequence[int], amp: str | None = None) -> list[tuple[int, str]]:
-    """(world size, --amp) for each check, in order: every --amp mode of the contract runs at least once.
-
-    (2, 3) -> 2 ranks with fp16, then 3 with bf16; one size N -> N with fp16, then N with bf16 (the whole
-    contract at N ranks); `amp` given -> every size with that one mode."""
+    """(world size, --amp) for each check, in order: every --amp mode of the contract runs at least once."""
     if amp is not None:
         return [(world, amp) for world in worlds]
     if len(worlds) < len(AMP_MODES):
@@ -83,16 +73,7 @@ def check_script(
     amp: str | None = None,
     envs: Mapping[int, Mapping[str, str]] | None = None,
 ) -> Verdict:
-    """Run `script` under torchrun at each world size in `nproc`, as the contract says, and judge it.
-
-    Three runs per check (stopped at step 4, resumed, uninterrupted), each check a world size and an --amp
-    mode (`amp_plan`): (2, 3) runs 2 ranks with fp16, then 3 with bf16; one size runs it with fp16, then
-    with bf16; `amp` ("fp16" or "bf16") runs every world with that one. The first lines printed say
-    which. `envs`: extra
-    environment for the ranks of a world size (its plan's env, such as hidden GPUs), by size. Stops at
-    the first failing check. Raises InvalidLaunchArguments, before any process starts, for a missing
-    script, one with a syntax error, bad world sizes or an unknown `amp`.
-    """
+    """Run `script` under torchrun at each world size in `nproc`, as the contract says, and judge it."""
     path = _valid_script(script)
     worlds = _valid_worlds(nproc)
     if amp is not None and amp not in AMP_MODES:

@@ -14,9 +14,7 @@ from ddp_helpers.rank.spec import differences
 
 @dataclass(frozen=True)
 class Sign:
-    """A known mistake: its id, what the learner is told, and its signature in what the check saw.
-
-    `hint`: what to do instead, where it depends on what this run showed (contract.HINTS[id] when empty)."""
+    """A known mistake: its id, what the learner is told, and its signature in what the check saw."""
 
     id: str
     message: str

@@ -1,10 +1,4 @@
-"""Notebook 10: the capstone check runs the learner's script under torchrun at each of its world sizes.
-
-The world sizes: 2 ranks, then 3 (an odd world, where the all-reduce's order shows), or 2 only in
-smoke mode; `worlds=` in the notebook (its `nproc` parameter) checks one size instead. The script
-picks nccl itself where every local rank has a GPU; at a size with fewer GPUs than ranks the check
-hides the GPUs, so that the script's gloo ranks compute on the CPU, as its own rule says they would.
-"""
+"""Notebook 10: the capstone check runs the learner's script at 2 ranks, then 3 (an odd world), or 2 in smoke mode."""
 
 from __future__ import annotations
 

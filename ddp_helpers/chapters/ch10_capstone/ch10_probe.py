@@ -1,8 +1,4 @@
-"""The probe: a small script that runs the learner's script as __main__ on each rank, and records what it did.
-
-check_script writes PROBE next to the runs and launches it under torchrun with the script and its flags as
-arguments. It imports only torch and the standard library, like the scripts it runs.
-"""
+"""The probe: runs the learner's script as __main__ on each rank and records what it did (torch and stdlib only)."""
 
 PROBE = r'''"""Written by ddp_helpers.chapters.ch10_capstone.ch10_exercises: runs a script as __main__ on this rank and records
 what it does (samples, dropout masks and random state, each iter(loader)'s seed, weights after each step,
@@ -113,74 +109,60 @@ def after_step(optimizer, args, kwargs):
     record["events"].append("step")
 register_optimizer_step_post_hook(after_step)
 
-_scaler_init = GradScaler.__init__
-def scaler_init(self, *args, **kwargs):
-    _scaler_init(self, *args, **kwargs)
+
+def spy(owner, name, note, after=False):
+    """Replace owner.name by the same call that also calls note(*args, **kwargs), before it or after."""
+    original = getattr(owner, name)
+    def spied(*args, **kwargs):
+        if not after:
+            note(*args, **kwargs)
+        result = original(*args, **kwargs)
+        if after:
+            note(*args, **kwargs)
+        return result
+    setattr(owner, name, spied)
+    return spied
+
+
+def event(name):
+    return lambda *args, **kwargs: record["events"].append(name)
+def count(key):
+    def note(*args, **kwargs):
+        record[key] += 1
+    return note
+
+
+def scaler_made(self, *args, **kwargs):
     record["scalers"].append({"enabled": bool(self.is_enabled()), "device": str(getattr(self, "_device", ""))})
-GradScaler.__init__ = scaler_init
-
-_scaler_step = GradScaler.step
-def scaler_step(self, optimizer, *args, **kwargs):
-    record["scaler_steps"] += 1
-    return _scaler_step(self, optimizer, *args, **kwargs)
-GradScaler.step = scaler_step
-
-_update = GradScaler.update
-def update(self, new_scale=None):
-    _update(self, new_scale)
+def scale_updated(self, *args, **kwargs):
     if self.is_enabled():
         record["scales"].append({"at": len(record["forwards"]), "scale": float(self.get_scale())})
-GradScaler.update = update
-
-_save = torch.save
-def save(obj, f, *args, **kwargs):
+def saved(obj, f, *args, **kwargs):
     if where(f) is not None:
         record["saves"].append(where(f))
         record["events"].append("save")
-    return _save(obj, f, *args, **kwargs)
-torch.save = save
-
-_load = torch.load
-def load(f, *args, **kwargs):
+def loaded(f, *args, **kwargs):
     if where(f) is not None:
         record["loads"].append(where(f))
-    return _load(f, *args, **kwargs)
-torch.load = load
-
-def renaming(original):
-    def rename(src, dst, *args, **kwargs):
-        result = original(src, dst, *args, **kwargs)
-        record["replaces"].append([where(src), where(dst)])
-        record["events"].append("replace")
-        return result
-    return rename
-_os_replace = os.replace
-os.replace, os.rename = renaming(os.replace), renaming(os.rename)
-
-_ddp_init = DistributedDataParallel.__init__
-def ddp_init(self, *args, **kwargs):
-    record["ddp"] += 1
-    return _ddp_init(self, *args, **kwargs)
-DistributedDataParallel.__init__ = ddp_init
-
-_manual_seed = torch.manual_seed
-def manual_seed(seed):
+def replaced(src, dst, *args, **kwargs):
+    record["replaces"].append([where(src), where(dst)])
+    record["events"].append("replace")
+def seeded(seed):
     record["seeds"].append(int(seed))
     record["events"].append("manual_seed")
-    return _manual_seed(seed)
-torch.manual_seed = torch.random.manual_seed = manual_seed
 
-_set_rng_state = torch.set_rng_state
-def set_rng_state(new_state):
-    record["events"].append("set_rng_state")
-    return _set_rng_state(new_state)
-torch.set_rng_state = torch.random.set_rng_state = set_rng_state
-
-_loader_init = DataLoader.__init__
-def loader_init(self, *args, **kwargs):
-    _loader_init(self, *args, **kwargs)
-    record["loaders"].append(self.generator is not None)
-DataLoader.__init__ = loader_init
+spy(GradScaler, "__init__", scaler_made, after=True)
+spy(GradScaler, "step", count("scaler_steps"))
+spy(GradScaler, "update", scale_updated, after=True)
+spy(torch, "save", saved)
+spy(torch, "load", loaded)
+_os_replace = os.replace
+spy(os, "replace", replaced, after=True)
+spy(os, "rename", replaced, after=True)
+spy(DistributedDataParallel, "__init__", count("ddp"))
+torch.random.manual_seed = spy(torch, "manual_seed", seeded)
+torch.random.set_rng_state = spy(torch, "set_rng_state", event("set_rng_state"))
+spy(DataLoader, "__init__", lambda self, *a, **k: record["loaders"].append(self.generator is not None), after=True)
 
 _loader_iter = DataLoader.__iter__
 def loader_iter(self):
@@ -192,11 +174,8 @@ def loader_iter(self):
 DataLoader.__iter__ = loader_iter
 
 import torch.distributed as dist
-_barrier = dist.barrier
-def barrier(*args, **kwargs):
-    record["events"].append("barrier")
-    return _barrier(*args, **kwargs)
-dist.barrier = barrier
+import torch.distributed as dist
+spy(dist, "barrier", event("barrier"))
 
 _destroy = dist.destroy_process_group
 def destroy_process_group(group=None):

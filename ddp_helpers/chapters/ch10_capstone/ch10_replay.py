@@ -29,13 +29,7 @@ def replay(
     fresh_at: int | None = None,
     fresh: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
-    """What a right script does, step by step, computed in this process on the CPU.
-
-    Each rank's forward and backward on its batch (with the mask it drew), the gradients averaged as DDP
-    does, unscaled, clipped, stepped. `unscale_first=False`: clipped before unscaling (a mistake);
-    `fresh_at`/`fresh`: at that step the "optimizer" or the "scaler" starts anew (a resume that lost it).
-    Returns the initial weights, then a dict per step: losses (per rank), mean, stepped, scale, weights.
-    """
+    """What a right script does, step by step, computed in this process on the CPU."""
     import torch
 
     params = _initial_params()

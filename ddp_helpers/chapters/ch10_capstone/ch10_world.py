@@ -1,8 +1,6 @@
 """One world size: the three runs of the script (stopped, resumed, uninterrupted) and their checks, in order.
 
-Each stage launches one run, then judges it; the first check that fails raises `Failed` with the verdict, so
-a wrong script costs only the runs up to its mistake. The replay comes after the checks that need none (DDP,
-the order, the saves): its masks are the ones the run drew.
+The first failed check raises `Failed`, so a wrong script costs only the runs up to its mistake.
 """
 
 from __future__ import annotations
@@ -58,8 +56,7 @@ def check_world(
     say: Callable[[str], None],
     env: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """Run and judge `script` at `world` ranks with --amp `amp`; raises judge.Failed at the first failed check.
-    Returns the notes on a passing script (what it does that is harmless but unneeded)."""
+    """Run and judge `script` at `world` ranks (judge.Failed at the first failed check); a passing one's notes."""
     import torch
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -109,15 +106,12 @@ def _stopped(stage: Stage) -> tuple[Run, list[list[Any]]]:
         variants.append(
             (
                 "10-capstone-no-unscale",
-                "the gradients were clipped while still multiplied by the loss "
-                f"scale ({sim[1]['scale']:g}): clipped to a norm of {CLIP:g}, then unscaled, the updates "
-                "are thousands of times too small.",
+                f"the gradients were clipped to {CLIP:g} while still multiplied by the loss scale "
+                f"({sim[1]['scale']:g}): the updates are thousands of times too small.",
                 replay(stage.data, w.world, w.amp, stage.batches, masks, STOP_AT, unscale_first=False),
             )
         )
-    checks.check_training(
-        w, stopped, 1, sim, variants
-    )  # before the log: wrong weights make every later loss wrong
+    checks.check_training(w, stopped, 1, sim, variants)  # before the log: wrong weights make every loss wrong
     checks.check_log(w, stopped, 1, STOP_AT, sim)
     checks.check_ckpt(w, stopped, STOP_AT, sim[STOP_AT]["weights"], sim[0]["weights"])
     return stopped, masks
@@ -151,8 +145,7 @@ def _resumed(stage: Stage, stopped: Run, masks: list[list[Any]]) -> tuple[Run, l
     variants = [
         (
             "10-capstone-scaler-not-restored",
-            "the resumed run started with a fresh GradScaler: the loss scale that "
-            "the overflow before the stop had lowered came back at its initial value.",
+            "the resumed run started with a fresh GradScaler: the loss scale came back at its initial value.",
             again(fresh_at=STOP_AT, fresh=("scaler",)),
         ),
         (

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddp_helpers.kernel.lab.plans import NotebookPlan, plan_for
+from ddp_helpers.kernel.lab.plan_core import NotebookPlan, plan_for
 from ddp_helpers.kernel.launcher.agent_client import warm_up
 from ddp_helpers.kernel.launcher.config import base_environment
 from ddp_helpers.kernel.launcher.machine import visible_gpus

@@ -1,8 +1,11 @@
-"""What every notebook's plan is made of: the machine it meets, the runs it starts, the sizes it picks."""
+"""What every notebook's plan is made of (the machine it meets, the runs it starts, the sizes it picks), and
+`plan_for`, which finds a notebook's planner in its chapter's chNN_plan module."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import importlib
+import pkgutil
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,3 +87,24 @@ def by_kind(device: str, sizes: Mapping[str, Mapping[str, Any]]) -> dict[str, An
     if device not in sizes:
         raise ValueError(f"no sizes for device kind {device!r}; the table has {sorted(sizes)}")
     return dict(sizes[device])
+
+
+Planner = Callable[..., NotebookPlan]  # plan(machine, smoke, **options)
+
+
+def planners() -> dict[str, Planner]:
+    """Every notebook's planner, by notebook number ("02"): the `plan` of each chapter's chNN_plan module."""
+    from ddp_helpers import chapters
+
+    names = sorted(chapter.name for chapter in pkgutil.iter_modules(chapters.__path__))
+    return {n[2:4]: importlib.import_module(f"{chapters.__name__}.{n}.ch{n[2:4]}_plan").plan for n in names}
+
+
+def plan_for(
+    notebook: str, gpus: int, nproc: int, nodes: int = 1, *, smoke: bool = False, **options: Any
+) -> NotebookPlan:
+    """Notebook `notebook`'s plan for a machine of `gpus` GPUs per node, `nproc` ranks per node, `nodes` nodes."""
+    known = planners()
+    if notebook not in known:
+        raise ValueError(f"no plan for notebook {notebook!r}; plans exist for {', '.join(known)}")
+    return known[notebook](Machine(gpus, nproc, nodes), smoke, **options)

@@ -7,7 +7,6 @@ import ast
 import difflib
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -108,13 +107,6 @@ table.diff td {white-space: pre-wrap; padding: 0 4px}
 PACKAGE = PACKAGE_DIR.name  # "ddp_helpers"
 
 
-@dataclass(frozen=True)
-class Helper:
-    module: str  # "ddp_helpers.workers.train_report"
-    names: tuple[str, ...]  # what the worker takes from it ("parse_args", ...); () for a module itself
-    purpose: str  # the first sentence of the module's docstring
-
-
 def module_path(module: str) -> Path:
     folder = PACKAGE_DIR.joinpath(*module.split(".")[1:])
     return folder / "__init__.py" if folder.is_dir() else folder.with_suffix(".py")
@@ -145,22 +137,16 @@ def package_imports(path: Path) -> dict[str, tuple[str, ...]]:
     return {name: tuple(names) for name, names in sorted(taken.items())}
 
 
-def package_helpers(target: str | os.PathLike[str]) -> list[Helper]:
-    """The ddp_helpers modules a worker (a bundled worker's name, or a file) imports itself."""
+def show_helpers(target: str | os.PathLike[str]) -> dict[str, tuple[str, ...]]:
+    """Show the package modules a worker imports, what it takes from each and what each does; return them."""
     imports = package_imports(_resolve(target))
-    return [Helper(module, names, purpose(module_path(module))) for module, names in imports.items()]
-
-
-def show_helpers(target: str | os.PathLike[str]) -> list[Helper]:
-    """Show the table of `package_helpers(target)` (markdown in IPython, text elsewhere); return them."""
-    helpers = package_helpers(target)
     rows = [
-        f"| `{h.module}` | {', '.join(f'`{n}`' for n in h.names) or '(the module)'} | {h.purpose} |"
-        for h in helpers
+        f"| `{module}` | {', '.join(f'`{n}`' for n in names) or '(the module)'} | {purpose(module_path(module))} |"
+        for module, names in imports.items()
     ]
-    header = f"`{_resolve(target).name}` imports {len(helpers)} module(s) of `{PACKAGE}`, which a copy needs:"
+    header = f"`{_resolve(target).name}` imports {len(imports)} module(s) of `{PACKAGE}`, which a copy needs:"
     text = "\n".join(
         [header, "", "| module | what it takes | what the module does |", "|---|---|---|", *rows]
     )
     display_or_print(text, lambda shown: {"text/markdown": text, "text/plain": text})
-    return helpers
+    return imports

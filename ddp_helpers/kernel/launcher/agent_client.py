@@ -14,13 +14,7 @@ import sys
 import threading
 import time
 
-from ddp_helpers.kernel.launcher.agent_server import (
-    IDLE_ENV,
-    NOT_FORKABLE,
-    SERVER_FD_ENV,
-    AgentRequest,
-    RunNews,
-)
+from ddp_helpers.kernel.launcher.agent_server import IDLE_ENV, NOT_FORKABLE, SERVER_FD_ENV
 from ddp_helpers.kernel.launcher.torchrun_agent import OWNER_FD_ENV
 
 MAX_REQUEST_BYTES = 100_000  # what this end sends: one datagram, well under the socket's ~200 kB
@@ -83,8 +77,7 @@ class AgentServer:
 
     def fork(self, argv: list[str], env: dict[str, str], output_fd: int, lifeline_fd: int) -> ForkedAgent:
         """The run's agent, forked; `ServerGone` if the server is gone, or went before it answered."""
-        request: AgentRequest = {"argv": argv, "env": env, "cwd": os.getcwd()}
-        message = json.dumps(request).encode()
+        message = json.dumps({"argv": argv, "env": env, "cwd": os.getcwd()}).encode()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             with self.lock:
@@ -118,7 +111,7 @@ class ForkedAgent:
 
     def __init__(self, run_socket: socket.socket) -> None:
         self.pid = 0
-        self.kind = "forked"  # see processes.RunProcess
+        self.kind = "forked"  # processes.RunProcess: "forked", "fresh" or "none"
         self.returncode: int | None = None
         self.status_lost = False  # killed by a signal after its server died: the exit code is unknown
         self.wait_s = 0.0  # how long the launch waited for the fork (a cold server: its import of torch)
@@ -153,12 +146,12 @@ class ForkedAgent:
         self._socket.close()
         return self.returncode
 
-    def _take(self, message: RunNews) -> None:
+    def _take(self, message: dict[str, int]) -> None:
         self.pid = int(message.get("pid", self.pid))
         if "exit" in message and self.returncode is None:  # the agent's own word, or the server's
             self.returncode = int(message["exit"])
 
-    def _next_message(self) -> RunNews | None:
+    def _next_message(self) -> dict[str, int] | None:
         """The next message, or None at end-of-file (the server is gone)."""
         while b"\n" not in self._buffer:
             data = self._socket.recv(4096)
@@ -166,7 +159,7 @@ class ForkedAgent:
                 return None
             self._buffer += data
         line, self._buffer = self._buffer.split(b"\n", 1)
-        message: RunNews = json.loads(line)  # written by `_send`, or by the agent as it leaves
+        message: dict[str, int] = json.loads(line)  # written by agent_server.send, by the server or the agent
         return message
 
 
@@ -192,7 +185,7 @@ class AgentServers:
         if not supported() or python in self.not_forkable:
             return None
         key = (python, tuple(sorted((k, v) for k, v in env.items() if not _run_time(k))))
-        self.reap_stopped()
+        self.wait_for_stopped(0.0)
         with self._lock:
             server = self.running.pop(key, None)
             if server is not None and not server.alive():
@@ -229,12 +222,9 @@ class AgentServers:
                 raise
             return None
 
-    def warm_up(self, python: str, env: dict[str, str]) -> bool:
-        """Start the server a launch will use, without waiting for its imports; True if one was started."""
-        with self._lock:
-            known = set(self.running.values())
-        server = self._server(python, env)
-        return server is not None and server not in known
+    def warm_up(self, python: str, env: dict[str, str]) -> None:
+        """Start the server a launch will use, without waiting for its imports."""
+        self._server(python, env)
 
     def _stop(self, server: AgentServer) -> None:
         server.stop()
@@ -247,24 +237,21 @@ class AgentServers:
             while self.running:
                 self._stop(self.running.popitem()[1])
 
-    def reap_stopped(self) -> bool:
-        """Reap the servers that have left; True if none is left to wait for."""
-        with self._stopped_lock:
-            self.stopped[:] = [p for p in self.stopped if reap(p) is None]
-            return not self.stopped
-
     def wait_for_stopped(self, timeout_s: float) -> bool:
-        """Wait until every server told to leave has (once its runs have ended); True if they all did."""
+        """Reap the servers told to leave, waiting up to `timeout_s` for the rest; True if none is left."""
         deadline = time.monotonic() + timeout_s
-        while not self.reap_stopped():
+        while True:
+            with self._stopped_lock:
+                self.stopped[:] = [p for p in self.stopped if reap(p) is None]
+                if not self.stopped:
+                    return True
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.05)
-        return True
 
     def reap_stopped_in_background(self, timeout_s: float = 60.0) -> None:
         """Reap, from a daemon thread, the servers told to leave that have not left yet (no zombie)."""
-        if not self.reap_stopped():
+        if not self.wait_for_stopped(0.0):
             threading.Thread(target=self.wait_for_stopped, args=(timeout_s,), daemon=True).start()
 
 

@@ -9,27 +9,24 @@ import contextlib
 import json
 import os
 import select
-import signal
 import socket
 import sys
 import traceback
-from typing import TypedDict
+from typing import Any
 
 SERVER_FD_ENV = "DDP_HELPERS_SERVER_FD"
 IDLE_ENV = "DDP_HELPERS_AGENT_SERVER_IDLE_S"
 IDLE_S = 600.0  # with no run for this long, leave: an idle server holds about 300 MB (torch's libraries)
 MAX_REQUEST = 1 << 20  # what the server reads of one request (an environment and a command line: far less)
+REAP_EVERY_S = 0.05  # while runs go on: how soon an agent killed by a signal is reported
+NOT_FORKABLE = 3  # the exit code that tells the launcher not to start servers for this Python again
 
 
-class AgentRequest(TypedDict):
-    argv: list[str]  # the run's torchrun command line, its environment and its folder
-    env: dict[str, str]
-    cwd: str
-
-
-class RunNews(TypedDict, total=False):
-    pid: int  # one line on a run's socket: the child's pid first, then its exit code (negative: a signal)
-    exit: int
+def send(run: socket.socket | int, **news: int) -> None:
+    """One line on a run's socket: ``{"pid": ...}`` first, then ``{"exit": ...}`` (negative: a signal)."""
+    line = (json.dumps(news) + "\n").encode()
+    with contextlib.suppress(OSError):  # the launcher closed its end: nobody waits for this run's news
+        run.sendall(line) if isinstance(run, socket.socket) else os.write(run, line)
 
 
 def report_ended_children(runs: dict[int, socket.socket]) -> None:
@@ -43,55 +40,41 @@ def report_ended_children(runs: dict[int, socket.socket]) -> None:
             return
         run = runs.pop(pid, None)
         if run is not None:
-            _send(run, {"exit": os.waitstatus_to_exitcode(status)})
+            send(run, exit=os.waitstatus_to_exitcode(status))
             run.close()
-
-
-def _send(run: socket.socket, message: RunNews) -> None:
-    with contextlib.suppress(OSError):  # the launcher closed its end: nobody waits for this run's news
-        run.sendall((json.dumps(message) + "\n").encode())
 
 
 def serve(channel: socket.socket, idle_s: float) -> None:
     """Fork one agent per request until the channel closes and every agent has ended, or idle for `idle_s`."""
     runs: dict[int, socket.socket] = {}
-    wake_read, wake_write = os.pipe()
-    os.set_blocking(wake_read, False)
-    os.set_blocking(wake_write, False)
-    signal.set_wakeup_fd(wake_write)  # a SIGCHLD wakes the select below at once
-    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     accepting = True
     while accepting or runs:
-        watched: list[int | socket.socket] = [wake_read, channel] if accepting else [wake_read]
-        readable, _, _ = select.select(watched, [], [], (idle_s if not runs else None) if accepting else 1.0)
-        if accepting and not readable and not runs:  # idle for idle_s: a request sent meanwhile is
-            break  # dropped with the channel, and the launcher starts that run's agent afresh
-        if wake_read in readable:
-            with contextlib.suppress(BlockingIOError):
-                while os.read(wake_read, 4096):
-                    pass
+        idle = not runs
+        readable, _, _ = select.select(
+            [channel] if accepting else [], [], [], idle_s if idle else REAP_EVERY_S
+        )
         report_ended_children(runs)
-        if channel in readable:
-            try:
-                data, fds, _, _ = socket.recv_fds(channel, MAX_REQUEST, 3)
-            except OSError:
-                data, fds = b"", []
-            if not data:
-                accepting = False  # the launcher is gone or done: finish the runs under way, then leave
-                channel.close()
-                continue
+        if not readable:
+            if idle:  # idle for idle_s: a request sent meanwhile is dropped with the channel,
+                break  # and the launcher starts that run's agent afresh
+            continue
+        try:
+            data, fds, _, _ = socket.recv_fds(channel, MAX_REQUEST, 3)
+        except OSError:
+            data, fds = b"", []
+        if not data:
+            accepting = False  # the launcher is gone or done: finish the runs under way, then leave
+            channel.close()
+            continue
+        try:
             if len(fds) != 3:
-                for fd in fds:
+                raise ValueError(f"a request with {len(fds)} fds, not 3")
+            start_agent(runs, json.loads(data), fds, [channel.fileno(), *(r.fileno() for r in runs.values())])
+        except Exception:  # noqa: BLE001 - one request failed (a fork refused): serve the next ones
+            traceback.print_exc()  # the launcher reads end-of-file on that run and starts it afresh
+            for fd in fds:
+                with contextlib.suppress(OSError):
                     os.close(fd)
-                continue
-            others = [channel.fileno(), wake_read, wake_write, *(run.fileno() for run in runs.values())]
-            try:
-                start_agent(runs, json.loads(data), fds, others)
-            except Exception:  # noqa: BLE001 - one request failed (a fork refused): serve the next ones
-                traceback.print_exc()  # the launcher reads end-of-file on that run and starts it afresh
-                for fd in fds:
-                    with contextlib.suppress(OSError):
-                        os.close(fd)
 
 
 def preload() -> None:
@@ -103,12 +86,10 @@ def preload() -> None:
     from ddp_helpers.kernel.launcher import torchrun_agent  # noqa: F401
 
 
-def become_agent(request: AgentRequest, output_fd: int, lifeline_fd: int, close: list[int]) -> int:
+def become_agent(request: dict[str, Any], output_fd: int, lifeline_fd: int, close: list[int]) -> int:
     """In the forked child: become the run's agent, as if started by ``python -m ...torchrun_agent``."""
     from ddp_helpers.kernel.launcher import torchrun_agent
 
-    signal.set_wakeup_fd(-1)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     os.setsid()  # a session of its own: the run can be signalled as a group, as start_run's Popen does
     for fd in close:
         os.close(fd)
@@ -127,7 +108,7 @@ def become_agent(request: AgentRequest, output_fd: int, lifeline_fd: int, close:
 
 
 def start_agent(
-    runs: dict[int, socket.socket], request: AgentRequest, fds: list[int], close: list[int]
+    runs: dict[int, socket.socket], request: dict[str, Any], fds: list[int], close: list[int]
 ) -> None:
     """Fork one run's agent and send its pid on the run's socket, where the agent's exit code follows."""
     # the agent writes its own exit code too, so the launcher learns it if this server dies first
@@ -144,23 +125,18 @@ def start_agent(
             with contextlib.suppress(Exception):  # the log or the socket is gone: the server reports
                 sys.stdout.flush()
                 sys.stderr.flush()
-                os.write(run_fd, (json.dumps({"exit": code}) + "\n").encode())
+                send(run_fd, exit=code)
             os._exit(code)
     os.close(output_fd)
     os.close(lifeline_fd)
     runs[pid] = socket.socket(fileno=run_fd)
-    _send(runs[pid], {"pid": pid})
-
-
-NOT_FORKABLE = 3  # the exit code that tells the launcher not to start servers for this Python again
+    send(runs[pid], pid=pid)
 
 
 def main() -> None:
     channel = socket.socket(fileno=int(os.environ.pop(SERVER_FD_ENV)))
     preload()
-    if (
-        len(os.listdir("/proc/self/task")) != 1
-    ):  # something started a thread at import (an MKL numpy, a newer torch): no forks
+    if len(os.listdir("/proc/self/task")) != 1:  # a thread started at import (an MKL numpy, a newer torch)
         sys.exit(NOT_FORKABLE)
     serve(channel, float(os.environ.get(IDLE_ENV, IDLE_S)))
     # Leave at once: finalizing an interpreter that holds torch takes a second or more on a loaded

@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Unpack
+from typing import Any
 
 from ddp_helpers.backends import resolve_backend  # the one rule, shared with every worker
 from ddp_helpers.errors import InvalidLaunchArguments
@@ -19,7 +19,6 @@ from ddp_helpers.kernel.launcher.machine import check_cpu_ranks, cpu_cores, free
 from ddp_helpers.kernel.launcher.options import (
     OPTION_NAMES,
     OPTIONS,
-    LaunchKeywords,
     LaunchOptions,
     ranks_outside,
 )
@@ -225,7 +224,7 @@ def with_worker_site(pythonpath: str | None) -> str:
 
 
 def make_config(
-    script: str | os.PathLike[str], script_args: Iterable[object] = (), **options: Unpack[LaunchKeywords]
+    script: str | os.PathLike[str], script_args: Iterable[object] = (), **options: Any
 ) -> LaunchConfig:
     """A `LaunchConfig` from `launch()`'s arguments."""
     unknown = sorted(set(options) - set(OPTION_NAMES))

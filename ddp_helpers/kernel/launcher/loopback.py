@@ -1,5 +1,5 @@
-"""Several "nodes" on one machine: each loopback node's GPUs (`visible_gpu_ids`), and one agent of an
-elastic job as a process of its own (`start_elastic_node`), to add or kill a node from a notebook."""
+"""Several "nodes" on one machine: one agent of an elastic job as a process of its own
+(`start_elastic_node`), to add, kill or `freeze` a node from a notebook."""
 
 from __future__ import annotations
 
@@ -15,12 +15,6 @@ from pathlib import Path
 
 from ddp_helpers.kernel.launcher.process_tree import ProcessTree
 from ddp_helpers.kernel.launcher.processes import exit_code, wait_for_exit
-
-
-def visible_gpu_ids(gpus: int, environ: Mapping[str, str]) -> list[str]:
-    """The ids of the `gpus` GPUs this process sees, as ``CUDA_VISIBLE_DEVICES`` names them."""
-    listed = environ.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(gpus))))
-    return [part.strip() for part in listed.split(",") if part.strip()][:gpus]
 
 
 @dataclass
@@ -112,3 +106,8 @@ def wait_for_line(nodes: Sequence[ElasticNode], pattern: str, timeout_s: float) 
                 )
             raise RuntimeError(f"every node exited before a line matched {pattern!r}; last lines: {tails}")
         time.sleep(0.2)
+
+
+def freeze(node: ElasticNode) -> None:
+    """SIGSTOP the node's agent and workers: alive, sockets open, silent, as a frozen machine's."""
+    ProcessTree(node.process.pid).signal_all(signal.SIGSTOP)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 
 from ddp_helpers.errors import InvalidLaunchArguments
 
@@ -20,6 +21,12 @@ def visible_gpus() -> int:
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception:  # a broken driver must not stop a CPU run
         return 0
+
+
+def visible_gpu_ids(gpus: int, environ: Mapping[str, str]) -> list[str]:
+    """The ids of the `gpus` GPUs this process sees, as ``CUDA_VISIBLE_DEVICES`` names them."""
+    listed = environ.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(gpus))))
+    return [part.strip() for part in listed.split(",") if part.strip()][:gpus]
 
 
 def cpu_cores() -> int:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal, TypedDict, TypeVar, overload
+from typing import Any, TypeVar
 
 from ddp_helpers.backends import BACKENDS
 from ddp_helpers.errors import InvalidLaunchArguments
@@ -41,15 +41,7 @@ def check_int(name: str, value: object, minimum: int, allow_none: bool = False) 
     return value
 
 
-@overload
-def check_seconds(
-    name: str, value: object, *, allow_none: Literal[False], allow_zero: bool = False
-) -> float: ...
-@overload
-def check_seconds(
-    name: str, value: object, *, allow_none: bool, allow_zero: bool = False
-) -> float | None: ...
-def check_seconds(name: str, value: object, *, allow_none: bool, allow_zero: bool = False) -> float | None:
+def check_seconds(name: str, value: object, *, allow_none: bool, allow_zero: bool = False) -> Any:
     """A finite number of seconds, > 0 (>= 0 with `allow_zero`), or None if allowed."""
     if value is None and allow_none:
         return None
@@ -74,12 +66,6 @@ def one_of(choices: Sequence[str]) -> Callable[[str, object], str]:
         return value
 
     return check
-
-
-def check_backend(name: str, value: object) -> str:
-    if not isinstance(value, str) or value not in BACKENDS:
-        raise InvalidLaunchArguments(f"unknown backend {value!r}; choose one of {', '.join(BACKENDS)}")
-    return value
 
 
 def check_env(name: str, value: object) -> dict[str, str]:
@@ -192,7 +178,7 @@ class LaunchOptions:
         None, "processes on this node; None: one per GPU, or 2 on the CPU", check_nproc, int, live=True
     )
     backend: str = option(
-        "auto", "'auto' (nccl with GPUs, gloo without), 'gloo' or 'nccl'", check_backend, live=True
+        "auto", "'auto' (nccl with GPUs, gloo without), 'gloo' or 'nccl'", one_of(BACKENDS), live=True
     )
     timeout: float | None = option(
         DEFAULT_HANG_TIMEOUT_S,
@@ -225,31 +211,6 @@ class LaunchOptions:
     launcher: str = option(
         "torchrun", "'torchrun', or 'python': one process, no agent", one_of(("torchrun", "python"))
     )
-
-
-class LiveKeywords(TypedDict, total=False):
-    """`start_ranks()`'s keywords for a type checker: the fields marked ``live``."""
-
-    nproc: int | None
-    backend: str
-    timeout: float | None
-    startup_timeout: float | None
-    run_dir: str | os.PathLike[str] | None
-    env: dict[str, str]
-    show_ranks: str | int | Iterable[int] | None
-
-
-class LaunchKeywords(LiveKeywords, total=False):
-    """`launch()`'s keywords for a type checker: all of `LaunchOptions`' fields."""
-
-    max_restarts: int
-    progress: str
-    grace_s: float
-    nnodes: int
-    node_rank: int
-    rdzv_endpoint: str | None
-    rdzv_timeout: float | None
-    launcher: str
 
 
 @dataclass(frozen=True)

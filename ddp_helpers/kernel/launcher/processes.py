@@ -10,10 +10,11 @@ import sys
 import time
 import weakref
 from collections.abc import Callable
-from typing import BinaryIO, Literal, Protocol
+from typing import BinaryIO, Literal
 
 from ddp_helpers.errors import LaunchInterrupted
 from ddp_helpers.kernel.launcher.agent_client import (
+    ForkedAgent,
     reap,
     reap_stopped_servers_in_background,
     start_agent,
@@ -24,20 +25,6 @@ from ddp_helpers.kernel.launcher.config import LaunchConfig
 from ddp_helpers.kernel.launcher.process_tree import ProcessTree
 from ddp_helpers.kernel.launcher.torchrun_agent import OWNER_FD_ENV
 from ddp_helpers.run_contract import STDERR_LOG, STDOUT_LOG
-
-
-class RunProcess(Protocol):
-    """What the launcher needs of a run's top process."""
-
-    pid: int
-    returncode: int | None  # None while it runs; negative: the signal that ended it
-    kind: str  # "forked", "fresh" or "none"
-    wait_s: float  # how long the launch waited for it to start (a cold server: the rest of its import)
-    status_lost: bool  # it ended, but how is unknown (a forked agent whose server died first)
-
-    def poll(self) -> int | None:
-        """The exit code, or None while it runs; reaps the process once it has ended."""
-        ...
 
 
 class FreshProcess:
@@ -52,6 +39,11 @@ class FreshProcess:
     def poll(self) -> int | None:
         self.returncode = reap(self.popen)
         return self.returncode
+
+
+# what the launcher needs of a run's top process: pid, returncode (negative: a signal), poll(), kind
+# ("forked", "fresh" or "none"), wait_s (the launch's wait for it) and status_lost (see ForkedAgent)
+RunProcess = FreshProcess | ForkedAgent
 
 
 _LIFELINES: weakref.WeakKeyDictionary[RunProcess, BinaryIO] = weakref.WeakKeyDictionary()

@@ -22,14 +22,6 @@ from ddp_helpers.kernel.launcher.resources import full_disk_note
 from ddp_helpers.rank.metrics import METRICS_DIR, PLAN_FILE
 
 
-def installed_torch_version() -> str:
-    """The torch the workers import (the kernel's own environment), without importing it here."""
-    try:
-        return importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return ""
-
-
 class MetricsFollower:
     """Reads new lines of every rank's metrics file as they are appended."""
 
@@ -174,7 +166,7 @@ class RunFollower:
             ""
             if self.heard_any
             else "No rank printed anything: a slow start may need a longer startup_timeout.",
-            destroy_deadlock_note(stacks, self.config.backend, installed_torch_version()),
+            destroy_deadlock_note(stacks, self.config.backend, importlib.metadata.version("torch")),
             f"To find the collective that does not match, rerun with env={{'TORCH_DISTRIBUTED_DEBUG': 'DETAIL'}}{nccl}.",
             "A rank that exited while others still run usually means uneven inputs or a skipped collective.",
         ]

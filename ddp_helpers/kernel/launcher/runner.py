@@ -14,12 +14,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import TYPE_CHECKING, Any
 
 from ddp_helpers.errors import LaunchError, LaunchFailed, LaunchInterrupted, RunDirInUse
 from ddp_helpers.kernel.launcher.agent_client import reap_stopped_servers_in_background, stop_servers
 from ddp_helpers.kernel.launcher.config import LaunchConfig, make_config
-from ddp_helpers.kernel.launcher.options import OPTIONS, LaunchKeywords, with_options
+from ddp_helpers.kernel.launcher.options import OPTIONS, with_options
 from ddp_helpers.kernel.launcher.process_tree import ProcessTree
 from ddp_helpers.kernel.launcher.processes import (
     RunProcess,
@@ -151,7 +151,7 @@ class LaunchResult:
 def launch(
     script: str | os.PathLike[str],
     *script_args: str | int | float | os.PathLike[str],
-    **options: Unpack[LaunchKeywords],
+    **options: Any,
 ) -> LaunchResult:
     """Run `script` under torchrun (``torch.distributed.run``) and stream every rank's output live.
 
@@ -194,7 +194,23 @@ def _run_held(config: LaunchConfig, progress: str | None) -> LaunchResult:
                 if isinstance(interrupt, LaunchInterrupted):
                     raise
                 raise stop_interrupted(tree, proc, config) from None
-    return _result(config, run, proc, sampler, env, command)
+    return LaunchResult(
+        returncode=0,  # any other code raised
+        wall_s=time.monotonic() - run.started,
+        run_dir=config.out_dir,
+        logs=run.logs,
+        metrics=read_metrics(config.out_dir),
+        summary=read_summary(config.out_dir),
+        command=command,
+        environment={name: value for name, value in env.items() if os.environ.get(name) != value},
+        launcher_output=run.agent_lines,
+        attempts=max(run.attempts_seen, 1),
+        resources=_frame(sampler.rows),
+        gpu_sampling=sampler.gpu_sampling,
+        lines_held_back=run.echo.held_back,
+        agent=proc.kind,
+        agent_wait_s=proc.wait_s,
+    )
 
 
 def _follow(
@@ -227,33 +243,6 @@ def _follow(
     run.poll_files(final=True)
     if returncode != 0:
         raise _failure(run, proc, returncode)
-
-
-def _result(
-    config: LaunchConfig,
-    run: RunFollower,
-    proc: RunProcess,
-    sampler: ResourceSampler,
-    env: dict[str, str],
-    command: list[str],
-) -> LaunchResult:
-    return LaunchResult(
-        returncode=0,  # any other code raised
-        wall_s=time.monotonic() - run.started,
-        run_dir=config.out_dir,
-        logs=run.logs,
-        metrics=read_metrics(config.out_dir),
-        summary=read_summary(config.out_dir),
-        command=command,
-        environment={name: value for name, value in env.items() if os.environ.get(name) != value},
-        launcher_output=run.agent_lines,
-        attempts=max(run.attempts_seen, 1),
-        resources=_frame(sampler.rows),
-        gpu_sampling=sampler.gpu_sampling,
-        lines_held_back=run.echo.held_back,
-        agent=proc.kind,
-        agent_wait_s=proc.wait_s,
-    )
 
 
 def read_metrics(run_dir: str | os.PathLike[str]) -> pd.DataFrame:

@@ -11,7 +11,10 @@ import os
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Callable
+
+import psutil
 
 PR_SET_CHILD_SUBREAPER = 36
 GRACE_ENV = "DDP_HELPERS_GRACE_S"
@@ -32,17 +35,12 @@ def become_subreaper() -> bool:
 
 
 def children(pid: int) -> list[int]:
-    """The live direct children of `pid`, from /proc."""
+    """The live direct children of `pid`."""
     found = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        state, parent = stat[stat.rfind(b")") + 2 :].split()[:2]  # the name may hold spaces and ')'
-        if int(parent) == pid and state != b"Z":
-            found.append(int(entry))
+    for child in psutil.Process(pid).children():
+        with contextlib.suppress(psutil.Error):
+            if child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child.pid)
     return found
 
 
@@ -156,13 +154,11 @@ def main(argv: list[str]) -> int:
         torchrun_main(argv)
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-    except Exception as error:  # noqa: BLE001 - torchrun's ChildFailedError etc.: report like torchrun
-        import traceback
-
-        code = 128 + signal.SIGTERM if isinstance(error, OwnerGone) else 1
-        if not isinstance(error, OwnerGone):
-            traceback.print_exc()
-        del error
+    except OwnerGone:
+        code = 128 + signal.SIGTERM
+    except Exception:  # noqa: BLE001 - torchrun's ChildFailedError etc.: report like torchrun
+        traceback.print_exc()
+        code = 1
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

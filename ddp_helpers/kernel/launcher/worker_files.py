@@ -10,17 +10,15 @@ from pathlib import Path
 from ddp_helpers.workers import worker_path
 
 
-def _line_number(lines: list[str], where: int | str, start: int = 1) -> int:
-    """A 1-based line number, or the first line from `start` on that contains the text `where`."""
-    if isinstance(where, int):
-        return where
-    found = (number for number, line in enumerate(lines[start - 1 :], start=start) if where in line)
+def _line_number(lines: list[str], text: str, start: int = 1) -> int:
+    """The 1-based number of the first line from `start` on that contains `text`."""
+    found = (number for number, line in enumerate(lines[start - 1 :], start=start) if text in line)
     if (number := next(found, None)) is None:
-        raise ValueError(f"no line contains {where!r}")
+        raise ValueError(f"no line contains {text!r}")
     return number
 
 
-def _display_code(path: Path, highlight: tuple[int | str, int | str] | None) -> None:
+def _display_code(path: Path, highlight: tuple[str, str] | None) -> None:
     try:
         from IPython import get_ipython
         from IPython.display import Code, display
@@ -60,8 +58,7 @@ def write_worker(
     *,
     source: str | None = None,
     show: bool = True,
-    lines: tuple[int | str, int | str] | None = None,
-    overwrite: bool = False,
+    lines: tuple[str, str] | None = None,
 ) -> Path:
     """Copy a worker into `directory` and show it with syntax highlighting."""
     target_dir = Path(directory)
@@ -78,10 +75,10 @@ def write_worker(
         text = origin.read_text()
         if origin.resolve() == target.resolve():
             pass  # the packaged file itself: nothing to copy
-        elif _edited_by_hand(target, text) and not overwrite:
+        elif _edited_by_hand(target, text):
             warnings.warn(
                 f"{target} was edited since it was written: keeping your version and running it. "
-                f"The original is {origin}; write_worker(..., overwrite=True) replaces your copy.",
+                f"The original is {origin}; delete your copy to have it written again.",
                 stacklevel=2,
             )
         else:

@@ -13,7 +13,7 @@ from IPython.core.magic_arguments import MagicArgumentParser
 from ddp_helpers.errors import InvalidLaunchArguments, RanksNotRunning
 from ddp_helpers.kernel.launcher.cell_output import CellSyntaxError, as_in_editor
 from ddp_helpers.kernel.launcher.options import LIVE_OPTIONS, add_flags, given_options, rank_list
-from ddp_helpers.kernel.live.ranks import LiveRanks, not_running_message, shown_value, start_ranks
+from ddp_helpers.kernel.live.ranks import NOT_RUNNING, LiveRanks, shown_value, start_ranks
 
 _current: LiveRanks | None = None
 
@@ -34,7 +34,7 @@ def current_ranks() -> LiveRanks:
             "no live ranks were started in this kernel: start them with %ranks start --nproc 2"
         )
     if not _current.alive:
-        raise RanksNotRunning(not_running_message())
+        raise RanksNotRunning(NOT_RUNNING)
     return _current
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 from pathlib import Path
 from types import EllipsisType
-from typing import Any, Unpack
+from typing import Any
 
 import psutil
 
@@ -38,7 +38,6 @@ from ddp_helpers.kernel.launcher.config import LaunchConfig, default_run_dir, ma
 from ddp_helpers.kernel.launcher.diagnosis import STDERR_TAIL_LINES
 from ddp_helpers.kernel.launcher.options import (
     LIVE_OPTIONS,
-    LiveKeywords,
     bind_options,
     check_rank_list,
     check_seconds,
@@ -74,11 +73,10 @@ RESTART_HINT = "`%ranks restart` (or `ranks.restart()`) starts them afresh, with
 RANK_SERVER = Path(__file__).resolve().parents[2] / "rank" / "live_server.py"  # what each rank runs
 
 
-def not_running_message() -> str:
-    return (
-        "the live ranks are not running (stopped after a failure, a hang or an interrupt, or by %ranks stop), "
-        f"and the variables they held are gone: {RESTART_HINT}"
-    )
+NOT_RUNNING = (
+    "the live ranks are not running (stopped after a failure, a hang or an interrupt, or by %ranks stop), "
+    f"and the variables they held are gone: {RESTART_HINT}"
+)
 
 
 def receive(
@@ -312,7 +310,7 @@ class LiveRanks:
     def where(self) -> str:
         """Every rank's Python stack now, without stopping any; it sends nothing, so a second thread may ask."""
         if not self.alive:
-            raise RanksNotRunning(not_running_message())
+            raise RanksNotRunning(NOT_RUNNING)
         parts = []  # a rank with no cell frame is between cells
         for rank, stack in sorted(read_stacks(self, sorted(self.pids)).items()):
             if 'File "<cell ' not in stack:
@@ -364,7 +362,7 @@ class LiveRanks:
 
     def _targets(self, ranks: Iterable[int] | int | None) -> list[int]:
         if self.closed or not self.conns:
-            raise RanksNotRunning(not_running_message())
+            raise RanksNotRunning(NOT_RUNNING)
         if ranks is None:
             return list(self.conns)
         chosen = check_rank_list(ranks)  # the launcher's one reading of "a rank, or some ranks"
@@ -676,7 +674,7 @@ def format_stack(dump: str, sources: Mapping[int, str]) -> str:
     positional=("nproc", "backend", "timeout", "env"),
     defaults={"startup_timeout": STARTUP_TIMEOUT_S},
 )
-def start_ranks(*args: Any, **options: Unpack[LiveKeywords]) -> LiveRanks:
+def start_ranks(*args: Any, **options: Any) -> LiveRanks:
     """Start `nproc` DDP ranks under torchrun that stay up between cells.
 
     Returns once every rank has run ``init_process_group`` (nccl with one GPU per rank where GPUs

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from plan_rules import KINDS, at_least_two, every_shape, placed, says_why_it_runs_more, sizes_by_kind
 
-from ddp_helpers.kernel.lab.plans import NotebookPlan
+from ddp_helpers.kernel.lab.plan_core import NotebookPlan
 
 MIB = 1 << 20
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from plan_rules import at_least_two, every_shape, placed, says_why_it_runs_more
 
-from ddp_helpers.kernel.lab.plans import NotebookPlan
+from ddp_helpers.kernel.lab.plan_core import NotebookPlan
 
 
 def test_ddp_py_runs_the_ranks_asked_for_and_the_live_ranks_two_at_least_and_the_line_says_why():

@@ -16,7 +16,7 @@ from plan_rules import (
 )
 
 from ddp_helpers.chapters.ch02_single_dp_ddp import ch02_plan as nb02
-from ddp_helpers.kernel.lab.plans import NotebookPlan
+from ddp_helpers.kernel.lab.plan_core import NotebookPlan
 
 THROUGHPUT = ("single", "dataparallel", "ddp")
 

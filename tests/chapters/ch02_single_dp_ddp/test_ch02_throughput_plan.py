@@ -7,7 +7,7 @@ from __future__ import annotations
 from plan_rules import ONE_NODE, computes_where_planned, for_each, shape_name, visible_to
 
 from ddp_helpers.chapters.ch02_single_dp_ddp.ch02_plan import plan as plan_02
-from ddp_helpers.kernel.lab.plans import Machine, NotebookPlan, RunPlan
+from ddp_helpers.kernel.lab.plan_core import Machine, NotebookPlan, RunPlan
 
 Case = tuple[Machine, NotebookPlan]
 RUNS_ON = [(m, smoke) for m in ONE_NODE for smoke in (False, True)]

@@ -21,7 +21,7 @@ from ddp_helpers.chapters.ch03_mixed_precision.ch03_plan import (
     overflow_args,
     speed_args,
 )
-from ddp_helpers.kernel.lab.plans import NotebookPlan
+from ddp_helpers.kernel.lab.plan_core import NotebookPlan
 
 
 def test_the_speed_and_convergence_runs_use_the_ranks_asked_for_and_the_overflow_demo_two_at_least():

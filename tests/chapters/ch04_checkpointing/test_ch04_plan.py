@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from plan_rules import at_least_two, every_shape, placed, says_why_it_runs_more
 
-from ddp_helpers.kernel.lab.plans import NotebookPlan
+from ddp_helpers.kernel.lab.plan_core import NotebookPlan
 
 DEMOS = ("choose", "elastic", "elastic-reference", "exercise")  # a second rank, to disagree with or to fail
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from plan_rules import at_least_two, every_shape, placed, says_why_it_runs_more
 
-from ddp_helpers.kernel.lab.plans import NotebookPlan
+from ddp_helpers.kernel.lab.plan_core import NotebookPlan
 
 
 def test_every_pitfall_runs_the_ranks_asked_for_or_two_and_the_line_says_why():

@@ -7,7 +7,7 @@ import pytest
 from plan_rules import KINDS, at_least_two, every_shape, placed, sizes_by_kind
 
 from ddp_helpers.chapters.ch06_scaling_out.ch06_plan import node_envs
-from ddp_helpers.kernel.lab.plans import NotebookPlan, plan_for
+from ddp_helpers.kernel.lab.plan_core import NotebookPlan, plan_for
 
 JOBS = ("whoami", "allreduce", "missing-node", "elastic")  # nproc ranks on each of the machine's nodes
 # a gloo collective's timeout shows the same on a CPU; the SLURM test cluster's nodes have no GPUs

@@ -9,7 +9,7 @@ from typing import Any
 from plan_rules import KINDS, at_least_two, every_shape, heavier, placed, says_why_it_runs_more, sizes_by_kind
 
 from ddp_helpers.chapters.ch07_inside_ddp.ch07_plan import LENGTHS, SMOKE_BUCKET_CAP_MB
-from ddp_helpers.kernel.lab.plans import NotebookPlan
+from ddp_helpers.kernel.lab.plan_core import NotebookPlan
 
 DDP_BUCKET_CAP_MB = 25  # DDP's default bucket_cap_mb (torch 2.7.1 and 2.14.1)
 

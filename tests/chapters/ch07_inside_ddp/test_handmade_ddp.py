@@ -127,7 +127,6 @@ def test_inside_ddp_experiments(tmp_path):
         (handmade_ddp, ["--variants", "naive,bogus"]),
         (handmade_ddp, ["--steps", "2", "--warmup-steps", "2"]),
         (inside_ddp, ["--experiments", "profile,bogus"]),
-        (inside_ddp, ["--hooks", "fp8"]),
         (inside_ddp, ["--allreduce-bytes", "2"]),
         (inside_ddp, ["--repeats", "0"]),
         (inside_ddp, ["--iters", "0"]),

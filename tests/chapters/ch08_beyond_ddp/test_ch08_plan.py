@@ -8,7 +8,7 @@ from plan_rules import KINDS, at_least_two, every_shape, placed, sizes_by_kind, 
 
 from ddp_helpers.chapters.ch08_beyond_ddp.ch08_plan import CHAPTER_BATCH
 from ddp_helpers.chapters.ch08_beyond_ddp.fsdp import refuse_uneven_batch
-from ddp_helpers.kernel.lab.plans import NotebookPlan, placement_line
+from ddp_helpers.kernel.lab.plan_core import NotebookPlan, placement_line
 
 
 def test_the_job_runs_the_chapters_batch_where_its_world_splits_it_else_the_next_multiple_of_the_world():

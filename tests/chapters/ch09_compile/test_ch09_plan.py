@@ -10,7 +10,7 @@ from plan_rules import KINDS, at_least_two, every_shape, placed, says_why_it_run
 
 from ddp_helpers.chapters.ch09_compile import compile_ddp
 from ddp_helpers.chapters.ch09_compile.ch09_compile_cache import fresh_cache_env
-from ddp_helpers.kernel.lab.plans import NotebookPlan
+from ddp_helpers.kernel.lab.plan_core import NotebookPlan
 
 PER_RANK_BATCH = inspect.signature(compile_ddp.batch).parameters["size"].default  # each rank's, in every run
 

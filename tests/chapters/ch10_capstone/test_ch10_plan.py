@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from plan_rules import SHAPES, every_shape, placed
 
-from ddp_helpers.kernel.lab.plans import NotebookPlan, plan_for
+from ddp_helpers.kernel.lab.plan_core import NotebookPlan, plan_for
 
 
 def worlds(plan: NotebookPlan) -> tuple[int, ...]:
