@@ -131,7 +131,7 @@ def test_start_ranks_refuses_bad_options_before_anything_starts(tmp_path, args, 
         start_ranks(*args, run_dir=tmp_path / "never", **kwargs)
     assert not (tmp_path / "never").exists()
     with pytest.raises(TypeError, match="max_restarts"):  # not a live option: refused as Python would
-        start_ranks(2, max_restarts=1)  # type: ignore[call-arg]  # deliberately: mypy refuses it too
+        start_ranks(2, max_restarts=1)
 
 
 def test_a_choice_and_an_env_flag_are_checked(tmp_path):

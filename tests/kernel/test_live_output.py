@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 from fixtures import module_live_ranks
@@ -57,7 +58,9 @@ def test_the_echo_bounds_bytes_and_keeps_the_whole_line_in_the_log(ranks, capsys
 
 
 def test_the_magic_honours_a_semicolon_and_says_when_nothing_ran(ranks, capsys, monkeypatch):
-    magics = live_magics.RanksMagics(shell=globalipapp.get_ipython())
+    magics: Any = live_magics.RanksMagics(
+        shell=globalipapp.get_ipython()
+    )  # IPython's decorator hides the method's type
     monkeypatch.setattr(live_magics, "_current", ranks)
     magics.ranks("", "x = 41\nx + 1;")
     assert "Out" not in capsys.readouterr().out
@@ -72,7 +75,9 @@ def test_a_syntax_error_shows_its_line_and_none_of_our_frames(ranks, monkeypatch
     with pytest.raises(SyntaxError) as caught:
         ranks.run("x = 1\nreturn x")
     assert caught.value.text == "return x\n" and caught.value.lineno == 2
-    magics = live_magics.RanksMagics(shell=globalipapp.get_ipython())
+    magics: Any = live_magics.RanksMagics(
+        shell=globalipapp.get_ipython()
+    )  # IPython's decorator hides the method's type
     monkeypatch.setattr(live_magics, "_current", ranks)
     with pytest.raises(CellSyntaxError) as shown:
         magics.ranks("", "await something()")
