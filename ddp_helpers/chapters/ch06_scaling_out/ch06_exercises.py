@@ -298,7 +298,6 @@ INIT = Exercise(
         "Write `init_distributed(env)`: choose the device and backend from torchrun's variables in `env`, "
         "start the process group, and return `(device, (shard_rank, num_shards))` for the sampler."
     ),
-    given="`torch` and `dist` of a pretend node (calls recorded); `rank`, `world_size`, `local_rank` are None",
     starter=(
         "def init_distributed(env):\n"
         "    device = ...  # TODO: the node's GPU for this process, or the CPU\n"
@@ -512,7 +511,6 @@ MAIN = Exercise(
         "Write `main(env)`: scale `base_lr` by the linear rule, seed with `seed`, `build_model()`, "
         "`train(model, lr)`, a barrier when train returns, and destroy the process group however it ends."
     ),
-    given="`env`, `seed`, `base_lr`, `build_model()`, `train(model, lr)`, `torch`, `dist` (calls recorded)",
     starter=(
         "def main(env):\n"
         "    lr = ...  # TODO: base_lr, scaled with the world\n"
