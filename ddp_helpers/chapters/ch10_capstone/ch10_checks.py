@@ -16,9 +16,7 @@ from ddp_helpers.chapters.ch10_capstone.ch10_contract import (
     STEPS_PER_EPOCH,
     STOP_AT,
 )
-from ddp_helpers.chapters.ch10_capstone.ch10_judge import Sign, World, steps_of
-from ddp_helpers.chapters.ch10_capstone.ch10_replay import drift
-from ddp_helpers.chapters.ch10_capstone.ch10_runs import Run
+from ddp_helpers.chapters.ch10_capstone.ch10_judge import Run, Sign, World, drift, steps_of
 from ddp_helpers.rank.spec import close
 
 Seen = list[dict[str, Any]]  # per rank, what the check looked at: field -> value

@@ -33,9 +33,8 @@ from ddp_helpers.chapters.ch10_capstone.ch10_contract import (
     expected_batches,
 )
 from ddp_helpers.chapters.ch10_capstone.ch10_exercises import EXERCISE, amp_plan, check_script
-from ddp_helpers.chapters.ch10_capstone.ch10_judge import Failed, World
+from ddp_helpers.chapters.ch10_capstone.ch10_judge import Failed, Run, World
 from ddp_helpers.chapters.ch10_capstone.ch10_probe import PROBE
-from ddp_helpers.chapters.ch10_capstone.ch10_runs import Run
 from ddp_helpers.errors import InvalidLaunchArguments
 from ddp_helpers.workers import worker_path
 
