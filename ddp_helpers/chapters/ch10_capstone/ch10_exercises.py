@@ -15,6 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from ddp_helpers.chapters.ch10_capstone import ch10_checks as checks
+from ddp_helpers.chapters.ch10_capstone.ch10_checks import (
+    Failed,
+    Run,
+    World,
+    launch_run,
+    masks_of,
+    records_or_fail,
+    replay,
+)
 from ddp_helpers.chapters.ch10_capstone.ch10_contract import (
     AMP_MODES,
     CLIP,
@@ -25,15 +34,6 @@ from ddp_helpers.chapters.ch10_capstone.ch10_contract import (
     expected_batches,
     make_data,
     script_args,
-)
-from ddp_helpers.chapters.ch10_capstone.ch10_judge import (
-    Failed,
-    Run,
-    World,
-    launch_run,
-    masks_of,
-    records_or_fail,
-    replay,
 )
 from ddp_helpers.chapters.ch10_capstone.ch10_probe import PROBE
 from ddp_helpers.errors import InvalidLaunchArguments
