@@ -55,7 +55,7 @@ class _Recorder:
 
 
 class _FakeCuda:
-    """`torch.cuda` on the pretend node: its GPU count, and `set_device` recorded, not done."""
+    """`torch.cuda` and `torch.accelerator` on the pretend node: its GPU count, `set_device` recorded, not done."""
 
     def __init__(self, recorder: Any) -> None:
         self._recorder = recorder
@@ -80,44 +80,26 @@ class _FakeCuda:
             raise RuntimeError("CUDA error: invalid device ordinal")  # as CUDA says it
         self._recorder.current_index = index
 
+    # torch.accelerator (torch 2.6 and later) is this same pretend GPU set, under its own names
+    set_device_index = set_device_idx = set_device
+    current_device_index = current_device
+
+    def current_accelerator(self, check_available: bool = False) -> Any:
+        import torch
+
+        return torch.device("cuda") if self.is_available() else None
+
     def __getattr__(self, name: str) -> Any:
         import torch
 
         return getattr(torch.cuda, name)
 
 
-class _FakeAccelerator:
-    """`torch.accelerator` (torch 2.6 and later) on the pretend node, as `_FakeCuda`."""
-
-    def __init__(self, cuda: _FakeCuda) -> None:
-        self._cuda = cuda
-
-    def is_available(self) -> bool:
-        return self._cuda.is_available()
-
-    def device_count(self) -> int:
-        return self._cuda.device_count()
-
-    def current_accelerator(self, check_available: bool = False) -> Any:
-        import torch
-
-        return torch.device("cuda") if self._cuda.is_available() else None
-
-    def set_device_index(self, device: Any) -> None:
-        self._cuda.set_device(device)
-
-    set_device_idx = set_device_index
-
-    def current_device_index(self) -> int:
-        return self._cuda.current_device()
-
-
 class _FakeTorch:
     """`torch`, but for `torch.cuda` and `torch.accelerator`, which are the pretend node's."""
 
     def __init__(self, recorder: Any) -> None:
-        self.cuda = _FakeCuda(recorder)
-        self.accelerator = _FakeAccelerator(self.cuda)
+        self.cuda = self.accelerator = _FakeCuda(recorder)
 
     def __getattr__(self, name: str) -> Any:
         import torch
@@ -298,7 +280,6 @@ INIT = Exercise(
         "Write `init_distributed(env)`: choose the device and backend from torchrun's variables in `env`, "
         "start the process group, and return `(device, (shard_rank, num_shards))` for the sampler."
     ),
-    given="`torch` and `dist` of a pretend node (calls recorded); `rank`, `world_size`, `local_rank` are None",
     starter=(
         "def init_distributed(env):\n"
         "    device = ...  # TODO: the node's GPU for this process, or the CPU\n"
@@ -512,7 +493,6 @@ MAIN = Exercise(
         "Write `main(env)`: scale `base_lr` by the linear rule, seed with `seed`, `build_model()`, "
         "`train(model, lr)`, a barrier when train returns, and destroy the process group however it ends."
     ),
-    given="`env`, `seed`, `base_lr`, `build_model()`, `train(model, lr)`, `torch`, `dist` (calls recorded)",
     starter=(
         "def main(env):\n"
         "    lr = ...  # TODO: base_lr, scaled with the world\n"

@@ -79,9 +79,6 @@ def trainjob_manifest(
     max_restarts: int = MAX_RESTARTS,
     checkpoint_dir: str | None = None,
     name: str = "ddp",
-    shared_storage: str = SHARED_STORAGE,
-    storage_class: str | None = None,
-    runtime: str = RUNTIME,
 ) -> str:
     """A shared ReadWriteMany claim and a ``TrainJob`` of `nnodes` pods running `worker` under torchrun (`image` holds ddp_helpers)."""
     check_job_shape(nnodes, nproc_per_node, cpus_per_rank)
@@ -116,7 +113,7 @@ def trainjob_manifest(
         "metadata": {"name": name},
         "spec": {
             "runtimeRef": {
-                "name": runtime,
+                "name": RUNTIME,
                 "apiGroup": "trainer.kubeflow.org",
                 "kind": "ClusterTrainingRuntime",
             },
@@ -126,7 +123,7 @@ def trainjob_manifest(
             ],
         },
     }
-    return yaml.safe_dump_all([volume_claim(claim, shared_storage, storage_class), job], sort_keys=False)
+    return yaml.safe_dump_all([volume_claim(claim), job], sort_keys=False)
 
 
 def check_shared(checkpoint_dir: str | None) -> None:
@@ -142,16 +139,15 @@ def _under(path: str, folder: str) -> bool:
     return os.path.isabs(path) and (normal == folder or normal.startswith(folder + "/"))
 
 
-def volume_claim(claim: str, shared_storage: str, storage_class: str | None) -> dict[str, Any]:
-    """The ReadWriteMany claim every pod mounts at `SHARED_MOUNT`."""
+def volume_claim(claim: str) -> dict[str, Any]:
+    """The ReadWriteMany claim every pod mounts at `SHARED_MOUNT` (the cluster's default storage class)."""
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
         "metadata": {"name": claim},
         "spec": {
             "accessModes": ["ReadWriteMany"],  # every pod, on any node, mounts it read-write
-            **({"storageClassName": storage_class} if storage_class else {}),
-            "resources": {"requests": {"storage": shared_storage}},
+            "resources": {"requests": {"storage": SHARED_STORAGE}},
         },
     }
 

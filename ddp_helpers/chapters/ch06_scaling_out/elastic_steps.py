@@ -1,4 +1,4 @@
-"""A job that survives nodes coming and going: every step all-reduces, rank 0 saves the step count.
+"""A job that survives nodes coming and going: every step all-reduces, rank 0 records and saves the step.
 
 Run under torchrun --nnodes MIN:MAX --max-restarts N; each (re)start scales the lr to its world's global batch.
 """
@@ -71,6 +71,10 @@ while step < args.steps:
     if rank == 0:
         # written whole, then renamed: a node killed mid-write leaves the previous step, never half a file
         os.makedirs(args.checkpoint_dir, exist_ok=True)
+        # the step's record, before the save: a printed line dies in the agent's log tail when its node is
+        # killed, this file does not (a step recorded but not saved is taken again, and recorded again)
+        with open(os.path.join(args.checkpoint_dir, "steps.jsonl"), "a") as f:
+            f.write(json.dumps({"step": step, "world": world, "samples": samples}) + "\n")
         with open(state_file + ".tmp", "w") as f:
             json.dump({"step": step, "samples": samples, "world": world}, f)
         os.replace(state_file + ".tmp", state_file)

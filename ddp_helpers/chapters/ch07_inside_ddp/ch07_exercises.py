@@ -116,7 +116,6 @@ ACCUMULATE_EXERCISE = Exercise(
         "One optimizer step over `micro_batches`: every micro-batch but the last inside "
         "`ddp_model.no_sync()`, each loss divided by their number, then step."
     ),
-    given=f"`ddp_model` (its all-reduces counted), `micro_batches` ({ACCUMULATE}, this rank's), `optimizer`",
     starter=(
         "accumulate = len(micro_batches)\n"
         "for x in micro_batches[:-1]:\n"
@@ -272,7 +271,6 @@ HOOK = Exercise(
         "Write `hook(state, bucket)`: all-reduce `bucket.buffer()` asynchronously to its mean and return a "
         "future of that one tensor; register it on `ddp_model`, then step."
     ),
-    given="`ddp_model` (a DDP-wrapped Linear), `x` (this rank's sample), `optimizer` (SGD, lr 1), `dist`",
     starter=(
         "def hook(state, bucket):\n"
         "    buffer = ...  # TODO: the bucket's gradients, ready to be averaged\n"

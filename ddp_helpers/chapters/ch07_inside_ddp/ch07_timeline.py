@@ -115,13 +115,12 @@ def clip_to_containing(spans: list[Interval], windows: list[Interval]) -> list[I
 # ---------------------------------------------------------------------------- reading a trace
 
 
-def read_trace(path: str | os.PathLike[str], rank: int | None = None) -> Timeline:
+def read_trace(path: str | os.PathLike[str]) -> Timeline:
     """Read one rank's Chrome trace (``prof.export_chrome_trace``) into a `Timeline`."""
     trace = json.loads(Path(path).read_text())
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
-    if rank is None:
-        rank = trace.get("distributedInfo", {}).get("rank")
-        rank = int(re.sub(r"\D", "", Path(path).stem) or 0) if rank is None else int(rank)
+    rank = trace.get("distributedInfo", {}).get("rank")
+    rank = int(re.sub(r"\D", "", Path(path).stem) or 0) if rank is None else int(rank)
     steps = [e for e in events if re.fullmatch(r"step \d+", e["name"])]
     origin = min(e["ts"] for e in (steps or events)) if events else 0.0
 
@@ -193,11 +192,11 @@ _ROWS = (("phase", 2.0), ("compute", 1.0), ("all-reduce", 0.0))
 _PHASE_COLOURS = {"forward": "#9ecae1", "backward": "#3182bd", "optimizer": "#bdbdbd"}
 
 
-def plot_timelines(timelines: list[Timeline], title: str = "", max_ranks: int = 4) -> Figure:
-    """One panel per rank on a shared time axis: phases, compute, all-reduces."""
+def plot_timelines(timelines: list[Timeline], title: str = "") -> Figure:
+    """One panel per rank (the first four) on a shared time axis: phases, compute, all-reduces."""
     import matplotlib.pyplot as plt
 
-    shown = timelines[:max_ranks]
+    shown = timelines[:4]
     fig, axes = plt.subplots(len(shown), 1, figsize=(11, 1.6 * len(shown) + 0.8), sharex=True, squeeze=False)
     for ax, t in zip(axes[:, 0], shown, strict=True):
         for name, colour in _PHASE_COLOURS.items():

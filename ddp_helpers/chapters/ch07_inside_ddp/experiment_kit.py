@@ -3,6 +3,7 @@
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -55,6 +56,18 @@ def slowest(value: float, device: torch.device) -> float:
     tensor = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return tensor.item()
+
+
+def median_step_s(step_fn: Callable[[int], object], steps: int, warmup: int, device: torch.device) -> float:
+    """The median seconds of `step_fn(0 .. steps - 1)` after `warmup` steps, on the slowest rank."""
+    times = []
+    for i in range(steps):
+        synchronize(device)
+        start = time.perf_counter()
+        step_fn(i)
+        synchronize(device)  # GPU kernels run asynchronously: time them to their end
+        times.append(time.perf_counter() - start)
+    return slowest(statistics.median(times[warmup:]), device)
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -136,11 +149,11 @@ def train(
 ) -> tuple[float, float]:
     """Train on `batches`; the median step time after warm-up (slowest rank) and the last loss."""
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-    times = []
-    for inputs, targets in batches:
-        synchronize(info.device)
-        start = time.perf_counter()
-        loss = train_step(model, optimizer, inputs, targets)
-        synchronize(info.device)
-        times.append(time.perf_counter() - start)
-    return slowest(statistics.median(times[args.warmup_steps :]), info.device), loss.item()
+    losses = []
+    step_s = median_step_s(
+        lambda i: losses.append(train_step(model, optimizer, *batches[i])),
+        len(batches),
+        args.warmup_steps,
+        info.device,
+    )
+    return step_s, losses[-1].item()

@@ -6,7 +6,6 @@ gradient_as_bucket_view.
 
 import argparse
 import contextlib
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from ddp_helpers.chapters.ch07_inside_ddp.experiment_kit import (
     gradient_bytes,
     make_batches,
     make_ddp,
+    median_step_s,
     slowest,
     synchronize,
     train,
@@ -191,19 +191,18 @@ def experiment_no_sync(args: argparse.Namespace, info: DistInfo, batches: Batche
     for use_no_sync in (False, True):
         model = make_ddp(args, info, args.bucket_cap_mb)
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-        times = []
-        for group in groups[:-1]:
-            synchronize(info.device)
-            start = time.perf_counter()
-            accumulate(model, optimizer, group, use_no_sync)
-            synchronize(info.device)
-            times.append(time.perf_counter() - start)
-        with profile(activities=activities(info)) as prof:  # the last step, to count the all-reduces
+        timed = len(groups) - 1  # the last step is profiled, to count the all-reduces
+        step_s = median_step_s(
+            lambda i: accumulate(model, optimizer, groups[i], use_no_sync),  # noqa: B023 (called at once)
+            timed,
+            min(args.warmup_steps, timed - 1),
+            info.device,
+        )
+        with profile(activities=activities(info)) as prof:
             accumulate(model, optimizer, groups[-1], use_no_sync)
         name = "no_sync" if use_no_sync else "sync_every_micro_batch"
-        warm = min(args.warmup_steps, len(times) - 1)
         results[name] = {
-            "step_time_s": slowest(statistics.median(times[warm:]), info.device),
+            "step_time_s": step_s,
             "allreduces_per_step": count_allreduces(prof),
         }
         weights[name] = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()

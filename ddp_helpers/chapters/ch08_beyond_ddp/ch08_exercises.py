@@ -77,7 +77,6 @@ ZERO1 = Exercise(
         "Compute `owned`, the indices into `shapes` whose Adam state this rank keeps under "
         "`ZeroRedundancyOptimizer`, and `zero1_bytes`, this rank's bytes of fp32 weights, gradients and moments."
     ),
-    given="`shapes` (the parameters' shapes, in registration order), `rank`, `world_size`",
     starter=(
         "import math\n"
         "\n"
@@ -269,7 +268,6 @@ FSDP2 = Exercise(
         "Compute `held_bytes`, this rank's bytes of fp32 weights, gradients and moments of its shards of "
         "`model`, and `gathered_bytes`, what the all-gathers of every full parameter move, padding included."
     ),
-    given="`model` (sharded by FSDP2 on these ranks), `world_size`, `rank`",
     starter=(
         "import math\n"
         "\n"

@@ -17,7 +17,9 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ddp_helpers.chapters.ch07_inside_ddp.experiment_kit import median_step_s
 from ddp_helpers.chapters.ch08_beyond_ddp import fsdp_checkpoint, fsdp_footprint
+from ddp_helpers.chapters.ch08_beyond_ddp.ch08_memory_calculator import padded_numel
 from ddp_helpers.chapters.ch08_beyond_ddp.fsdp_model import (
     BlockMLP,
     CollectiveCounter,
@@ -31,9 +33,7 @@ from ddp_helpers.chapters.ch08_beyond_ddp.fsdp_model import (
     gradient_factor,
     memory_row,
     my_slice,
-    padded_numel,
     shard,
-    timed_steps,
 )
 from ddp_helpers.rank import teardown
 from ddp_helpers.rank.distributed import worker_backend
@@ -170,7 +170,7 @@ def adam_run(kind: str, args: argparse.Namespace, mesh: DeviceMesh, device: torc
     with CollectiveCounter() as counter:
         step(1)
     one_step = {**counter.bytes, **sent}  # copied now: the timed steps below count on
-    seconds = timed_steps(lambda n: step(n + 2), args.timed_steps, device)
+    seconds = median_step_s(lambda n: step(n + 2), args.timed_steps, 1, device)  # after one warm-up
     weights = flattened(p.detach() for p in model.parameters())
     return {
         "memory": memory,
@@ -186,8 +186,9 @@ def adam_run(kind: str, args: argparse.Namespace, mesh: DeviceMesh, device: torc
 
 def part_train(args: argparse.Namespace, mesh: DeviceMesh, device: torch.device) -> dict[str, Any]:
     world_size = dist.get_world_size()
-    result: dict = {"parameters": sum(p.numel() for p in build_model(args, device).parameters())}
-    result["padded_parameters"] = padded_numel(build_model(args, device), world_size)
+    shapes = [tuple(p.shape) for p in build_model(args, device).parameters()]
+    result: dict = {"parameters": sum(math.prod(s) for s in shapes)}
+    result["padded_parameters"] = sum(padded_numel(s, world_size) for s in shapes)
     fsdp_versus_one_process(args, mesh, device, result)
     runs = {}
     for kind in ("ddp", "zero1", "zero2", "fsdp2"):

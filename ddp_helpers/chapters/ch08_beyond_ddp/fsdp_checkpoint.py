@@ -26,6 +26,7 @@ except ImportError:  # pragma: no cover
     from torch.distributed._composable.fsdp import fully_shard
 
 from ddp_helpers.chapters.ch08_beyond_ddp.fsdp_model import checked_fsdp, gathered, local_shard, train_steps
+from ddp_helpers.workers.train import build_model
 
 
 def shard_shapes(model: nn.Module) -> dict:
@@ -145,20 +146,6 @@ def part_resume(args: argparse.Namespace, mesh: DeviceMesh, device: torch.device
     return result
 
 
-def train_py_mlp(features: int, hidden: int, classes: int) -> nn.Sequential:
-    """train.py's --model mlp, layer for layer, so that its state_dict keys (1.weight, ...) match."""
-    return nn.Sequential(
-        nn.Flatten(),
-        nn.Linear(features, hidden),
-        nn.ReLU(),
-        nn.Dropout(0.0),
-        nn.Linear(hidden, hidden),
-        nn.ReLU(),
-        nn.Dropout(0.0),
-        nn.Linear(hidden, classes),
-    )
-
-
 def load_ddp_checkpoint(args: argparse.Namespace, mesh: DeviceMesh, device: torch.device) -> dict:
     """A DDP job's checkpoint (train.py: rank 0 saved the plain model's full state_dict) into FSDP2."""
     rank = dist.get_rank()
@@ -169,8 +156,8 @@ def load_ddp_checkpoint(args: argparse.Namespace, mesh: DeviceMesh, device: torc
     dist.broadcast_object_list(shapes, src=0)  # the model's sizes, for the ranks that did not read
     hidden, features = shapes[0]["1.weight"]
     classes = shapes[0]["7.weight"][0]
-    model = train_py_mlp(features, hidden, classes).to(device)
-    for layer in model:
+    model = build_model("mlp", (1, 1, features), classes, hidden).to(device)  # train.py's --model mlp
+    for layer in model.modules():
         if isinstance(layer, nn.Linear):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -190,7 +177,7 @@ def load_ddp_checkpoint(args: argparse.Namespace, mesh: DeviceMesh, device: torc
         "tensors_read_per_rank": gathered(len(plain)),  # what each rank loaded from the file
     }
     if rank == 0:
-        unsharded = train_py_mlp(features, hidden, classes)
+        unsharded = build_model("mlp", (1, 1, features), classes, hidden)
         unsharded.load_state_dict(plain)
         row["max_weight_diff"] = max((back[k].cpu() - plain[k]).abs().max().item() for k in plain)
         row["max_output_diff"] = (sharded_out - unsharded(x).detach()).abs().max().item()

@@ -23,6 +23,7 @@ from ddp_helpers.chapters.ch08_beyond_ddp.fsdp_model import (
     MixedPrecisionPolicy,
     build_model,
     checked_fsdp,
+    gathered,
     local_bytes,
     local_shard,
     optimizer_bytes,
@@ -208,7 +209,5 @@ def part_peak(args: argparse.Namespace, mesh: DeviceMesh, device: torch.device) 
         gc.collect()  # the model, its optimizer and DDP's reducer go before the next one is measured
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        every: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(every, mine)
-        result["peaks"][strategy] = every
+        result["peaks"][strategy] = gathered(mine)
     return result

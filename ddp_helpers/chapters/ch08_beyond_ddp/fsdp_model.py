@@ -6,8 +6,6 @@ On torch 2.7 with gloo FSDP2 sums where it should average (pytorch#162338): `gra
 import argparse
 import inspect
 import math
-import statistics
-import time
 from collections.abc import Callable, Collection, Iterable
 from typing import Any, TypeVar
 
@@ -253,31 +251,6 @@ class CollectiveCounter:
                 self._depth -= 1
 
         return counted
-
-
-def padded_numel(model: nn.Module, world_size: int) -> int:
-    """Elements FSDP2 moves for `model`'s parameters: dim 0 padded to a multiple of the world size."""
-    return sum(
-        math.ceil(p.shape[0] / world_size) * world_size * (p.numel() // p.shape[0])
-        for p in model.parameters()
-    )
-
-
-def timed_steps(step_fn: Callable[[int], object], steps: int, device: torch.device) -> float:
-    """Median seconds per step, after one warm-up step."""
-    times = []
-    for step in range(steps):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        step_fn(step)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if step:
-            times.append(time.perf_counter() - start)
-    slowest = torch.tensor(statistics.median(times) if times else 0.0, device=device)  # nccl: on the GPU
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a step lasts until the slowest rank is done
-    return slowest.item()
 
 
 def gathered(value: T) -> list[T]:

@@ -82,7 +82,6 @@ SAVE = Exercise(
     notebook="09",
     title="Save a compiled DDP model with the plain model's keys",
     task="After the step, let rank 0 save to `save_path` a `state_dict` with the plain model's keys.",
-    given="`ddp_model` (DDP around a compiled Linear), `optimizer` (SGD, lr 1), `x`, `save_path`, `rank`",
     starter=(
         "ddp_model(x).sum().backward()\n"
         "optimizer.step()\n"
@@ -263,7 +262,6 @@ LAST_BATCH = Exercise(
         "Loop once over a loader of this rank's shard so that Dynamo compiles **once**, every sample is "
         "trained on, and `samples` is the number of real samples all ranks trained on."
     ),
-    given="`ddp_model` (compiles counted), `dataset`, `batch_size`, `DataLoader`, `DistributedSampler`, `dist`, `device`",
     starter=(
         "sampler = DistributedSampler(dataset, shuffle=False)\n"
         "loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=...)  # TODO\n"

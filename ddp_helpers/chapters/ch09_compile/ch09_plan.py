@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 from ddp_helpers.kernel.lab.plan_core import Machine, NotebookPlan, by_kind, placement, placement_line
 
 PER_RANK_BATCH = 16  # compile_ddp.batch()'s default: each rank's batch in every experiment
@@ -26,3 +29,11 @@ def plan(machine: Machine, smoke: bool) -> NotebookPlan:
         runs={"live": live, "exercises": placement(machine, world)},
         sizes=by_kind(live.device, SMOKE_SIZES if smoke else SIZES),
     )
+
+
+def fresh_cache_env(root: str | Path) -> dict[str, str]:
+    """The launch env that gives a run an empty inductor cache folder under `root`, new at each call."""
+    # a first compile measured cold: inductor's cache lives on disk and torch._dynamo.reset() does not clear it
+    folder = (Path(root) / f"inductor-cache-{time.time_ns()}").resolve()
+    folder.mkdir(parents=True)
+    return {"TORCHINDUCTOR_CACHE_DIR": str(folder)}

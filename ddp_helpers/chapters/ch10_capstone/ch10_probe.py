@@ -174,7 +174,6 @@ def loader_iter(self):
 DataLoader.__iter__ = loader_iter
 
 import torch.distributed as dist
-import torch.distributed as dist
 spy(dist, "barrier", event("barrier"))
 
 _destroy = dist.destroy_process_group

@@ -9,7 +9,7 @@ import os
 from plan_rules import KINDS, at_least_two, every_shape, placed, says_why_it_runs_more, sizes_by_kind
 
 from ddp_helpers.chapters.ch09_compile import compile_ddp
-from ddp_helpers.chapters.ch09_compile.ch09_compile_cache import fresh_cache_env
+from ddp_helpers.chapters.ch09_compile.ch09_plan import fresh_cache_env
 from ddp_helpers.kernel.lab.plan_core import NotebookPlan
 
 PER_RANK_BATCH = inspect.signature(compile_ddp.batch).parameters["size"].default  # each rank's, in every run

@@ -18,6 +18,9 @@ import pytest
 from fixtures import load_script
 
 from ddp_helpers.chapters.ch10_capstone.ch10_checks import (
+    Failed,
+    Run,
+    World,
     check_autocast,
     check_loader_seeds,
     check_masks,
@@ -33,9 +36,7 @@ from ddp_helpers.chapters.ch10_capstone.ch10_contract import (
     expected_batches,
 )
 from ddp_helpers.chapters.ch10_capstone.ch10_exercises import EXERCISE, amp_plan, check_script
-from ddp_helpers.chapters.ch10_capstone.ch10_judge import Failed, World
 from ddp_helpers.chapters.ch10_capstone.ch10_probe import PROBE
-from ddp_helpers.chapters.ch10_capstone.ch10_runs import Run
 from ddp_helpers.errors import InvalidLaunchArguments
 from ddp_helpers.workers import worker_path
 
