@@ -50,7 +50,6 @@ class Exercise:
     mistakes: Sequence[Mistake] = ()
     covers: Sequence[str] = ()  # the capstone's lines this exercise has the learner write
     tolerance: float = 1e-9  # floats compared to this (relative and absolute)
-    given: str = ""  # the names the answer starts with, said to the learner
     timeout_s: float = 30.0  # a rank silent in the answer this long counts as hung
     # the probe runs as ranks of this many nodes (answer_runner.node_layout), so that LOCAL_RANK used where
     # RANK belongs fails; on the CPU only: a rank's GPU stays cuda:<its real LOCAL_RANK>
