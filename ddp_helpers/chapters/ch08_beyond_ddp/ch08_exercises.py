@@ -130,7 +130,8 @@ ZERO1 = Exercise(
         ),
         Mistake(
             "08-zero1-sharded-grads",
-            "you counted only this rank's share of the gradients (or weights): that is ZeRO-2.",
+            "you counted only this rank's share of the gradients (ZeRO-2) or of the weights; "
+            "ZeRO-1 keeps both whole.",
             _bytes_as(lambda mine, world: 4 * TOTAL + 12 * mine),
             hint="Count every weight and gradient in full, and the moments of `owned` only.",
         ),
