@@ -227,7 +227,7 @@ BUSBW = Exercise(
         ),
         Mistake(
             "00-busbw-elements",
-            "algbw is off by each message's element size (2, 4, 8): it counts elements, not bytes.",
+            "algbw is each message's element size (2, 4, 8) too small: it counts elements, not bytes.",
             lambda seen, expected: _ratios_are(seen, [1 / size for size in SIZES]),
             hint="nbytes = tensor.numel() * tensor.element_size().",
         ),

@@ -325,7 +325,7 @@ INIT = Exercise(
         ),
         Mistake(
             "06-init-gloo-on-gpus",
-            "gloo on a node with GPUs.",
+            "gloo on a node with GPUs: torch's docs name NCCL the backend for GPU training, gloo for the CPU.",
             _backend_where(True, "gloo"),
             hint='Use "nccl" where the device is a GPU.',
         ),
