@@ -57,11 +57,10 @@ def __dir__() -> list[str]:
 
 
 def load_ipython_extension(ipython: Any) -> None:  # %load_ext ddp_helpers
-    from ddp_helpers.kernel.exercises.exercise_magics import load_ipython_extension as load_exercises
-    from ddp_helpers.kernel.live.live_magics import load_ipython_extension as load_ranks
+    from ddp_helpers.kernel.exercises.exercise_magics import ExerciseMagics
+    from ddp_helpers.kernel.live.live_magics import RanksMagics
 
-    load_ranks(ipython)
-    load_exercises(ipython)
+    ipython.register_magics(RanksMagics, ExerciseMagics)
 
 
 __all__ = [

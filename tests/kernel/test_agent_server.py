@@ -104,7 +104,7 @@ def test_a_dead_server_is_replaced_and_its_runs_still_report_how_they_ended(scri
     os.kill(killed.pid, signal.SIGKILL)  # no word from the agent, and none from its dead server
     stop_run(trees[1], killed, 2.0)
     assert killed.returncode == 1 and killed.status_lost
-    failure = runner._failure(RunFollower(configs[1], "off"), killed, killed.returncode)
+    failure = runner._failure(RunFollower(configs[1]), killed, killed.returncode)
     assert "how the run ended is unknown" in str(failure)
     assert not trees[0].alive() and not trees[1].alive()
     result = launch(script("chatty.py"), nproc=1, run_dir=tmp_path / "after")

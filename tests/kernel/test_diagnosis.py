@@ -226,7 +226,7 @@ def test_last_traceback_takes_the_last_one_and_multi_line_messages():
         "[rank0]: Traceback (most recent call last):\n[rank0]:   File 'b.py', line 2, in f\n"
         "[rank0]: ValueError: two\n[rank0]: lines\n\n[rank0]:[W1130 torch warning]\n"
     )
-    traceback, last = _last_traceback(text)
+    traceback, last = _last_traceback(strip_rank_prefix(text))  # as _rank_report passes it
     assert last == "ValueError: two"
     assert traceback.endswith("ValueError: two\nlines")
     assert "KeyError" not in traceback

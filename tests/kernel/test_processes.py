@@ -9,7 +9,7 @@ import time
 import psutil
 
 from ddp_helpers.kernel.launcher.process_tree import ProcessTree
-from ddp_helpers.kernel.launcher.processes import FreshProcess, hold_lifeline, stop_run
+from ddp_helpers.kernel.launcher.processes import LIFELINES, FreshProcess, stop_run
 
 STUBBORN = """
 import signal, subprocess, sys, time
@@ -28,7 +28,7 @@ def test_stop_run_kills_what_ignores_sigterm_reaps_the_root_and_may_run_twice():
     popen.stdout.close()
     proc = FreshProcess(popen, "fresh")  # as start_run wraps torchrun's agent
     lifeline = open(__file__, "rb")  # stands in for the agent's lifeline, which stop_run closes
-    hold_lifeline(proc, lifeline)
+    LIFELINES[proc] = lifeline
     tree = ProcessTree(proc.pid)
     started = time.monotonic()
     killed = stop_run(tree, proc, grace_s=0.5)

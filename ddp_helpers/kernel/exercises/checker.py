@@ -115,9 +115,8 @@ def check(
     except WorkerFailed as error:
         restarted = _restart(ranks)
         mismatched = collective_mismatch(str(error))
-        message = (
-            mismatched + "\n" if mismatched else ""
-        ) + f"a rank died while running your answer: {error}"
+        message = f"{mismatched}\n" if mismatched else ""
+        message += f"a rank died while running your answer: {error}"
         return failed(RAISED, message, ONE_SIDED_HINT if mismatched else exercise.hint, restarted)
     except RankError as error:  # the answer raised on some rank: what each rank kept says more
         if not ranks.alive or "was still in the cell" in error.args[0]:  # the others waited for it
@@ -186,9 +185,8 @@ def waits_in_answer(stack: str) -> tuple[str, int] | None:
     """(the collective, the answer's line) where a stuck rank waits, from its stack (innermost first)."""
     frames = list(_FRAME.finditer(stack))
     names = [f"`{f['name']}`" for f in frames if f["file"].endswith("distributed_c10d.py")]
-    if not names and any(
-        f["name"] == "backward" for f in frames
-    ):  # DDP's all-reduce runs in autograd's engine
+    # DDP's all-reduce runs in autograd's engine
+    if not names and any(f["name"] == "backward" for f in frames):
         names = ["`backward()` (DDP's all-reduce of the gradients)"]
     for frame in frames:
         if frame["file"] == "<your answer>":

@@ -80,7 +80,3 @@ class ExerciseMagics(Magics):
             raise ExerciseFailed(
                 f"the reference answer to {exercise.id} failed: {verdict.diagnosis}: {verdict.message}"
             )
-
-
-def load_ipython_extension(ipython: Any) -> None:
-    ipython.register_magics(ExerciseMagics)

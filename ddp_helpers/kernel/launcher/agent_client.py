@@ -180,7 +180,7 @@ class AgentServers:
         self._lock = threading.Lock()  # running, not_forkable
         self._stopped_lock = threading.Lock()
 
-    def _server(self, python: str, env: dict[str, str]) -> AgentServer | None:
+    def server(self, python: str, env: dict[str, str]) -> AgentServer | None:
         """The server for this Python and environment, started if needed; None where none can serve."""
         if not supported() or python in self.not_forkable:
             return None
@@ -206,7 +206,7 @@ class AgentServers:
     ) -> ForkedAgent | None:
         """Fork the run's agent from a warm server; None where that cannot be done: start a fresh one."""
         too_big = len(json.dumps([argv, env])) > MAX_REQUEST_BYTES - 4096  # 4 kB: the folder
-        server = None if too_big else self._server(python, env)
+        server = None if too_big else self.server(python, env)
         if server is None:
             return None
         try:
@@ -221,10 +221,6 @@ class AgentServers:
             if isinstance(error, KeyboardInterrupt):
                 raise
             return None
-
-    def warm_up(self, python: str, env: dict[str, str]) -> None:
-        """Start the server a launch will use, without waiting for its imports."""
-        self._server(python, env)
 
     def _stop(self, server: AgentServer) -> None:
         server.stop()
@@ -257,7 +253,7 @@ class AgentServers:
 
 SERVERS = AgentServers()  # this process's: the launcher's functions below use it
 start_agent = SERVERS.start_agent
-warm_up = SERVERS.warm_up
+warm_up = SERVERS.server  # start the server a launch will use, without waiting for its imports
 stop_servers = SERVERS.stop_all
 wait_for_stopped_servers = SERVERS.wait_for_stopped
 reap_stopped_servers_in_background = SERVERS.reap_stopped_in_background

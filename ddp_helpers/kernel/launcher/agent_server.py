@@ -14,6 +14,8 @@ import sys
 import traceback
 from typing import Any
 
+from ddp_helpers.kernel.launcher.torchrun_agent import ended_children
+
 SERVER_FD_ENV = "DDP_HELPERS_SERVER_FD"
 IDLE_ENV = "DDP_HELPERS_AGENT_SERVER_IDLE_S"
 IDLE_S = 600.0  # with no run for this long, leave: an idle server holds about 300 MB (torch's libraries)
@@ -31,13 +33,7 @@ def send(run: socket.socket | int, **news: int) -> None:
 
 def report_ended_children(runs: dict[int, socket.socket]) -> None:
     """Report each agent that has ended (its exit code, negative for a signal) and forget it."""
-    while runs:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+    for pid, status in ended_children() if runs else ():
         run = runs.pop(pid, None)
         if run is not None:
             send(run, exit=os.waitstatus_to_exitcode(status))

@@ -54,7 +54,7 @@ class CellEcho:
     _tokens: float = field(init=False)
     _refilled: float = field(init=False)
     _held: dict[str, _Held] = field(default_factory=dict)
-    _held_total: int = 0
+    held_back: int = 0  # lines not shown in the cell (live ranks: in this cell)
     _last_report: float = field(init=False)
     _live_shown: dict[str, float] = field(default_factory=dict)
     _live_text: dict[str, str] = field(default_factory=dict)  # the part line last shown live, per source
@@ -85,7 +85,7 @@ class CellEcho:
             held = self._held.setdefault(label, _Held())
             held.count += len(texts) - shown
             held.latest = shown_text(texts[-1])
-            self._held_total += len(texts) - shown
+            self.held_back += len(texts) - shown
 
     def live(self, label: str, text: str, stderr: bool = False) -> None:
         """A line still being written (a progress bar's ``\\r`` update): shown now and then, never held back."""
@@ -96,10 +96,6 @@ class CellEcho:
             self._live_shown[label] = now
             self._live_text[label] = text
             self.write(f"[{label}] {shown_text(text)}", stderr)  # tqdm draws on stderr: so do its updates
-
-    def note(self, text: str, stderr: bool = False) -> None:
-        """The launcher's own line: always shown."""
-        self.write(text, stderr)
 
     def tick(self) -> None:
         """Every few seconds while lines are held back: each source's latest line and the count."""
@@ -112,7 +108,7 @@ class CellEcho:
         self._held.clear()
         self._last_report = self.clock()
         self.write(
-            f"[ddp_helpers] {self._held_total} lines so far printed faster than a cell can show; "
+            f"[ddp_helpers] {self.held_back} lines so far printed faster than a cell can show; "
             f"every line is kept in {self.kept_in or f'result.logs and under {self.where}'}",
             False,
         )
@@ -121,15 +117,6 @@ class CellEcho:
         """The end of the output (a run, or one live-ranks cell): each held source's last line and count."""
         if self._held:
             self._report()
-
-    def new_cell(self) -> None:
-        """Live ranks: a new cell starts, with its own held-back count."""
-        self._held_total = 0
-
-    @property
-    def held_back(self) -> int:
-        """How many lines were not shown in the cell."""
-        return self._held_total
 
 
 PROGRESS_ENV = "DDP_HELPERS_PROGRESS"  # "widget", "text" or "off"; papermill runs set "text"
@@ -196,11 +183,6 @@ class StepProgress:
             text_tqdm.write(text, file=sys.stderr if stderr else sys.stdout)
         else:
             write_line(text, stderr)  # whole, under a lock: two launches' lines never merge
-
-
-def as_in_editor(body: str) -> str:
-    """The cell's code with an empty line in place of the magic's (``%%ranks``): line numbers match the editor."""
-    return "\n" + body
 
 
 class CellSyntaxError(Exception):

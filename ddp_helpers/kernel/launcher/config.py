@@ -59,7 +59,6 @@ class LaunchConfig(LaunchOptions):
     device: str = field(init=False)  # "cpu" or "cuda"
     local_world_size: int = field(init=False)  # ranks on this node: nproc, or one per GPU (2 on the CPU)
     out_dir: Path = field(init=False)  # where the run writes: run_dir, or a new runs/<time>-<script>-<id>
-    shown_ranks: set[int] | None = field(init=False)  # None: every rank
 
     def __post_init__(self) -> None:
         # the checks that need no torch first: a typo is refused before `import torch` counts the GPUs
@@ -71,12 +70,8 @@ class LaunchConfig(LaunchOptions):
             ranks_outside("show_ranks", self.show_ranks, self.nproc * self.nnodes)
         self._set("gpus", visible_gpus())
         self._resolve_world()
-        if self.show_ranks == "all":
-            self._set("shown_ranks", None)
-        else:  # "none" or a list of ranks, once checked
-            shown = set(self.show_ranks) if isinstance(self.show_ranks, list) else set()
-            ranks_outside("show_ranks", shown, self.world_size)
-            self._set("shown_ranks", shown)
+        if isinstance(self.show_ranks, list):  # else "all" or "none", once checked
+            ranks_outside("show_ranks", self.show_ranks, self.world_size)
         self._set(
             "out_dir", Path(self.run_dir) if self.run_dir is not None else default_run_dir(self.script.stem)
         )

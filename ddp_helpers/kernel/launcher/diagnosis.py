@@ -3,6 +3,7 @@ rank's ``@record`` error file, or else its stderr (the last traceback, a segfaul
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 from dataclasses import dataclass, field
@@ -60,7 +61,6 @@ def strip_rank_prefix(text: str) -> str:
 
 def _last_traceback(stderr_text: str) -> tuple[str, str]:
     """The last Python traceback in a stderr log, and its final "Type: message" line."""
-    stderr_text = strip_rank_prefix(stderr_text)
     start = stderr_text.rfind("Traceback (most recent call last):")
     if start < 0:
         return "", ""
@@ -78,7 +78,6 @@ def _last_traceback(stderr_text: str) -> tuple[str, str]:
 
 def _fault_stack(stderr_text: str, max_lines: int = 60) -> str:
     """faulthandler's report of a fatal signal (every thread's Python stack), if there is one."""
-    stderr_text = strip_rank_prefix(stderr_text)
     start = stderr_text.rfind("Fatal Python error:")
     if start < 0:
         return ""
@@ -89,26 +88,21 @@ def _fault_stack(stderr_text: str, max_lines: int = 60) -> str:
 
 def _stderr_tail(stderr_text: str, count: int = STDERR_TAIL_LINES) -> list[str]:
     """The rank's last stderr lines that are not torch's logging: what ``sys.exit("...")`` printed."""
-    lines = [line.rstrip() for line in strip_rank_prefix(stderr_text).splitlines()]
+    lines = [line.rstrip() for line in stderr_text.splitlines()]
     meaningful = [line for line in lines if line.strip() and not _LOG_NOISE.match(line.lstrip())]
     return meaningful[-count:]
 
 
 def _from_error_file(tail: RankLogTail, rank: int) -> tuple[str, str]:
-    """The message and Python stack that ``@record`` wrote, read with torchelastic's reader."""
-    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
-
+    """The message and Python stack that ``@record`` wrote (torchelastic's ErrorHandler.record_exception)."""
     path = tail.rank_file(rank, ERROR_FILE)
-    if path is None:
-        return "", ""
     try:
-        failure = ProcessFailure(local_rank=0, pid=0, exitcode=1, error_file=str(path))
-        message = failure.error_file_data["message"]
-    except (OSError, ValueError, KeyError, TypeError):  # half-written or foreign file
+        message = json.loads(path.read_text())["message"] if path is not None else ""
+        if isinstance(message, str):
+            return message, ""
+        return str(message.get("message", "")), str(message.get("extraInfo", {}).get("py_callstack", ""))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # half-written or foreign file
         return "", ""
-    if isinstance(message, str):
-        return message, ""
-    return str(message.get("message", "")), str(message.get("extraInfo", {}).get("py_callstack", ""))
 
 
 def _signal_text(exitcode: int) -> str:
@@ -128,17 +122,13 @@ def _hint(error: str, exitcode: int, cuda_available: bool) -> str:
         )
     if exitcode == -signal.SIGKILL:
         return "SIGKILL with no traceback is most often the kernel's out-of-memory killer (see `dmesg`)."
-    if _is_secondary(error):
+    if _SECONDARY.search(error):
         return "this rank lost a peer or was stopped: another rank exited or crashed first; check the other ranks' logs."
     if "address already in use" in lowered:
         return "the rendezvous port is taken; launch() picks a free one unless rdzv_endpoint pins it."
     if "bdbquit" in lowered:
         return NO_STDIN_HINT
     return ""
-
-
-def _is_secondary(error: str) -> bool:
-    return bool(_SECONDARY.search(error))
 
 
 @dataclass
@@ -152,7 +142,7 @@ def _rank_report(tail: RankLogTail, rank: int, exitcode: int, since: int = 0) ->
     """This rank's exception line and traceback, from its error file or else its stderr (from byte `since`)."""
     error, traceback = _from_error_file(tail, rank)  # the latest attempt made torchrun give up
     path = tail.rank_file(rank, STDERR_LOG)
-    stderr_text = path.read_bytes()[since:].decode(errors="replace") if path is not None else ""
+    stderr_text = strip_rank_prefix(path.read_bytes()[since:].decode(errors="replace")) if path else ""
     if not traceback:
         traceback, last_line = _last_traceback(stderr_text)
         error = error or last_line
@@ -170,7 +160,7 @@ def _cxx_what(stderr_text: str) -> str:
     lines = [line.strip() for line in stderr_text.splitlines() if "what():" in line]
     if lines:
         return lines[-1].split("what():", 1)[1].strip()
-    lines = [line.strip() for line in strip_rank_prefix(stderr_text).splitlines()]
+    lines = [line.strip() for line in stderr_text.splitlines()]
     terminate = [line for line in lines if line.startswith("terminate called")]
     return terminate[-1] if terminate else ""
 
@@ -215,11 +205,11 @@ def diagnose(
         return None
     # torchrun's "first observed" failure can be a rank that only lost its peer: prefer the one that
     # failed for a reason of its own (error-file timestamps have one-second resolution)
-    primary = [r for r in candidates if reports[r].error and not _is_secondary(reports[r].error)]
+    primary = [r for r in candidates if reports[r].error and not _SECONDARY.search(reports[r].error)]
     left: list[int] = []
-    if _is_secondary(reports[rank].error) and primary:
+    if _SECONDARY.search(reports[rank].error) and primary:
         rank = primary[0]
-    elif _is_secondary(reports[rank].error) and match:
+    elif _SECONDARY.search(reports[rank].error) and match:
         # then the cause is a rank that exited with code 0 and left `rank` waiting: torchrun's report lists
         # only the ranks that failed (its SubprocessContext._poll counts exit code 0 as done)
         left = [r for r in candidates if r not in exitcodes and r != rank]

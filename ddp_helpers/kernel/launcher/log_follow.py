@@ -10,10 +10,9 @@ from pathlib import Path
 _LOG_PATH = re.compile(r"attempt_(?P<attempt>\d+)/(?P<local_rank>\d+)/(?P<stream>stdout|stderr)\.log$")
 
 
-def visible_text(raw: bytes) -> str:
+def visible_text(line: str) -> str:
     """What a terminal shows for one line: the text after its last carriage return."""
-    text = raw.decode("utf-8", errors="replace").rstrip("\r")
-    return text.rsplit("\r", 1)[-1]
+    return line.rstrip("\r").rsplit("\r", 1)[-1]
 
 
 @dataclass
@@ -51,12 +50,12 @@ class FileFollower:
         text = complete.decode("utf-8", errors="replace") if cut >= 0 else ""
         lines = text.split("\n") if cut >= 0 else []
         if "\r" in text:  # tqdm-style redraws: keep only what a terminal would show
-            lines = [line.rstrip("\r").rsplit("\r", 1)[-1] for line in lines]
+            lines = [visible_text(line) for line in lines]
         # A part line read together with whole ones is most likely a line torn mid-write: it waits a read.
         # If the next read brings nothing, the line stays unfinished (a prompt, a bar): it is reported then.
         partial = None
         if self._pending and (chunk and not lines or not chunk and self._pending_unshown):
-            partial = visible_text(self._pending)
+            partial = visible_text(self._pending.decode("utf-8", errors="replace"))
         self._pending_unshown = bool(self._pending and chunk and lines)
         return FileRead(lines, partial or None, len(chunk))
 

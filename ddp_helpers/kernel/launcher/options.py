@@ -308,19 +308,7 @@ def add_flags(
         parser.add_argument(o.flag, type=o.parse, action="append" if o.collect else "store", help=o.help)
 
 
-def given_options(
-    namespace: argparse.Namespace | Mapping[str, Any], options: Iterable[Option] = OPTIONS
-) -> dict[str, Any]:
+def given_options(namespace: argparse.Namespace, options: Iterable[Option] = OPTIONS) -> dict[str, Any]:
     """The options a parsed command line set (the flags left at None are left out)."""
-    values = namespace if isinstance(namespace, Mapping) else vars(namespace)
-    given = [(o, values.get(o.name)) for o in options]
+    given = [(o, getattr(namespace, o.name, None)) for o in options]
     return {o.name: o.collect(v) if o.collect else v for o, v in given if v is not None}
-
-
-def bind_options(
-    func: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
-) -> dict[str, Any]:
-    """Every parameter of `func`'s signature, defaults filled in; TypeError for an unknown keyword."""
-    bound = inspect.signature(func).bind(*args, **kwargs)
-    bound.apply_defaults()
-    return dict(bound.arguments)

@@ -3,11 +3,12 @@ own, so every descendant seen is signalled directly, with its group."""
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 
 import psutil
+
+from ddp_helpers.kernel.launcher.torchrun_agent import signal_group
 
 
 class ProcessTree:
@@ -41,11 +42,7 @@ class ProcessTree:
 
     def signal_all(self, sig: int) -> None:
         for proc in self.alive():
-            try:
-                # A worker leads its own group: its DataLoader workers share that group.
-                os.killpg(proc.pid, sig) if os.getpgid(proc.pid) == proc.pid else proc.send_signal(sig)
-            except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
-                pass
+            signal_group(proc.pid, sig)  # a worker leads its own group
 
     def terminate(self, grace_s: float = 5.0) -> list[int]:
         """SIGTERM everything, wait up to `grace_s`, then SIGKILL what is left."""

@@ -46,7 +46,8 @@ class FreshProcess:
 RunProcess = FreshProcess | ForkedAgent
 
 
-_LIFELINES: weakref.WeakKeyDictionary[RunProcess, BinaryIO] = weakref.WeakKeyDictionary()
+# each run's lifeline's write end, held open until `stop_run` (or the garbage collector) closes it
+LIFELINES: weakref.WeakKeyDictionary[RunProcess, BinaryIO] = weakref.WeakKeyDictionary()
 
 
 def die_with_owner(owner_pid: int) -> Callable[[], None] | None:
@@ -65,11 +66,6 @@ def die_with_owner(owner_pid: int) -> Callable[[], None] | None:
             os._exit(1)
 
     return arm
-
-
-def hold_lifeline(proc: RunProcess, lifeline: BinaryIO) -> None:
-    """Keep the write end of `proc`'s lifeline open until `stop_run` (or the garbage collector) closes it."""
-    _LIFELINES[proc] = lifeline
 
 
 def start_run(config: LaunchConfig, env: dict[str, str] | None = None) -> RunProcess:
@@ -124,7 +120,7 @@ def start_run(config: LaunchConfig, env: dict[str, str] | None = None) -> RunPro
         if lifeline_read is not None:
             os.close(lifeline_read)
     if lifeline_write is not None:
-        hold_lifeline(proc, open(lifeline_write, "wb", buffering=0))
+        LIFELINES[proc] = open(lifeline_write, "wb", buffering=0)
     return proc
 
 
@@ -137,7 +133,7 @@ def stop_run(tree: ProcessTree, proc: RunProcess, grace_s: float) -> list[int]:
         except ProcessLookupError:
             pass
         wait_for_exit(proc, None)
-    lifeline = _LIFELINES.pop(proc, None)
+    lifeline = LIFELINES.pop(proc, None)
     if lifeline is not None:
         lifeline.close()
     return killed

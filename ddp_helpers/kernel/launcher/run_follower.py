@@ -55,14 +55,14 @@ class _RankState:
 class RunFollower:
     """One launch in progress; as a context manager it closes the echo and the progress bar at the end."""
 
-    def __init__(self, config: LaunchConfig, progress: str | None) -> None:
+    def __init__(self, config: LaunchConfig) -> None:
         self.config = config
         self.tail = RankLogTail(
             config.log_dir, rank_offset=config.rank_offset, ranks_known_up_front=config.nnodes == 1
         )
         self.agent = FileFollower(config.agent_log)
         self.follower = MetricsFollower(config.out_dir)
-        self.progress = StepProgress(progress or resolve_progress(config.progress), config.script.name)
+        self.progress = StepProgress(resolve_progress(config.progress), config.script.name)
         self.echo = CellEcho(where=str(config.log_dir), write=self.progress.write)
         # on one node the ranks are known up front; across nodes the rendezvous decides
         expected = range(config.local_world_size) if config.nnodes == 1 else ()
@@ -90,7 +90,8 @@ class RunFollower:
         state = self.ranks.setdefault(chunk.rank, _RankState())
         state.last_heard = now
         self.last_progress, self.heard_any = now, True
-        shown = self.config.shown_ranks is None or chunk.rank in self.config.shown_ranks
+        show = self.config.show_ranks  # "all", "none" or a list of ranks, once checked
+        shown = show == "all" or (isinstance(show, list) and chunk.rank in show)
         label = (
             f"rank {chunk.rank}" + (f" (restart {chunk.attempt})" if chunk.attempt else "") + self.label_note
         )
@@ -135,8 +136,8 @@ class RunFollower:
         if records:
             self.on_metrics(records)
         if attempts > max(self.attempts_seen, 1):
-            self.echo.note(
-                f"[torchrun] restart {attempts - 1} of {self.config.max_restarts}: workers restarted"
+            self.echo.write(
+                f"[torchrun] restart {attempts - 1} of {self.config.max_restarts}: workers restarted", False
             )
         self.attempts_seen = max(self.attempts_seen, attempts)
         self.echo.tick()

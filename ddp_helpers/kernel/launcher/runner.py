@@ -66,9 +66,10 @@ def _note_waiting_for_nodes(run: RunFollower) -> None:
     if config.nnodes == 1 or run.tail.started() or now - run.last_waiting_note < WAITING_NOTE_EVERY_S:
         return
     run.last_waiting_note = now
-    run.echo.note(
+    run.echo.write(
         f"[ddp_helpers] node {config.node_rank}: waiting for all {config.nnodes} nodes to join at "
-        f"{config.rdzv_endpoint}: {now - run.started:.0f}s of {config.rdzv_timeout:g}s (rdzv_timeout)"
+        f"{config.rdzv_endpoint}: {now - run.started:.0f}s of {config.rdzv_timeout:g}s (rdzv_timeout)",
+        False,
     )
 
 
@@ -168,49 +169,44 @@ def launch(
         LaunchFailed: torchrun failed with no worker to blame (e.g. a rendezvous timeout).
         LaunchInterrupted: the cell was interrupted (a KeyboardInterrupt); all processes were stopped.
     """
-    config = make_config(script, script_args, **options)
-    return run_config(config)
+    return run_config(make_config(script, script_args, **options))
 
 
-def run_config(config: LaunchConfig, progress: str | None = None) -> LaunchResult:
+def run_config(config: LaunchConfig) -> LaunchResult:
     """Run a checked `LaunchConfig`; `RunDirInUse` while another launch runs into the same run_dir."""
     with holding_run_dir(config.out_dir):
-        return _run_held(config, progress)
-
-
-def _run_held(config: LaunchConfig, progress: str | None) -> LaunchResult:
-    keep_previous_outputs(config.out_dir)
-    with RunFollower(config, progress) as run:  # which closes the cell's output at the end
-        env, command = config.environment(), config.command()
-        proc = _start(config, env)
-        tree = ProcessTree(proc.pid)
-        sampler = ResourceSampler(
-            tree, gpus=config.device == "cuda", root_is_worker=config.launcher == "python"
+        keep_previous_outputs(config.out_dir)
+        with RunFollower(config) as run:  # which closes the cell's output at the end
+            env, command = config.environment(), config.command()
+            proc = _start(config, env)
+            tree = ProcessTree(proc.pid)
+            sampler = ResourceSampler(
+                tree, gpus=config.device == "cuda", root_is_worker=config.launcher == "python"
+            )
+            with _stopped_at_exit(tree, proc, config.grace_s):
+                try:
+                    _follow(config, run, proc, tree, sampler)
+                except KeyboardInterrupt as interrupt:
+                    if isinstance(interrupt, LaunchInterrupted):
+                        raise
+                    raise stop_interrupted(tree, proc, config) from None
+        return LaunchResult(
+            returncode=0,  # any other code raised
+            wall_s=time.monotonic() - run.started,
+            run_dir=config.out_dir,
+            logs=run.logs,
+            metrics=read_metrics(config.out_dir),
+            summary=read_summary(config.out_dir),
+            command=command,
+            environment={name: value for name, value in env.items() if os.environ.get(name) != value},
+            launcher_output=run.agent_lines,
+            attempts=max(run.attempts_seen, 1),
+            resources=_frame(sampler.rows),
+            gpu_sampling=sampler.gpu_sampling,
+            lines_held_back=run.echo.held_back,
+            agent=proc.kind,
+            agent_wait_s=proc.wait_s,
         )
-        with _stopped_at_exit(tree, proc, config.grace_s):
-            try:
-                _follow(config, run, proc, tree, sampler)
-            except KeyboardInterrupt as interrupt:
-                if isinstance(interrupt, LaunchInterrupted):
-                    raise
-                raise stop_interrupted(tree, proc, config) from None
-    return LaunchResult(
-        returncode=0,  # any other code raised
-        wall_s=time.monotonic() - run.started,
-        run_dir=config.out_dir,
-        logs=run.logs,
-        metrics=read_metrics(config.out_dir),
-        summary=read_summary(config.out_dir),
-        command=command,
-        environment={name: value for name, value in env.items() if os.environ.get(name) != value},
-        launcher_output=run.agent_lines,
-        attempts=max(run.attempts_seen, 1),
-        resources=_frame(sampler.rows),
-        gpu_sampling=sampler.gpu_sampling,
-        lines_held_back=run.echo.held_back,
-        agent=proc.kind,
-        agent_wait_s=proc.wait_s,
-    )
 
 
 def _follow(

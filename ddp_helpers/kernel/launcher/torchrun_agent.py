@@ -12,7 +12,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import psutil
 
@@ -44,15 +44,16 @@ def children(pid: int) -> list[int]:
     return found
 
 
-def _collect_zombies() -> None:
-    """waitpid every child that has ended (orphans included): none stays a zombie."""
+def ended_children() -> Iterator[tuple[int, int]]:
+    """Reap each child that has ended (orphans included), none staying a zombie: its pid and wait status."""
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        yield pid, status
 
 
 def stop_children(grace_s: float) -> list[int]:
@@ -62,21 +63,23 @@ def stop_children(grace_s: float) -> list[int]:
     signalled: set[int] = set()
     while (left := children(me)) and time.monotonic() < deadline:
         for pid in set(left) - signalled:
-            _signal(pid, signal.SIGTERM)
+            signal_group(pid, signal.SIGTERM)
             signalled.add(pid)
         time.sleep(0.05)
-        _collect_zombies()  # orphans of orphans arrive here as their parents exit: the loop catches them too
+        # orphans of orphans arrive here as their parents exit: the loop catches them too
+        list(ended_children())
     killed = children(me)
     while killed_now := children(me):
         for pid in killed_now:
-            _signal(pid, signal.SIGKILL)
+            signal_group(pid, signal.SIGKILL)
         time.sleep(0.05)
-        _collect_zombies()
+        list(ended_children())
     return killed
 
 
-def _signal(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):  # a group leader's helpers share its group
+def signal_group(pid: int, sig: int) -> None:
+    """`sig` to `pid`, or to its whole group where it leads one (its DataLoader workers share it)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig) if os.getpgid(pid) == pid else os.kill(pid, sig)
 
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from typing import Any
 
 from IPython.core.displayhook import DisplayHook
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import MagicArgumentParser
 
 from ddp_helpers.errors import InvalidLaunchArguments, RanksNotRunning
-from ddp_helpers.kernel.launcher.cell_output import CellSyntaxError, as_in_editor
+from ddp_helpers.kernel.launcher.cell_output import CellSyntaxError
 from ddp_helpers.kernel.launcher.options import LIVE_OPTIONS, add_flags, given_options, rank_list
 from ddp_helpers.kernel.live.ranks import NOT_RUNNING, LiveRanks, shown_value, start_ranks
 
@@ -59,8 +58,8 @@ class RanksMagics(Magics):
         if opts.action is not None:
             raise InvalidLaunchArguments(f"%%ranks takes options only (e.g. --rank 0), not {opts.action!r}")
         timeout = ... if opts.timeout is None else opts.timeout
-        try:
-            results = current_ranks().run(as_in_editor(cell), ranks=_parse_ranks(opts.rank), timeout=timeout)
+        try:  # an empty line in place of the magic's: the cell's line numbers match the editor's
+            results = current_ranks().run("\n" + cell, ranks=_parse_ranks(opts.rank), timeout=timeout)
         except SyntaxError as error:
             raise CellSyntaxError(error) from None
         if not DisplayHook.semicolon_at_end_of_expression(cell):  # `x;` shows no Out, as in IPython
@@ -105,7 +104,3 @@ class RanksMagics(Magics):
                 f"%ranks takes start, stop, restart, status or where, not {opts.action!r}"
             )
         return None
-
-
-def load_ipython_extension(ipython: Any) -> None:
-    ipython.register_magics(RanksMagics)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import inspect
 import os
 import pickle
 import re
@@ -38,7 +39,6 @@ from ddp_helpers.kernel.launcher.config import LaunchConfig, default_run_dir, ma
 from ddp_helpers.kernel.launcher.diagnosis import STDERR_TAIL_LINES
 from ddp_helpers.kernel.launcher.options import (
     LIVE_OPTIONS,
-    bind_options,
     check_rank_list,
     check_seconds,
     with_options,
@@ -160,7 +160,7 @@ class LiveRanks:
             self.config = self.config.derive(out_dir=self._base_run_dir / f"restart-{self._starts}")
         self._starts += 1
         self.closed, self.proc = False, None
-        self.follower = RunFollower(self.config, "off")
+        self.follower = RunFollower(self.config)
         # live ranks have no result.logs: the held-back note names the files
         self.follower.echo.kept_in = (
             f"each rank's stdout.log and stderr.log under {self.config.log_dir}/*/attempt_0/<rank>/"
@@ -391,15 +391,16 @@ class LiveRanks:
             if self.agent_exit_code() is not None:
                 raise died(self, None)
             if seconds is not None and pending:
-                now = time.monotonic()
-                stuck = [r for r in sorted(pending) if now - self.last_heard(r, started) > seconds]
+                now, ranks = time.monotonic(), self.follower.ranks  # silent since the cell began: stuck
+                heard = {r: ranks[r].last_heard or started if r in ranks else started for r in pending}
+                stuck = [r for r in sorted(pending) if now - max(heard[r], started) > seconds]
                 if stuck:
                     raise hung(self, stuck, sorted(set(replies)), seconds)
             if failed_at is not None and pending and time.monotonic() - failed_at > PEER_FAILED_WAIT_S:
                 raise peer_failed(self, pending, replies)
 
         try:
-            for rank, reply in self.replies(pending, between=watch):
+            for rank, reply in receive(self.conns, pending, between=watch):
                 if reply is None:
                     raise died(self, rank)
                 if isinstance(reply, Exited):  # the cell called os._exit(code)
@@ -410,17 +411,13 @@ class LiveRanks:
         except KeyboardInterrupt:
             pending.difference_update(replies)  # a reply taken just before the interrupt is not pending
             raise interrupted(self, pending, replies) from None
-        self.end_cell()
+        self.follow(final=True)  # every line the cell printed is on disk by now: show the rest
+        self.follower.echo.close()  # and what was held back, with its count: this cell's output ends here
         return replies
 
     def send(self, ranks: Iterable[int], message: Run) -> None:
         for rank in ranks:
             self.conns[rank].send(message)
-
-    def replies(
-        self, pending: set[int], deadline: float | None = None, between: Callable[[], None] | None = None
-    ) -> Iterator[tuple[int, Reply | None]]:
-        return receive({r: self.conns[r] for r in pending}, pending, deadline, between)
 
     def follow(self, final: bool = False) -> None:
         """Echo what the ranks wrote to their logs since the last look (`final`: to the end of each file)."""
@@ -434,12 +431,8 @@ class LiveRanks:
         finally:
             self.follower.label_note = ""
         self.follower.echo.close()
-        self.follower.echo.new_cell()
+        self.follower.echo.held_back = 0  # each cell has its own held-back count
         self.stderr_at = {r: self._stderr_size(r) for r in self.conns}  # a death is explained by *this* cell
-
-    def end_cell(self) -> None:
-        self.follow(final=True)  # every line the cell printed is on disk by now: show the rest
-        self.follower.echo.close()  # and what was held back, with its count: this cell's output ends here
 
     def _stderr_size(self, rank: int) -> int:
         path = self.follower.tail.rank_file(rank, STDERR_LOG)
@@ -457,12 +450,6 @@ class LiveRanks:
             fh.seek(self.stderr_at.get(rank, 0))
             lines = fh.read().decode(errors="replace").splitlines()
         return [line for line in lines if line.strip()][-STDERR_TAIL_LINES:]
-
-    def last_heard(self, rank: int, since: float) -> float:
-        """When `rank` last wrote anything, or `since` if it has been silent since then."""
-        state = self.follower.ranks.get(rank)
-        heard = state.last_heard if state is not None and state.last_heard is not None else since
-        return max(heard, since)
 
 
 _COLLECTIVE = re.compile(
@@ -517,7 +504,7 @@ def interrupt(ranks: LiveRanks, pending: set[int], replies: dict[int, Reply]) ->
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + INTERRUPT_WAIT_S
-    for rank, reply in ranks.replies(pending, deadline, between=ranks.follow):
+    for rank, reply in receive(ranks.conns, pending, deadline, ranks.follow):
         if reply is None:
             return False
         replies[rank] = reply
@@ -529,7 +516,7 @@ def check_group(ranks: LiveRanks, what: str) -> str:
     """A barrier with a deadline: after an interrupt, is the process group still usable?"""
     ranks.send(ranks.conns, Run(ranks.new_cell("dist.barrier()"), "dist.barrier()"))
     pending = set(ranks.conns)
-    for _rank, reply in ranks.replies(pending, time.monotonic() + CHECK_TIMEOUT_S):
+    for _rank, reply in receive(ranks.conns, pending, time.monotonic() + CHECK_TIMEOUT_S):
         if not isinstance(reply, Value):
             break  # broken for sure: this rank stays pending
     if pending:
@@ -612,9 +599,7 @@ def died(ranks: LiveRanks, rank: int | None, exitcode: int | None = None) -> Lau
         )
     ranks.stop()
     message = str(error)
-    if (
-        exitcode is not None
-    ):  # not a failure of its own making, maybe: it left, and the others could not go on
+    if exitcode is not None:  # not a failure of its own making, maybe: it left, the others could not go on
         message = message.replace(f"rank {rank} failed: exited", f"rank {rank} exited", 1)
     error.args = (f"{message}\n\nThe other ranks were stopped: {RESTART_HINT}",)
     return error
@@ -687,11 +672,13 @@ def start_ranks(*args: Any, **options: Any) -> LiveRanks:
     Options (each as `launch` takes it):
         {options}
     """
-    given = bind_options(start_ranks, args, options)
+    bound = inspect.signature(start_ranks).bind(*args, **options)  # TypeError for an unknown keyword
+    bound.apply_defaults()
+    given = dict(bound.arguments)
     timeout = check_seconds("timeout", given.pop("timeout"), allow_none=True)
     startup_timeout = check_seconds("startup_timeout", given.pop("startup_timeout"), allow_none=False)
     if given["run_dir"] is None:
         given["run_dir"] = default_run_dir("ranks")
     # the run's own timeout stays off: a rank that waits for its next cell is not hung
-    config = make_config(RANK_SERVER, (), **given, timeout=None, max_restarts=0, grace_s=3.0)
+    config = make_config(RANK_SERVER, (), **given, timeout=None, max_restarts=0, grace_s=3.0, progress="off")
     return LiveRanks(config, timeout=timeout, startup_timeout=startup_timeout)

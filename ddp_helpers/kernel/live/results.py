@@ -48,9 +48,8 @@ def check_syntax(code: str) -> None:
         if not error.text and line:
             error.text, error.offset = line + "\n", error.offset or 1
         text = line.lstrip()
-        if text.startswith(("%", "!")) and not text.startswith(
-            ("%=", "!=")
-        ):  # the compiler: "invalid syntax"
+        # the compiler says only "invalid syntax"
+        if text.startswith(("%", "!")) and not text.startswith(("%=", "!=")):
             kind = "a shell escape" if text.startswith("!") else "an IPython magic"
             why = (
                 f"{text.split()[0]} is {kind}: a rank runs the cell as plain Python, without IPython. Time it "
