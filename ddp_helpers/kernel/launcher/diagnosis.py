@@ -48,7 +48,7 @@ def pdb_quit_hint(error: str) -> str:
 class Diagnosis:
     rank: int
     exitcode: int
-    error: str
+    error: str  # "Type: message", or the signal and its reason; "" until diagnose() says more
     traceback: str
     hint: str = ""
     stderr_tail: str = ""  # the rank's last stderr lines, when they are the only explanation
@@ -86,11 +86,11 @@ def _fault_stack(stderr_text: str, max_lines: int = 60) -> str:
     return "\n".join(lines[: min(end, max_lines)]).rstrip()
 
 
-def _stderr_tail(stderr_text: str, count: int = STDERR_TAIL_LINES) -> list[str]:
+def stderr_tail(stderr_text: str, count: int = STDERR_TAIL_LINES) -> str:
     """The rank's last stderr lines that are not torch's logging: what ``sys.exit("...")`` printed."""
     lines = [line.rstrip() for line in stderr_text.splitlines()]
     meaningful = [line for line in lines if line.strip() and not _LOG_NOISE.match(line.lstrip())]
-    return meaningful[-count:]
+    return "\n".join(meaningful[-count:])
 
 
 def _from_error_file(tail: RankLogTail, rank: int) -> tuple[str, str]:
@@ -131,18 +131,16 @@ def _hint(error: str, exitcode: int, cuda_available: bool) -> str:
     return ""
 
 
-@dataclass
-class _RankReport:
-    error: str = ""  # "Type: message", or the signal and its reason
-    traceback: str = ""
-    stderr_tail: list[str] | None = None
+def rank_stderr(tail: RankLogTail, rank: int, since: int = 0) -> str:
+    """What global `rank` wrote to stderr from byte `since` on, torch's "[rankN]: " prefixes removed."""
+    path = tail.rank_file(rank, STDERR_LOG)
+    return strip_rank_prefix(path.read_bytes()[since:].decode(errors="replace")) if path else ""
 
 
-def _rank_report(tail: RankLogTail, rank: int, exitcode: int, since: int = 0) -> _RankReport:
+def _rank_report(tail: RankLogTail, rank: int, exitcode: int, since: int = 0) -> Diagnosis:
     """This rank's exception line and traceback, from its error file or else its stderr (from byte `since`)."""
     error, traceback = _from_error_file(tail, rank)  # the latest attempt made torchrun give up
-    path = tail.rank_file(rank, STDERR_LOG)
-    stderr_text = strip_rank_prefix(path.read_bytes()[since:].decode(errors="replace")) if path else ""
+    stderr_text = rank_stderr(tail, rank, since)
     if not traceback:
         traceback, last_line = _last_traceback(stderr_text)
         error = error or last_line
@@ -152,7 +150,7 @@ def _rank_report(tail: RankLogTail, rank: int, exitcode: int, since: int = 0) ->
         what = _cxx_what(stderr_text)
         traceback = _fault_stack(stderr_text)
         error = _signal_text(exitcode) + (f": {what}" if what else "") + _when_no_python_ran(traceback)
-    return _RankReport(error, traceback, None if error else _stderr_tail(stderr_text))
+    return Diagnosis(rank, exitcode, error, traceback, stderr_tail="" if error else stderr_tail(stderr_text))
 
 
 def _cxx_what(stderr_text: str) -> str:
@@ -213,22 +211,15 @@ def diagnose(
         # then the cause is a rank that exited with code 0 and left `rank` waiting: torchrun's report lists
         # only the ranks that failed (its SubprocessContext._poll counts exit code 0 as done)
         left = [r for r in candidates if r not in exitcodes and r != rank]
-    exitcode = exitcodes.get(rank, 1)
-    report = reports[rank]
-    error = report.error
-    stderr_tail = report.stderr_tail or []
-    if not error:
-        said = stderr_tail[-1].strip() if stderr_tail else ""
-        error = f"exited with code {exitcode}" + (f": {said}" if said else " and left no traceback")
-    return Diagnosis(
-        rank,
-        exitcode,
-        error,
-        report.traceback,
-        UNEVEN_HINT if left else _hint(error, exitcode, cuda_available),
-        "\n".join(stderr_tail),
-        left_early=left,
-    )
+    found = reports[rank]
+    if not found.error:
+        said = found.stderr_tail.splitlines()[-1].strip() if found.stderr_tail else ""
+        found.error = f"exited with code {found.exitcode}" + (
+            f": {said}" if said else " and left no traceback"
+        )
+    found.hint = UNEVEN_HINT if left else _hint(found.error, found.exitcode, cuda_available)
+    found.left_early = left
+    return found
 
 
 UNEVEN_HINT = (

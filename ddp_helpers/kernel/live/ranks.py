@@ -36,7 +36,7 @@ from ddp_helpers.errors import (
     WorkerFailed,
 )
 from ddp_helpers.kernel.launcher.config import LaunchConfig, default_run_dir, make_config
-from ddp_helpers.kernel.launcher.diagnosis import STDERR_TAIL_LINES
+from ddp_helpers.kernel.launcher.diagnosis import rank_stderr, stderr_tail
 from ddp_helpers.kernel.launcher.options import (
     LIVE_OPTIONS,
     check_rank_list,
@@ -441,16 +441,6 @@ class LiveRanks:
         except OSError:
             return 0
 
-    def cell_stderr(self, rank: int | None) -> list[str]:
-        """The last lines `rank` wrote to stderr during this cell (never an earlier cell's)."""
-        path = self.follower.tail.rank_file(rank, STDERR_LOG) if rank is not None else None
-        if rank is None or path is None:
-            return []
-        with open(path, "rb") as fh:
-            fh.seek(self.stderr_at.get(rank, 0))
-            lines = fh.read().decode(errors="replace").splitlines()
-        return [line for line in lines if line.strip()][-STDERR_TAIL_LINES:]
-
 
 _COLLECTIVE = re.compile(
     r"\b(?:dist|distributed)\.(all_reduce|all_gather\w*|broadcast\w*|barrier|reduce_scatter\w*|reduce"
@@ -587,15 +577,17 @@ def died(ranks: LiveRanks, rank: int | None, exitcode: int | None = None) -> Lau
     if exitcode is None and returncode not in (None, 0):
         error = ranks.follower.failure(returncode, stderr_since=ranks.stderr_at)
     else:
+        why = "the rank's connection closed without a report from torchrun"
+        if exitcode is not None:
+            why = f"exited with code {exitcode} during the cell"
+        said = "" if rank is None else rank_stderr(ranks.follower.tail, rank, ranks.stderr_at.get(rank, 0))
         error = WorkerFailed(
-            rank if rank is not None else -1,
-            exitcode if exitcode is not None else -1,
-            f"exited with code {exitcode} during the cell"
-            if exitcode is not None
-            else "the rank's connection closed without a report from torchrun",
+            -1 if rank is None else rank,
+            -1 if exitcode is None else exitcode,
+            why,
             "",
             run_dir=str(ranks.config.out_dir),
-            stderr_tail="\n".join(ranks.cell_stderr(rank)),
+            stderr_tail=stderr_tail(said),
         )
     ranks.stop()
     message = str(error)
