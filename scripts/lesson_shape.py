@@ -112,7 +112,7 @@ class Shape:
 
 def _reference_of(exercise_id: str) -> str | None:
     try:
-        from ddp_helpers.kernel.exercises import get
+        from ddp_helpers.rank.registry import get
     except ImportError:
         return None
     try:

@@ -23,7 +23,7 @@ from test_browser import (
     wait_finished,
 )
 
-from ddp_helpers.kernel.exercises import get
+from ddp_helpers.rank.registry import get
 
 pytestmark = pytest.mark.browser
 __all__ = ["page", "playwright_api"]  # the fixtures, imported so that pytest finds them here

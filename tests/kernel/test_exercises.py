@@ -13,11 +13,11 @@ import pytest
 from fixtures import load_script
 
 from ddp_helpers import start_ranks
-from ddp_helpers.kernel.exercises import all_exercises, get
 from ddp_helpers.kernel.exercises.checker import check
 from ddp_helpers.kernel.exercises.verdict import HUNG
 from ddp_helpers.kernel.live.ranks import LiveRanks
 from ddp_helpers.rank.lines import LINES
+from ddp_helpers.rank.registry import all_exercises, get
 from ddp_helpers.rank.spec import Exercise
 from ddp_helpers.workers import worker_path
 
@@ -79,7 +79,7 @@ def wrong_answer(mutant) -> str:
 def test_the_catalogue_loads_without_torch():
     """The command line refuses bad input within a second: the catalogue must not import torch."""
     code = (
-        "import sys, ddp_helpers.kernel.exercises as e; e.all_exercises(); "
+        "import sys, ddp_helpers.rank.registry as e; e.all_exercises(); "
         "print(sorted(m for m in ('torch', 'pandas') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

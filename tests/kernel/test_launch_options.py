@@ -66,7 +66,7 @@ def test_every_declared_option_reaches_every_front_end():
     assert LIVE_NAMES == {"nproc", "backend", "timeout", "startup_timeout", "run_dir", "env", "show_ranks"}
     assert set(inspect.signature(start_ranks).parameters) == LIVE_NAMES
     assert _documented(_doc(start_ranks)) == LIVE_NAMES
-    live_flags = {o.flag for o in LIVE_OPTIONS}
+    live_flags = {"--" + o.name.replace("_", "-") for o in LIVE_OPTIONS}
     # and the cell-only flags: which ranks run the cell, and the name that holds the ranks
     assert _flags(live_magics.PARSER) == live_flags | {"--rank", "--name"}
 

@@ -11,10 +11,10 @@ import sys
 import pytest
 
 from ddp_helpers.errors import InvalidLaunchArguments
-from ddp_helpers.kernel.exercises import all_exercises, get
 from ddp_helpers.kernel.exercises.checker import check, open_todos, unwritten_message
 from ddp_helpers.kernel.exercises.exercise_cli import answer_of
 from ddp_helpers.kernel.exercises.verdict import UNWRITTEN
+from ddp_helpers.rank.registry import all_exercises, get
 
 
 class NoRanks:

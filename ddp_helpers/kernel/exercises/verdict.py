@@ -48,6 +48,8 @@ class Verdict:
             lines.append(f"the solution, when you want it: %exercise solution {self.exercise}")
         return "\n".join(lines)
 
+    __str__ = __repr__ = text  # what a terminal, papermill's text output and a log show
+
     def _repr_html_(self) -> str:
         """The text, in a box whose edge says passed (green), not written yet (grey) or wrong (red)."""
         colour = "#1a7f37" if self.passed else "#6e7781" if self.diagnosis == UNWRITTEN else "#cf222e"
@@ -55,11 +57,6 @@ class Verdict:
             f'<pre style="border-left:4px solid {colour};padding:4px 10px;white-space:pre-wrap">'
             f"{html.escape(self.text())}</pre>"
         )
-
-    def __str__(self) -> str:
-        return self.text()
-
-    __repr__ = __str__  # what a terminal, papermill's text output and a log show
 
 
 def _floats(value: Any, change: Any) -> Any:

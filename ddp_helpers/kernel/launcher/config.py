@@ -16,12 +16,8 @@ from typing import Any
 from ddp_helpers.backends import resolve_backend  # the one rule, shared with every worker
 from ddp_helpers.errors import InvalidLaunchArguments
 from ddp_helpers.kernel.launcher.machine import check_cpu_ranks, cpu_cores, free_port, visible_gpus
-from ddp_helpers.kernel.launcher.options import (
-    OPTION_NAMES,
-    OPTIONS,
-    LaunchOptions,
-    ranks_outside,
-)
+from ddp_helpers.kernel.launcher.options import OPTION_NAMES, OPTIONS, LaunchOptions, ranks_outside
+from ddp_helpers.kernel.launcher.torchrun_agent import GRACE_ENV
 from ddp_helpers.rank.stack_dumps import REGISTER_ENV, WORKER_SITE
 from ddp_helpers.run_contract import AGENT_LOG, BACKEND_ENV, DEVICE_ENV, ERROR_FILE, LOGS_DIR, RUN_DIR_ENV
 
@@ -174,13 +170,11 @@ class LaunchConfig(LaunchOptions):
         return [*cmd, "--", str(self.script), *self.script_args]
 
     def environment(self) -> dict[str, str]:
-        from ddp_helpers.kernel.launcher.torchrun_agent import GRACE_ENV
-
         env = base_environment()
         # torchrun would set 1 thread per worker and warn; share the cores out instead.
         env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(self.local_world_size)))
         env.update({BACKEND_ENV: self.backend, DEVICE_ENV: self.device, RUN_DIR_ENV: str(self.out_dir)})
-        env[GRACE_ENV] = f"{self.grace_s:g}"
+        env[GRACE_ENV] = f"{self.grace_s:g}"  # torchrun_agent reads it
         if self.launcher == "python":
             # what torchrun would give a world of one (and @record's error file): the same script runs
             env.update(RANK="0", LOCAL_RANK="0", GROUP_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")

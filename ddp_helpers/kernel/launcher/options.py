@@ -226,10 +226,6 @@ class Option:
     live: bool = False  # also a keyword of start_ranks and a flag of %ranks start
     collect: Callable[[list[Any]], Any] | None = None  # a repeatable flag: its values -> one value
 
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
 
 def options_of(cls: type) -> tuple[Option, ...]:
     """The options a dataclass declares with `option()`, in its fields' order."""
@@ -305,7 +301,8 @@ def add_flags(
 ) -> None:
     """One flag per option, each defaulting to None: the option's own default applies."""
     for o in options:
-        parser.add_argument(o.flag, type=o.parse, action="append" if o.collect else "store", help=o.help)
+        flag, action = "--" + o.name.replace("_", "-"), "append" if o.collect else "store"
+        parser.add_argument(flag, type=o.parse, action=action, help=o.help)
 
 
 def given_options(namespace: argparse.Namespace, options: Iterable[Option] = OPTIONS) -> dict[str, Any]:

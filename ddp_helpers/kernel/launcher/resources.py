@@ -3,6 +3,7 @@ the ``lab`` extra); `gpu_sampling` says why GPUs were not sampled."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -55,27 +56,24 @@ class ResourceSampler:
         self._started = time.monotonic()
 
     def _rank_of(self, proc: psutil.Process) -> int | None:
-        # ranks are the agent's direct children (or the root itself without an agent)
-        if proc.pid not in self._ranks:
+        if proc.pid in self._ranks:
+            return self._ranks[proc.pid]
+        rank = None
+        try:  # ranks are the agent's direct children (or the root itself without an agent)
+            if (proc.pid if self.root_is_worker else proc.ppid()) == self.tree.root_pid:
+                env = proc.environ()
+                if (
+                    "RANK" not in env
+                ):  # forked but not yet exec'd: the agent's environment shows. Ask again later.
+                    return None
+                rank = int(env["RANK"])
+                if "LOCAL_RANK" in env:
+                    self.local_to_global[int(env["LOCAL_RANK"])] = rank
+                proc.cpu_percent(None)  # the first call only primes the counter
+        except (psutil.Error, OSError, ValueError):
             rank = None
-            try:
-                parent = proc.ppid()
-                is_worker = (
-                    proc.pid == self.tree.root_pid if self.root_is_worker else parent == self.tree.root_pid
-                )
-                if is_worker:
-                    env = proc.environ()
-                    if "RANK" not in env:
-                        # forked but not yet exec'd: the agent's environment shows. Ask again later.
-                        return None
-                    rank = int(env["RANK"])
-                    if "LOCAL_RANK" in env:
-                        self.local_to_global[int(env["LOCAL_RANK"])] = rank
-                    proc.cpu_percent(None)  # the first call only primes the counter
-            except (psutil.Error, OSError, ValueError):
-                rank = None
-            self._ranks[proc.pid] = rank
-        return self._ranks[proc.pid]
+        self._ranks[proc.pid] = rank
+        return rank
 
     def alive_pids(self) -> dict[int, int]:
         """The pid of each rank whose worker process still runs."""
@@ -87,32 +85,18 @@ class ResourceSampler:
         elapsed = time.monotonic() - self._started
         for proc in self.tree.alive():
             rank = self._rank_of(proc)
-            if rank is None:
-                continue
-            try:
-                self.rows.append(
-                    {
-                        "elapsed_s": elapsed,
-                        "rank": rank,
-                        "cpu_percent": proc.cpu_percent(None),
-                        "rss_bytes": proc.memory_info().rss,
-                    }
-                )
-            except psutil.Error:
-                continue
+            with contextlib.suppress(psutil.Error):
+                if rank is not None:
+                    cpu, rss = proc.cpu_percent(None), proc.memory_info().rss
+                    self.rows.append(dict(elapsed_s=elapsed, rank=rank, cpu_percent=cpu, rss_bytes=rss))
         for index, handle in enumerate(self._gpus):
             try:
                 import pynvml
 
-                util = pynvml.nvmlDeviceGetUtilizationRates(handle)
-                memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+                util = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
+                used = pynvml.nvmlDeviceGetMemoryInfo(handle).used
             except Exception:
                 continue
             self.rows.append(
-                {
-                    "elapsed_s": elapsed,
-                    "gpu": index,
-                    "gpu_util_percent": util.gpu,
-                    "gpu_mem_used_bytes": memory.used,
-                }
+                dict(elapsed_s=elapsed, gpu=index, gpu_util_percent=util, gpu_mem_used_bytes=used)
             )

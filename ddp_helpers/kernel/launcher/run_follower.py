@@ -149,9 +149,7 @@ class RunFollower:
         rows, silent = [], []
         for rank, state in sorted(self.ranks.items()):
             heard = (
-                "never heard from"
-                if state.last_heard is None
-                else f"last heard {now - state.last_heard:.1f}s ago"
+                f"last heard {now - state.last_heard:.1f}s ago" if state.last_heard else "never heard from"
             )
             status = "running" if rank in alive_ranks else "exited"
             step = f", last step {state.last_step}" if state.last_step is not None else ""

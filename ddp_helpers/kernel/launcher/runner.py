@@ -263,18 +263,17 @@ def read_summary(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def keep_previous_outputs(run_dir: Path) -> Path | None:
+def keep_previous_outputs(run_dir: Path) -> None:
     """Move an earlier launch's logs, metrics and summary to ``run_dir/previous/<n>``; other files stay."""
     found = [run_dir / name for name in RUN_OUTPUTS if (run_dir / name).exists()]
     if not found:
-        return None
+        return
     previous = run_dir / "previous"
     index = 1 + max((int(p.name) for p in previous.glob("*") if p.name.isdigit()), default=0)
     target = previous / str(index)
     target.mkdir(parents=True)
     for path in found:
         shutil.move(str(path), str(target / path.name))
-    return target
 
 
 # an exclusive flock, which the OS drops however the holder ends: a killed kernel leaves no stale lock

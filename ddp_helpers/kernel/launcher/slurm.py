@@ -35,13 +35,11 @@ class SlurmJob:
     rank_lines: dict[int, list[str]]  # rank -> its lines, prefix removed
     state: str = field(init=False)  # COMPLETED, FAILED, CANCELLED, TIMEOUT, ...
     exit_code: str = field(init=False)  # "exit status:signal": "0:0" is success
-    node_list: str = field(init=False)  # e.g. n[1-2]
     num_nodes: int = field(init=False)
 
     def __post_init__(self) -> None:
         self.state = self.facts.get("JobState", "UNKNOWN")
         self.exit_code = self.facts.get("ExitCode", "?")
-        self.node_list = self.facts.get("NodeList", "?")
         nodes = re.match(r"\d+", self.facts.get("NumNodes", ""))  # "2", or "2-2" for a range
         self.num_nodes = int(nodes.group()) if nodes else 0
 

@@ -37,12 +37,7 @@ from ddp_helpers.errors import (
 )
 from ddp_helpers.kernel.launcher.config import LaunchConfig, default_run_dir, make_config
 from ddp_helpers.kernel.launcher.diagnosis import rank_stderr, stderr_tail
-from ddp_helpers.kernel.launcher.options import (
-    LIVE_OPTIONS,
-    check_rank_list,
-    check_seconds,
-    with_options,
-)
+from ddp_helpers.kernel.launcher.options import LIVE_OPTIONS, check_rank_list, check_seconds, with_options
 from ddp_helpers.kernel.launcher.process_tree import ProcessTree
 from ddp_helpers.kernel.launcher.processes import RunProcess, exit_code, start_run, stop_run, wait_for_exit
 from ddp_helpers.kernel.launcher.run_follower import RunFollower
@@ -603,19 +598,12 @@ def _silent_exit(ranks: LiveRanks, rank: int | None) -> int | None:
     deadline = time.monotonic() + ranks.config.grace_s + 10
     gone_since: float | None = None
     while ranks.agent_exit_code() is None and time.monotonic() < deadline:
-        if pid is not None and not _running(pid):
+        if pid is not None and not psutil.pid_exists(pid):  # torchrun reaps an exited rank within 0.1 s
             gone_since = gone_since or time.monotonic()
             if time.monotonic() - gone_since > EXIT_REPORT_WAIT_S:
                 return 0
         time.sleep(0.02)
     return None
-
-
-def _running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')

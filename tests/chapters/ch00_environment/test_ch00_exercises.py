@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from ddp_helpers.chapters.ch00_environment.ch00_exercises import values_of
-from ddp_helpers.kernel.exercises import get
 from ddp_helpers.kernel.exercises.checker import judge
+from ddp_helpers.rank.registry import get
 
 
 def test_each_check_draws_its_own_digits_each_rank_its_own_decimal_place():
