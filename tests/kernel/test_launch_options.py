@@ -110,7 +110,7 @@ def test_one_check_of_seconds_and_one_parser_of_rank_lists():
         ):
             check_seconds("timeout", bad, allow_none=True)
     assert rank_list("0, 2,") == [0, 2]
-    with pytest.raises(ValueError):
+    with pytest.raises(argparse.ArgumentTypeError, match="comma-separated rank numbers"):
         rank_list("0,x")
     with pytest.raises(argparse.ArgumentTypeError, match="comma-separated ranks"):
         parse_show_ranks("0,x")

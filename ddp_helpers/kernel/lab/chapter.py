@@ -12,6 +12,7 @@ from ddp_helpers.kernel.lab.plan_core import NotebookPlan, plan_for
 from ddp_helpers.kernel.launcher.agent_client import warm_up
 from ddp_helpers.kernel.launcher.config import base_environment
 from ddp_helpers.kernel.launcher.machine import visible_gpus
+from ddp_helpers.kernel.launcher.options import check_nproc
 from ddp_helpers.kernel.launcher.worker_files import write_worker
 
 
@@ -34,8 +35,7 @@ def chapter_setup(
     **plan_options: Any,
 ) -> Chapter:
     """Count the GPUs, choose the ranks, plan the notebook, and write the workers it launches."""
-    if nproc is not None and (not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1):
-        raise ValueError(f"nproc must be a whole number of ranks, at least 1, or None; got {nproc!r}")
+    check_nproc("nproc", nproc)  # a ValueError (InvalidLaunchArguments), as launch() says it
     gpus = visible_gpus() // nodes
     ranks = nproc or gpus or 2
     plan = plan_for(notebook, gpus, ranks, nodes, smoke=smoke, **plan_options)  # checks `notebook` first

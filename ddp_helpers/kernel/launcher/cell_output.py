@@ -56,8 +56,7 @@ class CellEcho:
     _held: dict[str, _Held] = field(default_factory=dict)
     held_back: int = 0  # lines not shown in the cell (live ranks: in this cell)
     _last_report: float = field(init=False)
-    _live_shown: dict[str, float] = field(default_factory=dict)
-    _live_text: dict[str, str] = field(default_factory=dict)  # the part line last shown live, per source
+    _live: dict[str, tuple[float, str]] = field(default_factory=dict)  # when and what a part line last showed
     kept_in: str = ""  # overrides the note's "result.logs and under <where>"
 
     def __post_init__(self) -> None:
@@ -68,8 +67,7 @@ class CellEcho:
         """Complete lines from `label`: as many as the rate allows are shown, the rest held back."""
         if not texts:
             return
-        self._live_shown.pop(label, None)
-        if self._live_text.pop(label, None) == texts[0]:
+        if self._live.pop(label, (0.0, None))[1] == texts[0]:
             texts = texts[1:]  # the line was shown whole while it waited for its newline: not twice
             if not texts:
                 return
@@ -92,9 +90,8 @@ class CellEcho:
         now = self.clock()
         if label in self._held:
             return  # its report will show the latest line
-        if now - self._live_shown.get(label, -LIVE_EVERY_S) >= LIVE_EVERY_S:
-            self._live_shown[label] = now
-            self._live_text[label] = text
+        if now - self._live.get(label, (-LIVE_EVERY_S, ""))[0] >= LIVE_EVERY_S:
+            self._live[label] = (now, text)
             self.write(f"[{label}] {shown_text(text)}", stderr)  # tqdm draws on stderr: so do its updates
 
     def tick(self) -> None:

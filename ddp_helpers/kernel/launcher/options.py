@@ -129,14 +129,17 @@ def check_endpoint(name: str, value: object) -> str | None:
 
 
 def rank_list(text: str) -> list[int]:
-    """A rank list as typed on a command line: ``"0,2"`` -> [0, 2]. Raises ValueError."""
-    return [int(part) for part in text.split(",") if part.strip()]
+    """A rank list as typed on a command line: ``"0,2"`` -> [0, 2]."""
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"comma-separated rank numbers, e.g. 0,2; got {text!r}") from None
 
 
 def parse_show_ranks(text: str) -> str | list[int]:
     try:
         return text if text in ("all", "none") else rank_list(text)
-    except ValueError:
+    except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"'all', 'none' or comma-separated ranks, got {text!r}") from None
 
 

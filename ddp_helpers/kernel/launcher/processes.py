@@ -84,19 +84,15 @@ def start_run(config: LaunchConfig, env: dict[str, str] | None = None) -> RunPro
     # The agent's lifeline: it holds the read end, this process the only write end. However this
     # process dies, the agent reads end-of-file and stops the run (torchrun_agent.watch_owner).
     lifeline_read, lifeline_write = (None, None) if direct else os.pipe()
+    proc: RunProcess | None
     if lifeline_read is not None:
         env[OWNER_FD_ENV] = str(lifeline_read)
     try:
-        asked = time.monotonic()
-        agent = (
-            None
-            if lifeline_read is None  # direct
-            else start_agent(sys.executable, config.agent_args(), env, stdout.fileno(), lifeline_read)
-        )
-        proc: RunProcess
-        if agent is not None:
-            agent.wait_s = time.monotonic() - asked
-            proc = agent
+        asked, proc = time.monotonic(), None
+        if lifeline_read is not None:  # torchrun's agent, forked by a warm agent server where one can
+            proc = start_agent(sys.executable, config.agent_args(), env, stdout.fileno(), lifeline_read)
+        if proc is not None:
+            proc.wait_s = time.monotonic() - asked
         else:
             popen = subprocess.Popen(
                 config.command(),

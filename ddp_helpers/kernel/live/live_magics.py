@@ -22,7 +22,7 @@ PARSER.add_argument(
     "action", nargs="?", default=None, help="line form: start, stop, restart, status or where"
 )
 add_flags(PARSER, LIVE_OPTIONS)
-PARSER.add_argument("--rank", default=None, help="cell form: run on these ranks only, e.g. 0 or 0,2")
+PARSER.add_argument("--rank", type=rank_list, help="cell form: run on these ranks only, e.g. 0 or 0,2")
 PARSER.add_argument("--name", default="ranks", help="the notebook variable that holds the ranks")
 
 
@@ -35,15 +35,6 @@ def current_ranks() -> LiveRanks:
     if not _current.alive:
         raise RanksNotRunning(NOT_RUNNING)
     return _current
-
-
-def _parse_ranks(text: str | None) -> list[int] | None:
-    try:
-        return None if text is None else rank_list(text)
-    except ValueError:
-        raise InvalidLaunchArguments(
-            f"--rank takes comma-separated rank numbers, e.g. 0,1; got {text!r}"
-        ) from None
 
 
 @magics_class
@@ -59,7 +50,7 @@ class RanksMagics(Magics):
             raise InvalidLaunchArguments(f"%%ranks takes options only (e.g. --rank 0), not {opts.action!r}")
         timeout = ... if opts.timeout is None else opts.timeout
         try:  # an empty line in place of the magic's: the cell's line numbers match the editor's
-            results = current_ranks().run("\n" + cell, ranks=_parse_ranks(opts.rank), timeout=timeout)
+            results = current_ranks().run("\n" + cell, ranks=opts.rank, timeout=timeout)
         except SyntaxError as error:
             raise CellSyntaxError(error) from None
         if not DisplayHook.semicolon_at_end_of_expression(cell):  # `x;` shows no Out, as in IPython
