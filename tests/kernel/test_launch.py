@@ -131,6 +131,14 @@ def test_hang_is_killed_after_the_timeout_and_names_silent_ranks(script, tmp_pat
     assert time.monotonic() - started < 60
 
 
+def read_until(child: subprocess.Popen[str], marker: str, seen: list[str]) -> None:
+    assert child.stdout is not None
+    for line in child.stdout:
+        seen.append(line)
+        if marker in line:
+            return
+
+
 def test_interrupt_stops_every_process(script, tmp_path):
     tick = script("tick.py")
     # SIGINT raises KeyboardInterrupt even when pytest runs as a background job (which ignores SIGINT).
@@ -151,20 +159,13 @@ def test_interrupt_stops_every_process(script, tmp_path):
     )
     assert child.stdout is not None
     try:
-        seen = []
-        for line in child.stdout:
-            seen.append(line)
-            if "[rank 1] rank 1 tick 1" in line:
-                break
-        started = descendants(
-            child.pid
-        )  # the workers, torchrun's agent and the agent server it was forked from
+        seen: list[str] = []
+        read_until(child, "[rank 1] rank 1 tick 1", seen)
+        # the workers, torchrun's agent and the agent server it was forked from
+        started = descendants(child.pid)
         assert any("agent_server" in " ".join(p.cmdline()) for p in started), started
         child.send_signal(signal.SIGINT)
-        for line in child.stdout:
-            seen.append(line)
-            if "the kernel lives on" in line:
-                break
+        read_until(child, "the kernel lives on", seen)
         assert "every process of the run was stopped" in "".join(seen)
         assert_gone(started, wait_s=1)  # the agent server too: an interrupted cell leaves no process
         left = [
@@ -196,20 +197,14 @@ def test_a_second_interrupt_ends_as_cleanly_only_faster(script, tmp_path):
     )
     assert child.stdout is not None
     try:
-        seen = []
-        for line in child.stdout:
-            seen.append(line)
-            if "[rank 1] rank 1 tick 1" in line:
-                break
+        seen: list[str] = []
+        read_until(child, "[rank 1] rank 1 tick 1", seen)
         started = descendants(child.pid)
         child.send_signal(signal.SIGINT)
         time.sleep(1.0)  # inside the grace period: the ranks ignored SIGTERM
         interrupted_again = time.monotonic()
         child.send_signal(signal.SIGINT)
-        for line in child.stdout:
-            seen.append(line)
-            if "the kernel lives on" in line:
-                break
+        read_until(child, "the kernel lives on", seen)
         took = time.monotonic() - interrupted_again
         text = "".join(seen)
         assert "caught LaunchInterrupted: interrupted: every process of the run was stopped" in text, text
