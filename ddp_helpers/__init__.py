@@ -29,7 +29,7 @@ _LAZY = {
     "start_ranks": "ddp_helpers.kernel.live.ranks",
     "LaunchResult": "ddp_helpers.kernel.launcher.runner",
     "launch": "ddp_helpers.kernel.launcher.runner",
-    "processes_marked": "ddp_helpers.kernel.launcher.process_tree",
+    "processes_marked": "ddp_helpers.kernel.launcher.processes",
     "read_metrics": "ddp_helpers.kernel.launcher.runner",
     "read_summary": "ddp_helpers.kernel.launcher.runner",
     "write_worker": "ddp_helpers.kernel.launcher.worker_files",
@@ -37,7 +37,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from ddp_helpers.kernel.lab.claims import ClaimFailed, check, check_equal
-    from ddp_helpers.kernel.launcher.process_tree import processes_marked
+    from ddp_helpers.kernel.launcher.processes import processes_marked
     from ddp_helpers.kernel.launcher.runner import LaunchResult, launch, read_metrics, read_summary
     from ddp_helpers.kernel.launcher.worker_files import write_worker
     from ddp_helpers.kernel.live.ranks import LiveRanks, RankResults, start_ranks

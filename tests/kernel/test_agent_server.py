@@ -20,8 +20,7 @@ from ddp_helpers.kernel.launcher import agent_client, runner
 from ddp_helpers.kernel.launcher.agent_client import MAX_REQUEST_BYTES, ForkedAgent
 from ddp_helpers.kernel.launcher.agent_server import IDLE_ENV
 from ddp_helpers.kernel.launcher.config import make_config
-from ddp_helpers.kernel.launcher.process_tree import ProcessTree
-from ddp_helpers.kernel.launcher.processes import start_run, stop_run, wait_for_exit
+from ddp_helpers.kernel.launcher.processes import ProcessTree, start_run, stop_run, wait_for_exit
 from ddp_helpers.kernel.launcher.run_follower import RunFollower
 
 

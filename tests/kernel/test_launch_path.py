@@ -39,7 +39,7 @@ def test_one_launch_visits_each_file_at_most_twice(bench, agent, tmp_path, monke
         ("kernel/launcher/runner.py", "launch"),
         ("kernel/launcher/processes.py", "start_run"),
         ("kernel/launcher/run_follower.py", "RunFollower.poll_files"),
-        ("kernel/launcher/process_tree.py", "ProcessTree.terminate"),  # the run stopped: the last stop
+        ("kernel/launcher/processes.py", "stop_despite_interrupts"),  # the run stopped
     } <= stops, path.report()
     bounced = {file: count for file, count in path.visits().items() if count > MAX_VISITS}
     assert not bounced, f"files visited more than {MAX_VISITS} times: {bounced}\n{path.report()}"

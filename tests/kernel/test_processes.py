@@ -8,8 +8,7 @@ import time
 
 import psutil
 
-from ddp_helpers.kernel.launcher.process_tree import ProcessTree
-from ddp_helpers.kernel.launcher.processes import LIFELINES, FreshProcess, stop_run
+from ddp_helpers.kernel.launcher.processes import LIFELINES, FreshProcess, ProcessTree, stop_run
 
 STUBBORN = """
 import signal, subprocess, sys, time

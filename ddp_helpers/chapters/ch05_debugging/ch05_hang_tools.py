@@ -28,7 +28,7 @@ from ddp_helpers import run_contract
 from ddp_helpers.chapters.ch05_debugging.ch05_pitfall_runs import printed
 from ddp_helpers.kernel.launcher.config import default_run_dir
 from ddp_helpers.kernel.launcher.machine import free_port
-from ddp_helpers.kernel.launcher.process_tree import ProcessTree
+from ddp_helpers.kernel.launcher.processes import ProcessTree
 
 FR_SIGNAL_OFFSET = 7  # with_tools.py's signal: SIGRTMIN + 7 (the workbench's stack dumps use + 6)
 FR_PREFIX = "fr_rank_"  # each rank's Flight Recorder file: fr_rank_<rank>, as fr_trace's --prefix

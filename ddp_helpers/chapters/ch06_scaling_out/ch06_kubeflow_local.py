@@ -127,7 +127,7 @@ def run_locally(
 
 def _kill_marked(mark: str) -> None:
     """Nothing of the job outlives the call: every process still carrying its mark is killed."""
-    from ddp_helpers.kernel.launcher.process_tree import processes_marked
+    from ddp_helpers.kernel.launcher.processes import processes_marked
 
     for pid in processes_marked(MARK_ENV, mark):
         try:

@@ -13,8 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddp_helpers.kernel.launcher.process_tree import ProcessTree
-from ddp_helpers.kernel.launcher.processes import exit_code, wait_for_exit
+from ddp_helpers.kernel.launcher.processes import ProcessTree, exit_code, wait_for_exit
 
 
 @dataclass

@@ -9,7 +9,7 @@ from typing import Any
 
 import psutil
 
-from ddp_helpers.kernel.launcher.process_tree import ProcessTree
+from ddp_helpers.kernel.launcher.processes import ProcessTree
 
 FULL_DISK_BYTES = 1 << 20  # under this, a failed start is most likely a full disk
 

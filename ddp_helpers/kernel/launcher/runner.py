@@ -20,8 +20,8 @@ from ddp_helpers.errors import LaunchError, LaunchFailed, LaunchInterrupted, Run
 from ddp_helpers.kernel.launcher.agent_client import reap_stopped_servers_in_background, stop_servers
 from ddp_helpers.kernel.launcher.config import LaunchConfig, make_config
 from ddp_helpers.kernel.launcher.options import OPTIONS, with_options
-from ddp_helpers.kernel.launcher.process_tree import ProcessTree
 from ddp_helpers.kernel.launcher.processes import (
+    ProcessTree,
     RunProcess,
     start_run,
     stop_despite_interrupts,

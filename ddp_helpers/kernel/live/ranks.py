@@ -38,8 +38,14 @@ from ddp_helpers.errors import (
 from ddp_helpers.kernel.launcher.config import LaunchConfig, default_run_dir, make_config
 from ddp_helpers.kernel.launcher.diagnosis import rank_stderr, stderr_tail
 from ddp_helpers.kernel.launcher.options import LIVE_OPTIONS, check_rank_list, check_seconds, with_options
-from ddp_helpers.kernel.launcher.process_tree import ProcessTree
-from ddp_helpers.kernel.launcher.processes import RunProcess, exit_code, start_run, stop_run, wait_for_exit
+from ddp_helpers.kernel.launcher.processes import (
+    ProcessTree,
+    RunProcess,
+    exit_code,
+    start_run,
+    stop_run,
+    wait_for_exit,
+)
 from ddp_helpers.kernel.launcher.run_follower import RunFollower
 from ddp_helpers.kernel.live.results import (
     RankResults,

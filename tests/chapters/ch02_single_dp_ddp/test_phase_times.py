@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from ddp_helpers.kernel.lab import measures, plots
-from ddp_helpers.kernel.launcher.process_tree import processes_marked
+from ddp_helpers.kernel.launcher.processes import processes_marked
 
 matplotlib.use("Agg")
 
