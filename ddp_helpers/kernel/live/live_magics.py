@@ -12,7 +12,8 @@ from IPython.core.magic_arguments import MagicArgumentParser
 from ddp_helpers.errors import InvalidLaunchArguments, RanksNotRunning
 from ddp_helpers.kernel.launcher.cell_output import CellSyntaxError
 from ddp_helpers.kernel.launcher.options import LIVE_OPTIONS, add_flags, given_options, rank_list
-from ddp_helpers.kernel.live.ranks import NOT_RUNNING, LiveRanks, shown_value, start_ranks
+from ddp_helpers.kernel.live.ranks import NOT_RUNNING, LiveRanks, start_ranks
+from ddp_helpers.kernel.live.results import shown_value
 
 _current: LiveRanks | None = None
 

@@ -38,29 +38,15 @@ from ddp_helpers.errors import (
 from ddp_helpers.kernel.launcher.config import LaunchConfig, default_run_dir, make_config
 from ddp_helpers.kernel.launcher.diagnosis import rank_stderr, stderr_tail
 from ddp_helpers.kernel.launcher.options import LIVE_OPTIONS, check_rank_list, check_seconds, with_options
-from ddp_helpers.kernel.launcher.processes import (
-    ProcessTree,
-    RunProcess,
-    exit_code,
-    start_run,
-    stop_run,
-    wait_for_exit,
-)
+from ddp_helpers.kernel.launcher.processes import ProcessTree, RunProcess, start_run, stop_run, wait_for_exit
 from ddp_helpers.kernel.launcher.run_follower import RunFollower
-from ddp_helpers.kernel.live.results import (
-    RankResults,
-    cell_results,
-    check_syntax,
-    failure_text,
-    gathered,
-    shown_value,
-)
+from ddp_helpers.kernel.live.results import RankResults, cell_results, check_syntax, failure_text, gathered
 from ddp_helpers.rank import stack_dumps
 from ddp_helpers.rank.live_protocol import ADDRESS_ENV, AUTHKEY_ENV, Error, Exited, Reply, Run, Value
 from ddp_helpers.rank.rank_call import PAYLOAD, OnRank
 from ddp_helpers.run_contract import STDERR_LOG
 
-__all__ = ["LiveRanks", "OnRank", "RankResults", "shown_value", "start_ranks"]
+__all__ = ["LiveRanks", "OnRank", "RankResults", "start_ranks"]
 
 STARTUP_TIMEOUT_S = 180.0  # importing torch and the rendezvous, on a loaded 2-core machine
 # after a rank raised, how long the others get to finish the cell by themselves: a rank that raised
@@ -136,11 +122,11 @@ class LiveRanks:
 
     @property
     def alive(self) -> bool:
-        return not self.closed and self.proc is not None and exit_code(self.proc) is None
+        return not self.closed and self.proc is not None and self.proc.poll() is None
 
     def agent_exit_code(self) -> int | None:
         """torchrun's exit code (negative: the signal that ended it), or None while it runs or before."""
-        return None if self.proc is None else exit_code(self.proc)
+        return None if self.proc is None else self.proc.poll()
 
     def __enter__(self) -> LiveRanks:
         return self
