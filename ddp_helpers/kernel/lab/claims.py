@@ -16,16 +16,12 @@ class ClaimFailed(AssertionError):
         return f"{type(self).__name__}: {self}".splitlines()
 
 
-def _say(claim: str, evidence: str) -> str:
+def check(claim: str, holds: Any, evidence: str = "") -> None:
+    """Print ``✓ claim: evidence`` when ``holds`` is true; raise ``ClaimFailed`` with ``✗ claim: evidence`` else."""
     claim, evidence = claim.strip(), str(evidence).strip()
     if not claim:
         raise ValueError("check() needs the claim in words: what is being checked")
-    return f"{claim}: {evidence}" if evidence else claim
-
-
-def check(claim: str, holds: Any, evidence: str = "") -> None:
-    """Print ``✓ claim: evidence`` when ``holds`` is true; raise ``ClaimFailed`` with ``✗ claim: evidence`` else."""
-    text = _say(claim, evidence)
+    text = f"{claim}: {evidence}" if evidence else claim
     if not isinstance(holds, bool):
         holds = bool(holds)  # numpy and torch booleans; a tensor of many values raises here, as it should
     if not holds:
