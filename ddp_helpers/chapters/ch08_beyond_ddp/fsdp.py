@@ -112,8 +112,10 @@ def fsdp_versus_one_process(
     }
 
 
-def adam_run(kind: str, args: argparse.Namespace, mesh: DeviceMesh, device: torch.device) -> dict[str, Any]:
-    """Train with Adam as ddp, zero1, zero2 or fsdp2: memory per rank after a step, bytes sent, step time."""
+def adam_run(
+    kind: str, args: argparse.Namespace, mesh: DeviceMesh, device: torch.device
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Train with Adam as ddp, zero1, zero2 or fsdp2: the weights, and memory per rank, bytes sent, step time."""
     forward, model, optimizer, buckets = fsdp_footprint.wrapped(kind, "fp32", args, mesh, device)
 
     def step(n: int) -> None:
@@ -132,39 +134,27 @@ def adam_run(kind: str, args: argparse.Namespace, mesh: DeviceMesh, device: torc
     with CollectiveCounter() as counter:
         step(1)
     all_reduced = sum(b.nbytes for b in buckets[first_step:])  # DDP's all-reduces: one per bucket
-    one_step = {**counter.bytes, "all_reduce": all_reduced}
     seconds = median_step_s(lambda n: step(n + 2), args.timed_steps, 1, device)  # after one warm-up
-    weights = flattened(p.detach() for p in model.parameters())
-    return {
-        "memory": memory,
-        "sent_bytes": one_step,
+    return flattened(p.detach() for p in params), {
+        "memory_per_rank": gathered(memory),
+        "sent_bytes": {**counter.bytes, "all_reduce": all_reduced},
         "calls": counter.calls,
         "step_time_s": seconds,
-        "weights": weights,
-        "param_tensors": len(list(model.parameters())),
-        "state_params": state_params,
+        "param_tensors": len(params),
+        "state_params_per_rank": gathered(state_params),
     }
 
 
 def part_train(args: argparse.Namespace, mesh: DeviceMesh, device: torch.device) -> dict[str, Any]:
     result: dict = {"parameters": sum(p.numel() for p in build_model(args, device).parameters())}
     fsdp_versus_one_process(args, mesh, device, result)
-    runs = {}
+    weights = {}
     for kind in ("ddp", "zero1", "zero2", "fsdp2"):
-        run = adam_run(kind, args, mesh, device)
-        runs[kind] = run
-        result[kind] = {
-            "memory_per_rank": gathered(run["memory"]),
-            "sent_bytes": run["sent_bytes"],
-            "calls": run["calls"],
-            "step_time_s": run["step_time_s"],
-            "param_tensors": run["param_tensors"],
-            "state_params_per_rank": gathered(run["state_params"]),
-        }
+        weights[kind], result[kind] = adam_run(kind, args, mesh, device)
     for kind in ("zero1", "zero2", "fsdp2"):
-        diff = (runs[kind]["weights"] - runs["ddp"]["weights"]).abs().max().item()
+        diff = (weights[kind] - weights["ddp"]).abs().max().item()
         result[kind]["max_weight_diff_vs_ddp"] = diff
-        assert torch.allclose(runs[kind]["weights"], runs["ddp"]["weights"], rtol=RTOL, atol=1e-5), (
+        assert torch.allclose(weights[kind], weights["ddp"], rtol=RTOL, atol=1e-5), (
             f"{kind} weights off DDP's by {diff}"
         )
     return result
