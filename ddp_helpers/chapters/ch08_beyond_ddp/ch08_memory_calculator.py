@@ -148,8 +148,6 @@ def predict(s: Setup) -> list[dict]:
 
 def ring_bytes_per_rank(sent: dict[str, int], world: int) -> float:
     """What one rank puts on the wire for `sent` on a ring: 2(N-1)/N of an all-reduce, (N-1)/N of the rest."""
-    if world < 1:
-        raise ValueError(f"world must be at least 1, got {world}")
     share = (world - 1) / world
     return 2 * share * sent.get("all_reduce", 0) + share * sum(
         sent.get(kind, 0) for kind in ("all_gather", "reduce_scatter", "broadcast")

@@ -31,10 +31,8 @@ def global_batch(world: int) -> int:
 
 
 def on_kind(machine: Machine, ranks: int, device: str, batch: int | None = None) -> RunPlan:
-    """`ranks` ranks on `device`: one GPU each (needs as many GPUs), or gloo on the CPU with the GPUs hidden."""
-    if device == "cuda":
-        if machine.gpus < ranks:
-            raise ValueError(f"{ranks} ranks on GPUs need {ranks} GPUs; this machine has {machine.gpus}")
+    """`ranks` ranks on `device`: one GPU each, or gloo on the CPU with the GPUs hidden."""
+    if device == "cuda":  # the resume's 3 ranks got GPUs: the 2 and 1 ranks here have them too
         return RunPlan(ranks, "auto", "cuda", ranks, {}, 1, batch)
     env = {"CUDA_VISIBLE_DEVICES": ""} if machine.gpus else {}
     return RunPlan(ranks, "gloo" if machine.gpus else "auto", "cpu", ranks, env, 1, batch)

@@ -14,17 +14,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.elastic.multiprocessing.errors import record
-from torch.distributed.optim import ZeroRedundancyOptimizer
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_helpers.chapters.ch07_inside_ddp.experiment_kit import median_step_s
 from ddp_helpers.chapters.ch08_beyond_ddp import fsdp_checkpoint, fsdp_footprint
-from ddp_helpers.chapters.ch08_beyond_ddp.ch08_memory_calculator import padded_numel
 from ddp_helpers.chapters.ch08_beyond_ddp.fsdp_model import (
     BlockMLP,
     CollectiveCounter,
     build_model,
-    checked_fsdp,
     divide_gradients,
     factors_by_reduce,
     flattened,
@@ -34,6 +30,7 @@ from ddp_helpers.chapters.ch08_beyond_ddp.fsdp_model import (
     memory_row,
     my_slice,
     shard,
+    train_steps,
 )
 from ddp_helpers.rank import teardown
 from ddp_helpers.rank.distributed import worker_backend
@@ -98,12 +95,7 @@ def fsdp_versus_one_process(
     grad_diff = (grad - true_grad).abs().max().item()
     assert torch.allclose(grad, true_grad, rtol=RTOL, atol=ATOL), f"FSDP2 gradients off by {grad_diff}"
 
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-    for step in range(args.steps):
-        xs, ys = global_batch(args, step, device)
-        optimizer.zero_grad()
-        F.cross_entropy(model(my_slice(xs)), my_slice(ys)).backward()
-        optimizer.step()
+    train_steps(model, torch.optim.SGD(model.parameters(), lr=args.lr), args, device, range(args.steps))
     trained = flattened(model.parameters())
     expected = torch.cat([p.detach().flatten() for p in train_reference(args, device).parameters()])
     weight_diff = (trained - expected).abs().max().item()
@@ -117,42 +109,14 @@ def fsdp_versus_one_process(
         "max_grad_diff_before_fix": (before - true_grad).abs().max().item(),
         "max_weight_diff": weight_diff,
         "steps": args.steps,
-        "optimizer": "SGD",
-        "rtol": RTOL,
-        "atol": ATOL,
     }
 
 
-def adam_run(kind: str, args: argparse.Namespace, mesh: DeviceMesh, device: torch.device) -> dict[str, Any]:
-    """Train with Adam as ddp, zero1, zero2 or fsdp2: memory per rank after a step, bytes sent, step time."""
-    world_size = dist.get_world_size()
-    sent = {"all_reduce": 0}
-    buckets = []  # DDP's flat gradient buckets, as its comm hook sees them
-    forward: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    if kind in ("zero2", "fsdp2"):  # ZeRO-2: each unit stays gathered from its forward to its backward
-        options = {"reshard_after_forward": False} if kind == "zero2" else {}
-        model, _ = checked_fsdp(args, mesh, device, **options)
-        optimizer = torch.optim.Adam(model.parameters(), lr=args.adam_lr)
-        forward = model
-    else:
-        model = build_model(args, device)
-        ddp = DDP(model, gradient_as_bucket_view=True)  # .grad is a view of the bucket: one copy
-
-        def count_allreduce(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-            buckets.append(bucket.buffer())
-            sent["all_reduce"] += bucket.buffer().numel() * bucket.buffer().element_size()
-            buffer = bucket.buffer().div_(world_size)
-            return dist.all_reduce(buffer, async_op=True).get_future().then(lambda fut: fut.value()[0])
-
-        ddp.register_comm_hook(None, count_allreduce)
-        forward = ddp
-        if kind == "zero1":  # each rank keeps Adam's state for its own share of the parameters only
-            optimizer = ZeroRedundancyOptimizer(
-                model.parameters(), optimizer_class=torch.optim.Adam, lr=args.adam_lr
-            )
-        else:
-            optimizer = torch.optim.Adam(model.parameters(), lr=args.adam_lr)
+def adam_run(
+    kind: str, args: argparse.Namespace, mesh: DeviceMesh, device: torch.device
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Train with Adam as ddp, zero1, zero2 or fsdp2: the weights, and memory per rank, bytes sent, step time."""
+    forward, model, optimizer, buckets = fsdp_footprint.wrapped(kind, "fp32", args, mesh, device)
 
     def step(n: int) -> None:
         x, y = global_batch(args, n, device)
@@ -161,55 +125,38 @@ def adam_run(kind: str, args: argparse.Namespace, mesh: DeviceMesh, device: torc
         optimizer.step()
 
     step(0)  # Adam creates its state in the first step
-    local_state = optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+    local_state = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer: this rank's Adam
     memory = memory_row(model, local_state, buckets)
     params = list(model.parameters())
     # which parameters this rank keeps optimizer state for (ZeRO-1: its own share only)
     state_params = [i for i, p in enumerate(params) if p in local_state.state]
-    sent["all_reduce"] = 0
+    first_step = len(buckets)
     with CollectiveCounter() as counter:
         step(1)
-    one_step = {**counter.bytes, **sent}  # copied now: the timed steps below count on
+    all_reduced = sum(b.nbytes for b in buckets[first_step:])  # DDP's all-reduces: one per bucket
     seconds = median_step_s(lambda n: step(n + 2), args.timed_steps, 1, device)  # after one warm-up
-    weights = flattened(p.detach() for p in model.parameters())
-    return {
-        "memory": memory,
-        "sent_bytes": one_step,
+    return flattened(p.detach() for p in params), {
+        "memory_per_rank": gathered(memory),
+        "sent_bytes": {**counter.bytes, "all_reduce": all_reduced},
         "calls": counter.calls,
         "step_time_s": seconds,
-        "weights": weights,
-        "param_tensors": len(list(model.parameters())),
-        "state_tensors": len(local_state.state),
-        "state_params": state_params,
+        "param_tensors": len(params),
+        "state_params_per_rank": gathered(state_params),
     }
 
 
 def part_train(args: argparse.Namespace, mesh: DeviceMesh, device: torch.device) -> dict[str, Any]:
-    world_size = dist.get_world_size()
-    shapes = [tuple(p.shape) for p in build_model(args, device).parameters()]
-    result: dict = {"parameters": sum(math.prod(s) for s in shapes)}
-    result["padded_parameters"] = sum(padded_numel(s, world_size) for s in shapes)
+    result: dict = {"parameters": sum(p.numel() for p in build_model(args, device).parameters())}
     fsdp_versus_one_process(args, mesh, device, result)
-    runs = {}
+    weights = {}
     for kind in ("ddp", "zero1", "zero2", "fsdp2"):
-        run = adam_run(kind, args, mesh, device)
-        runs[kind] = run
-        result[kind] = {
-            "memory_per_rank": gathered(run["memory"]),
-            "sent_bytes": run["sent_bytes"],
-            "calls": run["calls"],
-            "step_time_s": run["step_time_s"],
-            "param_tensors": run["param_tensors"],
-            "state_tensors_per_rank": gathered(run["state_tensors"]),
-            "state_params_per_rank": gathered(run["state_params"]),
-        }
+        weights[kind], result[kind] = adam_run(kind, args, mesh, device)
     for kind in ("zero1", "zero2", "fsdp2"):
-        diff = (runs[kind]["weights"] - runs["ddp"]["weights"]).abs().max().item()
+        diff = (weights[kind] - weights["ddp"]).abs().max().item()
         result[kind]["max_weight_diff_vs_ddp"] = diff
-        assert torch.allclose(runs[kind]["weights"], runs["ddp"]["weights"], rtol=RTOL, atol=1e-5), (
+        assert torch.allclose(weights[kind], weights["ddp"], rtol=RTOL, atol=1e-5), (
             f"{kind} weights off DDP's by {diff}"
         )
-    result["adam_steps"] = 2 + args.timed_steps
     return result
 
 

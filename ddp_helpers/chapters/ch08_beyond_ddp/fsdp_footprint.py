@@ -24,46 +24,44 @@ from ddp_helpers.chapters.ch08_beyond_ddp.fsdp_model import (
     build_model,
     checked_fsdp,
     gathered,
+    global_batch,
     local_bytes,
     local_shard,
-    optimizer_bytes,
+    memory_row,
+    my_slice,
 )
-
-STRATEGIES = ("ddp", "ddp_default", "zero1", "zero2", "fsdp2")
 
 
 def wrapped(
     strategy: str, precision: str, args: argparse.Namespace, mesh: DeviceMesh, device: torch.device
 ) -> tuple[nn.Module, BlockMLP, torch.optim.Optimizer, list[torch.Tensor]]:
-    """(the module to call, the plain model, the optimizer, DDP's buckets as its comm hook sees them)."""
+    """(the module to call, the plain model, its Adam, DDP's flat gradient buckets as its comm hook sees them)."""
     buckets: list[torch.Tensor] = []
-    if strategy in ("zero2", "fsdp2"):
+    if strategy in ("zero2", "fsdp2"):  # ZeRO-2: each unit stays gathered from its forward to its backward
         options: dict = {"reshard_after_forward": False} if strategy == "zero2" else {}
         if precision == "bf16":
             options["mp_policy"] = MixedPrecisionPolicy(
                 param_dtype=torch.bfloat16, reduce_dtype=torch.float32
             )
         model, _ = checked_fsdp(args, mesh, device, **options)  # pytorch#162338 handled there
-        return model, model, torch.optim.Adam(model.parameters(), lr=1e-3), buckets
-    if precision != "fp32":
-        raise ValueError(f"{strategy} runs in fp32 here: MixedPrecisionPolicy is FSDP2's")
+        return model, model, torch.optim.Adam(model.parameters(), lr=args.adam_lr), buckets
     model = build_model(args, device)
+    # True: each .grad is a view of its bucket, one copy; the default keeps the buckets as a second copy
     ddp = DDP(model, gradient_as_bucket_view=strategy != "ddp_default")
 
-    def keep_bucket(
-        state: object, bucket: dist.GradBucket
-    ) -> torch.futures.Future[torch.Tensor]:  # DDP's comm hook: each flat bucket of gradients it all-reduces
+    def keep_bucket(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         buckets.append(bucket.buffer())
         average = bucket.buffer().div_(dist.get_world_size())
         return dist.all_reduce(average, async_op=True).get_future().then(lambda fut: fut.value()[0])
 
     ddp.register_comm_hook(None, keep_bucket)
-    params = model.parameters()
-    optimizer: torch.optim.Optimizer = (
-        ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.Adam, lr=1e-3)
-        if strategy == "zero1"
-        else torch.optim.Adam(params, lr=1e-3)
-    )
+    optimizer: torch.optim.Optimizer
+    if strategy == "zero1":  # each rank keeps Adam's state for its own share of the parameters only
+        optimizer = ZeroRedundancyOptimizer(
+            model.parameters(), optimizer_class=torch.optim.Adam, lr=args.adam_lr
+        )
+    else:
+        optimizer = torch.optim.Adam(model.parameters(), lr=args.adam_lr)
     return ddp, model, optimizer, buckets
 
 
@@ -98,11 +96,12 @@ def held_at_forward_end(
     # plain tensors (a resharded unit shows its DTensor shards again)
     sharded = [f.sharded_param for f in fsdp_params(model)]  # FSDP2: gradients live on the shards
     gathered = sum(p.nbytes for p in params if not isinstance(p, DTensor))
+    row = memory_row(model, getattr(optimizer, "optim", optimizer), buckets)  # DDP: buckets not .grad's views
     held = {
         "parameters": local_bytes(sharded) + gathered if sharded else local_bytes(params),
         "gradients": local_bytes(p.grad for p in sharded or params if p.grad is not None)
-        + second_copy(params, buckets),
-        "optimizer": optimizer_bytes(getattr(optimizer, "optim", optimizer)),
+        + row["ddp_buckets"],
+        "optimizer": row["optimizer"],
         "activations": sum(seen.values()),
     }
     return held, loss
@@ -119,15 +118,6 @@ def fsdp_params(model: nn.Module) -> list:
     return found
 
 
-def second_copy(params: list[nn.Parameter], buckets: list[torch.Tensor]) -> int:
-    """DDP's buckets where `.grad` is not a view of them (gradient_as_bucket_view=False)."""
-    if not buckets:
-        return 0
-    grad_storages = {p.grad.untyped_storage().data_ptr() for p in params if p.grad is not None}
-    copies = {b.untyped_storage().data_ptr(): b.nbytes for b in buckets}
-    return sum(n for ptr, n in copies.items() if ptr not in grad_storages)
-
-
 def footprint(
     mesh: DeviceMesh,
     device: torch.device,
@@ -137,9 +127,7 @@ def footprint(
     **sizes: int,
 ) -> dict:
     """This rank's bytes at the end of forward in the third step, and the bytes sent in that step."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
-    args = argparse.Namespace(**{"features": 32, "classes": 10, "seed": 0, **sizes})
+    args = argparse.Namespace(**{"features": 32, "classes": 10, "seed": 0, "adam_lr": 1e-3, **sizes})
     module, model, optimizer, buckets = wrapped(strategy, precision, args, mesh, device)
     model.recompute = recompute
     gen = torch.Generator().manual_seed(dist.get_rank())
@@ -173,15 +161,9 @@ PEAK_STRATEGIES = ("ddp", "fsdp2")
 
 
 def step_peak(strategy: str, args: argparse.Namespace, mesh: DeviceMesh, device: torch.device) -> dict:
-    """This rank's bytes allocated before the measured step, and its peak during it (None on the CPU)."""
-    sizes = argparse.Namespace(
-        features=args.features, width=args.width, depth=args.depth, classes=args.classes, seed=args.seed
-    )
-    module, _, optimizer, _ = wrapped(strategy, "fp32", sizes, mesh, device)
-    per_rank = args.global_batch // dist.get_world_size()
-    gen = torch.Generator().manual_seed(dist.get_rank())
-    x = torch.randn(per_rank, args.features, generator=gen).to(device)
-    y = torch.randint(args.classes, (per_rank,), generator=gen).to(device)
+    """This rank's peak during the measured step (None on the CPU)."""
+    module, _, optimizer, _ = wrapped(strategy, "fp32", args, mesh, device)
+    x, y = (my_slice(t) for t in global_batch(args, 0, device))
 
     def step() -> None:
         F.cross_entropy(module(x), y).backward()
@@ -192,18 +174,17 @@ def step_peak(strategy: str, args: argparse.Namespace, mesh: DeviceMesh, device:
         step()
     if device.type != "cuda":
         step()
-        return {"allocated_before": None, "peak": None}
+        return {"peak": None}
     torch.cuda.synchronize(device)
-    before = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
     step()
     torch.cuda.synchronize(device)
-    return {"allocated_before": before, "peak": torch.cuda.max_memory_allocated(device)}
+    return {"peak": torch.cuda.max_memory_allocated(device)}
 
 
 def part_peak(args: argparse.Namespace, mesh: DeviceMesh, device: torch.device) -> dict[str, Any]:
     """Every rank's step peak for DDP and FSDP2, one after the other, each model freed before the next."""
-    result: dict[str, Any] = {"batch_per_rank": args.global_batch // dist.get_world_size(), "peaks": {}}
+    result: dict[str, Any] = {"peaks": {}}
     for strategy in PEAK_STRATEGIES:
         mine = step_peak(strategy, args, mesh, device)
         gc.collect()  # the model, its optimizer and DDP's reducer go before the next one is measured

@@ -198,13 +198,11 @@ def memory_row(
     params = list(model.parameters())
     grads = [p.grad for p in params if p.grad is not None]
     grad_storages = {local_shard(g).untyped_storage().data_ptr() for g in grads}
+    buckets = {b.untyped_storage().data_ptr(): b for b in ddp_buckets}  # each storage once
     return {
         "weights": local_bytes(params),
         "grads": local_bytes(grads),
-        "ddp_buckets": local_bytes(
-            {b.untyped_storage().data_ptr(): b for b in ddp_buckets}[ptr]
-            for ptr in {b.untyped_storage().data_ptr() for b in ddp_buckets} - grad_storages
-        ),
+        "ddp_buckets": local_bytes(b for ptr, b in buckets.items() if ptr not in grad_storages),
         "optimizer": optimizer_bytes(optimizer),
     }
 

@@ -143,27 +143,33 @@ def first_bucket_failure(width: int, depth: int, bucket_cap_mb: float) -> dict[s
 def compiled_autograd_step(width: int, depth: int, python_reducer: bool = True) -> dict[str, Any]:
     """One training step under compiled autograd, with DDP's Python reducer (or its C++ Reducer)."""
     fresh_start()
-    saved = settings_ddp_changes()
+    mode: dict[str, Any] = {"compiled_autograd": True}  # a backward() in a compiled function is traced too
     if python_reducer:
-        torch._dynamo.config.optimize_ddp = "python_reducer"
-    torch._dynamo.config.compiled_autograd = True  # a backward() inside a compiled function is traced too
+        mode["optimize_ddp"] = "python_reducer"
+    # under the Python reducer DDP's constructor sets these two and Dynamo's inline list: put back after
+    fused = {
+        k: getattr(torch._inductor.config, k) for k in ("_fuse_ddp_communication", "_fuse_ddp_bucket_size")
+    }
+    inlined = set(torch._dynamo.trace_rules.LEGACY_MOD_INLINELIST)
     error = ""
-    try:
-        counter = GraphCounter("eager")  # no AOTAutograd: compiled autograd traces the backward itself
-        model = DDP(build(width, depth), bucket_cap_mb=1)
-
-        @torch.compile(backend=counter)
-        def train_step(x: torch.Tensor) -> None:
-            model(x).sum().backward()
-
-        start = time.perf_counter()
+    with torch._dynamo.config.patch(**mode), torch._inductor.config.patch(**fused):
         try:
-            train_step(batch(width))
-        except RuntimeError as failure:  # a Reducer that refuses compiled autograd: the notebook says which
-            error = str(failure).splitlines()[0]
-        first_step_s = time.perf_counter() - start
-    finally:
-        restore_settings(saved)
+            counter = GraphCounter("eager")  # no AOTAutograd: compiled autograd traces the backward itself
+            model = DDP(build(width, depth), bucket_cap_mb=1)
+
+            @torch.compile(backend=counter)
+            def train_step(x: torch.Tensor) -> None:
+                model(x).sum().backward()
+
+            start = time.perf_counter()
+            try:
+                train_step(batch(width))
+            except RuntimeError as failure:  # a Reducer refusing compiled autograd: the notebook says which
+                error = str(failure).splitlines()[0]
+            first_step_s = time.perf_counter() - start
+        finally:
+            torch._dynamo.trace_rules.LEGACY_MOD_INLINELIST.intersection_update(inlined)
+            torch._dynamo.trace_rules.get_legacy_mod_inlinelist.cache_clear()
     return {
         "error": error,
         "graphs": [len(gm.graph.nodes) for gm in counter.graphs],
@@ -175,27 +181,6 @@ def compiled_autograd_step(width: int, depth: int, python_reducer: bool = True) 
         **off_the_mean(model),
         "first_step_s": first_step_s,
     }
-
-
-def settings_ddp_changes() -> dict[str, Any]:
-    """The global settings this step and DDP's Python reducer change (DDP's constructor sets the last three)."""
-    return {
-        "optimize_ddp": torch._dynamo.config.optimize_ddp,
-        "compiled_autograd": torch._dynamo.config.compiled_autograd,
-        "_fuse_ddp_communication": torch._inductor.config._fuse_ddp_communication,
-        "_fuse_ddp_bucket_size": torch._inductor.config._fuse_ddp_bucket_size,
-        "inlinelist": set(torch._dynamo.trace_rules.LEGACY_MOD_INLINELIST),
-    }
-
-
-def restore_settings(saved: dict[str, Any]) -> None:
-    """Put back what settings_ddp_changes() saved, so that the next experiment compiles as before."""
-    torch._dynamo.config.optimize_ddp = saved["optimize_ddp"]
-    torch._dynamo.config.compiled_autograd = saved["compiled_autograd"]
-    torch._inductor.config._fuse_ddp_communication = saved["_fuse_ddp_communication"]
-    torch._inductor.config._fuse_ddp_bucket_size = saved["_fuse_ddp_bucket_size"]
-    torch._dynamo.trace_rules.LEGACY_MOD_INLINELIST.intersection_update(saved["inlinelist"])
-    torch._dynamo.trace_rules.get_legacy_mod_inlinelist.cache_clear()
 
 
 def off_the_mean(model: nn.Module) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import logging.handlers
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,19 +14,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ddp_helpers.chapters.ch09_compile.compile_ddp import GraphCounter, batch, build, fresh_start
 
 
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 @contextlib.contextmanager
 def dynamo_logs(**artifacts: bool) -> Iterator[list[str]]:
-    """TORCH_LOGS's artifacts (recompiles=True ...) set in this process, their lines kept in a list."""
-    kept = _Records()
+    """TORCH_LOGS's artifacts (recompiles=True ...) set in this process, their lines in the list at exit."""
+    kept = logging.handlers.BufferingHandler(capacity=2**31)  # never full: a flush would drop the records
+    messages: list[str] = []
     torch._logging.set_logs(**artifacts)  # type: ignore[arg-type]  # its keywords are each artifact
     swapped = []
     for name in list(logging.root.manager.loggerDict):
@@ -34,8 +27,9 @@ def dynamo_logs(**artifacts: bool) -> Iterator[list[str]]:
             swapped.append((logger, list(logger.handlers)))
             logger.handlers = [kept]
     try:
-        yield kept.messages
+        yield messages
     finally:
+        messages += [record.getMessage() for record in kept.buffer]
         for logger, handlers in swapped:
             logger.handlers = handlers
         torch._logging.set_logs()  # back to the defaults: warnings only

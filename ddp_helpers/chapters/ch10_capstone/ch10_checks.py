@@ -250,11 +250,6 @@ def records_or_fail(w: World, run: Run) -> None:
     )
 
 
-def steps_of(run: Run, rank: int, offset: int = 0) -> list[int]:
-    """The steps at which `rank` stepped its optimizer, numbered from `offset` + 1."""
-    return [offset + s["at"] for s in (run.records[rank] or {}).get("steps", [])]
-
-
 def replay(
     data: dict[str, Any],
     world: int,
@@ -287,7 +282,10 @@ def replay(
         ranks = [
             _backward(data, params, batches[rank][t], masks[rank][t], dtype, scaler) for rank in range(world)
         ]
-        _all_reduce(params, [grads for grads, _, _ in ranks])
+        for i, p in enumerate(
+            params
+        ):  # DDP's average: each rank's gradient divided by the world size, summed
+            p.grad = sum(grads[i] / world for grads, _, _ in ranks)
         finite = all(bool(torch.isfinite(p.grad).all()) for p in params if p.grad is not None)
         if unscale_first:
             scaler.unscale_(optimizer)
@@ -315,16 +313,6 @@ def _initial_params() -> list[Any]:
         w1 = torch.nn.Linear(FEATURES, HIDDEN, bias=False).weight.detach().clone()
         w2 = torch.nn.Linear(HIDDEN, CLASSES, bias=False).weight.detach().clone()
     return [w1.requires_grad_(), w2.requires_grad_()]
-
-
-def _all_reduce(params: list[Any], grads: list[list[Any]]) -> None:
-    """DDP's average: each rank's gradient divided by the world size, then summed, into each param's .grad."""
-    import torch
-
-    for i, p in enumerate(params):
-        p.grad = torch.zeros_like(p)
-        for rank in grads:
-            p.grad += rank[i] / len(grads)
 
 
 def _backward(
@@ -622,7 +610,7 @@ def check_training(
             default=0.0,
         )
         return {
-            "steps taken": steps_of(run, rank, offset),
+            "steps taken": [offset + s["at"] for s in record.get("steps", [])],
             "loss scale": [s["scale"] for s in record.get("scales", [])],
             "weights off by": round(worst, 6),
         }
@@ -632,8 +620,11 @@ def check_training(
     scales = [sim[s]["scale"] for s in range(first, last + 1)] if w.amp == "fp16" else []
     expected = [{"steps taken": taken, "loss scale": scales, "weights off by": 0.0} for _ in range(w.world)]
     scalers = [(r or {}).get("scalers", []) for r in run.records]
-    if w.amp != "fp16":
-        _no_loss_scale(w, seen, expected, scalers)
+    if w.amp != "fp16":  # only fp16 is held to the loss scale; a GradScaler under bf16 changes no weight
+        for row in (*seen, *expected):
+            row.pop("loss scale")
+        if any(s["enabled"] for rank in scalers for s in rank):
+            w.notes.append(f"a GradScaler ran under --amp {w.amp}: harmless, but only fp16 needs one")
 
     def matches(variant: list[dict[str, Any]]) -> Callable[[], bool]:
         scales = [variant[s]["scale"] for s in range(first, last + 1)] if w.amp == "fp16" else []
@@ -710,14 +701,6 @@ def check_autocast(w: World, run: Run) -> None:
         ),
     ]
     w.judge(f"every forward runs under autocast with --amp {w.amp}'s dtype", run, seen, expected, signs)
-
-
-def _no_loss_scale(w: World, seen: Seen, expected: Seen, scalers: list[list[dict[str, Any]]]) -> None:
-    """Only fp16 is held to the loss scale; a GradScaler under bf16 changes no weight, and gets a note."""
-    for row in (*seen, *expected):
-        row.pop("loss scale")
-    if any(s["enabled"] for rank in scalers for s in rank):
-        w.notes.append(f"a GradScaler ran under --amp {w.amp}: harmless, but only fp16 needs one")
 
 
 def check_resume_start(w: World, resumed: Run, batches: list[list[list[int]]]) -> None:
@@ -979,13 +962,6 @@ def check_exact(w: World, stopped: Run, resumed: Run, whole: Run, start: list[fl
     w.judge(title, whole, seen, expected, tolerance=w.wtol)
 
 
-def _draw_named(seed: Any, draws: list[Any]) -> str:
-    """The epoch whose iter(loader) drew `seed` in the uninterrupted run, in words."""
-    if seed is not None and seed in draws:
-        return f"epoch {draws.index(seed)}"
-    return "no epoch"
-
-
 def check_loader_seeds(w: World, resumed: Run, whole: Run) -> None:
     field = "the seed each iter(loader) drew after the resume, as the uninterrupted run's in"
     first = STOP_AT // STEPS_PER_EPOCH  # the resumed epoch
@@ -994,7 +970,8 @@ def check_loader_seeds(w: World, resumed: Run, whole: Run) -> None:
     for rank in range(w.world):
         draws = (whole.records[rank] or {}).get("iters", [])
         after = (resumed.records[rank] or {}).get("iters", [])
-        seen.append({field: [_draw_named(seed, draws) for seed in after]})
+        named = [f"epoch {draws.index(s)}" if s is not None and s in draws else "no epoch" for s in after]
+        seen.append({field: named})
         expected.append({field: [f"epoch {e}" for e in range(first, EPOCHS)]})
     firsts = [row[field][:1] for row in seen]
     ranks = ", ".join(map(str, range(w.world)))

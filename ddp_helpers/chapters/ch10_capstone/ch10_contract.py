@@ -83,8 +83,6 @@ HINTS = {
     "10-capstone-sampler-seed": "give the sampler the run's seed: DistributedSampler(dataset, seed=args.seed).",
     "10-capstone-same-masks": "build the model right after torch.manual_seed(args.seed), then call "
     "torch.manual_seed(args.seed + rank): the same weights everywhere, each rank its own masks.",
-    "10-capstone-scaler-disabled": "build the scaler for the ranks' device: "
-    'torch.amp.GradScaler(device.type, enabled=args.amp == "fp16").',
     "10-capstone-no-barrier": "after rank 0's save, dist.barrier() on every rank (every rank calls it, rank 0 "
     "after writing).",
     "10-capstone-no-teardown": "end main() with dist.destroy_process_group() in a finally: block, on every rank.",

@@ -6,9 +6,8 @@ resumed, uninterrupted), each run's checks in order, judged against a replay in 
 from __future__ import annotations
 
 import ast
-import itertools
 import os
-import time
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +39,6 @@ from ddp_helpers.errors import InvalidLaunchArguments
 from ddp_helpers.kernel.exercises.verdict import PASSED, UNKNOWN, Verdict
 
 __all__ = ["EXERCISE", "amp_plan", "check_script"]
-
-_checks = itertools.count()
 
 
 def _valid_script(script: str | os.PathLike[str]) -> Path:
@@ -232,8 +229,8 @@ def check_script(
     if amp is not None and amp not in AMP_MODES:
         raise InvalidLaunchArguments(f"amp must be one of {', '.join(AMP_MODES)} or None, got {amp!r}")
     base = Path(workdir) if workdir is not None else Path("runs") / "capstone"
-    folder = (base / f"check-{os.getpid()}-{next(_checks)}-{time.time_ns() % 10**6}").resolve()
-    folder.mkdir(parents=True, exist_ok=True)
+    base.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="check-", dir=base)).resolve()  # one per check, never reused
     probe = folder / "probe.py"
     probe.write_text(PROBE)
 

@@ -17,9 +17,9 @@ RANK = int(os.environ.get("RANK", "0"))
 _x = torch.load(os.environ["CAPSTONE_PROBE_DATA"], weights_only=True)["x"]
 ROWS = {tuple(row): i for i, row in enumerate(_x.tolist())}
 FEATURES = _x.shape[1]
-record = {"rank": RANK, "forwards": [], "steps": [], "scales": [], "saves": [], "replaces": [], "ddp": 0,
-          "loaders": [], "loads": [], "rng_exit": None, "error": None, "device": None, "scalers": [],
-          "events": [], "seeds": [], "scaler_steps": 0, "iters": []}
+record = {"forwards": [], "steps": [], "scales": [], "saves": [], "replaces": [], "ddp": 0, "loaders": [],
+          "loads": [], "rng_exit": None, "device": None, "scalers": [], "events": [], "seeds": [],
+          "scaler_steps": 0, "iters": []}
 
 
 def digest():
@@ -192,15 +192,8 @@ dist.destroy_process_group = destroy_process_group
 script = os.path.abspath(sys.argv[1])
 sys.argv = [script] + sys.argv[2:]
 sys.path[0] = os.path.dirname(script)
-try:
+try:  # how the script ended is the launch's to report: torchrun's exit codes, the ranks' tracebacks
     runpy.run_path(script, run_name="__main__")
-except SystemExit as exit:
-    if exit.code not in (None, 0):
-        record["error"] = "SystemExit: " + str(exit.code)
-    raise
-except BaseException as error:
-    record["error"] = type(error).__name__ + ": " + str(error)
-    raise
 finally:
     record["rng_exit"] = digest()
     path = os.path.join(os.environ["CAPSTONE_PROBE_DIR"], "rank%d.json" % RANK)
