@@ -23,12 +23,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from ddp_helpers.chapters.ch06_scaling_out import ch06_slurm as slurm
 from ddp_helpers.chapters.ch06_scaling_out.ch06_cluster_templates import (
     slurm_script,
     this_environment,
     write_cluster_templates,
 )
-from ddp_helpers.kernel.launcher import slurm
 from ddp_helpers.kernel.launcher.machine import free_port
 
 REPO = Path(__file__).resolve().parents[3]

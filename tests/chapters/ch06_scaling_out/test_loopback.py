@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from ddp_helpers.kernel.launcher.loopback import ElasticNode, wait_for_line
+from ddp_helpers.chapters.ch06_scaling_out.ch06_loopback import ElasticNode, wait_for_line
 from ddp_helpers.kernel.launcher.machine import visible_gpu_ids
 
 
