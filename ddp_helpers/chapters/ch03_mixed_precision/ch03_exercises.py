@@ -218,15 +218,8 @@ FP16_STEP = Exercise(
             hint="Call scaler.step(optimizer) first, then scaler.update(), last in the iteration.",
         ),
     ),
-    covers=(
-        "autocast-fp16",
-        "scaler-scale",
-        "scaler-unscale",
-        "clip",
-        "scaler-step",
-        "scaler-update",
-        "zero-grad",
-    ),
+    covers=("autocast-fp16", "scaler-scale", "scaler-unscale", "clip", "scaler-step", "scaler-update")
+    + ("zero-grad",),
     tolerance=1e-6,
 )
 
