@@ -174,10 +174,9 @@ def train_step(training: Training, x: torch.Tensor, y: torch.Tensor) -> torch.Te
     return loss
 
 
-def train(run: Run, reporter: Reporter, preemption: Preemption | None = None) -> torch.Tensor:
+def train(run: Run, reporter: Reporter, preemption: Preemption) -> torch.Tensor:
     """Run steps until `reporter.last_step` (or a SIGTERM, with --save-on-sigterm); the last loss."""
     args, world, data, training, pos = run.args, run.world, run.data, run.training, run.pos
-    preemption = preemption or Preemption(enabled=False)
     loss = torch.zeros((), device=world.device)
     training.model.train()
     while pos.step < reporter.last_step:
