@@ -40,14 +40,6 @@ def list_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def _fsync_dir(folder: Path) -> None:
-    # the rename itself must reach the disk, or a power cut could undo it
-    fd = os.open(folder, os.O_RDONLY)
-    with contextlib.suppress(OSError):
-        os.fsync(fd)
-    os.close(fd)
-
-
 def no_space_left(error: BaseException | None) -> bool:
     """Whether `error`, or an exception it came from, is a full disk (ENOSPC)."""
     while error is not None:
@@ -82,7 +74,10 @@ def save_checkpoint(
         raise
     finally:
         tmp.unlink(missing_ok=True)
-    _fsync_dir(folder)
+    fd = os.open(folder, os.O_RDONLY)  # the rename itself must reach the disk, or a power cut could undo it
+    with contextlib.suppress(OSError):
+        os.fsync(fd)
+    os.close(fd)
     for old in list_checkpoints(folder)[:-keep]:
         old.unlink(missing_ok=True)
     for leftover in folder.iterdir():  # saves that never finished (a writer killed mid-save), up to `step`
@@ -165,16 +160,11 @@ def capture_rng() -> dict[str, Any]:
 
 
 def restore_rng(state: dict[str, Any]) -> None:
-    random.setstate(_as_python_state(state["python"]))
+    version, internal, gauss = state["python"]  # torch.load gives lists back where getstate() had tuples
+    random.setstate((version, tuple(internal), gauss))
     numpy = state["numpy"]
     key = numpy["key"].cpu().numpy().astype(np.uint32)
     np.random.set_state(("MT19937", key, numpy["pos"], numpy["has_gauss"], numpy["cached_gaussian"]))
     torch.set_rng_state(state["torch"].cpu())
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
-
-
-def _as_python_state(value: Any) -> tuple:
-    # torch.load gives lists back where random.getstate() had tuples
-    version, internal, gauss = value
-    return (version, tuple(internal), gauss)

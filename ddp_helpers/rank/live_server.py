@@ -38,6 +38,11 @@ CELL_VALUE = "_ddp_cell_value"  # where a cell's last expression is kept until i
 REAL_EXIT = os._exit  # the server's own way out; a cell's os._exit is announced first (see announce_exits)
 
 
+def flush() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
 def to_cpu(value: Any) -> Any:
     """Tensors (also inside lists, tuples and dicts) moved to the CPU, so the kernel never touches CUDA."""
     if isinstance(value, torch.Tensor):
@@ -88,12 +93,10 @@ class Cells:
         self.running = True
         try:
             exec(compile(tree, filename, "exec"), self.namespace)
-            return self.namespace.pop(CELL_VALUE, None)
+            return self.namespace.pop(CELL_VALUE, None)  # assigned last: never left bound by an error
         finally:
-            self.namespace.pop(CELL_VALUE, None)
             self.running = False
-            sys.stdout.flush()
-            sys.stderr.flush()
+            flush()
 
 
 def cell_traceback(error: BaseException) -> str:
@@ -118,8 +121,7 @@ def watch_for_kernel_exit(conn: Connection) -> None:
                 except OSError:
                     data = b""
                 if not data:  # EOF: the kernel is gone
-                    sys.stdout.flush()
-                    sys.stderr.flush()
+                    flush()
                     REAL_EXIT(0)
                 threading.Event().wait(0.5)  # a message waits for the main thread; do not spin on it
 
@@ -129,8 +131,7 @@ def announce_exits(conn: Connection, cells: Cells) -> None:
     # torchrun reports failed workers only: without this, a rank leaving with code 0 is silence
 
     def exit_announced(status: int) -> NoReturn:  # os._exit's own signature
-        sys.stdout.flush()
-        sys.stderr.flush()
+        flush()
         try:
             conn.send(Exited(cells.cell_id, status))
         except Exception:  # noqa: BLE001 - leaving anyway
@@ -142,8 +143,6 @@ def announce_exits(conn: Connection, cells: Cells) -> None:
 
 def handle(cells: Cells, request: Run) -> Reply:
     """Answer one request of the kernel."""
-    if not isinstance(request, Run):
-        raise ValueError(f"unknown request {request!r}")
     try:
         if request.values is not None:
             cells.namespace.update(pickle.loads(request.values))
@@ -195,8 +194,7 @@ def main() -> None:
         conn.close()
         if dist.is_initialized():
             # Leave without a final collective: a rank interrupted mid-collective would hang it.
-            sys.stdout.flush()
-            sys.stderr.flush()
+            flush()
             REAL_EXIT(0)
 
 

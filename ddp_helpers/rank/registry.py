@@ -3,6 +3,7 @@ refused before torch is imported or any rank starts."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ddp_helpers.rank.spec import Exercise
@@ -29,6 +30,7 @@ def all_exercises() -> list[Exercise]:
 # notebook 10: a whole script, checked under torchrun (ddp_helpers/chapters/ch10_capstone/)
 CAPSTONE = "10-capstone"
 CAPSTONE_TITLE = "The whole DDP program, written by you, checked under torchrun"
+CAPSTONE_SCRIPT = Path(__file__).resolve().parents[1] / "chapters" / "ch10_capstone" / "capstone.py"
 
 
 def catalogue() -> list[dict[str, Any]]:
@@ -40,16 +42,9 @@ def catalogue() -> list[dict[str, Any]]:
     return rows + [{"id": CAPSTONE, "notebook": "10", "title": CAPSTONE_TITLE, "covers": []}]
 
 
-def capstone_reference() -> str:
-    """The project's reference capstone script (ddp_helpers/chapters/ch10_capstone/capstone.py), as text."""
-    from pathlib import Path
-
-    return (Path(__file__).resolve().parents[1] / "chapters" / "ch10_capstone" / "capstone.py").read_text()
-
-
 def solution(exercise_id: str) -> str:
     """The reference answer of an exercise, or the capstone's whole reference script."""
-    return capstone_reference() if exercise_id == CAPSTONE else get(exercise_id).reference
+    return CAPSTONE_SCRIPT.read_text() if exercise_id == CAPSTONE else get(exercise_id).reference
 
 
 class UnknownExercise(KeyError):

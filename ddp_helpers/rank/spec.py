@@ -90,6 +90,13 @@ def scaled(values: Sequence[float], reference: Sequence[float]) -> float | None:
     return k if all(math.isclose(v, k * r, rel_tol=1e-6, abs_tol=1e-12) for v, r in pairs) else None
 
 
+def number(value: Any) -> float | None:
+    """A number the answer bound (a one-element tensor too) as a float; None for anything else."""
+    if hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:
+        value = value.item()
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def field_of(seen: Seen, name: str) -> list[Any]:
     """One field of every rank's observations (None where a rank lacks it)."""
     return [s.get(name) for s in seen]

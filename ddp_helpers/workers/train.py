@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Subset, TensorDataset
 from ddp_helpers.chapters.ch04_checkpointing.train_checkpoint import Preemption, resume, save
 from ddp_helpers.rank import teardown
 from ddp_helpers.rank.data import DATASETS, ResumableDistributedSampler, build_dataset
-from ddp_helpers.rank.distributed import DistInfo, setup_distributed
+from ddp_helpers.rank.distributed import DistInfo, setup_distributed, under_torchrun
 from ddp_helpers.run_contract import DEVICE_ENV, run_dir_from_env
 from ddp_helpers.workers.train_report import Reporter, inject_overflow, mean_over_ranks, summarize
 from ddp_helpers.workers.train_state import Data, Position, Run, Training
@@ -70,7 +70,7 @@ def build_data(args: argparse.Namespace, world: DistInfo) -> Data:
         raise SystemExit(
             f"{len(info.dataset)} samples are too few for batch {args.batch_size} x {world.world_size} ranks"
         )
-    return Data(info.name, info.dataset, info.shape, info.num_classes, channels, sampler, loader)
+    return Data(info.dataset, info.shape, info.num_classes, info.name, sampler, loader)
 
 
 def build_model(
@@ -174,11 +174,9 @@ def train_step(training: Training, x: torch.Tensor, y: torch.Tensor) -> torch.Te
     return loss
 
 
-def train(run: Run, reporter: Reporter, preemption: Preemption | None = None) -> torch.Tensor:
+def train(run: Run, reporter: Reporter, preemption: Preemption) -> torch.Tensor:
     """Run steps until `reporter.last_step` (or a SIGTERM, with --save-on-sigterm); the last loss."""
     args, world, data, training, pos = run.args, run.world, run.data, run.training, run.pos
-    preemption = preemption or Preemption(enabled=False)
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     loss = torch.zeros((), device=world.device)
     training.model.train()
     while pos.step < reporter.last_step:
@@ -194,7 +192,7 @@ def train(run: Run, reporter: Reporter, preemption: Preemption | None = None) ->
             reporter.phases.step_done()
             pos.step += 1
             pos.batch_in_epoch += 1
-            if args.fail_at_step == pos.step and world.rank == args.fail_rank and attempt == 0:
+            if args.fail_at_step == pos.step and world.rank == args.fail_rank and reporter.attempt == 0:
                 raise RuntimeError(f"injected fault on rank {world.rank} at step {pos.step}")
             if args.sigterm_at_step == pos.step and world.rank == args.sigterm_rank:
                 os.kill(os.getpid(), signal.SIGTERM)  # injected: a scheduler's preemption notice, to one rank
@@ -289,7 +287,7 @@ def main(argv: list[str] | None = None) -> None:
             args.dataset,
             num_samples=max(256, args.num_samples // 4),
             image_size=args.image_size,
-            channels=data.channels,
+            channels=data.shape[0],
             seed=args.seed,
             split="test",
         )
@@ -320,20 +318,7 @@ RESUME_PARTS = ("rng", "optimizer", "scheduler", "scaler")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_and_data(p)
-    add_optimization(p)
-    add_checkpoints(p)
-    add_fault_injection(p)
-    p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard scalars")
-    p.add_argument("--run-dir", default=run_dir_from_env("runs/train"))
-    args = p.parse_args(argv)
-    check(p, args)
-    return args
-
-
-def add_model_and_data(p: argparse.ArgumentParser) -> None:
-    under_torchrun = int(os.environ.get("RANK", -1)) != -1
-    p.add_argument("--mode", choices=["single", "dp", "ddp"], default="ddp" if under_torchrun else "single")
+    p.add_argument("--mode", choices=["single", "dp", "ddp"], default="ddp" if under_torchrun() else "single")
     p.add_argument("--model", choices=["mlp", "resnet18", "resnet50"], default="mlp")
     p.add_argument("--hidden", type=int, default=256, help="width of the MLP's hidden layers")
     p.add_argument("--dataset", choices=DATASETS, default="synthetic")
@@ -342,9 +327,6 @@ def add_model_and_data(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=32, help="per rank: the global batch is this x ranks")
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes per rank")
     p.add_argument("--eval", action="store_true", help="report accuracy on the test split at the end")
-
-
-def add_optimization(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=None, help="optimizer steps to run (default: --epochs)")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--lr", type=float, default=0.05)
@@ -356,9 +338,6 @@ def add_optimization(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the throughput figure")
     p.add_argument("--amp", choices=["off", "bf16", "fp16"], default="off")
     p.add_argument("--max-grad-norm", type=float, default=None, help="clip the gradient norm (default: off)")
-
-
-def add_checkpoints(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-final", default=None, help="write the plain (non-DDP) model state_dict here")
     p.add_argument("--checkpoint-dir", default=None, help="save checkpoints here (rank 0 writes, atomically)")
     p.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps (and at the end)")
@@ -367,9 +346,6 @@ def add_checkpoints(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume-ignore", nargs="*", choices=RESUME_PARTS, default=[], help="not resumed")
     p.add_argument("--stop-at-step", type=int, default=None, help="stop after this step, as if interrupted")
     p.add_argument("--save-on-sigterm", action="store_true", help="on SIGTERM, save at the next logged step")
-
-
-def add_fault_injection(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overflow-at-steps", type=int, nargs="*", default=[], help="inject inf grads...")
     p.add_argument("--overflow-rank", type=int, default=0, help="...on this rank, at these steps of its own")
     p.add_argument("--fail-at-step", type=int, default=None, help="fault injection: raise at this step...")
@@ -377,17 +353,21 @@ def add_fault_injection(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sigterm-at-step", type=int, default=None, help="fault injection: SIGTERM...")
     p.add_argument("--sigterm-rank", type=int, default=0, help="...on this rank, after this step")
     p.add_argument("--straggler", type=straggler_spec, metavar="RANK:MS", help="RANK loads MS slower")
+    p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard scalars")
+    p.add_argument("--run-dir", default=run_dir_from_env("runs/train"))
+    args = p.parse_args(argv)
+    check(p, args)
+    return args
 
 
 def check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse options that contradict each other or the launch."""
-    under_torchrun = int(os.environ.get("RANK", -1)) != -1
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     if args.tensorboard and importlib.util.find_spec("tensorboard") is None:
         p.error("--tensorboard needs the tensorboard package: pip install tensorboard")
     if args.mode in ("single", "dp") and world_size > 1:
         p.error(f"--mode {args.mode} is one process; start it with python, not torchrun --nproc-per-node > 1")
-    if args.mode == "ddp" and not under_torchrun:
+    if args.mode == "ddp" and not under_torchrun():
         p.error("--mode ddp needs torchrun, which sets RANK and WORLD_SIZE: torchrun --nproc-per-node 2 ...")
     if args.straggler and args.straggler[0] >= world_size:
         p.error(f"--straggler: there is no rank {args.straggler[0]} among {world_size}")

@@ -9,6 +9,7 @@ import resource
 import statistics
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -24,25 +25,19 @@ from ddp_helpers.workers.train_state import Position, Run, Training
 class StepTimer:
     """Seconds per step, leaving out the first `warmup_steps`; reads the clock only when asked to."""
 
-    device: torch.device
+    now: Callable[[], float]  # PhaseTimer's clock: on a GPU it synchronises first
     warmup_steps: int
     step_times: list[float] = field(default_factory=list)
     _start: float | None = None
     _start_step: int = 0
 
-    def _now(self) -> float:
-        # CUDA kernels run asynchronously: without this a timer measures the launch, not the work
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
-
     def after_step(self, step: int, read: bool) -> float | None:
         """The mean step time since the last read, when `read` (and a window is open); else None."""
         if self._start is None and step >= self.warmup_steps:
-            self._start, self._start_step = self._now(), step
+            self._start, self._start_step = self.now(), step
         if not read:
             return None
-        now = self._now()  # the one synchronisation per log window
+        now = self.now()  # the one synchronisation per log window
         if self._start is None or step == self._start_step:
             return None
         step_time = (now - self._start) / (step - self._start_step)
@@ -67,28 +62,22 @@ class PhaseTimer:
     train_step_time_s: float | None = None
     _marks: list[float] = field(default_factory=list)
 
-    def _now(self) -> float:
+    def now(self) -> float:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # the GPU's work so far is done, not only queued
         return time.perf_counter()
 
     def start(self, timed: bool) -> None:
-        self.timed, self._marks = timed, [self._now()] if timed else []
+        self.timed, self._marks = timed, [self.now()] if timed else []
 
     def batch_ready(self) -> None:
         if self.timed:
-            self._marks.append(self._now())
+            self._marks.append(self.now())
 
     def step_done(self) -> None:
         if self.timed:
-            start, ready, done = *self._marks, self._now()
+            start, ready, done = *self._marks, self.now()
             self.data_time_s, self.train_step_time_s = ready - start, done - ready
-
-    def fields(self) -> dict[str, float | None]:
-        """The last timed step's phases, for the metrics line (None when the step was not timed)."""
-        if not self.timed:
-            return {"data_time_s": None, "train_step_time_s": None}
-        return {"data_time_s": self.data_time_s, "train_step_time_s": self.train_step_time_s}
 
 
 class Reporter:
@@ -99,8 +88,8 @@ class Reporter:
         self.log_every = args.log_every
         self.batch_size, self.world_size = args.batch_size, world.world_size
         self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
-        self.timer = StepTimer(world.device, args.warmup_steps)
         self.phases = PhaseTimer(world.device)
+        self.timer = StepTimer(self.phases.now, args.warmup_steps)
         self.writer = MetricsWriter(args.run_dir, world.rank)
         self.tensorboard = None
         if args.tensorboard and world.is_main:
@@ -130,7 +119,8 @@ class Reporter:
             lr=lr,
             grad_scale=scale,
             attempt=self.attempt,
-            **self.phases.fields(),
+            data_time_s=self.phases.data_time_s,  # a logged step is a timed one
+            train_step_time_s=self.phases.train_step_time_s,
             **step_facts(training),
         )
         if self.tensorboard:

@@ -4,23 +4,20 @@ train_report.py): here, apart from all three, so that none imports another."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
-from ddp_helpers.rank.data import ResumableDistributedSampler
+from ddp_helpers.rank.data import DatasetInfo, ResumableDistributedSampler
 from ddp_helpers.rank.distributed import DistInfo
 
 
 @dataclass
-class Data:
-    name: str
-    dataset: TensorDataset
-    shape: tuple[int, int, int]
-    num_classes: int
-    channels: int
+class Data(DatasetInfo):
+    """The dataset, and this rank's sampler and loader over it."""
+
     sampler: ResumableDistributedSampler
     loader: DataLoader
 
@@ -64,4 +61,4 @@ class Run:
     world: DistInfo
     data: Data
     training: Training
-    pos: Position = field(default_factory=Position)
+    pos: Position

@@ -7,7 +7,6 @@ import json
 import pytest
 
 from ddp_helpers.__main__ import main
-from ddp_helpers.chapters.ch00_environment.allreduce_bench import bus_bandwidth
 from ddp_helpers.kernel.lab import doctor as env
 from ddp_helpers.kernel.lab.measures import scaling_efficiency
 
@@ -37,11 +36,7 @@ def test_this_machine_has_no_failing_check_and_cuda_is_info_without_gpus():
     assert env.exit_code([*checks, env.Check("x", env.FAIL, "broken")]) == 1
 
 
-def test_busbw_follows_nccl_tests():
-    # the formula allreduce_bench.py runs (the doctor and notebook 00 read its busbw_gbps)
-    assert bus_bandwidth(10.0, 1) == 0.0
-    assert bus_bandwidth(10.0, 2) == pytest.approx(10.0)
-    assert bus_bandwidth(10.0, 8) == pytest.approx(17.5)
+def test_scaling_efficiency_is_per_device():
     assert scaling_efficiency(380.0, 100.0, 4) == pytest.approx(0.95)
 
 

@@ -40,12 +40,6 @@ def sizes(min_bytes: int, max_bytes: int) -> Iterator[int]:
         size *= 4
 
 
-def bus_bandwidth(algbw: float, world_size: int) -> float:
-    """nccl-tests' bus bandwidth: a ring sends 2(n-1)/n of the message over each link."""
-    busbw = algbw * 2 * (world_size - 1) / world_size
-    return busbw
-
-
 def measure(
     nbytes: int, args: argparse.Namespace, rank: int, world_size: int, device: torch.device
 ) -> tuple[dict, dict]:
@@ -77,7 +71,8 @@ def measure(
     seconds = t.item()
     message = tensor.numel() * tensor.element_size()  # the bytes each rank hands to all_reduce
     algbw = message / seconds
-    busbw = bus_bandwidth(algbw, world_size)
+    # nccl-tests' bus bandwidth: a ring sends 2(n-1)/n of the message over each link
+    busbw = algbw * 2 * (world_size - 1) / world_size
     correct = lowest.item() == highest.item() == expected
     summary_row = {
         "bytes": message,

@@ -581,14 +581,8 @@ WRAP = Exercise(
         ),
     ),
     nodes=2,
-    covers=(
-        "ddp-wrap",
-        "optimizer-params",
-        "zero-grad",
-        "rank0-writes",
-        "save-module",
-        "device-from-local-rank",
-    ),
+    covers=("ddp-wrap", "optimizer-params", "zero-grad", "rank0-writes", "save-module")
+    + ("device-from-local-rank",),
 )
 
 

@@ -10,14 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ddp_helpers.chapters.ch01_first_program.ch01_exercises import recording_print
-from ddp_helpers.rank.spec import Context, Exercise, Mistake, Seen, close
-
-
-def _number(value: Any) -> float | None:
-    """A number the answer bound (a one-element tensor too) as a float; None for anything else."""
-    if hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:
-        value = value.item()
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+from ddp_helpers.rank.spec import Context, Exercise, Mistake, Seen, close, number
 
 
 def _all_close(seen: Seen, name: str, values: list[float] | float) -> bool:
@@ -79,7 +72,7 @@ LOSS_MEAN = Exercise(
     hint="All-reduce (SUM) each rank's sum of losses and its count, divide the totals, print on rank 0.",
     setup=_loss_setup,
     observe=lambda ns, ctx: {
-        "mean_loss": _number(ns.get("mean_loss")),
+        "mean_loss": number(ns.get("mean_loss")),
         "printed": len(ns.get("_printed", [])),
     },
     expected=_loss_expected,
@@ -143,9 +136,9 @@ def _lr_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
     optimizer = ns.get("optimizer")
     used = optimizer.param_groups[0]["lr"] if isinstance(optimizer, torch.optim.Optimizer) else None
     return {
-        "global_batch": _number(ns.get("global_batch")),
-        "lr": _number(ns.get("lr")),
-        "optimizer_lr": _number(used),
+        "global_batch": number(ns.get("global_batch")),
+        "lr": number(ns.get("lr")),
+        "optimizer_lr": number(used),
     }
 
 
@@ -267,8 +260,8 @@ THROUGHPUT = Exercise(
         "single_samples_per_s": SINGLE_SAMPLES_PER_S,
     },
     observe=lambda ns, ctx: {
-        "samples_per_s": _number(ns.get("samples_per_s")),
-        "efficiency": _number(ns.get("efficiency")),
+        "samples_per_s": number(ns.get("samples_per_s")),
+        "efficiency": number(ns.get("efficiency")),
     },
     expected=_throughput_expected,
     mistakes=(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ddp_helpers.rank.spec import Context, Exercise, Mistake, Seen, close, field_of
+from ddp_helpers.rank.spec import Context, Exercise, Mistake, Seen, close, field_of, number
 
 WIDTH = 4  # one input coordinate per rank (wider for more ranks)
 INIT_SCALE = 32.0  # the scaler's first scale: small, so the overflow comes from one large input
@@ -77,16 +77,9 @@ def _fp16_setup(ctx: Context) -> dict[str, Any]:
     }
 
 
-def _float(value: Any) -> float | None:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
 def _fp16_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
     steps = ns["_steps"].after if "_steps" in ns else []
-    norms = [_float(norm) for norm in ns.get("norms") or []]
+    norms = [number(norm) for norm in ns.get("norms") or []]
     return {
         "output_dtypes": list(ns.get("_dtypes", [])),
         "weights": [s["weights"] for s in steps],
@@ -218,15 +211,8 @@ FP16_STEP = Exercise(
             hint="Call scaler.step(optimizer) first, then scaler.update(), last in the iteration.",
         ),
     ),
-    covers=(
-        "autocast-fp16",
-        "scaler-scale",
-        "scaler-unscale",
-        "clip",
-        "scaler-step",
-        "scaler-update",
-        "zero-grad",
-    ),
+    covers=("autocast-fp16", "scaler-scale", "scaler-unscale", "clip", "scaler-step", "scaler-update")
+    + ("zero-grad",),
     tolerance=1e-6,
 )
 
