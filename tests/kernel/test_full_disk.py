@@ -14,8 +14,13 @@ import pytest
 import torch
 
 import ddp_helpers
+from ddp_helpers.chapters.ch04_checkpointing.checkpoint import (
+    CheckpointError,
+    list_checkpoints,
+    no_space_left,
+    save_checkpoint,
+)
 from ddp_helpers.kernel.launcher.resources import full_disk_note
-from ddp_helpers.rank.checkpoint import CheckpointError, list_checkpoints, no_space_left, save_checkpoint
 
 
 @pytest.fixture

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ddp_helpers.rank import checkpoint, teardown
+from ddp_helpers.chapters.ch04_checkpointing import checkpoint
+from ddp_helpers.rank import teardown
 from ddp_helpers.rank.distributed import setup_distributed
 from ddp_helpers.rank.metrics import report
 from ddp_helpers.run_contract import RUN_DIR_ENV

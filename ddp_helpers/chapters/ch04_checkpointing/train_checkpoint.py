@@ -1,5 +1,5 @@
 """train.py's checkpoints: everything needed to continue as if nothing had happened. The file format and
-its atomic write are ddp_helpers/rank/checkpoint.py.
+its atomic write are ddp_helpers/chapters/ch04_checkpointing/checkpoint.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,12 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from ddp_helpers.rank.checkpoint import capture_rng, load_latest_on_every_rank, restore_rng, save_checkpoint
+from ddp_helpers.chapters.ch04_checkpointing.checkpoint import (
+    capture_rng,
+    load_latest_on_every_rank,
+    restore_rng,
+    save_checkpoint,
+)
 from ddp_helpers.rank.distributed import DistInfo
 from ddp_helpers.workers.train_state import Position, Training
 

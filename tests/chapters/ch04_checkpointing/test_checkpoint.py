@@ -1,4 +1,4 @@
-"""ddp_helpers.rank.checkpoint: atomic saves, rotation, safe loading with fallback, RNG round trip."""
+"""ddp_helpers.chapters.ch04_checkpointing.checkpoint: atomic saves, rotation, safe loading with fallback, RNG round trip."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from ddp_helpers.rank import checkpoint as ckpt
+from ddp_helpers.chapters.ch04_checkpointing import checkpoint as ckpt
 from ddp_helpers.rank.data import ResumableDistributedSampler
 from ddp_helpers.workers import worker_path
 
@@ -55,7 +55,7 @@ def test_a_truncated_newest_checkpoint_is_named_and_skipped(tmp_path, caplog):
     newest.write_bytes(newest.read_bytes()[:100])
     with pytest.raises(ckpt.CheckpointError, match=newest.name):
         ckpt.load_checkpoint(newest)
-    with caplog.at_level("WARNING", logger="ddp_helpers.rank.checkpoint"):
+    with caplog.at_level("WARNING", logger="ddp_helpers.chapters.ch04_checkpointing.checkpoint"):
         loaded, path = ckpt.load_latest(tmp_path)
     assert loaded is not None and loaded["step"] == 1
     assert [r.levelname for r in caplog.records] == ["WARNING"]
@@ -103,7 +103,7 @@ def test_resumable_sampler_continues_with_the_very_next_index():
 
 SAVER = """
 import sys, torch
-from ddp_helpers.rank.checkpoint import save_checkpoint
+from ddp_helpers.chapters.ch04_checkpointing.checkpoint import save_checkpoint
 folder = sys.argv[1]
 save_checkpoint({"step": 1, "w": torch.zeros(4)}, folder, 1)
 print("first saved", flush=True)
@@ -198,7 +198,8 @@ def test_a_save_leaves_the_temporary_of_a_writer_still_running(tmp_path):
 AGREE_SCRIPT = """
 import json, os, sys
 import torch.distributed as dist
-from ddp_helpers.rank import checkpoint as ckpt, teardown
+from ddp_helpers.chapters.ch04_checkpointing import checkpoint as ckpt
+from ddp_helpers.rank import teardown
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
