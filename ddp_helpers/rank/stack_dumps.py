@@ -25,7 +25,7 @@ WAIT_S = 2.0  # a live worker answers within milliseconds; one that does not is 
 POLL_S = 0.05  # faulthandler writes a few bytes at a time, the main thread last: read once it stops
 MAX_FRAMES = 8  # innermost first: where it waits, and the calls that led there
 
-_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)', re.MULTILINE)
+FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)', re.MULTILINE)
 _THREAD = re.compile(r"^(?:Current thread|Thread) 0x([0-9a-f]+)", re.MULTILINE)
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 _registered: list[IO[str]] = []  # the open dump file, for as long as the worker runs
@@ -127,7 +127,7 @@ def _wait_until_written(files: dict[int, Path], offsets: dict[int, int]) -> None
 def where_it_waits(dump: str) -> str:
     """The main thread's frames, innermost first, with their lines; then the script's own, if not shown."""
     main = main_thread(dump)
-    frames = [m for m in _FRAME.finditer(main) if m["file"] != "<frozen runpy>"]
+    frames = [m for m in FRAME.finditer(main) if m["file"] != "<frozen runpy>"]
     shown = frames[:MAX_FRAMES]
     own = next((m for m in frames if _is_the_scripts(m["file"])), None)
     lines = [line for m in shown for line in _with_source(m)]

@@ -14,6 +14,7 @@ from typing import Any
 
 from ddp_helpers.errors import InvalidLaunchArguments, LaunchTimeout, RankError, WorkerFailed
 from ddp_helpers.kernel.exercises.verdict import HUNG, PASSED, RAISED, UNKNOWN, UNWRITTEN, Verdict
+from ddp_helpers.rank import stack_dumps
 from ddp_helpers.rank.registry import get
 from ddp_helpers.rank.spec import Exercise, differences
 
@@ -178,15 +179,12 @@ def _passed_message(exercise: Exercise, results: list[dict[str, Any]]) -> str:
     return message + "." + (" Note: " + "; ".join(notes) + "." if notes else "")
 
 
-_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<name>\S+)')
-
-
 def waits_in_answer(stack: str) -> tuple[str, int] | None:
     """(the collective, the answer's line) where a stuck rank waits, from its stack (innermost first)."""
-    frames = list(_FRAME.finditer(stack))
-    names = [f"`{f['name']}`" for f in frames if f["file"].endswith("distributed_c10d.py")]
+    frames = list(stack_dumps.FRAME.finditer(stack))
+    names = [f"`{f['func']}`" for f in frames if f["file"].endswith("distributed_c10d.py")]
     # DDP's all-reduce runs in autograd's engine
-    if not names and any(f["name"] == "backward" for f in frames):
+    if not names and any(f["func"] == "backward" for f in frames):
         names = ["`backward()` (DDP's all-reduce of the gradients)"]
     for frame in frames:
         if frame["file"] == "<your answer>":

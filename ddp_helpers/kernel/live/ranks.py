@@ -598,9 +598,6 @@ def _silent_exit(ranks: LiveRanks, rank: int | None) -> int | None:
     return None
 
 
-_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
-
-
 def read_stacks(ranks: LiveRanks, which: list[int]) -> dict[int, str]:
     """Each rank's current Python stack (most recent call first), with the cells' lines."""
     pids = {r: ranks.pids[r] for r in which if r in ranks.pids}
@@ -610,7 +607,7 @@ def read_stacks(ranks: LiveRanks, which: list[int]) -> dict[int, str]:
 
 def format_stack(dump: str, sources: Mapping[int, str]) -> str:
     """A faulthandler dump, down to the innermost cell frame, each cell frame followed by its line."""
-    frames = list(_FRAME.finditer(dump))
+    frames = list(stack_dumps.FRAME.finditer(dump))
     cell_frames = [i for i, m in enumerate(frames) if m["file"].startswith("<cell ")]
     if cell_frames:
         frames = frames[: cell_frames[-1] + 1]  # drop the server's own frames below the cell
