@@ -83,13 +83,7 @@ def trainjob_manifest(
 ) -> str:
     """A shared ReadWriteMany claim and a ``TrainJob`` of `nnodes` pods running `worker` under torchrun (`image` holds ddp_helpers)."""
     check_job_shape(nnodes, nproc_per_node, cpus_per_rank)
-    if checkpoint_dir is not None and not PurePosixPath(os.path.normpath(checkpoint_dir)).is_relative_to(
-        SHARED_MOUNT
-    ):
-        raise ValueError(
-            f"checkpoint_dir {checkpoint_dir!r} must lie under {SHARED_MOUNT}, where every pod mounts the "
-            "shared volume: elsewhere a pod's checkpoints are lost with it, and other pods never see them"
-        )
+    check_shared(checkpoint_dir)
     if max_restarts < 0:
         raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
     gpus = nproc_per_node if gpus_per_node is None else gpus_per_node
@@ -133,6 +127,16 @@ def trainjob_manifest(
         },
     }
     return yaml.safe_dump_all([volume_claim(claim), job], sort_keys=False)
+
+
+def check_shared(checkpoint_dir: str | None) -> None:
+    if checkpoint_dir is not None and not PurePosixPath(os.path.normpath(checkpoint_dir)).is_relative_to(
+        SHARED_MOUNT
+    ):
+        raise ValueError(
+            f"checkpoint_dir {checkpoint_dir!r} must lie under {SHARED_MOUNT}, where every pod mounts the "
+            "shared volume: elsewhere a pod's checkpoints are lost with it, and other pods never see them"
+        )
 
 
 def volume_claim(claim: str) -> dict[str, Any]:
