@@ -438,55 +438,6 @@ RESUME_SEED = 5  # every rank seeds seed + rank: its global generator and its lo
 RESUME_LR, RESUME_MOMENTUM = 1.0, 0.9
 
 
-class _Run:
-    """The uninterrupted run's state on every rank."""
-
-    def __init__(self, world: int) -> None:
-        import torch
-
-        self.torch, self.world = torch, world
-        self.steps = -(-RESUME_SIZE // world)  # DistributedSampler pads to a multiple of the world
-        self.global_rng = [torch.Generator().manual_seed(RESUME_SEED + r) for r in range(world)]
-        self.loader_rng = [torch.Generator().manual_seed(RESUME_SEED + r) for r in range(world)]
-        self.weight = torch.zeros(RESUME_SIZE, dtype=torch.float64)
-        self.buffer = torch.zeros(RESUME_SIZE, dtype=torch.float64)
-        self.trained: list[list[int]] = [[] for _ in range(world)]
-        self.per_epoch: list[dict[str, int]] = [{} for _ in range(world)]  # "epoch E" -> batches trained
-        self.masks: list[list[str]] = [[] for _ in range(world)]
-        self.orders = [
-            [sampler_order(RESUME_SIZE, world, r, e) for r in range(world)] for e in range(RESUME_EPOCHS)
-        ]
-
-    def step(self, epoch: int, batch: int, record: bool) -> None:
-        torch = self.torch
-        grad = torch.zeros(RESUME_SIZE, dtype=torch.float64)
-        for r in range(self.world):
-            mask = (torch.rand(RESUME_SIZE, dtype=torch.float64, generator=self.global_rng[r]) < 0.5).double()
-            index = self.orders[epoch][r][batch]
-            grad[index] += mask[index] / self.world  # the gradient of w . (x * mask) for one-hot x
-            if record:
-                self.trained[r].append(index)
-                key = f"epoch {epoch}"
-                self.per_epoch[r][key] = self.per_epoch[r].get(key, 0) + 1
-                self.masks[r].append("".join(str(int(m)) for m in mask.tolist()))
-        self.buffer = RESUME_MOMENTUM * self.buffer + grad
-        self.weight = self.weight - RESUME_LR * self.buffer
-
-    def to_checkpoint(self) -> dict[str, Any]:
-        loader_at_epoch_start = [g.get_state() for g in self.loader_rng]
-        for epoch in range(RESUME_EPOCH + 1):
-            loader_at_epoch_start = [g.get_state() for g in self.loader_rng]
-            [_seeds(g) for g in self.loader_rng]  # iter(loader): one number for its workers' base seed
-            for batch in range(self.steps if epoch < RESUME_EPOCH else RESUME_BATCH):
-                self.step(epoch, batch, record=False)
-        return {
-            "weight": self.weight.clone(),
-            "buffer": self.buffer.clone(),
-            "rng": [g.get_state() for g in self.global_rng],
-            "loader": loader_at_epoch_start,
-        }
-
-
 def simulate(
     world: int,
     *,
@@ -502,35 +453,57 @@ def simulate(
     what the resume did. Each flag makes one piece of the resume wrong, as a wrong answer would."""
     import torch
 
-    run = _Run(world)
-    ckpt = run.to_checkpoint()
+    def seeded() -> list[Any]:  # every rank's generator as a fresh job seeds it: seed + rank
+        return [torch.Generator().manual_seed(RESUME_SEED + r) for r in range(world)]
+
+    steps = -(-RESUME_SIZE // world)  # DistributedSampler pads to a multiple of the world
+    orders = [[sampler_order(RESUME_SIZE, world, r, e) for r in range(world)] for e in range(RESUME_EPOCHS)]
+    global_rng, loader_rng = seeded(), seeded()
+    weight = buffer = torch.zeros(RESUME_SIZE, dtype=torch.float64)
+    ranks: list[dict[str, Any]] = [
+        {"trained": [], "batches_per_epoch": {}, "masks": []} for _ in range(world)
+    ]
+
+    def step(epoch: int, batch: int, record: bool) -> None:
+        nonlocal weight, buffer
+        grad = torch.zeros(RESUME_SIZE, dtype=torch.float64)
+        for r, row in enumerate(ranks):
+            mask = (torch.rand(RESUME_SIZE, dtype=torch.float64, generator=global_rng[r]) < 0.5).double()
+            index = orders[epoch][r][batch]
+            grad[index] += mask[index] / world  # the gradient of w . (x * mask) for one-hot x
+            if record:
+                row["trained"].append(index)
+                per_epoch = row["batches_per_epoch"]  # "epoch E" -> batches trained
+                per_epoch[f"epoch {epoch}"] = per_epoch.get(f"epoch {epoch}", 0) + 1
+                row["masks"].append("".join(str(int(m)) for m in mask.tolist()))
+        buffer = RESUME_MOMENTUM * buffer + grad
+        weight = weight - RESUME_LR * buffer
+
+    for epoch in range(RESUME_EPOCH + 1):  # the first run, to the checkpoint
+        loader_at_epoch_start = [g.get_state() for g in loader_rng]
+        [_seeds(g) for g in loader_rng]  # iter(loader): one number for its workers' base seed
+        for batch in range(steps if epoch < RESUME_EPOCH else RESUME_BATCH):
+            step(epoch, batch, record=False)
+    rng = [g.get_state() for g in global_rng]
+    ckpt: dict[str, Any] = {"weight": weight, "buffer": buffer, "rng": rng, "loader": loader_at_epoch_start}
     if restore_rng:
         for r in range(world):
-            run.global_rng[r].set_state(ckpt["rng"][0 if rng_of_rank0 else r])
+            global_rng[r].set_state(ckpt["rng"][0 if rng_of_rank0 else r])
     else:
-        run.global_rng = [torch.Generator().manual_seed(RESUME_SEED + r) for r in range(world)]
-    run.loader_rng = [torch.Generator().manual_seed(RESUME_SEED + r) for r in range(world)]
+        global_rng[:] = seeded()
+    loader_rng = seeded()
     if restore_loader:
         for r in range(world):
-            run.loader_rng[r].set_state(ckpt["loader"][r])
+            loader_rng[r].set_state(ckpt["loader"][r])
     if not restore_optimizer:
-        run.buffer = torch.zeros(RESUME_SIZE, dtype=torch.float64)
-    for epoch in range(RESUME_EPOCH, RESUME_EPOCHS):
-        [_seeds(g) for g in (run.loader_rng if loader_generator else run.global_rng)]
+        buffer = torch.zeros(RESUME_SIZE, dtype=torch.float64)
+    for epoch in range(RESUME_EPOCH, RESUME_EPOCHS):  # the resumed run
+        [_seeds(g) for g in (loader_rng if loader_generator else global_rng)]
         first = RESUME_BATCH if (epoch == RESUME_EPOCH or skip_every_epoch) and skip_done else 0
-        for batch in range(first, run.steps):
-            run.step(epoch, batch, record=True)
-    next_seed = [_seeds(g)[0] if loader_generator else None for g in run.loader_rng]
-    ranks = [
-        {
-            "trained": run.trained[r],
-            "batches_per_epoch": run.per_epoch[r],
-            "masks": run.masks[r],
-            "weight": run.weight.tolist(),
-            "next_seed": next_seed[r],
-        }
-        for r in range(world)
-    ]
+        for batch in range(first, steps):
+            step(epoch, batch, record=True)
+    for row, g in zip(ranks, loader_rng, strict=True):
+        row.update(weight=weight.tolist(), next_seed=_seeds(g)[0] if loader_generator else None)
     return {"checkpoint": ckpt, "ranks": ranks}
 
 
