@@ -5,6 +5,7 @@ missing piece of a resume (optimizer, RNG, loader generator, skipped batches) le
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from ddp_helpers.chapters.ch01_first_program.ch01_exercises import _first_of_each_node, sampler_order
@@ -336,12 +337,14 @@ def _choose_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
         out["step"] = ckpt.get("step")
         tensors = list(ckpt.get("model", {}).values())
         out["on_own_device"] = bool(tensors) and all(t.device == ctx.device for t in tensors)
-    wrapped = ns.get("ddp_model")
-    out["is_ddp"] = isinstance(wrapped, torch.nn.parallel.DistributedDataParallel)
-    plain = getattr(wrapped, "module", None)
-    if plain is not None:
-        out["weight"] = plain.weight.detach().cpu().flatten().tolist()
-    return out
+    out["is_ddp"] = isinstance(ns.get("ddp_model"), torch.nn.parallel.DistributedDataParallel)
+    return {**out, **_weight_of(ns)}
+
+
+def _weight_of(ns: dict[str, Any]) -> dict[str, Any]:
+    """{"weight": the wrapped model's weights, flat}, or {} where the answer left no wrapped model."""
+    plain = getattr(ns.get("ddp_model"), "module", None)
+    return {} if plain is None else {"weight": plain.weight.detach().cpu().flatten().tolist()}
 
 
 def _choose_expected(world: int) -> Seen:
@@ -519,12 +522,11 @@ def _resume_setup(ctx: Context) -> dict[str, Any]:
         model.weight.copy_(saved["weight"].view(1, -1))  # 04-choose loaded it before the wrap
     ddp_model = DDP(model, device_ids=[ctx.local_rank] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=RESUME_LR, momentum=RESUME_MOMENTUM)
-    first_run = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=RESUME_LR, momentum=RESUME_MOMENTUM)
     ckpt = {  # as torch.load(..., map_location=device) gives it: every tensor on this rank's device
         "model": {"weight": saved["weight"].view(1, -1).to(device)},
         "optimizer": {
             "state": {0: {"momentum_buffer": saved["buffer"].view(1, -1).to(device)}},
-            "param_groups": first_run.state_dict()["param_groups"],
+            "param_groups": optimizer.state_dict()["param_groups"],  # the same lr and momentum
         },
         "epoch": RESUME_EPOCH,
         "batch_in_epoch": RESUME_BATCH,
@@ -535,19 +537,17 @@ def _resume_setup(ctx: Context) -> dict[str, Any]:
     }
     dataset = TensorDataset(torch.eye(RESUME_SIZE, dtype=torch.float64), torch.arange(RESUME_SIZE))
     sampler: DistributedSampler[Any] = DistributedSampler(dataset)
-    trained: list[int] = []
-    per_epoch: dict[str, int] = {}
-    masks: list[str] = []
+    done: dict[str, Any] = {"trained": [], "batches_per_epoch": {}, "masks": []}  # as simulate's ranks
 
     def train_step(x: Any, y: Any) -> None:
         mask = (torch.rand(RESUME_SIZE, dtype=torch.float64) < 0.5).double()
         optimizer.zero_grad()
         ddp_model(x.to(device) * mask.to(device)).sum().backward()
         optimizer.step()
-        trained.append(int(y.item()))
-        key = f"epoch {sampler.epoch}"  # the epoch set_epoch last gave the sampler
+        done["trained"].append(int(y.item()))
+        per_epoch, key = done["batches_per_epoch"], f"epoch {sampler.epoch}"  # set_epoch's last epoch
         per_epoch[key] = per_epoch.get(key, 0) + 1
-        masks.append("".join(str(int(m)) for m in mask.tolist()))
+        done["masks"].append("".join(str(int(m)) for m in mask.tolist()))
 
     torch.manual_seed(RESUME_SEED + ctx.rank)  # a fresh job seeds as the first one did
     return {
@@ -559,21 +559,12 @@ def _resume_setup(ctx: Context) -> dict[str, Any]:
         "train_step": train_step,
         "epochs": RESUME_EPOCHS,
         "seed": RESUME_SEED,
-        "_trained": trained,
-        "_per_epoch": per_epoch,
-        "_masks": masks,
+        "_done": done,
     }
 
 
 def _resume_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "trained": list(ns["_trained"]),
-        "batches_per_epoch": dict(ns["_per_epoch"]),
-        "masks": list(ns["_masks"]),
-    }
-    plain = getattr(ns.get("ddp_model"), "module", None)
-    if plain is not None:
-        out["weight"] = plain.weight.detach().cpu().flatten().tolist()
+    out: dict[str, Any] = {**copy.deepcopy(ns["_done"]), **_weight_of(ns)}
     generator = getattr(ns.get("loader"), "generator", None)
     out["next_seed"] = None if generator is None else _seeds(generator.get_state())[0]
     return out
