@@ -441,6 +441,13 @@ RESUME_SEED = 5  # every rank seeds seed + rank: its global generator and its lo
 RESUME_LR, RESUME_MOMENTUM = 1.0, 0.9
 
 
+def _seeded(world: int) -> list[Any]:
+    """Every rank's generator as a job seeds it: seed + rank."""
+    import torch
+
+    return [torch.Generator().manual_seed(RESUME_SEED + r) for r in range(world)]
+
+
 def simulate(
     world: int,
     *,
@@ -456,12 +463,9 @@ def simulate(
     what the resume did. Each flag makes one piece of the resume wrong, as a wrong answer would."""
     import torch
 
-    def seeded() -> list[Any]:  # every rank's generator as a fresh job seeds it: seed + rank
-        return [torch.Generator().manual_seed(RESUME_SEED + r) for r in range(world)]
-
     steps = -(-RESUME_SIZE // world)  # DistributedSampler pads to a multiple of the world
     orders = [[sampler_order(RESUME_SIZE, world, r, e) for r in range(world)] for e in range(RESUME_EPOCHS)]
-    global_rng, loader_rng = seeded(), seeded()
+    global_rng, loader_rng = _seeded(world), _seeded(world)
     weight = buffer = torch.zeros(RESUME_SIZE, dtype=torch.float64)
     ranks: list[dict[str, Any]] = [
         {"trained": [], "batches_per_epoch": {}, "masks": []} for _ in range(world)
@@ -489,17 +493,13 @@ def simulate(
             step(epoch, batch, record=False)
     rng = [g.get_state() for g in global_rng]
     ckpt: dict[str, Any] = {"weight": weight, "buffer": buffer, "rng": rng, "loader": loader_at_epoch_start}
-    if restore_rng:
-        for r in range(world):
+    global_rng[:], loader_rng = _seeded(world), _seeded(world)  # the new job seeds as the first did
+    for r in range(world):
+        if restore_rng:
             global_rng[r].set_state(ckpt["rng"][0 if rng_of_rank0 else r])
-    else:
-        global_rng[:] = seeded()
-    loader_rng = seeded()
-    if restore_loader:
-        for r in range(world):
+        if restore_loader:
             loader_rng[r].set_state(ckpt["loader"][r])
-    if not restore_optimizer:
-        buffer = torch.zeros(RESUME_SIZE, dtype=torch.float64)
+    buffer = buffer if restore_optimizer else torch.zeros_like(buffer)  # the momentum, or none
     for epoch in range(RESUME_EPOCH, RESUME_EPOCHS):  # the resumed run
         [_seeds(g) for g in (loader_rng if loader_generator else global_rng)]
         first = RESUME_BATCH if (epoch == RESUME_EPOCH or skip_every_epoch) and skip_done else 0
