@@ -36,10 +36,6 @@ def gpu_ranks(live_rank: int) -> list[int]:
     return [live_rank % world, (live_rank + 5) % world]
 
 
-def cpu_rank(live_rank: int) -> int:
-    return (live_rank + 3) % (NODES * CPU_PER_NODE)
-
-
 class _Recorder:
     """What the answer asked of the pretend machine during one call (observe resets it per call)."""
 
@@ -184,9 +180,8 @@ def _call_as(
 # ------------------------------------------------------------------ 06-init
 def _probes(live_rank: int) -> list[tuple[int, int, int]]:
     """(rank, processes per node, GPUs per node) of each pretend process a live rank probes."""
-    return [(r, GPUS_PER_NODE, GPUS_PER_NODE) for r in gpu_ranks(live_rank)] + [
-        (cpu_rank(live_rank), CPU_PER_NODE, 0)
-    ]
+    cpu_rank = (live_rank + 3) % (NODES * CPU_PER_NODE)
+    return [(r, GPUS_PER_NODE, GPUS_PER_NODE) for r in gpu_ranks(live_rank)] + [(cpu_rank, CPU_PER_NODE, 0)]
 
 
 def _describe(rank: int, per_node: int, gpus: int) -> str:
