@@ -28,7 +28,6 @@ from ddp_helpers.chapters.ch05_debugging.ch05_pitfall_runs import printed
 from ddp_helpers.kernel.launcher.config import default_run_dir
 from ddp_helpers.kernel.launcher.machine import free_port
 from ddp_helpers.kernel.launcher.process_tree import ProcessTree
-from ddp_helpers.kernel.live.ranks import _running
 
 FR_SIGNAL_OFFSET = 7  # with_tools.py's signal: SIGRTMIN + 7 (the workbench's stack dumps use + 6)
 FR_PREFIX = "fr_rank_"  # each rank's Flight Recorder file: fr_rank_<rank>, as fr_trace's --prefix
@@ -175,7 +174,14 @@ def planted_hang(
 
 def still_running(pids: Mapping[int, int]) -> dict[int, int]:
     """The ranks of `pids` (rank -> pid) whose process still runs (a zombie has ended: it runs no code)."""
-    return {rank: pid for rank, pid in pids.items() if _running(pid)}
+    running = {}
+    for rank, pid in pids.items():
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                running[rank] = pid
+        except psutil.NoSuchProcess:
+            continue
+    return running
 
 
 def _wait_until_hung(job: HungJob, tree: ProcessTree, startup_s: float) -> None:
