@@ -5,6 +5,7 @@ missing piece of a resume (optimizer, RNG, loader generator, skipped batches) le
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from ddp_helpers.chapters.ch01_first_program.ch01_exercises import _first_of_each_node, sampler_order
@@ -336,12 +337,14 @@ def _choose_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
         out["step"] = ckpt.get("step")
         tensors = list(ckpt.get("model", {}).values())
         out["on_own_device"] = bool(tensors) and all(t.device == ctx.device for t in tensors)
-    wrapped = ns.get("ddp_model")
-    out["is_ddp"] = isinstance(wrapped, torch.nn.parallel.DistributedDataParallel)
-    plain = getattr(wrapped, "module", None)
-    if plain is not None:
-        out["weight"] = plain.weight.detach().cpu().flatten().tolist()
-    return out
+    out["is_ddp"] = isinstance(ns.get("ddp_model"), torch.nn.parallel.DistributedDataParallel)
+    return {**out, **_weight_of(ns)}
+
+
+def _weight_of(ns: dict[str, Any]) -> dict[str, Any]:
+    """{"weight": the wrapped model's weights, flat}, or {} where the answer left no wrapped model."""
+    plain = getattr(ns.get("ddp_model"), "module", None)
+    return {} if plain is None else {"weight": plain.weight.detach().cpu().flatten().tolist()}
 
 
 def _choose_expected(world: int) -> Seen:
@@ -438,53 +441,11 @@ RESUME_SEED = 5  # every rank seeds seed + rank: its global generator and its lo
 RESUME_LR, RESUME_MOMENTUM = 1.0, 0.9
 
 
-class _Run:
-    """The uninterrupted run's state on every rank."""
+def _seeded(world: int) -> list[Any]:
+    """Every rank's generator as a job seeds it: seed + rank."""
+    import torch
 
-    def __init__(self, world: int) -> None:
-        import torch
-
-        self.torch, self.world = torch, world
-        self.steps = -(-RESUME_SIZE // world)  # DistributedSampler pads to a multiple of the world
-        self.global_rng = [torch.Generator().manual_seed(RESUME_SEED + r) for r in range(world)]
-        self.loader_rng = [torch.Generator().manual_seed(RESUME_SEED + r) for r in range(world)]
-        self.weight = torch.zeros(RESUME_SIZE, dtype=torch.float64)
-        self.buffer = torch.zeros(RESUME_SIZE, dtype=torch.float64)
-        self.trained: list[list[int]] = [[] for _ in range(world)]
-        self.per_epoch: list[dict[str, int]] = [{} for _ in range(world)]  # "epoch E" -> batches trained
-        self.masks: list[list[str]] = [[] for _ in range(world)]
-        self.orders = [
-            [sampler_order(RESUME_SIZE, world, r, e) for r in range(world)] for e in range(RESUME_EPOCHS)
-        ]
-
-    def step(self, epoch: int, batch: int, record: bool) -> None:
-        torch = self.torch
-        grad = torch.zeros(RESUME_SIZE, dtype=torch.float64)
-        for r in range(self.world):
-            mask = (torch.rand(RESUME_SIZE, dtype=torch.float64, generator=self.global_rng[r]) < 0.5).double()
-            index = self.orders[epoch][r][batch]
-            grad[index] += mask[index] / self.world  # the gradient of w . (x * mask) for one-hot x
-            if record:
-                self.trained[r].append(index)
-                key = f"epoch {epoch}"
-                self.per_epoch[r][key] = self.per_epoch[r].get(key, 0) + 1
-                self.masks[r].append("".join(str(int(m)) for m in mask.tolist()))
-        self.buffer = RESUME_MOMENTUM * self.buffer + grad
-        self.weight = self.weight - RESUME_LR * self.buffer
-
-    def to_checkpoint(self) -> dict[str, Any]:
-        loader_at_epoch_start = [g.get_state() for g in self.loader_rng]
-        for epoch in range(RESUME_EPOCH + 1):
-            loader_at_epoch_start = [g.get_state() for g in self.loader_rng]
-            [_seeds(g) for g in self.loader_rng]  # iter(loader): one number for its workers' base seed
-            for batch in range(self.steps if epoch < RESUME_EPOCH else RESUME_BATCH):
-                self.step(epoch, batch, record=False)
-        return {
-            "weight": self.weight.clone(),
-            "buffer": self.buffer.clone(),
-            "rng": [g.get_state() for g in self.global_rng],
-            "loader": loader_at_epoch_start,
-        }
+    return [torch.Generator().manual_seed(RESUME_SEED + r) for r in range(world)]
 
 
 def simulate(
@@ -502,35 +463,50 @@ def simulate(
     what the resume did. Each flag makes one piece of the resume wrong, as a wrong answer would."""
     import torch
 
-    run = _Run(world)
-    ckpt = run.to_checkpoint()
-    if restore_rng:
-        for r in range(world):
-            run.global_rng[r].set_state(ckpt["rng"][0 if rng_of_rank0 else r])
-    else:
-        run.global_rng = [torch.Generator().manual_seed(RESUME_SEED + r) for r in range(world)]
-    run.loader_rng = [torch.Generator().manual_seed(RESUME_SEED + r) for r in range(world)]
-    if restore_loader:
-        for r in range(world):
-            run.loader_rng[r].set_state(ckpt["loader"][r])
-    if not restore_optimizer:
-        run.buffer = torch.zeros(RESUME_SIZE, dtype=torch.float64)
-    for epoch in range(RESUME_EPOCH, RESUME_EPOCHS):
-        [_seeds(g) for g in (run.loader_rng if loader_generator else run.global_rng)]
-        first = RESUME_BATCH if (epoch == RESUME_EPOCH or skip_every_epoch) and skip_done else 0
-        for batch in range(first, run.steps):
-            run.step(epoch, batch, record=True)
-    next_seed = [_seeds(g)[0] if loader_generator else None for g in run.loader_rng]
-    ranks = [
-        {
-            "trained": run.trained[r],
-            "batches_per_epoch": run.per_epoch[r],
-            "masks": run.masks[r],
-            "weight": run.weight.tolist(),
-            "next_seed": next_seed[r],
-        }
-        for r in range(world)
+    steps = -(-RESUME_SIZE // world)  # DistributedSampler pads to a multiple of the world
+    orders = [[sampler_order(RESUME_SIZE, world, r, e) for r in range(world)] for e in range(RESUME_EPOCHS)]
+    global_rng, loader_rng = _seeded(world), _seeded(world)
+    weight = buffer = torch.zeros(RESUME_SIZE, dtype=torch.float64)
+    ranks: list[dict[str, Any]] = [
+        {"trained": [], "batches_per_epoch": {}, "masks": []} for _ in range(world)
     ]
+
+    def step(epoch: int, batch: int, record: bool) -> None:
+        nonlocal weight, buffer
+        grad = torch.zeros(RESUME_SIZE, dtype=torch.float64)
+        for r, row in enumerate(ranks):
+            mask = (torch.rand(RESUME_SIZE, dtype=torch.float64, generator=global_rng[r]) < 0.5).double()
+            index = orders[epoch][r][batch]
+            grad[index] += mask[index] / world  # the gradient of w . (x * mask) for one-hot x
+            if record:
+                row["trained"].append(index)
+                per_epoch = row["batches_per_epoch"]  # "epoch E" -> batches trained
+                per_epoch[f"epoch {epoch}"] = per_epoch.get(f"epoch {epoch}", 0) + 1
+                row["masks"].append("".join(str(int(m)) for m in mask.tolist()))
+        buffer = RESUME_MOMENTUM * buffer + grad
+        weight = weight - RESUME_LR * buffer
+
+    for epoch in range(RESUME_EPOCH + 1):  # the first run, to the checkpoint
+        loader_at_epoch_start = [g.get_state() for g in loader_rng]
+        [_seeds(g) for g in loader_rng]  # iter(loader): one number for its workers' base seed
+        for batch in range(steps if epoch < RESUME_EPOCH else RESUME_BATCH):
+            step(epoch, batch, record=False)
+    rng = [g.get_state() for g in global_rng]
+    ckpt: dict[str, Any] = {"weight": weight, "buffer": buffer, "rng": rng, "loader": loader_at_epoch_start}
+    global_rng[:], loader_rng = _seeded(world), _seeded(world)  # the new job seeds as the first did
+    for r in range(world):
+        if restore_rng:
+            global_rng[r].set_state(ckpt["rng"][0 if rng_of_rank0 else r])
+        if restore_loader:
+            loader_rng[r].set_state(ckpt["loader"][r])
+    buffer = buffer if restore_optimizer else torch.zeros_like(buffer)  # the momentum, or none
+    for epoch in range(RESUME_EPOCH, RESUME_EPOCHS):  # the resumed run
+        [_seeds(g) for g in (loader_rng if loader_generator else global_rng)]
+        first = RESUME_BATCH if (epoch == RESUME_EPOCH or skip_every_epoch) and skip_done else 0
+        for batch in range(first, steps):
+            step(epoch, batch, record=True)
+    for row, g in zip(ranks, loader_rng, strict=True):
+        row.update(weight=weight.tolist(), next_seed=_seeds(g)[0] if loader_generator else None)
     return {"checkpoint": ckpt, "ranks": ranks}
 
 
@@ -546,12 +522,11 @@ def _resume_setup(ctx: Context) -> dict[str, Any]:
         model.weight.copy_(saved["weight"].view(1, -1))  # 04-choose loaded it before the wrap
     ddp_model = DDP(model, device_ids=[ctx.local_rank] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=RESUME_LR, momentum=RESUME_MOMENTUM)
-    first_run = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=RESUME_LR, momentum=RESUME_MOMENTUM)
     ckpt = {  # as torch.load(..., map_location=device) gives it: every tensor on this rank's device
         "model": {"weight": saved["weight"].view(1, -1).to(device)},
         "optimizer": {
             "state": {0: {"momentum_buffer": saved["buffer"].view(1, -1).to(device)}},
-            "param_groups": first_run.state_dict()["param_groups"],
+            "param_groups": optimizer.state_dict()["param_groups"],  # the same lr and momentum
         },
         "epoch": RESUME_EPOCH,
         "batch_in_epoch": RESUME_BATCH,
@@ -562,19 +537,17 @@ def _resume_setup(ctx: Context) -> dict[str, Any]:
     }
     dataset = TensorDataset(torch.eye(RESUME_SIZE, dtype=torch.float64), torch.arange(RESUME_SIZE))
     sampler: DistributedSampler[Any] = DistributedSampler(dataset)
-    trained: list[int] = []
-    per_epoch: dict[str, int] = {}
-    masks: list[str] = []
+    done: dict[str, Any] = {"trained": [], "batches_per_epoch": {}, "masks": []}  # as simulate's ranks
 
     def train_step(x: Any, y: Any) -> None:
         mask = (torch.rand(RESUME_SIZE, dtype=torch.float64) < 0.5).double()
         optimizer.zero_grad()
         ddp_model(x.to(device) * mask.to(device)).sum().backward()
         optimizer.step()
-        trained.append(int(y.item()))
-        key = f"epoch {sampler.epoch}"  # the epoch set_epoch last gave the sampler
+        done["trained"].append(int(y.item()))
+        per_epoch, key = done["batches_per_epoch"], f"epoch {sampler.epoch}"  # set_epoch's last epoch
         per_epoch[key] = per_epoch.get(key, 0) + 1
-        masks.append("".join(str(int(m)) for m in mask.tolist()))
+        done["masks"].append("".join(str(int(m)) for m in mask.tolist()))
 
     torch.manual_seed(RESUME_SEED + ctx.rank)  # a fresh job seeds as the first one did
     return {
@@ -586,21 +559,12 @@ def _resume_setup(ctx: Context) -> dict[str, Any]:
         "train_step": train_step,
         "epochs": RESUME_EPOCHS,
         "seed": RESUME_SEED,
-        "_trained": trained,
-        "_per_epoch": per_epoch,
-        "_masks": masks,
+        "_done": done,
     }
 
 
 def _resume_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "trained": list(ns["_trained"]),
-        "batches_per_epoch": dict(ns["_per_epoch"]),
-        "masks": list(ns["_masks"]),
-    }
-    plain = getattr(ns.get("ddp_model"), "module", None)
-    if plain is not None:
-        out["weight"] = plain.weight.detach().cpu().flatten().tolist()
+    out: dict[str, Any] = {**copy.deepcopy(ns["_done"]), **_weight_of(ns)}
     generator = getattr(ns.get("loader"), "generator", None)
     out["next_seed"] = None if generator is None else _seeds(generator.get_state())[0]
     return out

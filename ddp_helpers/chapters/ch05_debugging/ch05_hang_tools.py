@@ -5,7 +5,6 @@ server), pointed at one planted hang under plain torchrun. Kernel side.
 from __future__ import annotations
 
 import atexit
-import functools
 import html
 import importlib.util
 import os
@@ -158,8 +157,12 @@ def planted_hang(
             command, env=ranks_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
     tree = ProcessTree(proc.pid)
-    stop = functools.partial(_stop, tree, proc)  # this job's own: unregistered by identity
-    atexit.register(stop)
+
+    def stop() -> None:  # every process of the job: SIGTERM, then SIGKILL after 2 s; torchrun's agent reaped
+        tree.terminate(grace_s=2.0)  # it looks for new descendants first
+        proc.wait(timeout=10)
+
+    atexit.register(stop)  # this job's own: unregistered by identity
     try:
         job = HungJob(world, run_dir, proc, debug_port=port)
         _wait_until_hung(job, tree, startup_s=120.0)
@@ -167,12 +170,6 @@ def planted_hang(
     finally:
         stop()
         atexit.unregister(stop)
-
-
-def _stop(tree: ProcessTree, proc: subprocess.Popen[bytes]) -> None:
-    """Every process of the job: SIGTERM, then SIGKILL after 2 s; torchrun's agent reaped."""
-    tree.terminate(grace_s=2.0)  # it looks for new descendants first
-    proc.wait(timeout=10)
 
 
 def still_running(pids: Mapping[int, int]) -> dict[int, int]:

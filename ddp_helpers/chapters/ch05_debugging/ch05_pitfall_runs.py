@@ -19,12 +19,6 @@ from ddp_helpers.run_contract import SUMMARY_FILE
 IN_THE_WORKER = 'pitfalls.py", line'  # a traceback's or a stack's frame in the worker's own file
 
 
-def run_folder(err: WorkerFailed | LaunchTimeout) -> str:
-    """The folder of the launch that failed: the launcher names it in every error it raises."""
-    assert err.run_dir is not None, f"no run folder in {type(err).__name__}"
-    return err.run_dir
-
-
 def printed(run_dir: str | Path, rank: int) -> list[str]:
     """What `rank` printed, from its log file (on one node the local rank is the rank)."""
     logs = sorted(Path(run_dir).glob(f"logs/*/attempt_0/{rank}/stdout.log"))
@@ -113,7 +107,7 @@ class PitfallRuns:
             try:
                 self.run_case(case, *extra, timeout=timeout, startup_timeout=startup, **options)
             except expected as err:
-                if isinstance(err, LaunchTimeout) and not self.started(run_folder(err)):
+                if isinstance(err, LaunchTimeout) and not self.started(str(err.run_dir)):
                     timeout, startup = 2 * timeout, 2 * startup
                     again = f"timeout={timeout:g}s, startup_timeout={startup:g}s"
                     print(f"(not every rank had started in time: again, with {again})")
@@ -131,7 +125,7 @@ class PitfallRuns:
         try:
             result = self.run_case("mismatch", *extra, timeout=3 * hang_timeout, **options)
         except (WorkerFailed, LaunchTimeout) as err:
-            logs = {rank: printed(run_folder(err), rank) for rank in range(self.world)}
+            logs = {rank: printed(str(err.run_dir), rank) for rank in range(self.world)}
             reached = all(any("all-reducing" in line for line in lines) for lines in logs.values())
             assert reached, f"a rank never reached the all_reduce: {logs}"
             error = err.error if isinstance(err, WorkerFailed) else ""

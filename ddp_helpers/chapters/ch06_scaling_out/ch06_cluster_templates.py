@@ -68,18 +68,30 @@ def _torchrun_command(
     return command.replace("RDZV_ID", '"$SLURM_JOB_ID"').replace("ENDPOINT", '"$head_addr:$rdzv_port"')
 
 
-def _nnodes(nnodes: int, min_nodes: int | None) -> str:
-    """torchrun's --nnodes: N for a fixed world, MIN:MAX for an elastic one."""
-    return str(nnodes) if min_nodes is None or min_nodes == nnodes else f"{min_nodes}:{nnodes}"
-
-
-def _activate_lines(venv: str | None) -> list[str]:
-    if venv is None:
-        return ["# (no environment to activate: torch and ddp_helpers are installed for the system's python)"]
+def _script_head(
+    job_name: str, nnodes: int, resources: list[str], time_limit: str, partition: str | None, venv: str | None
+) -> list[str]:
+    """An sbatch script's directives (`resources`: tasks, cores, GPUs), then strict mode and the job's python."""
+    activate = ["# (no environment to activate: torch and ddp_helpers are installed for the system's python)"]
+    if venv is not None:
+        activate = [
+            "# the job's python: the environment with torch and ddp_helpers, in a folder every node sees",
+            f"source {shlex.quote(os.path.join(venv, 'bin', 'activate'))}",
+        ]
     return [
-        "# the job's python: the environment with torch and ddp_helpers, in a folder every node sees",
-        f"source {shlex.quote(os.path.join(venv, 'bin', 'activate'))}",
+        "#!/bin/bash",
+        f"#SBATCH --job-name={job_name}",
+        f"#SBATCH --nodes={nnodes}",
+        *resources,
+        f"#SBATCH --time={time_limit}",
+        *([f"#SBATCH --partition={partition}"] if partition else []),
+        "set -euo pipefail",
+        "",
+        *activate,
     ]
+
+
+NO_GPU_LINE = "# (no GPUs requested: gloo on CPUs)"
 
 
 def slurm_script(
@@ -104,21 +116,37 @@ def slurm_script(
     gpus = nproc_per_node if gpus_per_node is None else gpus_per_node
     cpus = nproc_per_node * cpus_per_rank
     preemptible = checkpoint_dir is not None
-    lines = [
-        "#!/bin/bash",
-        f"#SBATCH --job-name={job_name}",
-        f"#SBATCH --nodes={nnodes}",
+    resources = [
         "#SBATCH --ntasks-per-node=1          # one torchrun agent per node; it starts the processes",
         f"#SBATCH --cpus-per-task={cpus}           # {nproc_per_node} ranks x {cpus_per_rank} cores, all in the agent's task",
-        f"#SBATCH --gpus-per-node={gpus}" if gpus else "# (no GPUs requested: gloo on CPUs)",
-        f"#SBATCH --time={time_limit}",
-        *([f"#SBATCH --partition={partition}"] if partition else []),
+        f"#SBATCH --gpus-per-node={gpus}" if gpus else NO_GPU_LINE,
         *(PREEMPTIBLE_DIRECTIVES if preemptible else []),
-        *_slurm_environment(rdzv_port, cpus_per_rank, max_restarts, venv),
-        *_checkpoint_lines(checkpoint_dir),
     ]
+    lines = [
+        *_script_head(job_name, nnodes, resources, time_limit, partition, venv),
+        "# the rendezvous store runs on the allocation's first node, at a port of this job's own: a fixed",
+        "# one (29500) collides when two jobs share a node. (no MASTER_ADDR: with c10d, torchrun reads",
+        "# --rdzv-endpoint and sets MASTER_ADDR for its workers)",
+        *HEAD_NODE_LINES,
+        f"rdzv_port={JOB_PORT if rdzv_port is None else rdzv_port}",
+        "# torchrun would give each rank 1 thread; give it its share of the task's cores",
+        f'export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{cpus_per_rank}}}"',
+        "# --tee 3 copies every rank's stdout and stderr here, each line prefixed with its global rank",
+        f"export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='{LOG_LINE_PREFIX}'",
+        *(FRESH_STORE_LINES if max_restarts > 0 else []),
+        *FLIGHT_RECORDER_LINES,
+        "# export NCCL_SOCKET_IFNAME=ib0   # the interface NCCL should use, if the default is wrong",
+        "# export NCCL_DEBUG=INFO          # print the transport NCCL picked (IB, sockets) at start",
+    ]
+    if checkpoint_dir is not None:
+        lines += [
+            "# the checkpoints must be on a filesystem every node sees: after a restart, rank 0 may be elsewhere",
+            f"mkdir -p {shlex.quote(checkpoint_dir)}",
+        ]
     args = worker_args_for(worker_args, checkpoint_dir, save_on_sigterm=preemptible)
-    command = _torchrun_command(worker, args, _nnodes(nnodes, min_nodes), nproc_per_node, max_restarts)
+    # torchrun's --nnodes: N for a fixed world, MIN:MAX for an elastic one
+    nodes = str(nnodes) if min_nodes is None or min_nodes == nnodes else f"{min_nodes}:{nnodes}"
+    command = _torchrun_command(worker, args, nodes, nproc_per_node, max_restarts)
     srun = [
         "# srun does not inherit --cpus-per-task from sbatch (SLURM >= 22.05): pass it on",
         f'srun --cpus-per-task="$SLURM_CPUS_PER_TASK" {command}',
@@ -177,21 +205,21 @@ def srun_script(
 ) -> str:
     """An sbatch script that starts every rank with `srun`, without torchrun: one task per rank."""
     check_job_shape(nnodes, nproc_per_node, cpus_per_rank)
-    gpus = _srun_gpus(nproc_per_node, gpus_per_node)
-    lines = [
-        "#!/bin/bash",
-        f"#SBATCH --job-name={job_name}",
-        f"#SBATCH --nodes={nnodes}",
+    gpus = nproc_per_node if gpus_per_node is None else gpus_per_node
+    if 0 < gpus < nproc_per_node:
+        raise ValueError(
+            f"{nproc_per_node} ranks per node need {nproc_per_node} GPUs per node (one each, cuda:LOCAL_RANK); "
+            f"got gpus_per_node={gpus}"
+        )
+    resources = [
         f"#SBATCH --ntasks-per-node={nproc_per_node}          # one task per rank: srun starts the ranks, no torchrun",
         f"#SBATCH --gpus-per-node={gpus}             # all the node's GPUs, seen by every task of the node"
         if gpus
-        else "# (no GPUs requested: gloo on CPUs)",
+        else NO_GPU_LINE,
         f"#SBATCH --cpus-per-task={cpus_per_rank}",
-        f"#SBATCH --time={time_limit}",
-        *([f"#SBATCH --partition={partition}"] if partition else []),
-        "set -euo pipefail",
-        "",
-        *_activate_lines(venv),
+    ]
+    lines = [
+        *_script_head(job_name, nnodes, resources, time_limit, partition, venv),
         "# no agent sets these here: the first node hosts the store, at a port of this job's own",
         *HEAD_NODE_LINES,
         'export MASTER_ADDR="$head_addr"',
@@ -213,50 +241,6 @@ SRUN_GPU_LINES = [
     "# every task sees all the node's GPUs and takes cuda:LOCAL_RANK; not --gpus-per-task=1: where SLURM",
     "# confines each task's GPU in a cgroup of its own, NCCL loses NVLink within a node (nccl#1066)",
 ]
-
-
-def _srun_gpus(nproc_per_node: int, gpus_per_node: int | None) -> int:
-    """The GPUs per node srun.sh asks for: one per rank by default; fewer than the ranks are refused."""
-    gpus = nproc_per_node if gpus_per_node is None else gpus_per_node
-    if 0 < gpus < nproc_per_node:
-        raise ValueError(
-            f"{nproc_per_node} ranks per node need {nproc_per_node} GPUs per node (one each, cuda:LOCAL_RANK); "
-            f"got gpus_per_node={gpus}"
-        )
-    return gpus
-
-
-def _checkpoint_lines(checkpoint_dir: str | None) -> list[str]:
-    if checkpoint_dir is None:
-        return []
-    return [
-        "# the checkpoints must be on a filesystem every node sees: after a restart, rank 0 may be elsewhere",
-        f"mkdir -p {shlex.quote(checkpoint_dir)}",
-    ]
-
-
-def _slurm_environment(
-    rdzv_port: int | None, cpus_per_rank: int, max_restarts: int, venv: str | None
-) -> list[str]:
-    """The batch script's shell lines before srun: the environment, the rendezvous, threads, log prefixes."""
-    return [
-        "set -euo pipefail",
-        "",
-        *_activate_lines(venv),
-        "# the rendezvous store runs on the allocation's first node, at a port of this job's own: a fixed",
-        "# one (29500) collides when two jobs share a node. (no MASTER_ADDR: with c10d, torchrun reads",
-        "# --rdzv-endpoint and sets MASTER_ADDR for its workers)",
-        *HEAD_NODE_LINES,
-        f"rdzv_port={JOB_PORT if rdzv_port is None else rdzv_port}",
-        "# torchrun would give each rank 1 thread; give it its share of the task's cores",
-        f'export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{cpus_per_rank}}}"',
-        "# --tee 3 copies every rank's stdout and stderr here, each line prefixed with its global rank",
-        f"export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='{LOG_LINE_PREFIX}'",
-        *(FRESH_STORE_LINES if max_restarts > 0 else []),
-        *FLIGHT_RECORDER_LINES,
-        "# export NCCL_SOCKET_IFNAME=ib0   # the interface NCCL should use, if the default is wrong",
-        "# export NCCL_DEBUG=INFO          # print the transport NCCL picked (IB, sockets) at start",
-    ]
 
 
 def _options(job_file: Callable[..., str]) -> set[str]:

@@ -36,10 +36,6 @@ def gpu_ranks(live_rank: int) -> list[int]:
     return [live_rank % world, (live_rank + 5) % world]
 
 
-def cpu_rank(live_rank: int) -> int:
-    return (live_rank + 3) % (NODES * CPU_PER_NODE)
-
-
 class _Recorder:
     """What the answer asked of the pretend machine during one call (observe resets it per call)."""
 
@@ -159,7 +155,7 @@ class _FakeDist:
         return getattr(dist, name)
 
 
-def _stand_ins() -> dict[str, Any]:
+def _stand_ins(ctx: Context | None = None) -> dict[str, Any]:
     """The answer's stand-in names; rank, world_size and local_rank are None: the answer reads `env`."""
     recorder = _Recorder()
     return {
@@ -172,16 +168,20 @@ def _stand_ins() -> dict[str, Any]:
     }
 
 
+def _call_as(
+    ns: dict[str, Any], function: Any, rank: int, per_node: int, gpus: int, initialized: bool
+) -> Any:
+    """`function(env)` as the pretend process `rank` would run it: its GPUs, its os.environ, its `env`."""
+    ns["_record"].reset(gpus, pretend_env(rank, per_node), initialized)
+    with environment(pretend_env(rank, per_node)):  # os.environ too is the pretend process's
+        return function(pretend_env(rank, per_node))
+
+
 # ------------------------------------------------------------------ 06-init
-def _init_setup(ctx: Context) -> dict[str, Any]:
-    return _stand_ins()
-
-
 def _probes(live_rank: int) -> list[tuple[int, int, int]]:
     """(rank, processes per node, GPUs per node) of each pretend process a live rank probes."""
-    return [(r, GPUS_PER_NODE, GPUS_PER_NODE) for r in gpu_ranks(live_rank)] + [
-        (cpu_rank(live_rank), CPU_PER_NODE, 0)
-    ]
+    cpu_rank = (live_rank + 3) % (NODES * CPU_PER_NODE)
+    return [(r, GPUS_PER_NODE, GPUS_PER_NODE) for r in gpu_ranks(live_rank)] + [(cpu_rank, CPU_PER_NODE, 0)]
 
 
 def _describe(rank: int, per_node: int, gpus: int) -> str:
@@ -203,16 +203,13 @@ def _init_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
     function: Any = ns.get("init_distributed")  # None where the answer defined none: the call raises
     out: dict[str, Any] = {"_probes": []}  # "_probes": for the signatures, not compared
     for rank, per_node, gpus in _probes(ctx.rank):
-        recorder = ns["_record"]
-        recorder.reset(gpus, dict(pretend_env(rank, per_node)))
         row: dict[str, Any] = {"error": None, "device": None, "shard": None}
-        try:  # os.environ too is the pretend process's, as a script reads it
-            with environment(pretend_env(rank, per_node)):
-                device, shard = function(dict(pretend_env(rank, per_node)))
+        try:
+            device, shard = _call_as(ns, function, rank, per_node, gpus, initialized=False)
             row["device"], row["shard"] = str(device), [int(v) for v in shard]
         except Exception as error:
             row["error"] = f"{type(error).__name__}: {error}"
-        row["backend"], row["set_device"] = recorder.backends, recorder.set_device
+        row["backend"], row["set_device"] = ns["_record"].backends, ns["_record"].set_device
         out["_probes"].append(row)
         out[_describe(rank, per_node, gpus)] = _outcome(row)
     return out
@@ -301,7 +298,7 @@ INIT = Exercise(
         "    return device, (rank, world_size)  # the shard: the job-wide rank, of the whole world\n"
     ),
     hint="LOCAL_RANK picks the GPU on a node, RANK of WORLD_SIZE the shard; nccl on GPUs, gloo on the CPU.",
-    setup=_init_setup,
+    setup=_stand_ins,
     observe=_init_observe,
     expected=_init_expected,
     mistakes=(
@@ -403,12 +400,9 @@ def _main_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
     out: dict[str, Any] = {"_calls": []}  # "_calls": for the signatures, not compared
     try:
         for rank, fail in _calls(ctx.rank):
-            recorder = ns["_record"]  # main runs after start-up: the group is up
-            recorder.reset(GPUS_PER_NODE, dict(pretend_env(rank, GPUS_PER_NODE)), initialized=True)
             probe["fail"], probe["calls"] = fail, []
-            try:
-                with environment(pretend_env(rank, GPUS_PER_NODE)):
-                    main(dict(pretend_env(rank, GPUS_PER_NODE)))
+            try:  # main runs after start-up: the group is up
+                _call_as(ns, main, rank, GPUS_PER_NODE, GPUS_PER_NODE, initialized=True)
             except TrainFailed:
                 raised: bool | str = True
             except Exception as error:
@@ -419,7 +413,7 @@ def _main_observe(ns: dict[str, Any], ctx: Context) -> dict[str, Any]:
             call = {
                 **trained,
                 "raised": raised,
-                "teardown": [e for e in recorder.events if e != "init_process_group"],
+                "teardown": [e for e in ns["_record"].events if e != "init_process_group"],
             }
             out["_calls"].append(call)
             out[_call_name(rank, fail)] = _call_outcome(call)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import PurePosixPath
 from typing import Any
 
 import yaml
@@ -86,6 +87,7 @@ def trainjob_manifest(
     if max_restarts < 0:
         raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
     gpus = nproc_per_node if gpus_per_node is None else gpus_per_node
+    cpus, gpu_limit = nproc_per_node * cpus_per_rank, {"nvidia.com/gpu": gpus} if gpus else {}
     claim = f"{name}-shared"
     trainer = {  # what the job sets: the image, torchrun's command, its environment, the shape
         "image": image,
@@ -105,7 +107,8 @@ def trainjob_manifest(
         ],
         "numNodes": nnodes,
         "numProcPerNode": nproc_per_node,
-        "resourcesPerNode": _resources(nproc_per_node, cpus_per_rank, gpus),
+        # each node's pod: a CPU budget for its ranks and their loaders, and its GPUs
+        "resourcesPerNode": {"requests": {"cpu": cpus}, "limits": {"cpu": cpus, **gpu_limit}},
     }
     job = {
         "apiVersion": API_VERSION,
@@ -127,16 +130,13 @@ def trainjob_manifest(
 
 
 def check_shared(checkpoint_dir: str | None) -> None:
-    if checkpoint_dir is not None and not _under(checkpoint_dir, SHARED_MOUNT):
+    if checkpoint_dir is not None and not PurePosixPath(os.path.normpath(checkpoint_dir)).is_relative_to(
+        SHARED_MOUNT
+    ):
         raise ValueError(
             f"checkpoint_dir {checkpoint_dir!r} must lie under {SHARED_MOUNT}, where every pod mounts the "
             "shared volume: elsewhere a pod's checkpoints are lost with it, and other pods never see them"
         )
-
-
-def _under(path: str, folder: str) -> bool:
-    normal = os.path.normpath(path)
-    return os.path.isabs(path) and (normal == folder or normal.startswith(folder + "/"))
 
 
 def volume_claim(claim: str) -> dict[str, Any]:
@@ -150,14 +150,6 @@ def volume_claim(claim: str) -> dict[str, Any]:
             "resources": {"requests": {"storage": SHARED_STORAGE}},
         },
     }
-
-
-def _resources(nproc_per_node: int, cpus_per_rank: int, gpus: int) -> dict[str, Any]:
-    """Each node's pod: a CPU budget for its ranks and their loaders, and its GPUs."""
-    limits: dict[str, Any] = {"cpu": nproc_per_node * cpus_per_rank}
-    if gpus:
-        limits["nvidia.com/gpu"] = gpus
-    return {"requests": {"cpu": nproc_per_node * cpus_per_rank}, "limits": limits}
 
 
 def _pod_patch(claim: str) -> dict[str, Any]:

@@ -37,15 +37,13 @@ def fit_alpha_beta(n_bytes: list[float], seconds: list[float]) -> AlphaBeta:
     return AlphaBeta(float(alpha), float(beta), r2, float(np.max(np.abs(t - fitted) / t)))
 
 
-def bucket_sizes(
-    param_bytes_in_ready_order: list[int], cap_bytes: float, first_cap_bytes: float | None = None
-) -> list[int]:
-    """DDP's rule: fill a bucket in ready order until it holds the cap (`first_cap_bytes` for the first)."""
+def bucket_sizes(param_bytes_in_ready_order: list[int], cap_bytes: float) -> list[int]:
+    """DDP's rule: fill a bucket in ready order until it holds the cap."""
     buckets: list[int] = []
     size = 0
     for n_bytes in param_bytes_in_ready_order:
         size += n_bytes
-        if size >= (first_cap_bytes if first_cap_bytes is not None and not buckets else cap_bytes):
+        if size >= cap_bytes:
             buckets.append(size)
             size = 0
     return buckets + ([size] if size else [])
@@ -61,12 +59,10 @@ def exposed_comm_s(bucket_bytes: list[int], backward_s: float, fit: AlphaBeta) -
     return comm_end - backward_s
 
 
-def best_cap(
-    param_bytes_in_ready_order: list[int], backward_s: float, fit: AlphaBeta, points: int = 200
-) -> tuple[float, float]:
+def best_cap(param_bytes_in_ready_order: list[int], backward_s: float, fit: AlphaBeta) -> tuple[float, float]:
     """The cap on a log grid (the largest of equals) the model says leaves the least exposed, and that time."""
     low, high = min(param_bytes_in_ready_order), sum(param_bytes_in_ready_order)
-    caps = np.geomspace(low, high, points)[::-1]  # largest first: argmin keeps the first of equals
+    caps = np.geomspace(low, high, 200)[::-1]  # largest first: argmin keeps the first of equals
     exposed = [exposed_comm_s(bucket_sizes(param_bytes_in_ready_order, cap), backward_s, fit) for cap in caps]
     best = int(np.argmin(exposed))
     return float(caps[best]), float(exposed[best])

@@ -63,11 +63,6 @@ def _accumulate_expected(world: int) -> Seen:
     return [{"weight": weight, "allreduces": 1, "backwards": ACCUMULATE} for _ in range(world)]
 
 
-def _micro_batch_shares(seen_row: dict[str, Any], world: int) -> list[list[float]]:
-    weight = seen_row["weight"]
-    return [weight[r * ACCUMULATE : (r + 1) * ACCUMULATE] for r in range(world)]
-
-
 def _scaled_by(seen_row: dict[str, Any], expected_row: dict[str, Any], factor: float) -> bool:
     k = scaled(seen_row["weight"], expected_row["weight"]) if seen_row.get("weight") else None
     return k is not None and math.isclose(k, factor, rel_tol=1e-6)
@@ -100,7 +95,7 @@ def _only_last_micro_batch(seen: Seen, expected: Seen) -> bool:
     for s in seen:
         if not s.get("weight"):
             return False
-        shares = _micro_batch_shares(s, world)
+        shares = [s["weight"][r * ACCUMULATE : (r + 1) * ACCUMULATE] for r in range(world)]  # per rank
         if any(share[:-1] != [0.0] * (ACCUMULATE - 1) for share in shares):
             return False
         if not any(share[-1] for share in shares):

@@ -199,11 +199,10 @@ def plot_timelines(timelines: list[Timeline], title: str = "") -> Figure:
     shown = timelines[:4]
     fig, axes = plt.subplots(len(shown), 1, figsize=(11, 1.6 * len(shown) + 0.8), sharex=True, squeeze=False)
     for ax, t in zip(axes[:, 0], shown, strict=True):
-        for name, colour in _PHASE_COLOURS.items():
-            spans = t.phases.get(name, [])
-            ax.broken_barh([(s, e - s) for s, e in spans], (2.1, 0.8), color=colour, label=name)
-        ax.broken_barh([(s, e - s) for s, e in t.compute], (1.1, 0.8), color="#31a354", label="compute")
-        ax.broken_barh([(s, e - s) for s, e in t.allreduce], (0.1, 0.8), color="#e6550d", label="all-reduce")
+        bars = [(t.phases.get(name, []), 2.1, colour, name) for name, colour in _PHASE_COLOURS.items()]
+        bars += [(t.compute, 1.1, "#31a354", "compute"), (t.allreduce, 0.1, "#e6550d", "all-reduce")]
+        for spans, y, colour, label in bars:
+            ax.broken_barh([(s, e - s) for s, e in spans], (y, 0.8), color=colour, label=label)
         ax.broken_barh(
             [(s, e - s) for s, e in t.overlap],
             (0.1, 0.8),

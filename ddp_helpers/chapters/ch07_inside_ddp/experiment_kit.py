@@ -70,13 +70,21 @@ def median_step_s(step_fn: Callable[[int], object], steps: int, warmup: int, dev
     return slowest(statistics.median(times[warmup:]), device)
 
 
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """The model options `build_model` reads."""
+def add_arguments(
+    p: argparse.ArgumentParser, run_dir: str, batch_help: str = "per rank", steps_help: str = ""
+) -> None:
+    """The model options `build_model` reads, and a timed run's, with each worker's own help where it differs."""
     p.add_argument("--model", default="mlp", help="mlp, or a torchvision model such as resnet50")
     p.add_argument("--width", type=int, default=512, help="MLP width (and input features)")
     p.add_argument("--depth", type=int, default=6, help="MLP hidden layers")
     p.add_argument("--image-size", type=int, default=64, help="image side for the ResNets")
     p.add_argument("--batch-norm", action="store_true", help="a BatchNorm1d after each MLP layer")
+    p.add_argument("--batch-size", type=int, default=32, help=batch_help)
+    p.add_argument("--steps", type=int, default=10, help=steps_help or None)
+    p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the median")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--run-dir", default=run_dir_from_env(run_dir))
 
 
 def make_ddp(
@@ -117,18 +125,6 @@ def ddp_logging(model: DDP) -> dict:
 
 def gradient_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-
-
-def add_training_arguments(
-    p: argparse.ArgumentParser, steps: int, run_dir: str, batch_help: str = "per rank", steps_help: str = ""
-) -> None:
-    """The options of a timed run that both workers read, with each worker's own help where it differs."""
-    p.add_argument("--batch-size", type=int, default=32, help=batch_help)
-    p.add_argument("--steps", type=int, default=steps, help=steps_help or None)
-    p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the median")
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--run-dir", default=run_dir_from_env(run_dir))
 
 
 def train_step(

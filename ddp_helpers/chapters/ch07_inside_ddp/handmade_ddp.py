@@ -19,8 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_helpers.chapters.ch07_inside_ddp.experiment_kit import (
     Batches,
-    add_model_arguments,
-    add_training_arguments,
+    add_arguments,
     build_model,
     make_batches,
     slowest,
@@ -299,8 +298,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--variants", default=",".join(VARIANTS), help=f"comma-separated, from {', '.join(VARIANTS)}"
     )
-    add_model_arguments(p)
-    add_training_arguments(p, steps=10, run_dir="runs/handmade_ddp")
+    add_arguments(p, "runs/handmade_ddp")
     p.add_argument("--bucket-cap-mb", type=float, default=None, help="bucketed and ddp; default: DDP's")
     p.add_argument("--rtol", type=float, default=None, help="weight check; default 1e-4 (CPU), 1e-3 (GPU)")
     p.add_argument("--atol", type=float, default=None, help="weight check; default 1e-6 (CPU), 1e-5 (GPU)")

@@ -20,8 +20,7 @@ from torch.profiler import profile, record_function
 from ddp_helpers.chapters.ch07_inside_ddp.experiment_kit import (
     Batches,
     activities,
-    add_model_arguments,
-    add_training_arguments,
+    add_arguments,
     build_model,
     count_allreduces,
     ddp_logging,
@@ -277,11 +276,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--experiments", default=",".join(EXPERIMENTS), help=f"comma-separated: {', '.join(EXPERIMENTS)}"
     )
-    add_model_arguments(p)
-    add_training_arguments(
+    add_arguments(
         p,
-        steps=10,
-        run_dir="runs/inside_ddp",
+        "runs/inside_ddp",
         batch_help="per rank (per micro-batch for no_sync)",
         steps_help="training steps per measured configuration",
     )

@@ -279,8 +279,7 @@ def test_bucket_sizes_follow_ddps_own_assignment(cap):
     assert cost_model.bucket_sizes([t.numel() * 4 for t in tensors], cap) == expected
 
 
-def test_first_bucket_cap_and_exposed_time():
-    assert cost_model.bucket_sizes([4, 4, 4, 4, 4], cap_bytes=8, first_cap_bytes=4) == [4, 8, 8]
+def test_exposed_time():
     fit = cost_model.AlphaBeta(alpha_s=1.0, beta_s_per_byte=0.5, r2=1.0, max_relative_residual=0.0)
     # backward 8 s over 8 bytes; buckets of 4 ready at 4 s and 8 s, each taking 1 + 2 = 3 s:
     # the first runs 4-7, the second 8-11: 3 s exposed
